@@ -1,0 +1,222 @@
+"""Load, validate and query the tolerance contract (``ws1-c1-v3``).
+
+The JSON file is validated against its JSON Schema; a malformed file raises
+:class:`~rl_engine.errors.ContractError` naming the offending field (for example
+``forward_accuracy/reduction/bfloat16/atol: -1 is less than the minimum of 0``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from rl_engine import OPS
+from rl_engine.errors import ContractError
+
+CONTRACT_VERSION = "ws1-c1-v3"
+_HERE = Path(__file__).resolve().parent
+DIRECTIONS = ("forward", "gradient")
+OP_CLASSES = ("elementwise", "reduction", "attention", "logprob")
+
+
+def default_contract_path() -> Path:
+    """Path of the contract shipped with the package."""
+    return _HERE / f"{CONTRACT_VERSION}.json"
+
+
+def schema_path() -> Path:
+    """Path of the contract's JSON Schema."""
+    return _HERE / f"{CONTRACT_VERSION}.schema.json"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """An element-wise accuracy tolerance: ``abs(c - r) <= atol + rtol * abs(r)``."""
+
+    atol: float
+    rtol: float
+    source: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"atol": self.atol, "rtol": self.rtol, "source": self.source}
+
+
+def _field(path: Any) -> str:
+    parts = [str(p) for p in path]
+    return "/".join(parts) if parts else "<root>"
+
+
+class Contract:
+    """A validated contract. Every threshold query goes through one of these methods."""
+
+    def __init__(self, data: dict[str, Any], path: Path, sha256: str):
+        self.data = data
+        self.path = path
+        self.sha256 = sha256
+
+    # -- identity -----------------------------------------------------------------------------
+    @property
+    def version(self) -> str:
+        return str(self.data["contract_version"])
+
+    def identity(self) -> dict[str, str]:
+        """Version, file path and SHA-256, as recorded in evidence."""
+        return {"contract_version": self.version, "path": str(self.path), "sha256": self.sha256}
+
+    # -- op classes ---------------------------------------------------------------------------
+    def op_class(self, op: str) -> str:
+        for cls, members in self.data["op_classes"].items():
+            if op in members:
+                return cls
+        raise ContractError(f"op_classes: op {op!r} is not assigned to any class")
+
+    # -- accuracy -----------------------------------------------------------------------------
+    def tolerance(self, direction: str, op_class: str, dtype: str = "bfloat16") -> Tolerance:
+        """Element-wise tolerance of §5 for ``direction`` in {forward, gradient}."""
+        if direction not in DIRECTIONS:
+            raise ContractError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        table = f"{direction}_accuracy"
+        try:
+            row = self.data[table][op_class][dtype]
+        except KeyError as exc:
+            raise ContractError(f"{table}/{op_class}/{dtype}: not in the contract") from exc
+        return Tolerance(float(row["atol"]), float(row["rtol"]), f"{self.version}:{table}/{op_class}/{dtype}")
+
+    def relative_factor(self, direction: str) -> float:
+        """k of the relative criterion: candidate error <= k x torch_bf16 error."""
+        key = {"forward": "forward_factor", "gradient": "backward_factor"}.get(direction)
+        if key is None:
+            raise ContractError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        return float(self.data["relative_criterion"][key])
+
+    def grad_norm_threshold(self, metric: str, op_class: str) -> float:
+        """Threshold of a gradient normalisation metric (``rel_peak`` or ``rms_ratio``)."""
+        try:
+            return float(self.data["gradient_normalisation"][metric]["thresholds"][op_class])
+        except KeyError as exc:
+            raise ContractError(f"gradient_normalisation/{metric}/thresholds/{op_class}: not in the contract") from exc
+
+    # -- invariance ---------------------------------------------------------------------------
+    @property
+    def nan_policy(self) -> str:
+        return str(self.data["invariance"]["nan_policy"])
+
+    # -- chain --------------------------------------------------------------------------------
+    def chain_metric(self, name: str) -> dict[str, Any]:
+        try:
+            return dict(self.data["chain"]["metrics"][name])
+        except KeyError as exc:
+            raise ContractError(f"chain/metrics/{name}: not in the contract") from exc
+
+    def chain_metric_names(self) -> list[str]:
+        return list(self.data["chain"]["metrics"])
+
+    @property
+    def clip_interval(self) -> tuple[float, float]:
+        lo, hi = self.data["chain"]["clip_interval"]["value"]
+        return float(lo), float(hi)
+
+    def chain_profile(self, name: str) -> dict[str, Any]:
+        profiles = self.data["chain"]["profiles"]
+        if name not in profiles:
+            raise ContractError(f"chain/profiles: unknown profile {name!r}; known: {sorted(profiles)}")
+        return dict(profiles[name])
+
+    # -- declared exceptions ------------------------------------------------------------------
+    @property
+    def det_gemm(self) -> dict[str, Any]:
+        return dict(self.data["declared_exceptions"]["det_gemm"])
+
+    @property
+    def rms_norm_order(self) -> str:
+        return str(self.data["declared_exceptions"]["rms_norm_rounding_order"]["order"])
+
+    @property
+    def logits_dtype(self) -> str:
+        return str(self.data["declared_exceptions"]["logits_for_scoring"]["dtype"])
+
+    # -- backends -----------------------------------------------------------------------------
+    def check_backend_profile(self, name: str) -> dict[str, Any]:
+        """The profile of a backend; out-of-scope targets (FP8, ROCm, Ascend) raise ContractError."""
+        profiles = self.data["backend_profiles"]
+        out = profiles["out_of_scope"]
+        lowered = name.lower()
+        for key, why in out.items():
+            if key in lowered:
+                raise ContractError(f"backend {name!r} is out of scope: {why}")
+        if name in profiles and name != "out_of_scope":
+            return dict(profiles[name])
+        raise ContractError(
+            f"backend_profiles: no profile {name!r}; profiles: {sorted(k for k in profiles if k != 'out_of_scope')}"
+        )
+
+    def required_backends(self) -> list[str]:
+        return [k for k, v in self.data["backend_profiles"].items() if k != "out_of_scope" and v.get("required")]
+
+
+def _semantic_checks(data: dict[str, Any]) -> None:
+    """Checks a JSON Schema cannot express, each naming the field."""
+    seen: dict[str, str] = {}
+    for cls, members in data["op_classes"].items():
+        if cls not in OP_CLASSES:
+            raise ContractError(f"op_classes/{cls}: unknown class; classes are {OP_CLASSES}")
+        for op in members:
+            if op not in OPS:
+                raise ContractError(f"op_classes/{cls}: unknown op {op!r}")
+            if op in seen:
+                raise ContractError(f"op_classes/{cls}: op {op!r} is already in class {seen[op]!r}")
+            seen[op] = cls
+    missing = [op for op in OPS if op not in seen]
+    if missing:
+        raise ContractError(f"op_classes: required ops without a class: {missing}")
+    lo, hi = data["chain"]["clip_interval"]["value"]
+    if not lo < 1.0 < hi:
+        raise ContractError(f"chain/clip_interval/value: must satisfy lo < 1 < hi, got [{lo}, {hi}]")
+    depth = data["declared_exceptions"]["det_gemm"]["tree_depth"]
+    for s in data["declared_exceptions"]["det_gemm"]["supported_splits"]:
+        if s & (s - 1) or s > 2**depth:
+            raise ContractError(
+                f"declared_exceptions/det_gemm/supported_splits: {s} is not a power of two <= 2^tree_depth"
+            )
+
+
+def parse_contract(text: str, path: Path) -> Contract:
+    """Validate contract text; raise ContractError naming the field on any problem."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ContractError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
+    schema = json.loads(schema_path().read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ContractError(f"{path}: {_field(first.absolute_path)}: {first.message}{more}")
+    _semantic_checks(data)
+    return Contract(data, path, hashlib.sha256(text.encode()).hexdigest())
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(path: str) -> Contract:
+    p = Path(path)
+    if not p.is_file():
+        raise ContractError(f"contract file not found: {p}")
+    return parse_contract(p.read_text(), p)
+
+
+def load_contract(path: str | Path | None = None) -> Contract:
+    """Load and validate a contract (default: the ``ws1-c1-v3`` file shipped with the package).
+
+    Raises
+    ------
+    ContractError
+        The file is missing, is not JSON, or breaks the schema (the message names the field).
+    """
+    return _load_cached(str(Path(path).resolve()) if path is not None else str(default_contract_path()))

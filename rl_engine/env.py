@@ -1,0 +1,48 @@
+"""The only module that reads environment variables.
+
+Every variable that can change what the package does is listed in ``BEHAVIOUR_VARIABLES`` and
+recorded in the provenance of every evidence artifact. Values are read at call time, never at
+import time.
+
+Variables
+---------
+TRITON_INTERPRET
+    ``1`` runs Triton kernels in Triton's CPU interpreter (tests and the ``smoke`` gate on a
+    machine without a GPU). Kernels then upcast BF16 ``tl.dot`` operands to FP32 with IEEE input
+    precision, because the interpreter does not support BF16 dots (triton-lang/triton#11584).
+RL_ENGINE_CACHE_DIR
+    Where compiled CUDA extensions are cached (default ``~/.cache/rl_engine``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+BEHAVIOUR_VARIABLES = (
+    "TRITON_INTERPRET",
+    "RL_ENGINE_CACHE_DIR",
+    "CUDA_VISIBLE_DEVICES",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "NVIDIA_TF32_OVERRIDE",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "NCCL_NVLS_ENABLE",
+    "OMP_NUM_THREADS",
+)
+
+
+def triton_interpret() -> bool:
+    """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip() not in ("", "0", "false", "False")
+
+
+def cache_dir() -> Path:
+    """Folder for build caches (``RL_ENGINE_CACHE_DIR`` or ``~/.cache/rl_engine``)."""
+    value = os.environ.get("RL_ENGINE_CACHE_DIR")
+    return Path(value) if value else Path.home() / ".cache" / "rl_engine"
+
+
+def behaviour_snapshot() -> dict[str, str | None]:
+    """The current value of every behaviour-changing variable (``None`` when unset)."""
+    return {name: os.environ.get(name) for name in BEHAVIOUR_VARIABLES}

@@ -1,0 +1,87 @@
+"""Triton SiLU, forward and backward.
+
+Each program handles a fixed block of ``BLOCK`` elements of one row; the math is FP32 and the
+output is rounded to BF16 once. There is no reduction, so every element's bits depend only on
+that element: batch invariance holds by construction.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rl_engine.ops._triton_common import check_triton_device
+from rl_engine.ops._validate import check_tensor
+
+BLOCK = 1024
+
+
+@triton.jit
+def _silu_fwd_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    y = x / (1.0 + tl.exp(-x))
+    tl.store(y_ptr + row * stride_y + cols, y.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _silu_bwd_kernel(x_ptr, dy_ptr, dx_ptr, n_cols, stride_x, stride_dy, stride_dx, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    s = 1.0 / (1.0 + tl.exp(-x))
+    dx = dy * s * (1.0 + x * (1.0 - s))
+    tl.store(dx_ptr + row * stride_dx + cols, dx.to(tl.bfloat16), mask=mask)
+
+
+def _launch_fwd(x: torch.Tensor) -> torch.Tensor:
+    t, f = x.shape
+    y = torch.empty((t, f), dtype=torch.bfloat16, device=x.device)
+    if t and f:
+        _silu_fwd_kernel[(t, triton.cdiv(f, BLOCK))](x, y, f, x.stride(0), y.stride(0), BLOCK=BLOCK)
+    return y
+
+
+def _launch_bwd(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    t, f = x.shape
+    dx = torch.empty((t, f), dtype=torch.bfloat16, device=x.device)
+    if t and f:
+        _silu_bwd_kernel[(t, triton.cdiv(f, BLOCK))](
+            x, dy, dx, f, x.stride(0), dy.stride(0), dx.stride(0), BLOCK=BLOCK
+        )
+    return dx
+
+
+class _SiluTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return _launch_fwd(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
+        return _launch_bwd(x, dy.to(torch.bfloat16))
+
+
+def silu_triton(x: torch.Tensor) -> torch.Tensor:
+    """SiLU with Triton kernels. x: [T, F] bfloat16 (unit stride on F) -> [T, F] bfloat16.
+
+    FP32 inside, one rounding to BF16. Backward: dx [T, F] bfloat16.
+
+    Raises
+    ------
+    InputError
+        x is not a 2-D bfloat16 tensor with unit stride on the last axis.
+    BackendUnavailable
+        x is not on a CUDA device (and the Triton interpreter is off).
+    """
+    check_tensor("x", x, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
+    check_triton_device(x)
+    return _SiluTriton.apply(x)
