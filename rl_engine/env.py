@@ -37,6 +37,11 @@ def triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip() not in ("", "0", "false", "False")
 
 
+def rich_disabled() -> bool:
+    """True when ``NO_COLOR`` or ``CI`` is set (plain progress lines instead of a live bar)."""
+    return bool(os.environ.get("NO_COLOR") or os.environ.get("CI"))
+
+
 def cache_dir() -> Path:
     """Folder for build caches (``RL_ENGINE_CACHE_DIR`` or ``~/.cache/rl_engine``)."""
     value = os.environ.get("RL_ENGINE_CACHE_DIR")
@@ -46,3 +51,10 @@ def cache_dir() -> Path:
 def behaviour_snapshot() -> dict[str, str | None]:
     """The current value of every behaviour-changing variable (``None`` when unset)."""
     return {name: os.environ.get(name) for name in BEHAVIOUR_VARIABLES}
+
+
+def enable_triton_interpreter() -> None:
+    """Ask Triton to interpret kernels on the CPU. Must run before any kernel module is imported
+    (``triton.jit`` decides between compiled and interpreted functions when a module is imported).
+    The CLI calls this when no CUDA GPU is present; library code never does."""
+    os.environ["TRITON_INTERPRET"] = "1"

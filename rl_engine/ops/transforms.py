@@ -6,7 +6,7 @@ inputs (plus shared parameters such as weights). For such ops:
 
 * ``batch``   - a row computed alone, and a subset of rows in another order with other
                  neighbours, equals the same rows of the canonical batch;
-* ``chunk``   - the rows processed in chunks of odd sizes and concatenated equal the whole;
+* ``chunk``   - the rows processed in chunks of sizes 1, 3, 5, 7 and the rest, concatenated, equal the whole;
 * ``padding`` - the rows embedded between junk rows (left and right padding) equal the packed rows;
 * ``layout``  - row inputs with a padded row stride (non-contiguous views) and parameters in a
                  non-contiguous layout where the op accepts one equal the contiguous run.
@@ -125,11 +125,14 @@ def rowwise_transforms(
     def chunk(impl: Callable[..., Any], case: Case, direction: str, plant: bool) -> list[Pair]:
         outs_c, grads_c, up = canonical(impl, case, direction)
         t = case.inputs[row_inputs[0]].shape[0]
-        bounds, start, sizes = [], 0, [1, 3, 5]
-        while start < t:
-            size = sizes[len(bounds) % len(sizes)]
+        bounds, start = [], 0
+        for size in (1, 3, 5, 7):  # odd chunks first, then the remainder as one chunk
+            if start >= t:
+                break
             bounds.append((start, min(t, start + size)))
             start += size
+        if start < t:
+            bounds.append((start, t))
         outs_parts: list[list[torch.Tensor]] = []
         grad_parts: dict[str, list[torch.Tensor]] = {n: [] for n in row_grads}
         for lo, hi in bounds:
@@ -143,7 +146,7 @@ def rowwise_transforms(
                     grad_parts[n].append(g[n])
         outs_t = [torch.cat([p[i] for p in outs_parts], 0) for i in range(len(outs_c))]
         grads_t = {n: torch.cat(v, 0) for n, v in grad_parts.items() if v}
-        label = f"{len(bounds)} chunks of sizes 1,3,5,..."
+        label = f"{len(bounds)} chunks (1, 3, 5, 7, rest)"
         return compare_rows(label, outs_c, grads_c, outs_t, grads_t, list(range(t)), plant)
 
     def padding(impl: Callable[..., Any], case: Case, direction: str, plant: bool) -> list[Pair]:

@@ -1,0 +1,1 @@
+"""Command-line interface: one small module per command, dispatched from ``main``."""

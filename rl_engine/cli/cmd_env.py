@@ -1,0 +1,31 @@
+"""``rl-engine env [--json]``: the environment as the evidence records it."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("env", help="print the software/hardware environment and backend availability")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from rl_engine import provenance
+    from rl_engine.backends.registry import BACKENDS, availability
+    from rl_engine.contract import load_contract
+
+    info = provenance.collect(load_contract())
+    info["backends"] = {b: {"available": availability(b)[0], "reason": availability(b)[1]} for b in BACKENDS}
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(f"device:   {info['device']['name']} ({info['device']['kind']})")
+    sw = info["software"]
+    print(f"software: python {sw['python']}, torch {sw['torch']} (CUDA {sw['torch_cuda']}), triton {sw['triton']}")
+    print(f"commit:   {info['git_commit']} dirty={info['git_dirty']}")
+    print(f"contract: {info['contract']['contract_version']} ({info['contract']['path']})")
+    for b, v in info["backends"].items():
+        print(f"backend {b:18s} {'available' if v['available'] else 'unavailable'}: {v['reason']}")
+    return 0

@@ -1,0 +1,110 @@
+"""``rl-engine gate``: run the four-judgment matrix, write evidence.json, report.md, report.html."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("gate", help="run the WS1 four-judgment gate and write evidence + reports")
+    p.add_argument("--backend", default="all", help="a kernel backend, a comma list, or 'all' (default: every backend that can run here)")
+    p.add_argument("--workload", default=None, help="smoke or qwen3-8b (default: qwen3-8b with a GPU, smoke without)")
+    p.add_argument("--ops", nargs="+", default=None, help="ops to judge (default: all 13)")
+    p.add_argument("--judgments", nargs="+", default=None, help="judgments to run (default: all)")
+    p.add_argument("--out", required=True, help="output folder (created if missing)")
+    p.add_argument("--seed", type=int, default=0, help="base seed of every input builder (default 0)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def _check_out(out: Path) -> None:
+    from rl_engine.errors import RLEngineError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RLEngineError(f"cannot create output folder {out}: {exc.strerror}") from exc
+    if not os.access(out, os.W_OK):
+        raise RLEngineError(f"output folder {out} is not writable")
+
+
+def run(args) -> int:
+    import torch
+
+    from rl_engine import OPS, env
+    from rl_engine.errors import RLEngineError
+
+    gpu = torch.cuda.is_available()
+    if not gpu and not env.triton_interpret():
+        env.enable_triton_interpreter()  # before any kernel module is imported
+    from rl_engine.contract import load_contract
+    from rl_engine.gate.report import write_reports
+    from rl_engine.gate.runner import JUDGMENTS, GateConfig, resolve_backends, run_gate
+    from rl_engine.ops.spec import get_workload
+
+    workload_name = args.workload or ("qwen3-8b" if gpu else "smoke")
+    workload = get_workload(workload_name)
+    ops = args.ops or list(OPS)
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        raise RLEngineError(f"unknown op(s) {bad}; valid: {', '.join(OPS)}")
+    judgments = args.judgments or [j for j in JUDGMENTS if j != "chain_parity" or _chain_available()]
+    badj = [j for j in judgments if j not in JUDGMENTS]
+    if badj:
+        raise RLEngineError(f"unknown judgment(s) {badj}; valid: {', '.join(JUDGMENTS)}")
+    backends, left_out = resolve_backends(args.backend)
+    out = Path(args.out)
+    _check_out(out)
+    contract = load_contract()
+    why = "GPU present" if gpu else "no GPU: Triton kernels run in the CPU interpreter"
+    chosen = "chosen by default" if args.workload is None else "requested"
+    print(f"rl-engine gate: workload {workload_name} ({chosen}; {why}); backends {', '.join(backends)}; "
+          f"{len(ops)} ops; judgments {', '.join(judgments)}", file=sys.stderr)
+    for lo in left_out:
+        print(f"rl-engine gate: backend {lo['backend']} left out: {lo['reason']}", file=sys.stderr)
+    config = GateConfig(ops=ops, backends=backends, judgments=judgments, workload=workload, out_dir=out,
+                        seed=args.seed, requested_backends=[args.backend], left_out=left_out)
+    evidence = _run_with_progress(config, contract)
+    md, html = write_reports(evidence, out)
+    s = evidence["summary"]
+    if args.json:
+        print(json.dumps({"summary": s, "root_cause": evidence["root_cause"], "evidence": str(out / "evidence.json"),
+                          "report_md": str(md), "report_html": str(html), "wall_time_s": evidence["wall_time_s"]}, indent=1))
+    else:
+        print(f"green {s.get('green', 0)}  red {s.get('red', 0)}  n/a {s.get('n/a', 0)}  "
+              f"({evidence['wall_time_s']:.1f} s) -> {out / 'evidence.json'}, {md}, {html}")
+        if evidence["root_cause"]:
+            print(f"root-cause hint: {evidence['root_cause']['op']}")
+    return 0 if s.get("red", 0) == 0 else 1
+
+
+def _chain_available() -> bool:
+    try:
+        import rl_engine.chain.gate  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _run_with_progress(config, contract):
+    from rl_engine import env
+    from rl_engine.gate.runner import plan, run_gate
+
+    total = len(plan(config))
+    if env.rich_disabled() or not sys.stderr.isatty():
+        def on_cell(cell, i, n):
+            tag = f"{cell['op']}/{cell['backend']}/{cell['judgment']}" + (f"/{cell['transform']}" if cell["transform"] else "")
+            print(f"[{i}/{n}] {cell['status']:5s} {tag} ({cell['duration_s']:.1f}s)", file=sys.stderr, flush=True)
+        return run_gate(config, contract, on_cell=on_cell)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=False) as progress:
+        task = progress.add_task("gate", total=total)
+
+        def on_cell(cell, i, n):
+            progress.update(task, advance=1, description=f"{cell['op']:>20s} {cell['status']}")
+        return run_gate(config, contract, on_cell=on_cell)

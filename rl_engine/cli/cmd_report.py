@@ -1,0 +1,68 @@
+"""``rl-engine report DIR`` and ``rl-engine diff OLD NEW``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="re-render report.md and report.html from DIR/evidence.json")
+    p.add_argument("dir")
+    p.set_defaults(func=run_report)
+    d = sub.add_parser("diff", help="cells whose status changed and error deltas between two evidence artifacts")
+    d.add_argument("old", help="evidence.json or its folder")
+    d.add_argument("new", help="evidence.json or its folder")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=run_diff)
+
+
+def _path(p: str) -> Path:
+    q = Path(p)
+    return q / "evidence.json" if q.is_dir() else q
+
+
+def run_report(args) -> int:
+    from rl_engine.gate import evidence as evidence_io
+    from rl_engine.gate.report import write_reports
+
+    ev = evidence_io.load(_path(args.dir))
+    md, html = write_reports(ev, _path(args.dir).parent)
+    print(f"wrote {md} and {html}")
+    return 0 if ev["summary"].get("red", 0) == 0 else 1
+
+
+def _key(c):
+    return (c["op"], c["backend"], c["judgment"], c.get("transform"))
+
+
+def _max_err(c):
+    errs = [r["accuracy"]["max_abs_error"] for r in c.get("details", {}).get("reports", []) if "accuracy" in r]
+    errs = [e for e in errs if isinstance(e, (int, float))]
+    return max(errs) if errs else None
+
+
+def run_diff(args) -> int:
+    from rl_engine.gate import evidence as evidence_io
+
+    old, new = evidence_io.load(_path(args.old)), evidence_io.load(_path(args.new))
+    o, n = {_key(c): c for c in old["cells"]}, {_key(c): c for c in new["cells"]}
+    changes = []
+    for k in sorted(set(o) | set(n), key=lambda k: tuple(str(x) for x in k)):
+        a, b = o.get(k), n.get(k)
+        sa, sb = (a or {}).get("status", "absent"), (b or {}).get("status", "absent")
+        ea, eb = (_max_err(a) if a else None), (_max_err(b) if b else None)
+        if sa != sb or (ea is not None and eb is not None and ea != eb):
+            changes.append({"cell": "/".join(str(x) for x in k if x), "old": sa, "new": sb,
+                            "old_max_abs_error": ea, "new_max_abs_error": eb,
+                            "delta": (eb - ea) if ea is not None and eb is not None else None})
+    status_changes = [c for c in changes if c["old"] != c["new"]]
+    if args.json:
+        print(json.dumps({"changes": changes, "status_changes": len(status_changes)}, indent=1))
+    else:
+        if not changes:
+            print("no cell changed status or error")
+        for c in changes:
+            delta = f"  max_abs {c['old_max_abs_error']} -> {c['new_max_abs_error']}" if c["delta"] is not None else ""
+            print(f"{c['cell']}: {c['old']} -> {c['new']}{delta}")
+    return 1 if any(c["new"] == "red" and c["old"] != "red" for c in status_changes) else 0

@@ -1,0 +1,60 @@
+"""Loading user tensors safely: ``.pt`` (weights_only), ``.npy`` (no pickles), ``.safetensors``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rl_engine.errors import InputError
+
+
+def load_tensor(path: str | Path, key: str | None = None) -> torch.Tensor:
+    """Load one tensor. Never executes code from the file.
+
+    Raises InputError naming the file when it is missing, of an unknown kind, holds a pickle that
+    is not plain tensor data, or holds several tensors and no ``key`` picks one.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: no such file")
+    suffix = p.suffix.lower()
+    if suffix in (".pt", ".pth"):
+        try:
+            obj = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as exc:  # weights_only refuses arbitrary pickles
+            raise InputError(f"{p}: refused to load (only plain tensor data is accepted, weights_only=True): "
+                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        return _pick(p, obj, key)
+    if suffix == ".npy":
+        import numpy as np
+
+        try:
+            arr = np.load(p, allow_pickle=False)
+        except ValueError as exc:
+            raise InputError(f"{p}: refused to load (pickled .npy files are not accepted): {exc}") from exc
+        return torch.from_numpy(arr.copy())
+    if suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            tensors = load_file(str(p))
+        except Exception as exc:
+            raise InputError(f"{p}: not a valid safetensors file: {exc}") from exc
+        return _pick(p, tensors, key)
+    raise InputError(f"{p}: unknown file kind {suffix!r}; use .pt, .npy or .safetensors")
+
+
+def _pick(p: Path, obj: object, key: str | None) -> torch.Tensor:
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, dict):
+        tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+        if key is not None:
+            if key not in tensors:
+                raise InputError(f"{p}: no tensor named {key!r}; it holds {sorted(tensors)}")
+            return tensors[key]
+        if len(tensors) == 1:
+            return next(iter(tensors.values()))
+        raise InputError(f"{p}: holds {len(tensors)} tensors {sorted(tensors)[:10]}; pick one with --key")
+    raise InputError(f"{p}: holds a {type(obj).__name__}, not a tensor")

@@ -1,0 +1,52 @@
+"""``rl-engine``: the command-line entry point.
+
+Exit codes everywhere: 0 pass, 1 a judgment failed, 2 bad usage, bad input or environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rl_engine.errors import RLEngineError
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse exits 2 on usage errors; keep the message short
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from rl_engine.cli import cmd_compare, cmd_contract, cmd_env, cmd_gate
+
+    parser = _Parser(prog="rl-engine", description="Deterministic BF16 kernels and the WS1 precision gate.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for module in (cmd_gate, cmd_env, cmd_contract, cmd_compare):
+        module.register(sub)
+    for name in ("cmd_report", "cmd_parity", "cmd_audit", "cmd_bench"):
+        try:
+            module = __import__(f"rl_engine.cli.{name}", fromlist=["register"])
+        except ImportError:
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except RLEngineError as exc:
+        print(f"rl-engine {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"rl-engine {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The four judgments of WS1 for one op and one backend.
+
+Each function returns ``(status, reason, details)`` with ``status`` in ``green``/``red`` and
+``details`` holding every comparator report (as dicts) for the evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rl_engine.contract import Contract
+from rl_engine.gate.compare import (
+    compare_accuracy,
+    compare_bitwise,
+    compare_relative,
+    gradient_norm_metrics,
+)
+from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
+from rl_engine.ops.spec import Case, OpSpec
+
+GREEN, RED, NA = "green", "red", "n/a"
+
+
+@dataclass
+class CaseResults:
+    """Reference and baseline results of one case, computed once and shared by every backend."""
+
+    case: Case
+    reference: tuple[torch.Tensor, ...]
+    baseline: tuple[torch.Tensor, ...]
+    upstream: tuple[torch.Tensor, ...] | None = None
+    ref_grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    base_grads: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def prepare_forward(spec: OpSpec, case: Case) -> CaseResults:
+    ref = run_forward(spec.impls["reference_fp32"], upcast_inputs(case.inputs))
+    for i, r in enumerate(ref):
+        if r.is_floating_point() and r.dtype != torch.float32:
+            raise AssertionError(
+                f"{spec.name}: reference output {i} is {_dtype_name(r)}, the gold must be float32 (WS1 §3.1 condition 4)")
+    base = run_forward(spec.impls["torch_bf16"], case.inputs)
+    return CaseResults(case, ref, base)
+
+
+def prepare_gradient(spec: OpSpec, case: Case) -> CaseResults:
+    probe = run_forward(spec.impls["torch_bf16"], case.inputs)
+    upstream = make_upstream(probe, case.seed + 1000)
+    ref_outs, ref_grads, _ = run_gradient(spec.impls["reference_fp32"], upcast_inputs(case.inputs), spec.grad_inputs,
+                                          upstream=tuple(u.float() for u in upstream))
+    for name, g in ref_grads.items():
+        if g.dtype != torch.float32:
+            raise AssertionError(f"{spec.name}: reference gradient d{name} is {_dtype_name(g)}, must be float32")
+    base_outs, base_grads, _ = run_gradient(spec.impls["torch_bf16"], case.inputs, spec.grad_inputs, upstream=upstream)
+    return CaseResults(case, ref_outs, base_outs, upstream, ref_grads, base_grads)
+
+
+def _expected_dtype(spec: OpSpec, index: int) -> torch.dtype:
+    name = spec.outputs[index] if index < len(spec.outputs) else f"out{index}"
+    return torch.float32 if name in spec.float_outputs_fp32 else torch.bfloat16
+
+
+def forward_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: Contract) -> tuple[str, str, dict[str, Any]]:
+    op_class = contract.op_class(spec.name)
+    tol = contract.tolerance("forward", op_class)
+    factor = contract.relative_factor("forward")
+    reports, failures = [], []
+    for pr in prepared:
+        outs = run_forward(impl, pr.case.inputs)
+        if len(outs) != len(pr.reference):
+            failures.append(f"{pr.case.id}: {len(outs)} outputs, reference has {len(pr.reference)}")
+            continue
+        for i, (o, r, b) in enumerate(zip(outs, pr.reference, pr.baseline)):
+            name = spec.outputs[i] if i < len(spec.outputs) else f"out{i}"
+            path = f"{spec.name}.fwd.{name}"
+            if not o.is_floating_point():
+                eq = compare_bitwise(path, r, o, contract.nan_policy)
+                reports.append({"case": pr.case.id, "integer_output": eq.as_dict()})
+                if not eq.passed:
+                    failures.append(f"{pr.case.id}: {eq.summary()}")
+                continue
+            want = _expected_dtype(spec, i)
+            if o.dtype != want:
+                failures.append(f"{pr.case.id}: {path} is {_dtype_name(o)}, the contract requires {_dtype_name(torch.empty(0, dtype=want))}")
+            acc = compare_accuracy(path, o, r, tol)
+            base_acc = compare_accuracy(path, b, r, tol)
+            rel = compare_relative(path, acc.max_abs_error, base_acc.max_abs_error, factor)
+            reports.append({"case": pr.case.id, "accuracy": acc.as_dict(), "relative": rel.as_dict(),
+                            "baseline_accuracy": {k: base_acc.as_dict()[k] for k in ("max_abs_error", "mean_abs_error", "p99_abs_error", "passed")}})
+            if not acc.passed:
+                failures.append(f"{pr.case.id}: {acc.summary()}")
+            if not rel.passed:
+                failures.append(f"{pr.case.id}: {rel.summary()}")
+    status = GREEN if not failures else RED
+    return status, "; ".join(failures[:5]), {"tolerance": tol.as_dict(), "relative_factor": factor, "reports": reports}
+
+
+def gradient_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: Contract) -> tuple[str, str, dict[str, Any]]:
+    op_class = contract.op_class(spec.name)
+    tol = contract.tolerance("gradient", op_class)
+    factor = contract.relative_factor("gradient")
+    reports, failures = [], []
+    for pr in prepared:
+        _, grads, _ = run_gradient(impl, pr.case.inputs, spec.grad_inputs, upstream=pr.upstream)
+        for name in spec.grad_inputs:
+            path = f"{spec.name}.bwd.d{name}"
+            g, r, b = grads[name], pr.ref_grads[name], pr.base_grads[name]
+            want = pr.case.inputs[name].dtype
+            if g.dtype != want:
+                failures.append(f"{pr.case.id}: {path} is {_dtype_name(g)}, expected {_dtype_name(pr.case.inputs[name])}")
+            acc = compare_accuracy(path, g, r, tol)
+            base_acc = compare_accuracy(path, b, r, tol)
+            rel = compare_relative(path, acc.max_abs_error, base_acc.max_abs_error, factor)
+            norm = gradient_norm_metrics(path, g, r, contract, op_class)
+            reports.append({"case": pr.case.id, "accuracy": acc.as_dict(), "relative": rel.as_dict(),
+                            "grad_norm": norm.as_dict(),
+                            "baseline_accuracy": {k: base_acc.as_dict()[k] for k in ("max_abs_error", "mean_abs_error", "p99_abs_error", "passed")}})
+            for rep in (acc, rel, norm):
+                if not rep.passed:
+                    failures.append(f"{pr.case.id}: {rep.summary()}")
+    status = GREEN if not failures else RED
+    return status, "; ".join(failures[:5]), {"tolerance": tol.as_dict(), "relative_factor": factor, "reports": reports}
+
+
+def invariance(spec: OpSpec, impl, transform: str, case: Case, direction: str,
+               contract: Contract) -> tuple[str, str, dict[str, Any]]:
+    """Bitwise invariance under one transform, with its negative controls.
+
+    The cell is green only if every pair is bitwise equal AND every negative control is caught:
+    the planted one-ulp control always, and the op's known-breaking variant where it declares one.
+    """
+    fn = spec.transform(transform)
+    assert callable(fn)
+    pairs = fn(impl, case, direction, False)
+    reps = [compare_bitwise(f"{spec.name}.{'fwd' if direction == 'forward' else 'bwd'}.{transform}:{p.label}",
+                            p.canonical, p.transformed, contract.nan_policy) for p in pairs]
+    failures = [r.summary() for r in reps if not r.passed]
+    if not pairs:
+        failures.append("the transform produced no comparisons")
+    controls = []
+    planted = fn(impl, case, direction, True)
+    caught = any(not compare_bitwise("control", p.canonical, p.transformed, contract.nan_policy).passed for p in planted)
+    controls.append({"control": "planted one-ulp change on the transformed side", "caught": caught})
+    if not caught:
+        failures.append("negative control (planted one-ulp change) was not caught: the check cannot fail")
+    variant = spec.controls.get(transform)
+    if variant is not None and direction == "forward":
+        vpairs = fn(variant, case, direction, False)
+        vcaught = any(not compare_bitwise("control", p.canonical, p.transformed, contract.nan_policy).passed for p in vpairs)
+        controls.append({"control": f"known-breaking variant {getattr(variant, '__name__', 'variant')}", "caught": vcaught})
+        if not vcaught:
+            failures.append(f"negative control variant {getattr(variant, '__name__', '?')} was not caught")
+    status = GREEN if not failures else RED
+    return status, "; ".join(failures[:5]), {
+        "case": case.id, "nan_policy": contract.nan_policy,
+        "pairs": [r.as_dict() for r in reps], "controls": controls,
+    }

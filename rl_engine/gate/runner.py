@@ -1,0 +1,244 @@
+"""The gate: ops x backends x judgments x workload -> cells -> evidence.
+
+Every cell is ``green``, ``red`` or ``n/a`` (only where the op spec declares it, with the reason).
+A cell that raises is ``red`` with the error as its reason, and the run goes on. Evidence is
+rewritten atomically after every cell (``complete: false`` until the end).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl_engine import OPS, provenance
+from rl_engine.backends.registry import KERNEL_BACKENDS, availability, check_backend
+from rl_engine.contract import Contract
+from rl_engine.errors import RLEngineError
+from rl_engine.gate import evidence as evidence_io
+from rl_engine.gate import judgments as J
+from rl_engine.ops.registry import get_spec
+from rl_engine.ops.spec import TRANSFORMS, Workload
+
+JUDGMENTS = ("forward_accuracy", "gradient_accuracy", "forward_invariance", "gradient_invariance", "chain_parity")
+DEFAULT_JUDGMENTS = JUDGMENTS
+
+
+@dataclass(frozen=True)
+class CellKey:
+    op: str
+    backend: str
+    judgment: str
+    transform: str | None = None
+
+
+@dataclass
+class GateConfig:
+    ops: list[str]
+    backends: list[str]
+    judgments: list[str]
+    workload: Workload
+    out_dir: Path
+    seed: int = 0
+    requested_backends: list[str] = field(default_factory=list)
+    left_out: list[dict[str, str]] = field(default_factory=list)
+
+
+def resolve_backends(requested: str | None) -> tuple[list[str], list[dict[str, str]]]:
+    """``None``/``"all"``: every kernel backend that can run here (the rest listed with reasons).
+    A named backend must be able to run, else BackendUnavailable (exit 2)."""
+    if requested in (None, "all"):
+        judged, left = [], []
+        for b in KERNEL_BACKENDS:
+            ok, why = availability(b)
+            (judged if ok else left).append(b if ok else {"backend": b, "reason": why})
+        if not judged:
+            raise RLEngineError("no kernel backend can run on this machine: "
+                                + "; ".join(f"{d['backend']}: {d['reason']}" for d in left))
+        return judged, left
+    names = [n.strip() for n in requested.split(",") if n.strip()]
+    for n in names:
+        check_backend(n)
+    return names, []
+
+
+def kernel_id(op: str, backend: str, impl: Callable[..., Any]) -> str:
+    """``op/backend/function@source-hash``: identifies the exact kernel source that ran."""
+    try:
+        src = inspect.getsourcefile(impl)
+        digest = hashlib.sha256(Path(src).read_bytes()).hexdigest()[:12] if src else "unknown"
+    except (TypeError, OSError):
+        digest = "unknown"
+    return f"{op}/{backend}/{getattr(impl, '__name__', 'impl')}@{digest}"
+
+
+def plan(config: GateConfig) -> list[CellKey]:
+    keys: list[CellKey] = []
+    for op in config.ops:
+        for backend in config.backends:
+            for j in config.judgments:
+                if j == "chain_parity":
+                    continue
+                if j in ("forward_invariance", "gradient_invariance"):
+                    keys += [CellKey(op, backend, j, t) for t in TRANSFORMS]
+                else:
+                    keys.append(CellKey(op, backend, j))
+    if "chain_parity" in config.judgments:
+        keys += [CellKey("chain", b, "chain_parity", None) for b in config.backends]
+    return keys
+
+
+def _cell(key: CellKey, status: str, reason: str, details: dict[str, Any], duration: float, kid: str | None) -> dict[str, Any]:
+    cell = {"op": key.op, "backend": key.backend, "judgment": key.judgment, "transform": key.transform,
+            "status": status, "requested_backend": key.backend, "actual_backend": key.backend,
+            "kernel_id": kid, "duration_s": round(duration, 4), "details": details}
+    if status != J.GREEN or reason:
+        cell["reason"] = reason or "(no reason given)"
+    return cell
+
+
+def root_cause(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The earliest op, in the model's op order, with a red cell."""
+    order = {op: i for i, op in enumerate(OPS + ("chain",))}
+    red = [c for c in cells if c["status"] == J.RED]
+    if not red:
+        return None
+    first = min(red, key=lambda c: order.get(c["op"], len(order)))
+    same = [c for c in red if c["op"] == first["op"]]
+    return {"op": first["op"], "red_cells": len(same),
+            "cells": [f"{c['backend']}/{c['judgment']}" + (f"/{c['transform']}" if c["transform"] else "") for c in same],
+            "hint": f"{first['op']} is the earliest failing op in the model's op order; fix it first, later ops may inherit its error"}
+
+
+class _OpState:
+    """Cases and reference results of one op, built lazily and shared by every backend."""
+
+    def __init__(self, op: str, workload: Workload, seed: int, device: torch.device):
+        self.spec = get_spec(op)
+        self.workload, self.seed, self.device = workload, seed, device
+        self._fwd: list[J.CaseResults] | None = None
+        self._grad: list[J.CaseResults] | None = None
+        self._cases = None
+        self._grad_cases = None
+
+    def cases(self):
+        if self._cases is None:
+            self._cases = self.spec.build_cases(self.workload, self.seed, self.device)
+        return self._cases
+
+    def grad_cases(self):
+        if self._grad_cases is None:
+            self._grad_cases = self.spec.build_grad_cases(self.workload, self.seed + 500, self.device)
+        return self._grad_cases
+
+    def forward(self):
+        if self._fwd is None:
+            self._fwd = [J.prepare_forward(self.spec, c) for c in self.cases()]
+        return self._fwd
+
+    def gradient(self):
+        if self._grad is None:
+            self._grad = [J.prepare_gradient(self.spec, c) for c in self.grad_cases()]
+        return self._grad
+
+    def invariance_case(self, direction: str):
+        if direction == "gradient" or self.spec.build_grad_cases is not None:
+            if self.spec.build_grad_cases is not None:
+                return self.grad_cases()[0]
+        cases = self.cases()
+        return cases[1] if len(cases) > 1 else cases[0]
+
+
+def run_cell(state: _OpState, key: CellKey, contract: Contract) -> tuple[str, str, dict[str, Any], str | None]:
+    spec = state.spec
+    impl = spec.impls.get(key.backend)
+    if impl is None:
+        return J.RED, f"{key.op} has no {key.backend} implementation", {}, None
+    kid = kernel_id(key.op, key.backend, impl)
+    if key.judgment == "forward_accuracy":
+        return (*J.forward_accuracy(spec, impl, state.forward(), contract), kid)
+    if key.judgment == "gradient_accuracy":
+        if not spec.grad_inputs:
+            return J.NA, spec.no_grad_reason or "no input of this op takes a gradient", {}, kid
+        return (*J.gradient_accuracy(spec, impl, state.gradient(), contract), kid)
+    direction = "forward" if key.judgment == "forward_invariance" else "gradient"
+    t = spec.transform(key.transform)
+    if isinstance(t, str):
+        return J.NA, t, {}, kid
+    if direction == "gradient" and not spec.grad_inputs:
+        return J.NA, spec.no_grad_reason or "no input of this op takes a gradient", {}, kid
+    return (*J.invariance(spec, impl, key.transform, state.invariance_case(direction), direction, contract), kid)
+
+
+def _chain_cells(config: GateConfig, contract: Contract, backend: str) -> tuple[str, str, dict[str, Any], str | None]:
+    try:
+        from rl_engine.chain.gate import chain_parity_cell
+    except ImportError:
+        return J.RED, "chain_parity requested but the Qwen3 chain is not implemented yet", {}, None
+    return chain_parity_cell(backend, config.workload, contract, config.seed)
+
+
+def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str, Any], int, int], None] | None = None,
+             device: torch.device | None = None) -> dict[str, Any]:
+    """Run the matrix; write ``evidence.json`` after every cell; return the final evidence."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    t0 = time.perf_counter()
+    keys = plan(config)
+    evidence: dict[str, Any] = {
+        "schema_version": evidence_io.SCHEMA_VERSION,
+        "kind": "gate",
+        "contract_version": contract.version,
+        "contract": contract.identity(),
+        "provenance": provenance.collect(contract),
+        "workload": config.workload.as_dict(),
+        "seed": config.seed,
+        "complete": False,
+        "backends": {"requested": config.requested_backends or config.backends, "judged": config.backends,
+                     "left_out": config.left_out},
+        "ops": config.ops,
+        "judgments": config.judgments,
+        "transforms": list(TRANSFORMS),
+        "cells": [],
+        "summary": {"green": 0, "red": 0, "n/a": 0},
+        "root_cause": None,
+        "wall_time_s": 0.0,
+    }
+    path = config.out_dir / "evidence.json"
+    states: dict[str, _OpState] = {}
+    for i, key in enumerate(keys):
+        start = time.perf_counter()
+        kid = None
+        try:
+            if key.judgment == "chain_parity":
+                status, reason, details, kid = _chain_cells(config, contract, key.backend)
+            else:
+                if key.op not in states:
+                    states.clear()  # one op's tensors at a time
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    states[key.op] = _OpState(key.op, config.workload, config.seed, device)
+                status, reason, details, kid = run_cell(states[key.op], key, contract)
+        except Exception as exc:  # per-cell isolation: the run goes on
+            status, reason = J.RED, f"{type(exc).__name__}: {exc}"
+            details = {"traceback": traceback.format_exc(limit=8)}
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        cell = _cell(key, status, reason, details, time.perf_counter() - start, kid)
+        evidence["cells"].append(cell)
+        evidence["summary"][status] = evidence["summary"].get(status, 0) + 1
+        evidence["wall_time_s"] = round(time.perf_counter() - t0, 3)
+        evidence["root_cause"] = root_cause(evidence["cells"])
+        evidence_io.write_atomic(path, evidence)
+        if on_cell is not None:
+            on_cell(cell, i + 1, len(keys))
+    evidence["complete"] = True
+    evidence["wall_time_s"] = round(time.perf_counter() - t0, 3)
+    evidence_io.write_atomic(path, evidence)
+    return evidence

@@ -1,0 +1,108 @@
+"""Provenance: what ran, where, with which software (WS1 §10)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from rl_engine import __version__, env
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state(start: Path | None = None) -> dict[str, Any]:
+    """Commit and dirty flag of the checkout that holds the package (or ``start``)."""
+    here = start or Path(__file__).resolve().parent
+    commit = _git(["rev-parse", "HEAD"], here)
+    status = _git(["status", "--porcelain", "--untracked-files=normal"], here)
+    return {
+        "git_commit": commit,
+        "git_dirty": None if status is None else bool(status),
+        "git_dirty_files": [] if not status else [line[3:] for line in status.splitlines()][:50],
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_info() -> dict[str, Any]:
+    """GPU name, compute capability, SM count, memory, driver; or the CPU model."""
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        driver = None
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            driver = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        except (OSError, subprocess.TimeoutExpired, IndexError):
+            driver = None
+        return {
+            "kind": "cuda",
+            "name": props.name,
+            "compute_capability": f"{props.major}.{props.minor}",
+            "sm_count": props.multi_processor_count,
+            "total_memory_gib": round(props.total_memory / 2**30, 2),
+            "driver": driver,
+            "device_count": torch.cuda.device_count(),
+        }
+    return {"kind": "cpu", "name": _cpu_model(), "compute_capability": None, "sm_count": None,
+            "cores": __import__("os").cpu_count(), "driver": None}
+
+
+def software() -> dict[str, Any]:
+    import numpy
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # pragma: no cover - depends on the install
+        triton_version = None
+    return {
+        "rl_engine": __version__,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "triton": triton_version,
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def collect(contract: Any | None = None) -> dict[str, Any]:
+    """Everything evidence needs to say where and how it was produced."""
+    from rl_engine.ops.reference_guard import precision_readback
+
+    prov: dict[str, Any] = {
+        **git_state(),
+        "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "hostname": platform.node(),
+        "device": device_info(),
+        "software": software(),
+        "precision_readback_outside_guard": precision_readback(),
+        "environment": env.behaviour_snapshot(),
+        "triton_interpret": env.triton_interpret(),
+    }
+    if contract is not None:
+        prov["contract"] = contract.identity()
+    return prov
