@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rl_engine import env
-from rl_engine.errors import BackendUnavailable, ContractError, RLEngineError
+from rl_engine.errors import BackendUnavailable, RLEngineError
 
 BACKENDS = ("reference_fp32", "torch_bf16", "triton_cuda_bf16", "cuda_bf16")
 KERNEL_BACKENDS = ("triton_cuda_bf16", "cuda_bf16")
@@ -53,10 +53,10 @@ def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         from rl_engine.contract import load_contract
 
-        try:
-            load_contract().check_backend_profile(backend)
-        except ContractError:
-            raise
+        contract = load_contract()
+        out_of_scope = contract.data["backend_profiles"]["out_of_scope"]
+        if any(key in backend.lower() for key in out_of_scope):
+            contract.check_backend_profile(backend)  # raises ContractError naming why it is out of scope
         raise RLEngineError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     ok, why = availability(backend)
     if not ok:

@@ -54,7 +54,10 @@ def _quantile(x: torch.Tensor, q: float) -> float:
     if n == 0:
         return 0.0
     k = min(n, max(1, math.ceil(q * n)))
-    return float(torch.kthvalue(x.reshape(-1).float().cpu() if x.device.type == "cpu" else x.reshape(-1).float(), k).values)
+    flat = x.reshape(-1)
+    if flat.dtype not in (torch.float32, torch.float64):  # keep FP64 statistics (chain dlogp) exact
+        flat = flat.float()
+    return float(torch.kthvalue(flat, k).values)
 
 
 def error_histogram(abs_err: torch.Tensor) -> dict[str, Any]:
@@ -229,15 +232,20 @@ class GradNormReport:
 def gradient_norm_metrics(path: str, candidate: torch.Tensor, reference: torch.Tensor,
                           contract: Contract, op_class: str) -> GradNormReport:
     """rel-peak = max|c - r| / max|r|; RMS ratio = rms(c - r) / rms(r). A zero reference with a
-    zero error gives 0; a zero reference with any error gives inf."""
+    zero error gives 0; a zero reference with any error gives inf. Each RMS is taken of the tensor
+    divided by its peak, so the squares of tiny gradients (below ~1e-19) do not underflow to 0."""
     c = candidate.detach().float()
     r = reference.detach().float().to(c.device)
     err = (c - r).abs()
+
+    def _rms(x: torch.Tensor, peak: float) -> float:
+        return 0.0 if peak == 0 else peak * float((x / peak).pow(2).mean().sqrt())
+
     if c.numel() == 0:
         rel_peak = rms_ratio = 0.0
     else:
         peak_err, peak_ref = float(err.max()), float(r.abs().max())
-        rms_err, rms_ref = float(err.pow(2).mean().sqrt()), float(r.pow(2).mean().sqrt())
+        rms_err, rms_ref = _rms(err, peak_err), _rms(r, peak_ref)
         rel_peak = 0.0 if peak_err == 0 else (peak_err / peak_ref if peak_ref > 0 else math.inf)
         rms_ratio = 0.0 if rms_err == 0 else (rms_err / rms_ref if rms_ref > 0 else math.inf)
     tp = contract.grad_norm_threshold("rel_peak", op_class)

@@ -49,6 +49,9 @@ def write_atomic(path: Path, evidence: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".evidence-", suffix=".json", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; evidence is read by others, like the reports
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=False, allow_nan=False)
             f.write("\n")

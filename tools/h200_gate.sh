@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Run on the lent H200 (device tool): install carried wheels, install the package, run the GPU
+# tests and the full qwen3-8b gate, and leave everything under $OUT.
+# Usage: bash tools/h200_gate.sh [extra rl-engine gate args]
+set -uo pipefail
+export PYTHONUNBUFFERED=1 CI=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site || exit 2
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 2; }
+rl-engine env --json >"$OUT/env.json"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/env.json.txt" 2>&1
+if [ "${SKIP_TESTS:-0}" != "1" ]; then
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -x -m "${TEST_MARK:-gpu}" tests 2>&1 | tail -n 60 >"$OUT/gpu-tests.log"
+  tail -n 5 "$OUT/gpu-tests.log"
+fi
+rl-engine gate --out "$OUT/gate" "$@" 2>"$OUT/gate-progress.log"
+rc=$?
+tail -n 30 "$OUT/gate-progress.log"
+echo "gate exit code $rc"
+exit 0
