@@ -1,0 +1,121 @@
+"""Triton token embedding, forward and backward.
+
+Forward: one program per (token, block of ``BLOCK`` columns) copies ``weight[ids[t]]`` to row
+``t`` of the output; values are moved as BF16 bits, never converted, so rows are exact copies
+and every row depends only on its own id (batch invariance by construction).
+
+Backward (gradient of ``weight``): deterministic, no atomics. The ids are sorted with a stable
+sort, so the tokens of one id form a contiguous segment in original token order. One program per
+(segment, column block) adds that segment's upstream rows in FP32, in that order, and writes the
+BF16 sum to the id's row once. Rows of ``weight`` that no token references get exactly 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rl_engine.ops._triton_common import check_triton_device
+from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
+
+BLOCK = 1024
+"""Columns per program (a fixed constant; the column grid covers E)."""
+
+
+@triton.jit
+def _embedding_fwd_kernel(ids_ptr, w_ptr, out_ptr, n_cols, stride_ids, stride_w, stride_out,
+                          BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    idx = tl.load(ids_ptr + row * stride_ids).to(tl.int64)
+    vals = tl.load(w_ptr + idx * stride_w + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * stride_out + cols, vals, mask=mask)
+
+
+@triton.jit
+def _embedding_bwd_kernel(seg_ids_ptr, seg_start_ptr, seg_end_ptr, order_ptr, dy_ptr, dw_ptr, n_cols,
+                          stride_dy, stride_dw, BLOCK: tl.constexpr):
+    seg = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    idx = tl.load(seg_ids_ptr + seg).to(tl.int64)
+    start = tl.load(seg_start_ptr + seg)
+    end = tl.load(seg_end_ptr + seg)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in range(start, end):
+        src = tl.load(order_ptr + j).to(tl.int64)
+        acc += tl.load(dy_ptr + src * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dw_ptr + idx * stride_dw + cols, acc.to(tl.bfloat16), mask=mask)
+
+
+def _launch_fwd(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    t = ids.shape[0]
+    e = weight.shape[1]
+    out = torch.empty((t, e), dtype=torch.bfloat16, device=weight.device)
+    if t and e:
+        _embedding_fwd_kernel[(t, triton.cdiv(e, BLOCK))](
+            ids, weight, out, e, ids.stride(0), weight.stride(0), out.stride(0), BLOCK=BLOCK
+        )
+    return out
+
+
+def _segments(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stable sort of the ids and the [start, end) of each distinct id in the sorted order."""
+    sorted_ids, order = torch.sort(ids, stable=True)
+    seg_ids, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
+    ends = torch.cumsum(counts, 0)
+    starts = ends - counts
+    return seg_ids.contiguous(), starts.to(torch.int64), ends.to(torch.int64), order.contiguous()
+
+
+def _launch_bwd(ids: torch.Tensor, dy: torch.Tensor, v: int) -> torch.Tensor:
+    t, e = dy.shape
+    dw = torch.zeros((v, e), dtype=torch.bfloat16, device=dy.device)
+    if t and e:
+        seg_ids, starts, ends, order = _segments(ids)
+        _embedding_bwd_kernel[(seg_ids.shape[0], triton.cdiv(e, BLOCK))](
+            seg_ids, starts, ends, order, dy, dw, e, dy.stride(0), dw.stride(0), BLOCK=BLOCK
+        )
+    return dw
+
+
+class _EmbeddingTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ids, weight):
+        ctx.save_for_backward(ids)
+        ctx.vocab = weight.shape[0]
+        return _launch_fwd(ids, weight)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (ids,) = ctx.saved_tensors
+        dy = dy.to(torch.bfloat16)
+        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
+        dw = _launch_bwd(ids, dy, ctx.vocab) if ctx.needs_input_grad[1] else None
+        return None, dw
+
+
+def embedding_triton(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Token embedding with Triton kernels. ids: [T] int64, weight: [V, E] bfloat16 -> [T, E] bfloat16.
+
+    Forward rows are exact copies of weight rows (no arithmetic). Backward: dweight [V, E]
+    bfloat16, each referenced row the FP32 sum of its tokens' upstream rows in token order
+    (stable sort + segment sums, no atomics), rounded once; unreferenced rows are 0.
+
+    Raises
+    ------
+    InputError
+        ids is not a 1-D int64 tensor with unit stride; weight is not a 2-D bfloat16 tensor with
+        unit stride on E; they sit on different devices; or an id lies outside ``[0, V)``
+        (pitfall P9: nothing is wrapped or clamped). Checked before any launch.
+    BackendUnavailable
+        The tensors are not on a CUDA device (and the Triton interpreter is off).
+    """
+    check_tensor("ids", ids, dtype=torch.int64, ndim=1, contiguous_last=True)
+    check_tensor("weight", weight, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
+    check_same_device(ids=ids, weight=weight)
+    check_index_range("ids", ids, weight.shape[0])
+    check_triton_device(ids, weight)
+    return _EmbeddingTriton.apply(ids, weight)

@@ -1,0 +1,36 @@
+"""Public entry points for pack and unpack."""
+
+from __future__ import annotations
+
+import torch
+
+from rl_engine.backends.registry import check_backend, resolve_impl
+from rl_engine.errors import BackendUnavailable
+
+
+def pack(x: torch.Tensor, cu_seqlens: torch.Tensor, *, backend: str = "triton_cuda_bf16") -> torch.Tensor:
+    """Padded -> packed. x: [B, S, E] bfloat16, cu_seqlens: [B+1] int32 -> [T, E] bfloat16.
+
+    Row ``cu_seqlens[b] + s`` of the output is ``x[b, s]`` for ``s < L_b``; rows are exact copies.
+    Every ``L_b <= S`` (validated). Backward: ``dx = unpack(dy, cu_seqlens, S)`` (zeros in the
+    padding). ``backend`` is explicit; an unavailable backend raises BackendUnavailable naming why.
+    """
+    return resolve_impl("pack", backend)(x=x, cu_seqlens=cu_seqlens)
+
+
+def unpack(x: torch.Tensor, cu_seqlens: torch.Tensor, S: int, *, backend: str = "triton_cuda_bf16") -> torch.Tensor:
+    """Packed -> padded. x: [T, E] bfloat16, cu_seqlens: [B+1] int32, S: int -> [B, S, E] bfloat16.
+
+    ``out[b, s] = x[cu_seqlens[b] + s]`` for ``s < L_b`` and exactly 0 in the padding; exact
+    copies. Backward: ``dx = pack(dy, cu_seqlens)``. ``backend`` is explicit (the same names as
+    :func:`pack`).
+    """
+    from rl_engine.ops.pack.reference import unpack_reference
+    from rl_engine.ops.pack.torch_bf16 import unpack_torch_bf16
+    from rl_engine.ops.pack.triton import unpack_triton
+
+    impls = {"reference_fp32": unpack_reference, "torch_bf16": unpack_torch_bf16, "triton_cuda_bf16": unpack_triton}
+    check_backend(backend)
+    if backend not in impls:
+        raise BackendUnavailable(f"op unpack has no {backend} implementation")
+    return impls[backend](x=x, cu_seqlens=cu_seqlens, S=S)

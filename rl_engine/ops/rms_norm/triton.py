@@ -1,0 +1,258 @@
+"""Triton RMSNorm forward and backward, shared by ``rms_norm`` ([T, E]) and ``qk_norm``
+([T, H, D], one row per (token, head)).
+
+Rows: a row is ``x[t]`` ([T, E] input, H = 1) or ``x[t, h]`` ([T, H, D] input); rows are numbered
+``r = t * H + h`` and addressed through the strides, so any layout with unit stride on the last
+axis works without a copy.
+
+Forward: one program per row; the whole row sits in one block of ``next_power_of_2(E)`` lanes
+(a function of E only) and ``mean(x^2)`` is one ``tl.sum`` over that block in FP32, so the
+reduction order of a row never depends on T, on its neighbours or on its position. The FP32
+``rstd`` of each row is kept for the backward.
+
+Backward (from the FP32 definition ``y = w * x * r``, ``r = (mean(x^2) + eps)^-1/2``; the
+rounding order does not change it):
+
+* ``dx = r * (g - x * r^2 * mean(g * x))`` with ``g = dy * w`` (FP32, rounded once);
+* ``dweight = sum over rows of dy * x * r``: stage 1, each program walks a fixed chunk of
+  ``ROWS_PER_PROGRAM`` rows in order and writes one FP32 partial [E]; stage 2 adds the partials
+  in chunk order and rounds once. No atomics; the chunk size is a constant, never chosen from T.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from rl_engine.errors import InputError
+from rl_engine.ops._triton_common import check_triton_device
+from rl_engine.ops._validate import check_same_device, check_tensor
+
+ORDERS = ("hf", "fused")
+ROWS_PER_PROGRAM = 32
+"""Rows per backward stage-1 program (fixed; sets the dweight partial-sum tree)."""
+REDUCE_BLOCK = 256
+"""Columns per dweight stage-2 program (fixed)."""
+
+
+def _block(n_cols: int) -> int:
+    return triton.next_power_of_2(n_cols)
+
+
+def _warps(block: int) -> int:
+    return 4 if block <= 1024 else (8 if block <= 4096 else 16)
+
+
+@triton.jit
+def _rms_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, n_heads, eps,
+                    stride_xt, stride_xh, stride_yt, stride_yh,
+                    BLOCK: tl.constexpr, HF_ORDER: tl.constexpr):
+    r = tl.program_id(0)
+    t = (r // n_heads).to(tl.int64)
+    h = (r % n_heads).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    ms = tl.sum(x * x, axis=0) / n_cols
+    rstd = tl.rsqrt(ms + eps)
+    normed = x * rstd
+    if HF_ORDER:
+        y = normed.to(tl.bfloat16).to(tl.float32) * w
+    else:
+        y = normed * w
+    tl.store(y_ptr + t * stride_yt + h * stride_yh + cols, y.to(tl.bfloat16), mask=mask)
+    tl.store(rstd_ptr + r, rstd)
+
+
+@triton.jit
+def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, n_rows, n_cols, n_heads,
+                    stride_xt, stride_xh, stride_dyt, stride_dyh, stride_dxt, stride_dxh,
+                    BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    part = tl.zeros((BLOCK,), dtype=tl.float32)
+    for i in range(ROWS):
+        r = pid * ROWS + i
+        live = (tl.zeros((BLOCK,), dtype=tl.int32) + r) < n_rows  # block-shaped row mask
+        rr = tl.minimum(r, n_rows - 1)  # rows past the end re-read the last row; nothing is kept
+        t = (rr // n_heads).to(tl.int64)
+        h = (rr % n_heads).to(tl.int64)
+        x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + t * stride_dyt + h * stride_dyh + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rr)
+        g = dy * w
+        mean_gx = tl.sum(g * x, axis=0) / n_cols
+        dx = rstd * (g - x * (rstd * rstd * mean_gx))
+        tl.store(dx_ptr + t * stride_dxt + h * stride_dxh + cols, dx.to(tl.bfloat16), mask=mask & live)
+        part += tl.where(live, dy * (x * rstd), 0.0)
+    tl.store(part_ptr + pid.to(tl.int64) * n_cols + cols, part, mask=mask)
+
+
+@triton.jit
+def _dw_reduce_kernel(part_ptr, dw_ptr, n_parts, n_cols, BLOCK: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for p in range(0, n_parts):
+        acc += tl.load(part_ptr + p * n_cols + cols, mask=mask, other=0.0)
+    tl.store(dw_ptr + cols, acc.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _rms_fwd_split_control_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, n_heads, eps,
+                                  stride_xt, stride_xh, stride_yt, stride_yh,
+                                  PART: tl.constexpr, SPLIT: tl.constexpr, HF_ORDER: tl.constexpr):
+    """NEGATIVE CONTROL ONLY (never used by rl_engine): mean(x^2) split into SPLIT parts whose
+    partial sums are rounded to BF16 before they are added, as a naive split reduction would."""
+    r = tl.program_id(0)
+    t = (r // n_heads).to(tl.int64)
+    h = (r % n_heads).to(tl.int64)
+    base = x_ptr + t * stride_xt + h * stride_xh
+    sq = 0.0
+    for k in tl.static_range(SPLIT):
+        cols = k * PART + tl.arange(0, PART)
+        xk = tl.load(base + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        part = tl.sum(xk * xk, axis=0)
+        if SPLIT > 1:
+            part = part.to(tl.bfloat16).to(tl.float32)
+        sq += part
+    rstd = tl.rsqrt(sq / n_cols + eps)
+    for k in tl.static_range(SPLIT):
+        cols = k * PART + tl.arange(0, PART)
+        mask = cols < n_cols
+        x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        normed = x * rstd
+        if HF_ORDER:
+            y = normed.to(tl.bfloat16).to(tl.float32) * w
+        else:
+            y = normed * w
+        tl.store(y_ptr + t * stride_yt + h * stride_yh + cols, y.to(tl.bfloat16), mask=mask)
+    tl.store(rstd_ptr + r, rstd)
+
+
+def _rows_view(x: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """(T, H, E, stride_t, stride_h) of a [T, E] (H = 1) or [T, H, E] tensor."""
+    if x.dim() == 2:
+        return x.shape[0], 1, x.shape[1], x.stride(0), 0
+    return x.shape[0], x.shape[1], x.shape[2], x.stride(0), x.stride(1)
+
+
+def _launch_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool, split: int = 0):
+    t, h, e, sxt, sxh = _rows_view(x)
+    y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    n_rows = t * h
+    rstd = torch.empty((n_rows,), dtype=torch.float32, device=x.device)
+    if n_rows and e:
+        _, _, _, syt, syh = _rows_view(y)
+        block = _block(e)
+        if split:
+            part = triton.next_power_of_2(triton.cdiv(e, split))
+            _rms_fwd_split_control_kernel[(n_rows,)](
+                x, weight, y, rstd, e, h, eps, sxt, sxh, syt, syh,
+                PART=part, SPLIT=triton.cdiv(e, part), HF_ORDER=hf, num_warps=_warps(block),
+            )
+        else:
+            _rms_fwd_kernel[(n_rows,)](
+                x, weight, y, rstd, e, h, eps, sxt, sxh, syt, syh,
+                BLOCK=block, HF_ORDER=hf, num_warps=_warps(block),
+            )
+    return y, rstd
+
+
+def _launch_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor):
+    t, h, e, sxt, sxh = _rows_view(x)
+    _, _, _, sdyt, sdyh = _rows_view(dy)
+    dx = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    dw = torch.empty((e,), dtype=torch.bfloat16, device=x.device)
+    n_rows = t * h
+    if e == 0:
+        return dx, dw
+    if n_rows == 0:
+        dw.zero_()
+        return dx, dw
+    _, _, _, sdxt, sdxh = _rows_view(dx)
+    n_parts = triton.cdiv(n_rows, ROWS_PER_PROGRAM)
+    parts = torch.empty((n_parts, e), dtype=torch.float32, device=x.device)
+    block = _block(e)
+    _rms_bwd_kernel[(n_parts,)](
+        x, weight, dy, rstd, dx, parts, n_rows, e, h, sxt, sxh, sdyt, sdyh, sdxt, sdxh,
+        BLOCK=block, ROWS=ROWS_PER_PROGRAM, num_warps=_warps(block),
+    )
+    _dw_reduce_kernel[(triton.cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK)
+    return dx, dw
+
+
+class _RmsNormTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, hf, split):
+        y, rstd = _launch_fwd(x, weight, eps, hf, split)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dy = dy.to(torch.bfloat16)
+        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
+        dx, dw = _launch_bwd(x, weight, dy, rstd)
+        return dx, dw, None, None, None
+
+
+def check_eps_order(eps: object, order: object) -> None:
+    """``eps`` a finite number >= 0 (no default anywhere: pitfall P12); ``order`` in ORDERS."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise InputError(f"eps: expected a finite number >= 0 from the model config, got {eps!r}")
+    if order not in ORDERS:
+        raise InputError(f"order: expected one of {ORDERS}, got {order!r}")
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str, split: int = 0) -> torch.Tensor:
+    """Launch on validated inputs ([T, E] or [T, H, D]); ``split`` > 0 only for the negative control."""
+    check_triton_device(x, weight)
+    return _RmsNormTriton.apply(x, weight, float(eps), order == "hf", split)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str = "hf") -> torch.Tensor:
+    """RMSNorm with Triton kernels. x: [T, E] bfloat16, weight: [E] bfloat16 -> [T, E] bfloat16.
+
+    FP32 statistics (one fixed-order ``tl.sum`` per row), then ``order="hf"``:
+    ``bf16(weight * bf16(x * rstd))`` (Hugging Face Qwen3RMSNorm) or ``order="fused"``:
+    ``bf16(x * rstd * weight)``. ``eps`` has no default (pitfall P12). Backward: dx [T, E] and
+    dweight [E] bfloat16, FP32 math, dweight reduced over T in fixed chunks without atomics.
+
+    Raises
+    ------
+    InputError
+        x is not a 2-D bfloat16 tensor with unit stride on E; weight is not bfloat16 [E] with unit
+        stride; devices differ; eps is not a finite number >= 0; order is not "hf" or "fused".
+    BackendUnavailable
+        The tensors are not on a CUDA device (and the Triton interpreter is off).
+    """
+    check_tensor("x", x, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
+    check_tensor("weight", weight, dtype=torch.bfloat16, shape=(x.shape[1],), contiguous_last=True)
+    check_same_device(x=x, weight=weight)
+    check_eps_order(eps, order)
+    return rms_norm_rows(x, weight, eps, order)
+
+
+CONTROL_SPLIT_BELOW = 4
+"""The negative control splits the row reduction when T < this (a 'decode' heuristic)."""
+
+
+def rms_norm_size_dependent_control(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                                    order: str = "hf") -> torch.Tensor:
+    """NEGATIVE CONTROL, deliberately NOT batch-invariant: for T < 4 the mean of squares is split
+    into 4 parts with BF16-rounded partial sums (a split chosen from T). The batch transform must
+    catch it. Same signature and validation as :func:`rms_norm_triton`."""
+    check_tensor("x", x, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
+    check_tensor("weight", weight, dtype=torch.bfloat16, shape=(x.shape[1],), contiguous_last=True)
+    check_same_device(x=x, weight=weight)
+    check_eps_order(eps, order)
+    return rms_norm_rows(x, weight, eps, order, split=4 if x.shape[0] < CONTROL_SPLIT_BELOW else 0)

@@ -1,0 +1,185 @@
+"""Tests of RMSNorm: accuracy, both rounding orders bit for bit (P2), eps from the caller (P12),
+deterministic dweight, invariance with planted and size-dependent negative controls."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from rl_engine.errors import InputError
+from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
+from rl_engine.ops.rms_norm import rms_norm
+from rl_engine.ops.rms_norm import api as rms_api
+from rl_engine.ops.rms_norm.spec import SPEC, norm_weight
+from rl_engine.ops.rms_norm.triton import ROWS_PER_PROGRAM
+from rl_engine.ops.spec import WORKLOADS, make_generator, randn
+
+SMOKE = WORKLOADS["smoke"]
+SEED = 4242
+_INT = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
+P2_BITS = {"hf": (0x3F92, 0x4012), "fused": (0x3F91, 0x4011)}
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype in _INT:
+        return torch.equal(a.contiguous().view(_INT[a.dtype]), b.contiguous().view(_INT[b.dtype]))
+    return torch.equal(a, b)
+
+
+def _grads(impl_name, case, up):
+    inputs = case.inputs if impl_name != "reference_fp32" else upcast_inputs(case.inputs)
+    ups = up if impl_name != "reference_fp32" else tuple(u.float() for u in up)
+    _, g, _ = run_gradient(SPEC.impls[impl_name], inputs, SPEC.grad_inputs, upstream=ups)
+    return g
+
+
+@pytest.fixture(scope="module")
+def cases(device):
+    return SPEC.build_cases(SMOKE, SEED, device)
+
+
+@pytest.fixture(scope="module")
+def grad_case(device):
+    return SPEC.build_grad_cases(SMOKE, SEED, device)[0]
+
+
+def test_cases_cover_shapes_and_orders(cases):
+    counts = [c.inputs["x"].shape[0] for c in cases]
+    assert 1 in counts and any(t % 2 for t in counts if t > 1)
+    assert {c.inputs["order"] for c in cases} == {"hf", "fused"}
+
+
+def test_forward_accuracy(cases, contract):
+    tol = contract.tolerance("forward", contract.op_class("rms_norm"))
+    k = contract.relative_factor("forward")
+    for case in cases:
+        (out,) = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)
+        (ref,) = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))
+        (hf,) = run_forward(SPEC.impls["torch_bf16"], case.inputs)
+        assert out.dtype == torch.bfloat16 and out.shape == ref.shape
+        torch.testing.assert_close(out.float(), ref, atol=tol.atol, rtol=tol.rtol, msg=case.id)
+        err, err_hf = (out.float() - ref).abs().max(), (hf.float() - ref).abs().max()
+        assert err <= k * err_hf, f"{case.id}: {err} > {k} x {err_hf}"
+
+
+@pytest.mark.parametrize("t", [None, 2 * ROWS_PER_PROGRAM + 5])
+def test_backward_accuracy_and_determinism(t, grad_case, contract, device):
+    case = grad_case
+    if t is not None:  # several dweight partial chunks
+        g = make_generator(SEED + 5)
+        x = randn((t, SMOKE.hidden), g, scale=2.0, device=device)
+        case = type(grad_case)(id=f"T{t}", seed=SEED + 5, inputs={**grad_case.inputs, "x": x})
+    tol = contract.tolerance("gradient", contract.op_class("rms_norm"))
+    k = contract.relative_factor("gradient")
+    up = make_upstream(run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs), case.seed + 7)
+    g, g_ref, g_hf = (_grads(n, case, up) for n in ("triton_cuda_bf16", "reference_fp32", "torch_bf16"))
+    for name in ("x", "weight"):
+        assert g[name].dtype == torch.bfloat16 and g[name].shape == case.inputs[name].shape
+        torch.testing.assert_close(g[name].float(), g_ref[name], atol=tol.atol, rtol=tol.rtol, msg=name)
+        err, err_hf = (g[name].float() - g_ref[name]).abs().max(), (g_hf[name].float() - g_ref[name]).abs().max()
+        assert err <= k * err_hf, f"d{name}: {err} > {k} x {err_hf}"
+    g2 = _grads("triton_cuda_bf16", case, up)
+    assert _bits_equal(g["x"], g2["x"]) and _bits_equal(g["weight"], g2["weight"])
+
+
+def test_backward_same_formula_for_both_orders(grad_case):
+    up = make_upstream(run_forward(SPEC.impls["triton_cuda_bf16"], grad_case.inputs), grad_case.seed + 7)
+    fused = type(grad_case)(id="fused", seed=grad_case.seed, inputs={**grad_case.inputs, "order": "fused"})
+    g_hf, g_fused = _grads("triton_cuda_bf16", grad_case, up), _grads("triton_cuda_bf16", fused, up)
+    assert _bits_equal(g_hf["x"], g_fused["x"]) and _bits_equal(g_hf["weight"], g_fused["weight"])
+
+
+@pytest.mark.parametrize("direction", ["forward", "gradient"])
+@pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout"])
+def test_invariance_and_negative_control(name, direction, cases, grad_case):
+    fn = SPEC.transform(name)
+    assert callable(fn)
+    case = cases[2] if direction == "forward" else grad_case
+    impl = SPEC.impls["triton_cuda_bf16"]
+    pairs = fn(impl, case, direction, False)
+    assert pairs
+    for p in pairs:
+        assert _bits_equal(p.canonical, p.transformed), f"{name}/{direction}: {p.label}"
+    planted = fn(impl, case, direction, True)
+    assert any(not _bits_equal(p.canonical, p.transformed) for p in planted), f"{name}: control passed"
+
+
+def test_tp_is_declared_na():
+    assert isinstance(SPEC.transform("tp"), str)
+
+
+@pytest.mark.parametrize("direction", ["forward", "gradient"])
+def test_size_dependent_control_is_caught(direction, cases, grad_case):
+    """A variant whose row reduction is split (BF16 partials) when T < 4 really changes bits."""
+    control = SPEC.controls["batch"]
+    case = cases[2] if direction == "forward" else grad_case
+    pairs = SPEC.transforms["batch"](control, case, direction, False)
+    assert any(not _bits_equal(p.canonical, p.transformed) for p in pairs)
+    # The same check passes for the real kernel on the same case (no plant).
+    real = SPEC.transforms["batch"](SPEC.impls["triton_cuda_bf16"], case, direction, False)
+    assert all(_bits_equal(p.canonical, p.transformed) for p in real)
+
+
+@pytest.mark.parametrize("t", [1, 5])
+@pytest.mark.parametrize("backend", ["triton_cuda_bf16", "torch_bf16"])
+@pytest.mark.parametrize("order", ["hf", "fused"])
+def test_p2_rounding_order_bits(order, backend, t, device):
+    x = torch.tensor([1.0, 1.0, 1.0, 2.0] * 32, dtype=torch.bfloat16, device=device).repeat(t, 1)
+    w = torch.full((128,), 1.5, dtype=torch.bfloat16, device=device)
+    y = rms_norm(x, w, 1e-6, order, backend=backend)
+    lo, hi = P2_BITS[order]
+    expect = torch.tensor([lo, lo, lo, hi] * 32, dtype=torch.int32).to(torch.int16).repeat(t, 1)
+    assert torch.equal(y.view(torch.int16).cpu(), expect)
+
+
+@pytest.mark.parametrize("eps,expected", [(1e-6, 0.94887), (1e-5, 0.68897)])
+def test_p12_eps_from_caller(eps, expected, contract, device):
+    tol32 = contract.tolerance("forward", "reduction", "float32")
+    x = torch.full((1, 4), 0.003, dtype=torch.bfloat16, device=device)
+    w = torch.ones(4, dtype=torch.bfloat16, device=device)
+    ref = rms_norm(x.float(), w.float(), eps, backend="reference_fp32")
+    torch.testing.assert_close(ref.cpu(), torch.full((1, 4), expected), atol=tol32.atol, rtol=tol32.rtol)
+    for backend in ("triton_cuda_bf16", "torch_bf16"):
+        y = rms_norm(x, w, eps, backend=backend)
+        assert _bits_equal(y.cpu(), torch.full((1, 4), expected).to(torch.bfloat16)), backend
+
+
+def test_p12_eps_has_no_default(device):
+    for fn in (rms_api.rms_norm, *SPEC.impls.values(), SPEC.controls["batch"]):
+        assert inspect.signature(fn).parameters["eps"].default is inspect.Parameter.empty, fn
+    x = torch.ones((1, 4), dtype=torch.bfloat16, device=device)
+    with pytest.raises(TypeError):
+        rms_norm(x, torch.ones(4, dtype=torch.bfloat16, device=device))  # type: ignore[call-arg]
+
+
+def test_empty_rows(device):
+    x = torch.zeros((0, 8), dtype=torch.bfloat16, device=device)
+    w = norm_weight(8, make_generator(SEED), device)
+    assert rms_norm(x, w, 1e-6).shape == (0, 8)
+
+
+def test_bad_inputs_raise(device):
+    g = make_generator(SEED)
+    x = randn((3, 8), g, device=device)
+    w = norm_weight(8, g, device)
+    with pytest.raises(InputError, match="dtype"):
+        rms_norm(x.float(), w, 1e-6)
+    with pytest.raises(InputError, match="dtype"):
+        rms_norm(x, w.float(), 1e-6)
+    with pytest.raises(InputError, match="shape"):
+        rms_norm(x, w[:4], 1e-6)
+    with pytest.raises(InputError, match="dimensions"):
+        rms_norm(x[None], w, 1e-6)
+    with pytest.raises(InputError, match="stride"):
+        rms_norm(x.t().contiguous().t(), w, 1e-6)
+    with pytest.raises(InputError, match="stride"):
+        rms_norm(x, torch.cat([w, w])[::2], 1e-6)
+    for bad_eps in (None, -1e-6, float("nan"), True, "1e-6"):
+        with pytest.raises(InputError, match="eps"):
+            rms_norm(x, w, bad_eps)
+    with pytest.raises(InputError, match="order"):
+        rms_norm(x, w, 1e-6, "HF")
