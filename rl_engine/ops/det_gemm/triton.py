@@ -1,0 +1,267 @@
+"""Triton det_gemm, forward and backward, with the contract's Option B K tree.
+
+Topology (contract ``declared_exceptions.det_gemm``, asserted at every call): the K axis is split
+by ``mid = lo + (hi - lo) // 2`` recursively ``tree_depth`` times (``TREE_DEPTH = 2``) into
+contiguous leaves ``[0, k1) [k1, k2) [k2, k3) [k3, K)``. One program owns one ``[BM, BN]`` output
+tile and walks the leaves in order: each leaf is accumulated in an FP32 register tile over
+``BK``-wide blocks in increasing k (``tl.dot`` through :func:`mma`; the blocks start at the leaf's
+own start and are masked at its end, so leaf bounds need not be multiples of ``BK``), then rounded
+to BF16; merges are ``bf16(fp32(l) + fp32(r))`` as ``((l0 + l1) + (l2 + l3))``. A pending left
+operand (``l0``, ``l2``) is parked in a BF16 workspace ``[M, N]`` and ``l0 + l1`` in the output
+buffer, so only one FP32 accumulator is live in registers during each leaf loop (holding the BF16
+partials in registers ran at 0.3x cuBLAS on H200; parking them, 0.63-0.77x at M = 4096).
+
+Tile configuration, fixed for every M, N and K (never derived from the problem size):
+``BM = BN = 128``, ``BK = 64``, ``num_warps = 8``, ``num_stages = 4``, grouped program order with
+``GROUP_M = 8`` (the order only changes which program computes a tile, not any tile's arithmetic).
+Chosen by a sweep on H200 (triton 3.6): 128 x 256 tiles and 4 warps were slower; the bits of every
+tested configuration were identical.
+
+Batch invariance: output element ``(m, n)`` is computed by one program from row ``m`` of ``a``
+and column ``n`` of ``b`` with instructions that do not depend on M or on the tile's other rows,
+so a row's bits do not depend on M, on its neighbours, or on the strides of the operands.
+
+Tensor parallelism: a rank holding the K range of one subtree runs ``tree_depth - log2(parts)``
+(``det_gemm_triton(a_r, b_r, tree_depth=1)`` for TP=2, ``0`` for TP=4); its blocks start at the
+same global k as in the unsplit run, so it reproduces that subtree bit for bit, and a BF16 merge
+of the ranks equals the unsplit product (:func:`rl_engine.ops.det_gemm.tp_split_det_gemm`).
+
+Backward (deterministic, no atomics): ``da [M, K] = dc @ b^T`` and ``db [K, N] = a^T @ dc``, both by
+this same kernel on strided (transposed) views with the full ``TREE_DEPTH`` tree over their own
+reduction axis (N for da, M for db), which TP does not split.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rl_engine.contract import load_contract
+from rl_engine.errors import ContractError, InputError
+from rl_engine.ops._triton_common import check_triton_device, mma, upcast_dots
+from rl_engine.ops._validate import check_same_device, check_tensor
+from rl_engine.ops.det_gemm.api import mid_split_bounds
+
+TREE_DEPTH = 2
+"""Depth of the K tree; must equal the contract's ``declared_exceptions.det_gemm.tree_depth``."""
+
+BM = 128
+BN = 128
+BK = 64
+GROUP_M = 8
+NUM_WARPS = 8
+NUM_STAGES = 4
+
+
+@triton.jit
+def _leaf(a_rows, b_cols, lo, hi, s_ak, s_bk, a_step, b_step,
+          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
+    """FP32 sum over k in [lo, hi) of a[rows, k] * b[k, cols], in BK blocks starting at lo.
+
+    ``a_rows`` [BM, 1] and ``b_cols`` [1, BN] are pointers to the tile's rows of a and columns of
+    b; ``a_step = BK * s_ak`` and ``b_step = BK * s_bk`` advance them by one block.
+    """
+    rk = tl.arange(0, BK)
+    ks = (lo + rk).to(tl.int64)
+    a_ptrs = a_rows + ks[None, :] * s_ak
+    b_ptrs = b_cols + ks[:, None] * s_bk
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(lo, hi, BK):
+        k_ok = rk < hi - k0
+        a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        acc = mma(a, b, acc, UPCAST)
+        a_ptrs += a_step
+        b_ptrs += b_step
+    return acc
+
+
+@triton.jit
+def _settle(x, FP32_MERGE: tl.constexpr):
+    """A leaf or merge result: rounded to BF16 (the contract), or kept FP32 (the control variant)."""
+    if FP32_MERGE:
+        return x
+    else:
+        return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _merge(left, right, FP32_MERGE: tl.constexpr):
+    return _settle(left.to(tl.float32) + right.to(tl.float32), FP32_MERGE)
+
+
+@triton.jit
+def _det_gemm_kernel(a_ptr, b_ptr, c_ptr, w_ptr, s_ptr, M, N, K, k1, k2, k3,
+                     s_am, s_ak, s_bk, s_bn, s_cm, s_cn, s_sm, s_sn, a_step, b_step,
+                     DEPTH: tl.constexpr, FP32_MERGE: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                     UPCAST: tl.constexpr):
+    """c = tree-reduced a @ b for one [BM, BN] tile.
+
+    Pending partial results are parked in memory owned by this tile instead of registers (a left
+    leaf in the workspace ``w``, the left subtree ``l0 + l1`` in ``s``, which is ``c`` itself on the
+    contract path), so each leaf loop runs with only its FP32 accumulator live; values round-trip
+    exactly (BF16 stored as BF16). ``tl.debug_barrier`` orders one thread's store before another
+    thread's load of the same tile.
+    """
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(N, BN)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    # Rows/columns past the edge load a valid (wrapped) row/column instead of being masked; their
+    # results are never stored, and no output element reads another row or column.
+    a_rows = a_ptr + (rows % M).to(tl.int64)[:, None] * s_am
+    b_cols = b_ptr + (cols % N).to(tl.int64)[None, :] * s_bn
+    ok = (rows < M)[:, None] & (cols < N)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    c64 = cols.to(tl.int64)[None, :]
+    c_ptrs = c_ptr + r64 * s_cm + c64 * s_cn
+    w_ptrs = w_ptr + r64 * N + c64
+    s_ptrs = s_ptr + r64 * s_sm + c64 * s_sn
+
+    if DEPTH == 0:
+        out = _settle(_leaf(a_rows, b_cols, 0, K, s_ak, s_bk, a_step, b_step, BM, BN, BK, UPCAST), FP32_MERGE)
+    elif DEPTH == 1:
+        l0 = _settle(_leaf(a_rows, b_cols, 0, k2, s_ak, s_bk, a_step, b_step, BM, BN, BK, UPCAST), FP32_MERGE)
+        tl.store(w_ptrs, l0, mask=ok)
+        l1 = _settle(_leaf(a_rows, b_cols, k2, K, s_ak, s_bk, a_step, b_step, BM, BN, BK, UPCAST), FP32_MERGE)
+        tl.debug_barrier()
+        out = _merge(tl.load(w_ptrs, mask=ok, other=0.0), l1, FP32_MERGE)
+    else:
+        l0 = _settle(_leaf(a_rows, b_cols, 0, k1, s_ak, s_bk, a_step, b_step, BM, BN, BK, UPCAST), FP32_MERGE)
+        tl.store(w_ptrs, l0, mask=ok)
+        l1 = _settle(_leaf(a_rows, b_cols, k1, k2, s_ak, s_bk, a_step, b_step, BM, BN, BK, UPCAST), FP32_MERGE)
+        tl.debug_barrier()
+        s01 = _merge(tl.load(w_ptrs, mask=ok, other=0.0), l1, FP32_MERGE)
+        tl.store(s_ptrs, s01, mask=ok)
+        l2 = _settle(_leaf(a_rows, b_cols, k2, k3, s_ak, s_bk, a_step, b_step, BM, BN, BK, UPCAST), FP32_MERGE)
+        tl.debug_barrier()
+        tl.store(w_ptrs, l2, mask=ok)
+        l3 = _settle(_leaf(a_rows, b_cols, k3, K, s_ak, s_bk, a_step, b_step, BM, BN, BK, UPCAST), FP32_MERGE)
+        tl.debug_barrier()
+        s23 = _merge(tl.load(w_ptrs, mask=ok, other=0.0), l3, FP32_MERGE)
+        out = _merge(tl.load(s_ptrs, mask=ok, other=0.0), s23, FP32_MERGE)
+        tl.debug_barrier()
+
+    tl.store(c_ptrs, out.to(tl.bfloat16), mask=ok)
+
+
+def _launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool) -> torch.Tensor:
+    """C [M, N] bf16 = tree-reduced a [M, K] @ b [K, N]; any strides (no copies of a or b)."""
+    m, k = a.shape
+    n = b.shape[1]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    bounds = mid_split_bounds(0, k, depth)
+    if depth == 2:
+        k1, k2, k3 = bounds[1], bounds[2], bounds[3]
+    elif depth == 1:
+        k1, k2, k3 = 0, bounds[1], 0
+    else:
+        k1, k2, k3 = 0, 0, 0
+    part_dtype = torch.float32 if fp32_merge else torch.bfloat16
+    w = torch.empty((m, n) if depth else (1, 1), dtype=part_dtype, device=a.device)
+    s = torch.empty((m, n), dtype=torch.float32, device=a.device) if fp32_merge and depth == 2 else c
+    grid = (triton.cdiv(m, BM) * triton.cdiv(n, BN),)
+    _det_gemm_kernel[grid](
+        a, b, c, w, s, m, n, k, k1, k2, k3,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), s.stride(0), s.stride(1),
+        BK * a.stride(1), BK * b.stride(0),
+        DEPTH=depth, FP32_MERGE=fp32_merge, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, UPCAST=upcast_dots(),
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )
+    return c
+
+
+class _DetGemmTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, depth, fp32_merge):
+        ctx.save_for_backward(a, b)
+        ctx.fp32_merge = fp32_merge
+        return _launch(a, b, depth, fp32_merge)
+
+    @staticmethod
+    def backward(ctx, dc):
+        a, b = ctx.saved_tensors
+        dc = dc.to(torch.bfloat16)
+        da = _launch(dc, b.t(), TREE_DEPTH, ctx.fp32_merge) if ctx.needs_input_grad[0] else None
+        db = _launch(a.t(), dc, TREE_DEPTH, ctx.fp32_merge) if ctx.needs_input_grad[1] else None
+        return da, db, None, None
+
+
+def check_contract_topology() -> None:
+    """Raise ContractError when this module's tree differs from the contract's declaration."""
+    declared = load_contract().det_gemm
+    expected = {"tree_depth": TREE_DEPTH, "split_topology": "mid_split", "leaf_accumulation": "float32",
+                "merge_dtype": "bfloat16", "output_dtype": "bfloat16"}
+    for key, value in expected.items():
+        if declared.get(key) != value:
+            raise ContractError(
+                f"declared_exceptions/det_gemm/{key}: the contract says {declared.get(key)!r}, "
+                f"the Triton det_gemm kernel implements {value!r}"
+            )
+
+
+def _validate(a: torch.Tensor, b: torch.Tensor, tree_depth: int) -> None:
+    check_tensor("a", a, dtype=torch.bfloat16, ndim=2)
+    check_tensor("b", b, dtype=torch.bfloat16, ndim=2)
+    if a.shape[1] != b.shape[0]:
+        raise InputError(f"a is [M, K] = {list(a.shape)} but b is [K, N] = {list(b.shape)}: K differs")
+    check_same_device(a=a, b=b)
+    if isinstance(tree_depth, bool) or not isinstance(tree_depth, int) or not 0 <= tree_depth <= TREE_DEPTH:
+        raise InputError(f"tree_depth must be an int in [0, {TREE_DEPTH}], got {tree_depth!r}")
+
+
+def _det_gemm(a: torch.Tensor, b: torch.Tensor, tree_depth: int, fp32_merge: bool) -> torch.Tensor:
+    check_contract_topology()
+    _validate(a, b, tree_depth)
+    check_triton_device(a, b)
+    return _DetGemmTriton.apply(a, b, tree_depth, fp32_merge)
+
+
+def det_gemm_triton(a: torch.Tensor, b: torch.Tensor, *, tree_depth: int = TREE_DEPTH) -> torch.Tensor:
+    """Deterministic GEMM with the contract's K tree. a: [M, K] bfloat16, b: [K, N] bfloat16 ->
+    [M, N] bfloat16.
+
+    Any strides on either operand (e.g. ``b = W.t()`` for a weight ``W [N, K]``); no copies are
+    made. FP32 accumulation inside each leaf, BF16 rounding of each leaf and each merge (contract
+    ``declared_exceptions.det_gemm``, Option B). ``tree_depth`` is ``TREE_DEPTH`` (2) for a full
+    product; a tensor-parallel rank holding K/2 (K/4) of the reduction passes 1 (0).
+    Backward: da [M, K], db [K, N] bfloat16 by the same tree on transposed views.
+
+    Raises
+    ------
+    ContractError
+        ``TREE_DEPTH`` or the tree's dtypes differ from the contract (checked at every call).
+    InputError
+        a or b is not a 2-D bfloat16 tensor, their K sizes differ, they sit on different devices,
+        or ``tree_depth`` is not an int in ``[0, TREE_DEPTH]``.
+    BackendUnavailable
+        The tensors are not on a CUDA device (and the Triton interpreter is off).
+    """
+    return _det_gemm(a, b, tree_depth, False)
+
+
+def det_gemm_triton_fp32_merge(a: torch.Tensor, b: torch.Tensor, *, tree_depth: int = TREE_DEPTH) -> torch.Tensor:
+    """KNOWN-BREAKING control (not for use): the same tree with FP32 leaves and FP32 merges, one
+    rounding at the end (Option A). A K split merged in BF16 cannot reproduce it, so the ``tp``
+    transform must catch it. a: [M, K] bfloat16, b: [K, N] bfloat16 -> [M, N] bfloat16."""
+    return _det_gemm(a, b, tree_depth, True)
+
+
+def det_gemm_triton_depth_from_m(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """KNOWN-BREAKING control (not for use): a size-dependent configuration whose tree depth is
+    chosen from M (0 for M = 1, 1 for M in 2..3, 2 from M = 4). Row bits then depend on the batch
+    size, so the ``batch`` transform must catch it. a: [M, K] bfloat16, b: [K, N] bfloat16 ->
+    [M, N] bfloat16."""
+    m = a.shape[0] if isinstance(a, torch.Tensor) and a.dim() == 2 else 1
+    depth = min(TREE_DEPTH, max(m, 1).bit_length() - 1)
+    return _det_gemm(a, b, depth, False)

@@ -1,0 +1,20 @@
+"""Public entry point for lm_head."""
+
+from __future__ import annotations
+
+import torch
+
+from rl_engine.backends.registry import resolve_impl
+
+
+def lm_head(hidden: torch.Tensor, weight: torch.Tensor, *, backend: str = "triton_cuda_bf16") -> torch.Tensor:
+    """Logits ``hidden @ weight^T``. hidden: [T, E] bfloat16, weight: [V, E] bfloat16 -> logits [T, V]
+    **float32**.
+
+    FP32 accumulation over the whole E axis, written as FP32: logits are never rounded to BF16
+    (contract ``declared_exceptions.logits_for_scoring``, pitfall P5). Gradients (upstream FP32):
+    dhidden [T, E] and dweight [V, E], bfloat16, computed in FP32. ``backend`` is explicit; an
+    unavailable backend raises BackendUnavailable naming why; bad inputs raise InputError before
+    any launch.
+    """
+    return resolve_impl("lm_head", backend)(hidden=hidden, weight=weight)

@@ -1,0 +1,237 @@
+"""det_gemm: accuracy, the declared Option B tree, invariance transforms with negative controls,
+the tensor-parallel split, pitfall P6, and input validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from rl_engine.contract import load_contract
+from rl_engine.errors import ContractError, InputError
+from rl_engine.ops import spec as spec_mod
+from rl_engine.ops._triton_common import check_triton_device, mma, upcast_dots
+from rl_engine.ops.det_gemm import det_gemm, mid_split_bounds, tp_split_det_gemm
+from rl_engine.ops.det_gemm import triton as dg_triton
+from rl_engine.ops.det_gemm.spec import SPEC
+from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
+
+SMOKE = spec_mod.WORKLOADS["smoke"]
+SEED = 1234
+IMPL = SPEC.impls["triton_cuda_bf16"]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
+
+
+def _equal_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    return x.shape == y.shape and x.dtype == y.dtype and torch.equal(_bits(x), _bits(y))
+
+
+def _ints(shape, lo, hi, seed, device):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi + 1, shape, generator=g).to(torch.bfloat16).to(device)
+
+
+def _cases(device):
+    return SPEC.build_cases(SMOKE, SEED, device)
+
+
+def _grad_case(device):
+    return SPEC.build_grad_cases(SMOKE, SEED, device)[0]
+
+
+# ---------------------------------------------------------------- accuracy
+def test_cases_cover_single_row_and_odd_rows(device):
+    ms = {c.inputs["a"].shape[0] for c in _cases(device)}
+    assert 1 in ms and any(m % 2 == 1 and m > 1 for m in ms)
+
+
+@pytest.mark.parametrize("idx", range(9), ids=lambda i: f"case{i}")
+def test_forward_accuracy(device, contract, idx):
+    case = _cases(device)[idx]
+    tol = contract.tolerance("forward", contract.op_class("det_gemm"))
+    (out,) = run_forward(IMPL, case.inputs)
+    (ref,) = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))
+    assert out.dtype == torch.bfloat16 and ref.dtype == torch.float32
+    assert out.shape == (case.inputs["a"].shape[0], case.inputs["b"].shape[1])
+    torch.testing.assert_close(out.float(), ref, atol=tol.atol, rtol=tol.rtol, msg=lambda m: f"{case.id}: {m}")
+
+
+def test_backward_accuracy(device, contract):
+    tol = contract.tolerance("gradient", contract.op_class("det_gemm"))
+    for case in SPEC.build_grad_cases(SMOKE, SEED, device):
+        up = make_upstream(run_forward(IMPL, case.inputs), case.seed + 1)
+        _, grads, _ = run_gradient(IMPL, case.inputs, SPEC.grad_inputs, upstream=up)
+        _, ref, _ = run_gradient(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs), SPEC.grad_inputs,
+                                 upstream=tuple(u.float() for u in up))
+        for n in SPEC.grad_inputs:
+            assert grads[n].dtype == torch.bfloat16 and grads[n].shape == case.inputs[n].shape
+            torch.testing.assert_close(grads[n].float(), ref[n], atol=tol.atol, rtol=tol.rtol,
+                                       msg=lambda m, n=n: f"{case.id} d{n}: {m}")
+
+
+def test_public_api_and_torch_baseline(device):
+    case = _cases(device)[1]
+    out = det_gemm(case.inputs["a"], case.inputs["b"])
+    assert _equal_bits(out, IMPL(**case.inputs))
+    base = SPEC.impls["torch_bf16"](**case.inputs)
+    assert base.dtype == torch.bfloat16 and base.shape == out.shape
+
+
+# ---------------------------------------------------------------- declared topology
+def test_mid_split_bounds():
+    assert mid_split_bounds(0, 97, 2) == [0, 24, 48, 72, 97]
+    assert mid_split_bounds(0, 90, 2) == [0, 22, 45, 67, 90]
+    assert mid_split_bounds(0, 3, 2) == [0, 0, 1, 2, 3]
+    assert mid_split_bounds(48, 97, 1) == [48, 72, 97]
+    assert mid_split_bounds(0, 64, 0) == [0, 64]
+
+
+def _emulate_tree(a: torch.Tensor, b: torch.Tensor, depth: int, bf16_merge: bool) -> torch.Tensor:
+    """The contract's tree on inputs whose leaf sums are exact in FP32 (small integers)."""
+    bounds = mid_split_bounds(0, a.shape[1], depth)
+    leaves = [(a[:, lo:hi].double() @ b[lo:hi].double()).float() for lo, hi in zip(bounds[:-1], bounds[1:])]
+    if bf16_merge:
+        leaves = [x.to(torch.bfloat16) for x in leaves]
+    while len(leaves) > 1:
+        merged = [leaves[i].float() + leaves[i + 1].float() for i in range(0, len(leaves), 2)]
+        leaves = [x.to(torch.bfloat16) for x in merged] if bf16_merge else merged
+    return leaves[0].to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("k", [97, 90, 64, 3])
+def test_tree_topology_exact(device, k):
+    """Integer inputs make every FP32 leaf sum exact, so the only roundings are the declared ones:
+    the kernel must equal the emulated tree bit for bit, and the FP32-merge control must not."""
+    a = _ints((5, k), -16, 16, 10 + k, device)
+    b = _ints((k, 20), -16, 16, 20 + k, device)
+    out = dg_triton.det_gemm_triton(a, b)
+    assert _equal_bits(out, _emulate_tree(a, b, 2, True))
+    for depth in (0, 1):
+        assert _equal_bits(dg_triton.det_gemm_triton(a, b, tree_depth=depth), _emulate_tree(a, b, depth, True))
+    fp32 = dg_triton.det_gemm_triton_fp32_merge(a, b)
+    assert _equal_bits(fp32, _emulate_tree(a, b, 2, False))
+    if k > 4:
+        assert not _equal_bits(fp32, out), "integer case too easy: BF16 merges changed nothing"
+
+
+def test_contract_depth_asserted(monkeypatch, device):
+    assert dg_triton.TREE_DEPTH == load_contract().det_gemm["tree_depth"]
+    a = _ints((2, 8), -2, 2, 1, device)
+    b = _ints((8, 3), -2, 2, 2, device)
+    monkeypatch.setattr(dg_triton, "TREE_DEPTH", 3)
+    with pytest.raises(ContractError, match="tree_depth"):
+        dg_triton.det_gemm_triton(a, b)
+
+
+# ---------------------------------------------------------------- tensor-parallel split
+@pytest.mark.parametrize("k", [96, 97, 90, 7], ids=lambda k: f"K{k}")
+def test_tp_split_bitwise(device, k):
+    g = spec_mod.make_generator(k)
+    a = spec_mod.randn((11, k), g, device=device)
+    b = spec_mod.randn((k, 40), g, scale=k ** -0.5, device=device)
+    full = IMPL(a=a, b=b)
+    for parts in (2, 4):
+        assert _equal_bits(tp_split_det_gemm(a, b, parts, IMPL), full), f"K={k} split in {parts}"
+    assert not _equal_bits(tp_split_det_gemm(a, b, 4, dg_triton.det_gemm_triton_fp32_merge),
+                           dg_triton.det_gemm_triton_fp32_merge(a, b))
+
+
+def test_tp_split_rejects_unsupported_parts(device):
+    a = _ints((2, 8), -2, 2, 1, device)
+    b = _ints((8, 3), -2, 2, 2, device)
+    with pytest.raises(InputError, match="supported splits"):
+        tp_split_det_gemm(a, b, 3, IMPL)
+
+
+# ---------------------------------------------------------------- invariance
+def test_row0_independent_of_m(device):
+    g = spec_mod.make_generator(7)
+    a = spec_mod.randn((33, SMOKE.ffn), g, device=device)
+    b = spec_mod.randn((SMOKE.ffn, SMOKE.hidden), g, scale=SMOKE.ffn ** -0.5, device=device)
+    assert _equal_bits(IMPL(a=a[:1], b=b)[0], IMPL(a=a, b=b)[0])
+
+
+@pytest.mark.parametrize("direction", ["forward", "gradient"])
+@pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout", "tp"])
+def test_transform_bitwise_and_planted_control(device, name, direction):
+    fn = SPEC.transforms[name]
+    assert callable(fn)
+    case = _grad_case(device)
+    pairs = fn(IMPL, case, direction, False)
+    assert pairs
+    for p in pairs:
+        assert _equal_bits(p.canonical, p.transformed), f"{name}/{direction}: {p.label} differs"
+    planted = fn(IMPL, case, direction, True)
+    assert any(not _equal_bits(p.canonical, p.transformed) for p in planted), f"{name}/{direction}: plant not caught"
+
+
+@pytest.mark.parametrize("name", ["batch", "tp"])
+def test_known_breaking_controls_caught(device, name):
+    control = SPEC.controls[name]
+    pairs = SPEC.transforms[name](control, _grad_case(device), "forward", False)
+    assert any(not _equal_bits(p.canonical, p.transformed) for p in pairs), f"{control.__name__} not caught by {name}"
+
+
+def test_layout_accepts_transposed_weight(device):
+    g = spec_mod.make_generator(3)
+    a = spec_mod.randn((9, SMOKE.hidden), g, device=device)
+    w = spec_mod.randn((SMOKE.ffn, SMOKE.hidden), g, scale=SMOKE.hidden ** -0.5, device=device)
+    assert _equal_bits(IMPL(a=a, b=w.t()), IMPL(a=a, b=w.t().contiguous()))
+    assert _equal_bits(IMPL(a=a.t().contiguous().t(), b=w.t()), IMPL(a=a, b=w.t().contiguous()))
+
+
+# ---------------------------------------------------------------- pitfall P6
+@triton.jit
+def _p6_kernel(a_ptr, b_ptr, c_ptr, UPCAST: tl.constexpr):
+    r = tl.arange(0, 16)
+    offs = r[:, None] * 16 + r[None, :]
+    a = tl.load(a_ptr + offs)
+    b = tl.load(b_ptr + offs)
+    c = mma(a, b, tl.zeros((16, 16), dtype=tl.float32), UPCAST)
+    tl.store(c_ptr + offs, c)
+
+
+@pytest.mark.parametrize("upcast", [True, False], ids=["UPCAST", "backend-default"])
+def test_p6_fp32_dot_is_ieee(device, upcast):
+    """P6: K = 16, a = 1 + 2^-12, b = 1 in FP32 -> exactly 16.00390625 (TF32 would give 16.0)."""
+    a = torch.full((16, 16), 1.0 + 2.0 ** -12, dtype=torch.float32, device=device)
+    b = torch.ones((16, 16), dtype=torch.float32, device=device)
+    c = torch.empty((16, 16), dtype=torch.float32, device=device)
+    check_triton_device(a, b, c)
+    _p6_kernel[(1,)](a, b, c, UPCAST=upcast or upcast_dots())
+    assert torch.equal(c, torch.full_like(c, 16.0 + 2.0 ** -8))
+    assert torch.equal(torch.full((1,), 16.0 + 2.0 ** -8).view(torch.int32), torch.full((1,), 16.00390625).view(torch.int32))
+
+
+# ---------------------------------------------------------------- bad inputs
+def test_bad_inputs_raise_input_error(device):
+    a = torch.zeros((4, 8), dtype=torch.bfloat16, device=device)
+    b = torch.zeros((8, 3), dtype=torch.bfloat16, device=device)
+    with pytest.raises(InputError, match="dtype"):
+        IMPL(a=a.float(), b=b)
+    with pytest.raises(InputError, match="dtype"):
+        IMPL(a=a, b=b.half())
+    with pytest.raises(InputError, match="dimensions"):
+        IMPL(a=a[0], b=b)
+    with pytest.raises(InputError, match="dimensions"):
+        IMPL(a=a, b=b.unsqueeze(0))
+    with pytest.raises(InputError, match="K differs"):
+        IMPL(a=a, b=torch.zeros((7, 3), dtype=torch.bfloat16, device=device))
+    with pytest.raises(InputError, match="device"):
+        IMPL(a=a, b=torch.zeros((8, 3), dtype=torch.bfloat16, device="meta"))
+    with pytest.raises(InputError, match="tree_depth"):
+        dg_triton.det_gemm_triton(a, b, tree_depth=3)
+    with pytest.raises(InputError, match="Tensor"):
+        IMPL(a=[[1.0]], b=b)
+
+
+def test_empty_shapes(device):
+    a = torch.zeros((0, 8), dtype=torch.bfloat16, device=device)
+    b = torch.ones((8, 3), dtype=torch.bfloat16, device=device)
+    assert IMPL(a=a, b=b).shape == (0, 3)
+    out = IMPL(a=torch.ones((2, 0), dtype=torch.bfloat16, device=device), b=torch.ones((0, 3), dtype=torch.bfloat16, device=device))
+    assert torch.equal(_bits(out), torch.zeros((2, 3), dtype=torch.int16, device=device))
