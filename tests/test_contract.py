@@ -374,3 +374,26 @@ def test_loaded_contract_is_not_mutated_by_copies():
     data = _shipped()
     data["forward_accuracy"]["elementwise"]["bfloat16"]["atol"] = -data["forward_accuracy"]["elementwise"]["bfloat16"]["atol"]
     assert load_contract().data == snapshot
+
+
+def test_det_gemm_relative_factor_is_derived_from_the_tree(contract, tmp_path):
+    """The det_gemm forward factor is tree_depth + 1 (declared); other ops keep the global factor."""
+    import json
+
+    from rl_engine.contract.loader import parse_contract
+    from rl_engine.errors import ContractError
+
+    depth = contract.det_gemm["tree_depth"]
+    assert contract.relative_factor("forward", "det_gemm") == depth + 1
+    assert contract.relative_factor("forward", "rms_norm") == contract.data["relative_criterion"]["forward_factor"]
+    assert contract.relative_factor("gradient", "det_gemm") == contract.data["relative_criterion"]["backward_factor"]
+    data = json.loads(contract.path.read_text())
+    data["declared_exceptions"]["det_gemm"]["relative_criterion_forward_factor"] = depth + 2
+    bad = tmp_path / "c.json"
+    bad.write_text(json.dumps(data))
+    try:
+        parse_contract(bad.read_text(), bad)
+    except ContractError as exc:
+        assert "declared_exceptions/det_gemm/relative_criterion_forward_factor" in str(exc)
+    else:
+        raise AssertionError("a factor that does not follow the tree depth must be rejected")

@@ -88,12 +88,17 @@ class Contract:
             raise ContractError(f"{table}/{op_class}/{dtype}: not in the contract") from exc
         return Tolerance(float(row["atol"]), float(row["rtol"]), f"{self.version}:{table}/{op_class}/{dtype}")
 
-    def relative_factor(self, direction: str) -> float:
-        """k of the relative criterion: candidate error <= k x torch_bf16 error."""
+    def relative_factor(self, direction: str, op: str | None = None) -> float:
+        """k of the relative criterion: candidate error <= k x torch_bf16 error.
+
+        An op's declared exception may carry its own factor (det_gemm: tree_depth + 1 forward).
+        """
         key = {"forward": "forward_factor", "gradient": "backward_factor"}.get(direction)
         if key is None:
             raise ContractError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-        return float(self.data["relative_criterion"][key])
+        exception = self.data["declared_exceptions"].get(op or "", {})
+        own = exception.get(f"relative_criterion_{direction}_factor") if isinstance(exception, dict) else None
+        return float(own) if own is not None else float(self.data["relative_criterion"][key])
 
     def grad_norm_threshold(self, metric: str, op_class: str) -> float:
         """Threshold of a gradient normalisation metric (``rel_peak`` or ``rms_ratio``)."""
@@ -179,6 +184,11 @@ def _semantic_checks(data: dict[str, Any]) -> None:
     if not lo < 1.0 < hi:
         raise ContractError(f"chain/clip_interval/value: must satisfy lo < 1 < hi, got [{lo}, {hi}]")
     depth = data["declared_exceptions"]["det_gemm"]["tree_depth"]
+    factor = data["declared_exceptions"]["det_gemm"].get("relative_criterion_forward_factor")
+    if factor is not None and factor != depth + 1:
+        raise ContractError(
+            f"declared_exceptions/det_gemm/relative_criterion_forward_factor: {factor} must equal tree_depth + 1 = {depth + 1}"
+        )
     for s in data["declared_exceptions"]["det_gemm"]["supported_splits"]:
         if s & (s - 1) or s > 2**depth:
             raise ContractError(

@@ -70,7 +70,7 @@ def _expected_dtype(spec: OpSpec, index: int) -> torch.dtype:
 def forward_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: Contract) -> tuple[str, str, dict[str, Any]]:
     op_class = contract.op_class(spec.name)
     tol = contract.tolerance("forward", op_class)
-    factor = contract.relative_factor("forward")
+    factor = contract.relative_factor("forward", spec.name)
     reports, failures = [], []
     for pr in prepared:
         outs = run_forward(impl, pr.case.inputs)
@@ -105,7 +105,7 @@ def forward_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: 
 def gradient_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: Contract) -> tuple[str, str, dict[str, Any]]:
     op_class = contract.op_class(spec.name)
     tol = contract.tolerance("gradient", op_class)
-    factor = contract.relative_factor("gradient")
+    factor = contract.relative_factor("gradient", spec.name)
     reports, failures = [], []
     for pr in prepared:
         _, grads, _ = run_gradient(impl, pr.case.inputs, spec.grad_inputs, upstream=pr.upstream)
