@@ -12,6 +12,10 @@ TRITON_INTERPRET
     precision, because the interpreter does not support BF16 dots (triton-lang/triton#11584).
 RL_ENGINE_CACHE_DIR
     Where compiled CUDA extensions are cached (default ``~/.cache/rl_engine``).
+RL_ENGINE_SOURCE_COMMIT, RL_ENGINE_SOURCE_DIRTY
+    Provenance only: the source commit (and ``1``/``0`` dirty flag) of a copied tree that has no
+    git history of its own (e.g. a remote GPU machine). Used only when git cannot tell, and
+    recorded as coming from the environment.
 """
 
 from __future__ import annotations
@@ -46,6 +50,13 @@ def cache_dir() -> Path:
     """Folder for build caches (``RL_ENGINE_CACHE_DIR`` or ``~/.cache/rl_engine``)."""
     value = os.environ.get("RL_ENGINE_CACHE_DIR")
     return Path(value) if value else Path.home() / ".cache" / "rl_engine"
+
+
+def source_commit_override() -> tuple[str | None, bool | None]:
+    """``(commit, dirty)`` from RL_ENGINE_SOURCE_COMMIT / RL_ENGINE_SOURCE_DIRTY (None when unset)."""
+    commit = os.environ.get("RL_ENGINE_SOURCE_COMMIT") or None
+    dirty = os.environ.get("RL_ENGINE_SOURCE_DIRTY")
+    return commit, (None if dirty is None else dirty.strip() not in ("0", "", "false", "False"))
 
 
 def behaviour_snapshot() -> dict[str, str | None]:

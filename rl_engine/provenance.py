@@ -25,11 +25,17 @@ def git_state(start: Path | None = None) -> dict[str, Any]:
     here = start or Path(__file__).resolve().parent
     commit = _git(["rev-parse", "HEAD"], here)
     status = _git(["status", "--porcelain", "--untracked-files=normal"], here)
-    return {
+    state = {
         "git_commit": commit,
         "git_dirty": None if status is None else bool(status),
         "git_dirty_files": [] if not status else [line[3:] for line in status.splitlines()][:50],
+        "git_commit_source": "git",
     }
+    if commit is None:
+        env_commit, env_dirty = env.source_commit_override()
+        if env_commit is not None:
+            state.update(git_commit=env_commit, git_dirty=env_dirty, git_commit_source="environment (RL_ENGINE_SOURCE_COMMIT)")
+    return state
 
 
 def _cpu_model() -> str:

@@ -3,6 +3,7 @@
 # tests and the full qwen3-8b gate, and leave everything under $OUT.
 # Usage: bash tools/h200_gate.sh [extra rl-engine gate args]
 set -uo pipefail
+# The caller passes RL_ENGINE_SOURCE_COMMIT / RL_ENGINE_SOURCE_DIRTY: the copied tree has no git history.
 export PYTHONUNBUFFERED=1 CI=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

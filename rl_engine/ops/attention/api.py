@@ -1,0 +1,61 @@
+"""Public entry points for attention: varlen prefill / teacher forcing and KV-cache decode."""
+
+from __future__ import annotations
+
+import torch
+
+from rl_engine.backends.registry import check_backend, resolve_impl
+from rl_engine.errors import BackendUnavailable
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    scale: float,
+    *,
+    backend: str = "triton_cuda_bf16",
+) -> torch.Tensor:
+    """Causal varlen GQA attention.
+
+    q [Tq, H, D], k/v [Tk, Hkv, D] bfloat16 (float32 for ``reference_fp32``); cu_seqlens_q /
+    cu_seqlens_k int32 [B+1] -> [Tq, H, D] in the input dtype. Query ``i`` of sequence ``b``
+    (``Lq`` queries, ``Lk >= Lq`` keys) sits at position ``Lk - Lq + i`` and sees keys
+    ``0 .. Lk - Lq + i``: ``Lq == Lk`` is packed prefill / teacher forcing, ``Lq < Lk`` a chunk of
+    queries against a longer prefix, ``Lq == 1`` a decode step. Query head ``h`` uses KV head
+    ``h // (H / Hkv)``. Softmax in FP32; a row with no visible key is exactly 0. Differentiable in
+    q, k, v.
+
+    ``backend`` is explicit; an unavailable backend raises BackendUnavailable naming why. Bad
+    input raises InputError before any launch.
+    """
+    return resolve_impl("attention", backend)(
+        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, scale=scale
+    )
+
+
+def attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    scale: float,
+    *,
+    backend: str = "triton_cuda_bf16",
+) -> torch.Tensor:
+    """One decode step against a static KV cache (inference only).
+
+    q [B, H, D], k_cache / v_cache [B, S_max, Hkv, D] bfloat16 (float32 for ``reference_fp32``),
+    cache_seqlens int32 [B] in [0, S_max] -> [B, H, D]. Query ``b`` sees cache slots
+    ``0 .. cache_seqlens[b] - 1`` (the current token's k/v already written at slot
+    ``cache_seqlens[b] - 1``); ``cache_seqlens[b] == 0`` gives exactly 0. On
+    ``triton_cuda_bf16`` the result is bitwise equal to the same query's row of :func:`attention`.
+    """
+    from rl_engine.ops.attention.spec import DECODE_IMPLS
+
+    check_backend(backend)
+    if backend not in DECODE_IMPLS:
+        raise BackendUnavailable(f"op attention_decode has no {backend} implementation")
+    return DECODE_IMPLS[backend](q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, scale=scale)

@@ -1,0 +1,373 @@
+"""Tests of attention: accuracy vs the FP32 reference, bitwise invariance (batch, chunk, padding,
+layout) with negative controls, pitfalls P8 (prefill + decode == one pass) and P10 (no visible
+key -> 0), empty and zero-length batches, and bad-input errors.
+
+Under the CPU interpreter ``mma`` upcasts BF16 operands to FP32 and NumPy computes the products
+(exact in FP32); only the summation order can differ from the GPU, so the bitwise checks here prove
+the kernels' structure (fixed KV blocks and order, masked blocks add nothing) and the GPU run
+proves the tensor-core arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rl_engine.errors import InputError
+from rl_engine.ops.attention import attention, attention_decode
+from rl_engine.ops.attention import triton as attn_triton
+from rl_engine.ops.attention._checks import check_varlen
+from rl_engine.ops.attention.reference import attention_decode_reference, attention_reference
+from rl_engine.ops.attention.spec import GRAD_INPUTS, SPEC, make_case
+from rl_engine.ops.attention.triton import attention_decode_triton, attention_triton
+from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
+from rl_engine.ops.spec import WORKLOADS, make_generator, randn
+
+SMOKE = WORKLOADS["smoke"]
+LONG_LENS = (1, 0, 13, 70, 150)
+"""Sequences longer than one KV block (64) and one query block (64), to exercise the loops."""
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
+
+
+def assert_bitwise(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert a.shape == b.shape, f"{what}: shapes {list(a.shape)} vs {list(b.shape)}"
+    assert a.dtype == b.dtype, f"{what}: dtypes {a.dtype} vs {b.dtype}"
+    same = bits(a) == bits(b)
+    if not bool(same.all()):
+        idx = tuple(int(i) for i in torch.nonzero(~same)[0])
+        raise AssertionError(f"{what}: {int((~same).sum())} elements differ, first at {list(idx)}: "
+                             f"{float(a[idx])} vs {float(b[idx])}")
+
+
+def pair_equal(p) -> bool:
+    return p.canonical.shape == p.transformed.shape and bool(torch.equal(bits(p.canonical), bits(p.transformed)))
+
+
+@pytest.fixture(scope="module")
+def cases(device):
+    return {c.id: c for c in SPEC.build_cases(SMOKE, 0, device)}
+
+
+@pytest.fixture(scope="module")
+def grad_case(device):
+    return SPEC.build_grad_cases(SMOKE, 100, device)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Accuracy
+# ---------------------------------------------------------------------------------------------
+def _accuracy_cases(device):
+    smoke = SPEC.build_cases(SMOKE, 0, device)
+    return smoke + [make_case(SMOKE, 5, device, LONG_LENS), make_case(SMOKE, 6, device, LONG_LENS, (1, 0, 5, 33, 77))]
+
+
+@pytest.mark.parametrize("idx", range(5), ids=["prefill", "chunked", "decode-step", "long", "long-chunked"])
+def test_forward_accuracy(idx, device, contract):
+    case = _accuracy_cases(device)[idx]
+    tol = contract.tolerance("forward", contract.op_class("attention"))
+    out = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)[0]
+    ref = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))[0]
+    assert out.dtype == torch.bfloat16 and out.shape == case.inputs["q"].shape
+    torch.testing.assert_close(out.float(), ref, atol=tol.atol, rtol=tol.rtol)
+
+
+def test_decode_accuracy(device, contract):
+    tol = contract.tolerance("forward", contract.op_class("attention"))
+    g = make_generator(11)
+    b, s_max = 5, 90
+    q = randn((b, SMOKE.heads, SMOKE.head_dim), g, device=device)
+    kc = randn((b, s_max, SMOKE.kv_heads, SMOKE.head_dim), g, device=device)
+    vc = randn((b, s_max, SMOKE.kv_heads, SMOKE.head_dim), g, device=device)
+    lens = torch.tensor([1, 17, 64, 65, 90], dtype=torch.int32, device=device)
+    scale = SMOKE.head_dim ** -0.5
+    out = attention_decode_triton(q, kc, vc, lens, scale)
+    ref = attention_decode_reference(q.float(), kc.float(), vc.float(), lens, scale)
+    torch.testing.assert_close(out.float(), ref, atol=tol.atol, rtol=tol.rtol)
+
+
+@pytest.mark.parametrize("which", ["smoke-grad", "long", "long-chunked"])
+def test_backward_accuracy(which, device, contract, grad_case):
+    if which == "smoke-grad":
+        case = grad_case
+    elif which == "long":
+        case = make_case(SMOKE, 7, device, LONG_LENS)
+    else:
+        case = make_case(SMOKE, 8, device, LONG_LENS, (1, 0, 5, 33, 77))
+    tol = contract.tolerance("gradient", contract.op_class("attention"))
+    probe = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)
+    up = make_upstream(probe, case.seed + 7)
+    _, grads, _ = run_gradient(SPEC.impls["triton_cuda_bf16"], case.inputs, GRAD_INPUTS, upstream=up)
+    _, ref, _ = run_gradient(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs), GRAD_INPUTS,
+                             upstream=tuple(u.float() for u in up))
+    for n in GRAD_INPUTS:
+        assert grads[n].dtype == torch.bfloat16 and grads[n].shape == case.inputs[n].shape
+        torch.testing.assert_close(grads[n].float(), ref[n], atol=tol.atol, rtol=tol.rtol, msg=lambda m: f"d{n}: {m}")
+
+
+def test_backward_is_deterministic(device):
+    case = make_case(SMOKE, 9, device, (3, 70))
+    up = make_upstream(run_forward(attention_triton, case.inputs), 1)
+    first = run_gradient(attention_triton, case.inputs, GRAD_INPUTS, upstream=up)[1]
+    second = run_gradient(attention_triton, case.inputs, GRAD_INPUTS, upstream=up)[1]
+    for n in GRAD_INPUTS:
+        assert_bitwise(first[n], second[n], f"d{n} run twice")
+
+
+# ---------------------------------------------------------------------------------------------
+# Invariance (bitwise) and negative controls
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout"])
+def test_invariance_forward(name, cases):
+    fn = SPEC.transforms[name]
+    impl = SPEC.impls["triton_cuda_bf16"]
+    for case in cases.values():
+        pairs = fn(impl, case, "forward", False)
+        assert pairs, f"{name} on {case.id}: no pairs"
+        bad = [p.label for p in pairs if not pair_equal(p)]
+        assert not bad, f"{name} on {case.id}: not bitwise equal: {bad}"
+        planted = fn(impl, case, "forward", True)
+        assert any(not pair_equal(p) for p in planted), f"{name} on {case.id}: the planted ulp was not caught"
+
+
+@pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout"])
+def test_invariance_gradient(name, grad_case):
+    fn = SPEC.transforms[name]
+    impl = SPEC.impls["triton_cuda_bf16"]
+    pairs = fn(impl, grad_case, "gradient", False)
+    assert pairs
+    bad = [p.label for p in pairs if not pair_equal(p)]
+    assert not bad, f"{name} gradient: not bitwise equal: {bad}"
+    planted = fn(impl, grad_case, "gradient", True)
+    assert any(not pair_equal(p) for p in planted), f"{name} gradient: the planted ulp was not caught"
+
+
+def test_tp_is_declared_not_applicable():
+    assert isinstance(SPEC.transforms["tp"], str) and "N/A" in SPEC.transforms["tp"]
+
+
+def test_chunk_control_is_caught(cases):
+    """A KV block size picked from the sequence lengths (16 for short calls) breaks prefill/decode parity."""
+    case = next(c for c in cases.values() if c.id.startswith("T34-"))
+    pairs = SPEC.transforms["chunk"](SPEC.controls["chunk"], case, "forward", False)
+    assert any(not pair_equal(p) for p in pairs), "the chunk check did not catch a size-dependent KV block"
+
+
+def test_rows_independent_of_query_block_size(device):
+    """The same rows with a 64- and a 128-row query tile (internal launcher) are bitwise equal.
+
+    Only tiles of 64 rows or more are claimed: on the H200 (triton 3.6) 16- and 32-row tiles are
+    compiled to ``mma.sync`` instead of ``wgmma`` and differed in the last bit for about 2 % of
+    the rows, so every path (prefill, chunk, decode, dQ) uses a 64-row tile. In the interpreter
+    (NumPy products) 16 and 32 rows also match, which this test does not rely on.
+    """
+    case = make_case(SMOKE, 12, device, (150, 37))
+    inp = case.inputs
+    attention_triton(**inp)  # validates and prepares the device (interpreter rounding)
+    plan = check_varlen(inp["q"], inp["k"], inp["v"], inp["cu_seqlens_q"], inp["cu_seqlens_k"], inp["scale"],
+                        dtype=torch.bfloat16, kernel=True)
+    outs = {bm: attn_triton._forward(inp["q"], inp["k"], inp["v"], inp["cu_seqlens_q"], inp["cu_seqlens_k"],
+                                     inp["scale"], plan, block_m=bm)[0] for bm in (64, 128)}
+    for bm, o in outs.items():
+        assert_bitwise(outs[attn_triton.BLOCK_M], o, f"BLOCK_M {bm} vs {attn_triton.BLOCK_M}")
+
+
+def test_decode_of_every_query_equals_prefill(device):
+    """Every query of a 150-token sequence as one decode entry (batched) == its prefill row, bitwise."""
+    case = make_case(SMOKE, 15, device, (150,))
+    inp = case.inputs
+    full = attention_triton(**inp)
+    n = inp["q"].shape[0]
+    k_cache = inp["k"].unsqueeze(0).expand(n, -1, -1, -1)
+    v_cache = inp["v"].unsqueeze(0).expand(n, -1, -1, -1)
+    lens = torch.arange(1, n + 1, dtype=torch.int32, device=device)
+    assert_bitwise(full, attention_decode_triton(inp["q"], k_cache, v_cache, lens, inp["scale"]), "decode vs prefill")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pitfalls
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("prefill,steps", [(16, 8), (120, 16)], ids=["P8-16+8", "P8-120+16-crosses-kv-block"])
+def test_p8_prefill_then_decode_equals_one_pass(prefill, steps, device):
+    """P8: a prefill then decode steps through a static KV cache == one teacher-forced pass, bitwise."""
+    total = prefill + steps
+    g = make_generator(21)
+    h, hkv, d = SMOKE.heads, SMOKE.kv_heads, SMOKE.head_dim
+    q = randn((total, h, d), g, device=device)
+    k = randn((total, hkv, d), g, device=device)
+    v = randn((total, hkv, d), g, device=device)
+    scale = d ** -0.5
+    cu = torch.tensor([0, total], dtype=torch.int32, device=device)
+    one_pass = attention_triton(q, k, v, cu, cu, scale)
+
+    s_max = total + 5
+    k_cache = torch.full((1, s_max, hkv, d), float("nan"), dtype=torch.bfloat16, device=device)
+    v_cache = torch.full((1, s_max, hkv, d), float("nan"), dtype=torch.bfloat16, device=device)
+    k_cache[0, :prefill] = k[:prefill]
+    v_cache[0, :prefill] = v[:prefill]
+    cp = torch.tensor([0, prefill], dtype=torch.int32, device=device)
+    outs = [attention_triton(q[:prefill], k[:prefill], v[:prefill], cp, cp, scale)]
+    for t in range(prefill, total):
+        k_cache[0, t] = k[t]
+        v_cache[0, t] = v[t]
+        lens = torch.tensor([t + 1], dtype=torch.int32, device=device)
+        outs.append(attention_decode_triton(q[t : t + 1], k_cache, v_cache, lens, scale))
+    assert_bitwise(one_pass, torch.cat(outs, 0), f"{prefill}-token prefill + {steps} decode steps vs one pass")
+
+
+def test_p10_row_without_keys_is_zero_and_neighbours_unchanged(device):
+    """P10 adapted to the API: 4 queries of one head; row 1 has no visible key (decode with
+    cache_seqlens 0). Row 1 is exactly 0; rows 0, 2, 3 equal the run without that mask, bitwise."""
+    d = 16  # the kernel's smallest head dim; the pitfall's head dim 2 padded with zeros
+    g = make_generator(31)
+    q2 = randn((4, 1, 2), g, device=device)
+    k2 = randn((4, 1, 2), g, device=device)
+    v2 = randn((4, 1, 2), g, device=device)
+    q = torch.zeros((4, 1, d), dtype=torch.bfloat16, device=device)
+    k = torch.zeros((4, 1, d), dtype=torch.bfloat16, device=device)
+    v = torch.zeros((4, 1, d), dtype=torch.bfloat16, device=device)
+    q[..., :2], k[..., :2], v[..., :2] = q2, k2, v2
+    scale = 2 ** -0.5
+    # Query i sits at position i of one 4-token sequence: decode entry i sees keys 0..i.
+    cache_k = k.unsqueeze(0).expand(4, -1, -1, -1)
+    cache_v = v.unsqueeze(0).expand(4, -1, -1, -1)
+    unmasked = attention_decode_triton(q, cache_k, cache_v, torch.tensor([1, 2, 3, 4], dtype=torch.int32,
+                                                                         device=device), scale)
+    masked = attention_decode_triton(q, cache_k, cache_v, torch.tensor([1, 0, 3, 4], dtype=torch.int32,
+                                                                       device=device), scale)
+    assert bool((bits(masked[1]) == 0).all()), f"row 1 with no visible key is not exactly +0: {masked[1]}"
+    for r in (0, 2, 3):
+        assert_bitwise(unmasked[r], masked[r], f"row {r}")
+    # The same rows through the varlen path (one 4-token prefill) are bitwise the decode rows.
+    cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
+    assert_bitwise(attention_triton(q, k, v, cu, cu, scale), unmasked, "prefill vs decode rows")
+    ref = attention_decode_reference(q.float(), cache_k.float(), cache_v.float(),
+                                     torch.tensor([1, 0, 3, 4], dtype=torch.int32, device=device), scale)
+    assert bool((ref[1] == 0).all())
+
+
+# ---------------------------------------------------------------------------------------------
+# Empty and zero-length inputs
+# ---------------------------------------------------------------------------------------------
+def test_empty_batch(device):
+    h, hkv, d = SMOKE.heads, SMOKE.kv_heads, SMOKE.head_dim
+    q = torch.zeros((0, h, d), dtype=torch.bfloat16, device=device, requires_grad=True)
+    k = torch.zeros((0, hkv, d), dtype=torch.bfloat16, device=device, requires_grad=True)
+    v = torch.zeros((0, hkv, d), dtype=torch.bfloat16, device=device, requires_grad=True)
+    cu = torch.zeros(1, dtype=torch.int32, device=device)
+    out = attention_triton(q, k, v, cu, cu, 0.5)
+    assert out.shape == (0, h, d) and out.dtype == torch.bfloat16
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape
+    dec = attention_decode_triton(torch.zeros((0, h, d), dtype=torch.bfloat16, device=device),
+                                  torch.zeros((0, 4, hkv, d), dtype=torch.bfloat16, device=device),
+                                  torch.zeros((0, 4, hkv, d), dtype=torch.bfloat16, device=device),
+                                  torch.zeros(0, dtype=torch.int32, device=device), 0.5)
+    assert dec.shape == (0, h, d)
+
+
+def test_zero_length_sequences(device):
+    h, hkv, d = SMOKE.heads, SMOKE.kv_heads, SMOKE.head_dim
+    # Only zero-length sequences.
+    cu = torch.zeros(4, dtype=torch.int32, device=device)
+    q = torch.zeros((0, h, d), dtype=torch.bfloat16, device=device)
+    kv = torch.zeros((0, hkv, d), dtype=torch.bfloat16, device=device)
+    assert attention_triton(q, kv, kv, cu, cu, 0.5).shape == (0, h, d)
+    # Keys but no queries (Lq = 0 < Lk): nothing to compute, and dk / dv of those keys are 0.
+    case = make_case(SMOKE, 13, device, (5, 0, 3), (0, 0, 3))
+    out, grads, _ = run_gradient(attention_triton, case.inputs, GRAD_INPUTS)
+    ref = run_forward(attention_reference, upcast_inputs(case.inputs))[0]
+    assert out[0].shape == ref.shape
+    assert bool((bits(grads["k"][:5]) == 0).all()) and bool((bits(grads["v"][:5]) == 0).all())
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API and bad inputs
+# ---------------------------------------------------------------------------------------------
+def test_public_api_routes_backends(cases, device):
+    case = next(iter(cases.values()))
+    out = attention(**case.inputs)
+    assert_bitwise(out, attention_triton(**case.inputs), "attention() vs attention_triton")
+    ref = attention(**upcast_inputs(case.inputs), backend="reference_fp32")
+    assert ref.dtype == torch.float32
+    g = make_generator(3)
+    q = randn((2, SMOKE.heads, SMOKE.head_dim), g, device=device)
+    kc = randn((2, 8, SMOKE.kv_heads, SMOKE.head_dim), g, device=device)
+    lens = torch.tensor([3, 8], dtype=torch.int32, device=device)
+    assert_bitwise(attention_decode(q, kc, kc, lens, 0.5), attention_decode_triton(q, kc, kc, lens, 0.5), "decode")
+    assert attention_decode(q, kc, kc, lens, 0.5, backend="torch_bf16").shape == q.shape
+
+
+def _good(device, tq=5, tk=7, h=4, hkv=2, d=16):
+    g = make_generator(1)
+    return dict(q=randn((tq, h, d), g, device=device), k=randn((tk, hkv, d), g, device=device),
+                v=randn((tk, hkv, d), g, device=device),
+                cu_seqlens_q=torch.tensor([0, 2, tq], dtype=torch.int32, device=device),
+                cu_seqlens_k=torch.tensor([0, 3, tk], dtype=torch.int32, device=device), scale=0.25)
+
+
+BAD_VARLEN = {
+    "q fp16": (lambda a: {**a, "q": a["q"].half()}, "dtype"),
+    "k fp32": (lambda a: {**a, "k": a["k"].float()}, "dtype"),
+    "q 2-D": (lambda a: {**a, "q": a["q"][:, 0]}, "dimensions"),
+    "v shape": (lambda a: {**a, "v": a["v"][:, :1]}, "shape of k"),
+    "H % Hkv": (lambda a: {**a, "q": torch.cat([a["q"], a["q"][:, :1]], 1)}, "H % Hkv"),
+    "D mismatch": (lambda a: {**a, "q": torch.cat([a["q"], a["q"]], 2)}, "head dim"),
+    "D not pow2": (lambda a: {**a, "q": a["q"][..., :12].contiguous(), "k": a["k"][..., :12].contiguous(),
+                              "v": a["v"][..., :12].contiguous()}, "power of two"),
+    "D stride": (lambda a: {**a, "q": a["q"].transpose(0, 2).contiguous().transpose(0, 2)}, "unit stride"),
+    "cu int64": (lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"].long()}, "int32"),
+    "cu start": (lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"] + 1}, "start at 0"),
+    "cu decreasing": (lambda a: {**a, "cu_seqlens_k": torch.tensor([0, 5, 3, 7], dtype=torch.int32)}, "non-decreasing"),
+    "cu total": (lambda a: {**a, "cu_seqlens_k": torch.tensor([0, 3, 6], dtype=torch.int32)}, "packed tokens"),
+    "cu count": (lambda a: {**a, "cu_seqlens_k": torch.tensor([0, 3, 5, 7], dtype=torch.int32)}, "sequences"),
+    "Lq > Lk": (lambda a: {**a, "cu_seqlens_q": torch.tensor([0, 4, 5], dtype=torch.int32)}, "Lq <= Lk"),
+    "scale nan": (lambda a: {**a, "scale": math.nan}, "finite"),
+    "scale tensor": (lambda a: {**a, "scale": torch.tensor(0.5)}, "Python float"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_VARLEN))
+def test_bad_varlen_inputs_raise(name, device):
+    make, match = BAD_VARLEN[name]
+    args = make(_good(device))
+    args = {n: (t.to(device) if isinstance(t, torch.Tensor) else t) for n, t in args.items()}
+    with pytest.raises(InputError, match=match):
+        attention_triton(**args)
+
+
+def test_bad_decode_inputs_raise(device):
+    g = make_generator(2)
+    q = randn((2, 4, 16), g, device=device)
+    kc = randn((2, 6, 2, 16), g, device=device)
+    lens = torch.tensor([3, 6], dtype=torch.int32, device=device)
+    with pytest.raises(InputError, match="outside"):
+        attention_decode_triton(q, kc, kc, torch.tensor([3, 7], dtype=torch.int32, device=device), 0.5)
+    with pytest.raises(InputError, match="outside"):
+        attention_decode_triton(q, kc, kc, torch.tensor([-1, 2], dtype=torch.int32, device=device), 0.5)
+    with pytest.raises(InputError, match="batch"):
+        attention_decode_triton(q[:1], kc, kc, lens[:1], 0.5)
+    with pytest.raises(InputError, match="dtype"):
+        attention_decode_triton(q, kc, kc, lens.long(), 0.5)
+    with pytest.raises(InputError, match="dtype"):
+        attention_decode_triton(q.float(), kc, kc, lens, 0.5)
+    with pytest.raises(InputError, match="H % Hkv"):
+        attention_decode_triton(q[:, :3], kc, kc, lens, 0.5)
+    with pytest.raises(InputError, match="inference only"):
+        attention_decode_triton(q.clone().requires_grad_(True), kc, kc, lens, 0.5)
+
+
+def test_chunk_invariance_across_kv_blocks(device):
+    """Chunked prefill, decode steps and chunked dq on a sequence longer than two KV blocks."""
+    case = make_case(SMOKE, 14, device, (13, 150))
+    impl = SPEC.impls["triton_cuda_bf16"]
+    for direction in ("forward", "gradient"):
+        pairs = SPEC.transforms["chunk"](impl, case, direction, False)
+        bad = [p.label for p in pairs if not pair_equal(p)]
+        assert not bad, f"chunk {direction}: not bitwise equal: {bad}"
+    control = SPEC.transforms["chunk"](SPEC.controls["chunk"], case, "forward", False)
+    assert any(not pair_equal(p) for p in control), "the size-dependent KV block was not caught"
