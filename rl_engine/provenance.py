@@ -17,13 +17,14 @@ def _git(args: list[str], cwd: Path) -> str | None:
         out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return out.stdout.rstrip() if out.returncode == 0 else None  # keep leading blanks: porcelain columns
 
 
 def git_state(start: Path | None = None) -> dict[str, Any]:
     """Commit and dirty flag of the checkout that holds the package (or ``start``)."""
     here = start or Path(__file__).resolve().parent
     commit = _git(["rev-parse", "HEAD"], here)
+    commit = commit.strip() if commit else None
     status = _git(["status", "--porcelain", "--untracked-files=normal"], here)
     state = {
         "git_commit": commit,
