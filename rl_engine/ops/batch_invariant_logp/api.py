@@ -1,0 +1,27 @@
+"""Public entry point for ``batch_invariant_logp``."""
+
+from __future__ import annotations
+
+import torch
+
+from rl_engine.backends.registry import resolve_impl
+
+
+def batch_invariant_logp(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    backend: str = "triton_cuda_bf16",
+) -> torch.Tensor:
+    """Target logprobs in the padded layout: ``log_softmax(logits / temperature)[targets]``.
+
+    logits: [B, S, V] float32, targets: [B, S] int64, mask: [B, S] bool -> [B, S] float32,
+    0 where mask is False (targets there are not validated or used). FP32 logits, max, sum-exp and
+    output; each row bitwise equal to ``logp`` on that row, independent of B, S and padding.
+    Gradient: logits. ``backend`` is explicit; bad inputs raise InputError before any launch.
+    """
+    return resolve_impl("batch_invariant_logp", backend)(
+        logits=logits, targets=targets, mask=mask, temperature=temperature
+    )

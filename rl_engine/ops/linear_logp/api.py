@@ -1,0 +1,27 @@
+"""Public entry point for ``linear_logp``."""
+
+from __future__ import annotations
+
+import torch
+
+from rl_engine.backends.registry import resolve_impl
+
+
+def linear_logp(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    backend: str = "triton_cuda_bf16",
+) -> torch.Tensor:
+    """Fused LM head + target logprob: ``log_softmax((hidden @ weight.T) / temperature)[targets]``.
+
+    hidden: [T, E] bfloat16, weight: [V, E] bfloat16, targets: [T] int64 in [0, V),
+    temperature: finite float > 0 -> [T] float32. FP32 logits (never rounded to BF16), FP32
+    max / sum-exp / output, no [T, V] buffer (pitfall P5). Gradients: hidden, weight (BF16).
+    ``backend`` is explicit; bad inputs raise InputError before any launch.
+    """
+    return resolve_impl("linear_logp", backend)(
+        hidden=hidden, weight=weight, targets=targets, temperature=temperature
+    )

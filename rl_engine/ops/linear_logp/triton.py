@@ -1,0 +1,345 @@
+"""Triton fused linear log-probabilities: ``log_softmax((hidden @ weight.T) / temperature)[target]``
+without a ``[T, V]`` logits buffer, forward and backward.
+
+Logits tiles ``[BLOCK_M, BLOCK_V]`` come from the FP32 accumulator of ``mma`` over E (BF16
+operands, E looped in fixed ``BLOCK_E`` chunks in increasing order) and are never rounded to BF16
+(contract ``declared_exceptions.logits_for_scoring``, pitfall P5).
+
+Forward, two kernels:
+
+1. ``_fwd_partial_kernel``, grid (row blocks, V chunks): each program walks the ``BLOCK_V`` tiles of
+   one fixed ``CHUNK_V``-wide V chunk in increasing order with an online FP32 max / sum-exp per
+   row, and records (max, sum-exp, target logit) of that chunk. The V split is a fixed function of
+   V (a model constant), never of T, so decode (T = 1) still has ``cdiv(V, CHUNK_V)`` programs.
+2. ``_fwd_combine_kernel``, one lane per row: merges the chunk partials in increasing chunk order,
+   ``out = (z_t - m) - log(s)``; saves the row max ``m`` and ``log(s)`` (the FP32 lse in two parts).
+
+Backward, per V chunk in increasing order (only a ``[T, CHUNK_V]`` FP32 buffer, never ``[T, V]``):
+
+A. ``_bwd_dlogits_kernel``: recompute the logits tile exactly as forward and write
+   ``dlogits = (g * onehot - g * exp((z - m) - log s)) / temperature`` (FP32) for the chunk;
+B. ``_bwd_dhidden_kernel``, one program per (row block, E tile): ``dhidden += dlogits_chunk @
+   weight_chunk`` through ``mma`` with FP32 operands (IEEE), V in increasing order, accumulated in
+   an FP32 ``[T, E]`` buffer across chunks and rounded to BF16 once after the last chunk;
+C. ``_bwd_dweight_kernel``, one program per (V tile, E tile) of the chunk: ``dweight_chunk =
+   dlogits_chunk^T @ hidden`` over ALL row blocks in increasing order, FP32 operands, rounded to
+   BF16 once.
+
+No atomics; every output element is written by one program. Each row's logprob and dhidden depend
+only on that row (rows are independent in the math and the tile sizes are constants), so they do
+not depend on T, neighbours or padding. Block sizes and warps are module constants.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rl_engine.errors import InputError
+from rl_engine.ops._triton_common import check_triton_device, mma, upcast_dots
+from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
+from rl_engine.ops.logp.triton import check_temperature
+
+BLOCK_M = 64
+"""Rows per logits tile (forward and the dlogits recompute)."""
+BLOCK_V = 128
+"""Vocabulary entries per logits tile."""
+BLOCK_E = 64
+"""Hidden-size chunk of the logits ``mma`` (E looped in increasing order; tails masked to 0, so a
+tiny E such as 2 is padded to the minimum dot size)."""
+CHUNK_V = 4096
+"""Width of the fixed V chunks: forward partials and the backward ``[T, CHUNK_V]`` dlogits buffer."""
+COMBINE_BLOCK = 128
+"""Rows per program of the forward combine kernel."""
+GRAD_BLOCK = 64
+"""Tile edge of the FP32 backward GEMMs (rows, V entries and E columns)."""
+NUM_WARPS = 4
+"""Warps per program of every linear_logp kernel."""
+
+
+# --------------------------------------------------------------------------------------------------
+# kernels
+
+
+@triton.jit
+def _logits_tile(h_ptr, w_ptr, rows, row_ok, cols, V, E, stride_h, stride_w, temperature,
+                 BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, UPCAST: tl.constexpr):
+    """``(hidden[rows] @ weight[cols].T) / temperature`` as an FP32 [BLOCK_M, BLOCK_V] tile."""
+    acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
+    ks = tl.arange(0, BLOCK_E)
+    col_ok = cols < V
+    for k0 in range(0, E, BLOCK_E):
+        kk = k0 + ks
+        k_ok = kk < E
+        h = tl.load(h_ptr + rows[:, None] * stride_h + kk[None, :],
+                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptr + cols[None, :].to(tl.int64) * stride_w + kk[:, None],
+                    mask=col_ok[None, :] & k_ok[:, None], other=0.0)
+        acc = mma(h, w, acc, UPCAST)
+    return acc / temperature
+
+
+@triton.jit
+def _fwd_partial_kernel(
+    h_ptr, w_ptr, tgt_ptr, pmax_ptr, psum_ptr, ptgt_ptr,
+    T, V, E, n_chunks, stride_h, stride_w, stride_t, temperature,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_V: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    chunk = tl.program_id(1)
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_ok = rows < T
+    tgt = tl.load(tgt_ptr + rows * stride_t, mask=row_ok, other=-1)
+    run_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    run_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    tgt_logit = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    v_lo = chunk * CHUNK_V
+    v_hi = tl.minimum(v_lo + CHUNK_V, V)
+    for v0 in range(v_lo, v_hi, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V)
+        z = _logits_tile(h_ptr, w_ptr, rows, row_ok, cols, V, E, stride_h, stride_w, temperature,
+                         BLOCK_M, BLOCK_V, BLOCK_E, UPCAST)
+        z = tl.where((cols < V)[None, :], z, float("-inf"))
+        new_max = tl.maximum(run_max, tl.max(z, axis=1))
+        ref = tl.where(new_max == float("-inf"), 0.0, new_max)
+        run_sum = run_sum * tl.exp(run_max - ref) + tl.sum(tl.exp(z - ref[:, None]), axis=1)
+        run_max = new_max
+        hit = cols[None, :] == tgt[:, None]
+        tgt_logit = tl.maximum(tgt_logit, tl.max(tl.where(hit, z, float("-inf")), axis=1))
+    offs = rows * n_chunks + chunk
+    tl.store(pmax_ptr + offs, run_max, mask=row_ok)
+    tl.store(psum_ptr + offs, run_sum, mask=row_ok)
+    tl.store(ptgt_ptr + offs, tgt_logit, mask=row_ok)
+
+
+@triton.jit
+def _fwd_combine_kernel(pmax_ptr, psum_ptr, ptgt_ptr, out_ptr, rmax_ptr, rlog_ptr, T, n_chunks,
+                        BLOCK: tl.constexpr):
+    rows = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    ok = rows < T
+    run_max = tl.full([BLOCK], float("-inf"), tl.float32)
+    run_sum = tl.zeros([BLOCK], dtype=tl.float32)
+    tgt_logit = tl.full([BLOCK], float("-inf"), tl.float32)
+    for c in range(0, n_chunks):
+        offs = rows * n_chunks + c
+        # rows past T read a harmless (max 0, sum 1) partial; their results are not stored
+        pm = tl.load(pmax_ptr + offs, mask=ok, other=0.0)
+        ps = tl.load(psum_ptr + offs, mask=ok, other=1.0)
+        pt = tl.load(ptgt_ptr + offs, mask=ok, other=float("-inf"))
+        new_max = tl.maximum(run_max, pm)
+        ref = tl.where(new_max == float("-inf"), 0.0, new_max)
+        run_sum = run_sum * tl.exp(run_max - ref) + ps * tl.exp(pm - ref)
+        run_max = new_max
+        tgt_logit = tl.maximum(tgt_logit, pt)
+    log_sum = tl.log(run_sum)
+    tl.store(out_ptr + rows, (tgt_logit - run_max) - log_sum, mask=ok)
+    tl.store(rmax_ptr + rows, run_max, mask=ok)
+    tl.store(rlog_ptr + rows, log_sum, mask=ok)
+
+
+@triton.jit
+def _bwd_dlogits_kernel(
+    h_ptr, w_ptr, tgt_ptr, g_ptr, rmax_ptr, rlog_ptr, buf_ptr,
+    T, V, E, v_base, stride_h, stride_w, stride_t, temperature,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_V: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_ok = rows < T
+    local = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    cols = v_base + local
+    z = _logits_tile(h_ptr, w_ptr, rows, row_ok, cols, V, E, stride_h, stride_w, temperature,
+                     BLOCK_M, BLOCK_V, BLOCK_E, UPCAST)
+    tgt = tl.load(tgt_ptr + rows * stride_t, mask=row_ok, other=-1)
+    g = tl.load(g_ptr + rows, mask=row_ok, other=0.0)
+    m = tl.load(rmax_ptr + rows, mask=row_ok, other=0.0)
+    ls = tl.load(rlog_ptr + rows, mask=row_ok, other=0.0)
+    p = tl.exp((z - m[:, None]) - ls[:, None])
+    hit = cols[None, :] == tgt[:, None]
+    d = (tl.where(hit, g[:, None], 0.0) - p * g[:, None]) / temperature
+    tl.store(buf_ptr + rows[:, None] * CHUNK_V + local[None, :], d,
+             mask=row_ok[:, None] & (cols < V)[None, :])
+
+
+@triton.jit
+def _bwd_dhidden_kernel(
+    buf_ptr, w_ptr, acc_ptr, dh_ptr,
+    T, E, v_base, n_local, stride_w,
+    FIRST: tl.constexpr, LAST: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    ecols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    row_ok = rows < T
+    e_ok = ecols < E
+    out_mask = row_ok[:, None] & e_ok[None, :]
+    if FIRST:
+        acc = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+    else:
+        acc = tl.load(acc_ptr + rows[:, None] * E + ecols[None, :], mask=out_mask, other=0.0)
+    vs = tl.arange(0, BLOCK)
+    for j in range(0, n_local, BLOCK):
+        local = j + vs
+        v_ok = local < n_local
+        d = tl.load(buf_ptr + rows[:, None] * CHUNK_V + local[None, :],
+                    mask=row_ok[:, None] & v_ok[None, :], other=0.0)
+        w = tl.load(w_ptr + (v_base + local)[:, None].to(tl.int64) * stride_w + ecols[None, :],
+                    mask=v_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
+        acc = mma(d, w, acc, UPCAST)
+    if LAST:
+        tl.store(dh_ptr + rows[:, None] * E + ecols[None, :], acc.to(tl.bfloat16), mask=out_mask)
+    else:
+        tl.store(acc_ptr + rows[:, None] * E + ecols[None, :], acc, mask=out_mask)
+
+
+@triton.jit
+def _bwd_dweight_kernel(
+    buf_ptr, h_ptr, dw_ptr,
+    T, E, v_base, n_local, stride_h,
+    CHUNK_V: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    local = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ecols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    v_ok = local < n_local
+    e_ok = ecols < E
+    acc = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+    rs = tl.arange(0, BLOCK)
+    for r0 in range(0, T, BLOCK):
+        rows = (r0 + rs).to(tl.int64)
+        row_ok = rows < T
+        d_t = tl.load(buf_ptr + rows[None, :] * CHUNK_V + local[:, None],
+                      mask=v_ok[:, None] & row_ok[None, :], other=0.0)
+        h = tl.load(h_ptr + rows[:, None] * stride_h + ecols[None, :],
+                    mask=row_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
+        acc = mma(d_t, h, acc, UPCAST)
+    out_rows = (v_base + local).to(tl.int64)
+    tl.store(dw_ptr + out_rows[:, None] * E + ecols[None, :], acc.to(tl.bfloat16),
+             mask=v_ok[:, None] & e_ok[None, :])
+
+
+# --------------------------------------------------------------------------------------------------
+# launchers
+
+
+def _forward(hidden, weight, targets, temperature):
+    t, e = hidden.shape
+    v = weight.shape[0]
+    dev = hidden.device
+    out = torch.empty(t, dtype=torch.float32, device=dev)
+    rmax = torch.empty(t, dtype=torch.float32, device=dev)
+    rlog = torch.empty(t, dtype=torch.float32, device=dev)
+    if t == 0:
+        return out, rmax, rlog
+    n_chunks = triton.cdiv(v, CHUNK_V)
+    pmax = torch.empty((t, n_chunks), dtype=torch.float32, device=dev)
+    psum = torch.empty_like(pmax)
+    ptgt = torch.empty_like(pmax)
+    up = upcast_dots()
+    _fwd_partial_kernel[(triton.cdiv(t, BLOCK_M), n_chunks)](
+        hidden, weight, targets, pmax, psum, ptgt,
+        t, v, e, n_chunks, hidden.stride(0), weight.stride(0), targets.stride(0), temperature,
+        BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up,
+        num_warps=NUM_WARPS,
+    )
+    _fwd_combine_kernel[(triton.cdiv(t, COMBINE_BLOCK),)](
+        pmax, psum, ptgt, out, rmax, rlog, t, n_chunks, BLOCK=COMBINE_BLOCK, num_warps=NUM_WARPS,
+    )
+    return out, rmax, rlog
+
+
+def _backward(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need_dw):
+    t, e = hidden.shape
+    v = weight.shape[0]
+    dev = hidden.device
+    dh = torch.empty((t, e), dtype=torch.bfloat16, device=dev) if need_dh else None
+    dw = torch.empty((v, e), dtype=torch.bfloat16, device=dev) if need_dw else None
+    if t == 0:
+        if dw is not None:
+            dw.zero_()
+        return dh, dw
+    g = g.reshape(t).to(torch.float32).contiguous()
+    buf = torch.empty((t, CHUNK_V), dtype=torch.float32, device=dev)
+    n_chunks = triton.cdiv(v, CHUNK_V)
+    dh_acc = torch.empty((t, e), dtype=torch.float32, device=dev) if (need_dh and n_chunks > 1) else buf
+    up = upcast_dots()
+    for c in range(n_chunks):
+        v_base = c * CHUNK_V
+        n_local = min(CHUNK_V, v - v_base)
+        _bwd_dlogits_kernel[(triton.cdiv(t, BLOCK_M), triton.cdiv(n_local, BLOCK_V))](
+            hidden, weight, targets, g, rmax, rlog, buf,
+            t, v, e, v_base, hidden.stride(0), weight.stride(0), targets.stride(0), temperature,
+            BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up,
+            num_warps=NUM_WARPS,
+        )
+        if need_dh:
+            _bwd_dhidden_kernel[(triton.cdiv(t, GRAD_BLOCK), triton.cdiv(e, GRAD_BLOCK))](
+                buf, weight, dh_acc, dh,
+                t, e, v_base, n_local, weight.stride(0),
+                FIRST=c == 0, LAST=c == n_chunks - 1, CHUNK_V=CHUNK_V, BLOCK=GRAD_BLOCK, UPCAST=up,
+                num_warps=NUM_WARPS,
+            )
+        if need_dw:
+            _bwd_dweight_kernel[(triton.cdiv(n_local, GRAD_BLOCK), triton.cdiv(e, GRAD_BLOCK))](
+                buf, hidden, dw,
+                t, e, v_base, n_local, hidden.stride(0),
+                CHUNK_V=CHUNK_V, BLOCK=GRAD_BLOCK, UPCAST=up, num_warps=NUM_WARPS,
+            )
+    return dh, dw
+
+
+class _LinearLogpTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature):
+        out, rmax, rlog = _forward(hidden, weight, targets, temperature)
+        ctx.save_for_backward(hidden, weight, targets, rmax, rlog)
+        ctx.temperature = temperature
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        hidden, weight, targets, rmax, rlog = ctx.saved_tensors
+        need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if not (need_dh or need_dw):
+            return None, None, None, None
+        dh, dw = _backward(hidden, weight, targets, g, rmax, rlog, ctx.temperature, need_dh, need_dw)
+        return dh, dw, None, None
+
+
+def linear_logp_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                       temperature: float = 1.0) -> torch.Tensor:
+    """Fused LM head + log-softmax + gather. hidden: [T, E] bfloat16, weight: [V, E] bfloat16,
+    targets: [T] int64 -> [T] float32; no [T, V] buffer in forward or backward.
+
+    ``out[t] = log_softmax((hidden[t] @ weight.T) / temperature)[targets[t]]``. The logits are the
+    FP32 accumulator of BF16 x BF16 ``mma`` (IEEE input precision), never rounded to BF16; max,
+    sum-exp and the output are FP32 (contract ``declared_exceptions.logits_for_scoring``; pitfalls
+    P4, P5, P11). Backward: dhidden [T, E] bfloat16 and dweight [V, E] bfloat16 from FP32 dlogits
+    tiles ``g * (onehot - softmax) / temperature`` through FP32-operand ``mma``, accumulated in
+    FP32 in a fixed order and rounded once; the scratch memory is a [T, 4096] FP32 dlogits chunk
+    (plus [T, E] FP32 when V > 4096). Deterministic, no atomics.
+
+    Raises
+    ------
+    InputError
+        hidden / weight not 2-D bfloat16 with unit stride on E, mismatched E, E or V = 0, targets
+        not int64 [T] on the same device, a target outside [0, V), or a temperature that is not a
+        finite number > 0.
+    BackendUnavailable
+        The tensors are not on a CUDA device (and the Triton interpreter is off).
+    """
+    check_tensor("hidden", hidden, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
+    t, e = hidden.shape
+    check_tensor("weight", weight, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
+    if weight.shape[1] != e:
+        raise InputError(f"weight: expected shape [V, {e}] (E of hidden), got {list(weight.shape)}")
+    check_tensor("targets", targets, dtype=torch.int64, shape=(t,))
+    check_same_device(hidden=hidden, weight=weight, targets=targets)
+    v = weight.shape[0]
+    if v < 1 or e < 1:
+        raise InputError(f"weight: V and E must be >= 1, got shape {list(weight.shape)}")
+    tau = check_temperature(temperature)
+    check_index_range("targets", targets, v)
+    check_triton_device(hidden, weight, targets)
+    return _LinearLogpTriton.apply(hidden, weight, targets, tau)

@@ -1,0 +1,251 @@
+"""linear_logp: accuracy vs the FP32 reference (forward, dhidden, dweight, several V chunks and row
+blocks), invariance (bitwise) with negative controls, bad inputs, pitfalls P4 and P5 (fused) and P11."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_engine.errors import InputError
+from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
+from rl_engine.ops.linear_logp import linear_logp
+from rl_engine.ops.linear_logp.reference import linear_logp_reference
+from rl_engine.ops.linear_logp.spec import SPEC
+from rl_engine.ops.linear_logp.triton import BLOCK_M, CHUNK_V, linear_logp_triton
+from rl_engine.ops.logp.triton import logp_triton
+from rl_engine.ops.spec import WORKLOADS, make_generator
+
+SMOKE = WORKLOADS["smoke"]
+P4_VOCAB = 151936
+_INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(torch.equal(a.contiguous().view(_INT[a.dtype]), b.contiguous().view(_INT[b.dtype])))
+
+
+def _cases(device):
+    return SPEC.build_cases(SMOKE, 0, device)
+
+
+def _grad_cases(device):
+    return SPEC.build_grad_cases(SMOKE, 100, device)
+
+
+CASE_IDS = ["T1-E64-V1000", "T7-E64-V1000", "T33-E64-V1000", "T7-E64-V1000-temp0.7"]
+
+
+def _random_problem(t, e, v, seed, device, scale=0.3):
+    g = make_generator(seed)
+    h = torch.randn((t, e), generator=g).to(torch.bfloat16).to(device)
+    w = (torch.randn((v, e), generator=g) * scale).to(torch.bfloat16).to(device)
+    tg = torch.randint(0, v, (t,), generator=g).to(device)
+    return h, w, tg
+
+
+def _grads(impl, h, w, tg, up, temperature=1.0):
+    inputs = {"hidden": h, "weight": w, "targets": tg, "temperature": temperature}
+    if impl is linear_logp_reference:
+        inputs = upcast_inputs(inputs)
+    outs, grads, _ = run_gradient(impl, inputs, ("hidden", "weight"), upstream=(up,))
+    return outs[0], grads["hidden"], grads["weight"]
+
+
+def test_case_ids(device):
+    assert [c.id for c in _cases(device)] == CASE_IDS
+    assert [c.id for c in _grad_cases(device)] == ["T9-E64-V1000", "T9-E64-V1000-temp0.7"]
+    assert set(SPEC.impls) == {"reference_fp32", "torch_bf16", "triton_cuda_bf16"}
+    assert isinstance(SPEC.transforms["tp"], str)
+
+
+# -- accuracy ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_forward_matches_reference(device, contract, case_id):
+    case = next(c for c in _cases(device) if c.id == case_id)
+    (out,) = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)
+    (ref,) = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))
+    (base,) = run_forward(SPEC.impls["torch_bf16"], case.inputs)
+    assert out.dtype == torch.float32 and base.dtype == torch.float32 and out.shape == ref.shape
+    # FP32 logits from exact BF16 products: the FP32 logprob tolerance holds at E = 64.
+    tol = contract.tolerance("forward", "logprob", "float32")
+    torch.testing.assert_close(out, ref, atol=tol.atol, rtol=tol.rtol)
+    err, err_bf16 = (out - ref).abs().max().item(), (base - ref).abs().max().item()
+    assert err <= contract.relative_factor("forward") * err_bf16
+
+
+@pytest.mark.parametrize("idx", [0, 1])
+def test_backward_matches_reference(device, contract, idx):
+    case = _grad_cases(device)[idx]
+    up = make_upstream(run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs), case.seed + 7)
+    _, grads, _ = run_gradient(SPEC.impls["triton_cuda_bf16"], case.inputs, SPEC.grad_inputs, upstream=up)
+    _, ref, _ = run_gradient(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs), SPEC.grad_inputs,
+                             upstream=up)
+    _, base, _ = run_gradient(SPEC.impls["torch_bf16"], case.inputs, SPEC.grad_inputs, upstream=up)
+    tol = contract.tolerance("gradient", "logprob", "bfloat16")
+    for name in ("hidden", "weight"):
+        d = grads[name]
+        assert d.dtype == torch.bfloat16 and d.shape == case.inputs[name].shape
+        torch.testing.assert_close(d.float(), ref[name], atol=tol.atol, rtol=tol.rtol)
+        err = (d.float() - ref[name]).abs().max().item()
+        err_bf16 = (base[name].float() - ref[name]).abs().max().item()
+        assert err <= contract.relative_factor("gradient") * err_bf16, name
+
+
+def test_several_row_blocks_forward_backward_and_rows_alone(device, contract):
+    """T = BLOCK_M + 6 rows: two row blocks, the dweight loop over both; rows in the second block
+    scored alone are bitwise the batch's rows."""
+    t = BLOCK_M + 6
+    h, w, tg = _random_problem(t, 64, SMOKE.vocab, 5, device)
+    up = torch.randn(t, generator=make_generator(6)).to(device)
+    out, dh, dw = _grads(linear_logp_triton, h, w, tg, up)
+    ref, dh_ref, dw_ref = _grads(linear_logp_reference, h, w, tg, up)
+    tol_f = contract.tolerance("forward", "logprob", "float32")
+    tol_g = contract.tolerance("gradient", "logprob", "bfloat16")
+    torch.testing.assert_close(out, ref, atol=tol_f.atol, rtol=tol_f.rtol)
+    torch.testing.assert_close(dh.float(), dh_ref, atol=tol_g.atol, rtol=tol_g.rtol)
+    torch.testing.assert_close(dw.float(), dw_ref, atol=tol_g.atol, rtol=tol_g.rtol)
+    for r in (0, BLOCK_M - 1, BLOCK_M, t - 1):
+        assert bits_equal(linear_logp_triton(h[r:r + 1], w, tg[r:r + 1]), out[r:r + 1]), r
+
+
+def test_several_vocab_chunks_forward_backward(device, contract):
+    """V = 2 * CHUNK_V + 37: three V chunks (the last one partial), so the forward merges partials and
+    dhidden is accumulated in FP32 across chunks; E = 70 is two BLOCK_E chunks, the second partial."""
+    v = 2 * CHUNK_V + 37
+    h, w, tg = _random_problem(5, 70, v, 7, device)
+    tg[0] = v - 1  # a target in the last, partial tile
+    up = torch.randn(5, generator=make_generator(8)).to(device)
+    out, dh, dw = _grads(linear_logp_triton, h, w, tg, up, 0.7)
+    ref, dh_ref, dw_ref = _grads(linear_logp_reference, h, w, tg, up, 0.7)
+    tol_f = contract.tolerance("forward", "logprob", "float32")
+    tol_g = contract.tolerance("gradient", "logprob", "bfloat16")
+    torch.testing.assert_close(out, ref, atol=tol_f.atol, rtol=tol_f.rtol)
+    torch.testing.assert_close(dh.float(), dh_ref, atol=tol_g.atol, rtol=tol_g.rtol)
+    torch.testing.assert_close(dw.float(), dw_ref, atol=tol_g.atol, rtol=tol_g.rtol)
+    # the same logits scored unfused by logp agree within the FP32 logprob tolerance
+    logits = h.float() @ w.float().T
+    torch.testing.assert_close(out, logp_triton(logits, tg, 0.7), atol=tol_f.atol, rtol=tol_f.rtol)
+
+
+def test_deterministic(device):
+    case = _grad_cases(device)[0]
+    up = make_upstream(run_forward(linear_logp_triton, case.inputs), 1)
+    a = run_gradient(linear_logp_triton, case.inputs, SPEC.grad_inputs, upstream=up)
+    b = run_gradient(linear_logp_triton, case.inputs, SPEC.grad_inputs, upstream=up)
+    assert bits_equal(a[0][0], b[0][0])
+    for name in SPEC.grad_inputs:
+        assert bits_equal(a[1][name], b[1][name]), name
+
+
+def test_only_hidden_needs_grad(device):
+    h, w, tg = _random_problem(3, 16, 50, 9, device)
+    leaf = h.clone().requires_grad_(True)
+    linear_logp_triton(leaf, w, tg).sum().backward()
+    assert leaf.grad is not None and leaf.grad.dtype == torch.bfloat16
+
+
+def test_empty_rows(device):
+    h = torch.zeros((0, 8), dtype=torch.bfloat16, device=device)
+    w = torch.ones((5, 8), dtype=torch.bfloat16, device=device).requires_grad_(True)
+    out = linear_logp_triton(h, w, torch.zeros((0,), dtype=torch.int64, device=device))
+    assert out.shape == (0,) and out.dtype == torch.float32
+    out.sum().backward()
+    assert bits_equal(w.grad, torch.zeros_like(w.grad))
+
+
+def test_api_dispatch(device):
+    case = next(c for c in _cases(device) if c.id == "T7-E64-V1000")
+    h, w, tg = case.inputs["hidden"], case.inputs["weight"], case.inputs["targets"]
+    assert bits_equal(linear_logp(h, w, tg), linear_logp_triton(h, w, tg))
+
+
+# -- invariance -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("direction", ["forward", "gradient"])
+@pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout"])
+def test_invariance_bitwise_and_negative_control(device, name, direction):
+    case = _grad_cases(device)[0]
+    fn = SPEC.transforms[name]
+    pairs = fn(SPEC.impls["triton_cuda_bf16"], case, direction, False)
+    assert pairs
+    bad = [p.label for p in pairs if not bits_equal(p.canonical, p.transformed)]
+    assert not bad, f"{name}/{direction}: not bitwise equal: {bad}"
+    planted = fn(SPEC.impls["triton_cuda_bf16"], case, direction, True)
+    assert any(not bits_equal(p.canonical, p.transformed) for p in planted), "planted ulp not caught"
+
+
+# -- bad inputs -------------------------------------------------------------------------------------
+
+
+def _bad_inputs(device):
+    h, w, tg = _random_problem(4, 16, 30, 11, device)
+    return [
+        (dict(hidden=h.float(), weight=w, targets=tg), "dtype"),
+        (dict(hidden=h, weight=w.float(), targets=tg), "dtype"),
+        (dict(hidden=h[0], weight=w, targets=tg), "dimensions"),
+        (dict(hidden=h, weight=w[:, :8], targets=tg), "shape"),
+        (dict(hidden=h, weight=w, targets=tg[:2]), "shape"),
+        (dict(hidden=h, weight=w, targets=tg.int()), "dtype"),
+        (dict(hidden=h, weight=w, targets=torch.tensor([0, 1, 30, 2], device=device)), "outside"),
+        (dict(hidden=h, weight=w, targets=torch.tensor([0, -1, 3, 2], device=device)), "outside"),
+        (dict(hidden=h.t().contiguous().t(), weight=w, targets=tg), "stride"),
+        (dict(hidden=h, weight=w.t().contiguous().t(), targets=tg), "stride"),
+        (dict(hidden=h, weight=w[:0], targets=tg), "V and E"),
+        (dict(hidden=h, weight=w, targets=tg, temperature=0.0), "temperature"),
+        (dict(hidden=h, weight=w, targets=tg, temperature=float("inf")), "temperature"),
+    ]
+
+
+@pytest.mark.parametrize("idx", range(13))
+def test_bad_inputs_raise(device, idx):
+    kwargs, word = _bad_inputs(device)[idx]
+    with pytest.raises(InputError, match=word):
+        linear_logp_triton(**kwargs)
+
+
+# -- pitfalls ---------------------------------------------------------------------------------------
+
+
+def test_pitfalls_p4_p5_fused_vocab_151936(device, contract):
+    """One fused call at V = 151936, E = 4, on disjoint hidden dimensions:
+
+    * P5 (E dims 0-1): h = [1, 1]; LM-head rows A = [40, 40.25], B = [40, 40], every other row
+      zero there. FP32 logits A = 80.25, B = 80 -> logprob(A) = -0.5759394, logprob(B) =
+      -0.8259394 (BF16 logits would give -0.6931472 for A).
+    * P4 (E dims 2-3): h = 0 -> all logits 0 -> -ln(151936) = -11.931215; h = e2 with row 5 =
+      -20 there -> -31.931208; h = e3 with the last row = +10 there -> -2.0665891.
+    """
+    tol = contract.tolerance("forward", "logprob", "float32")
+    a, b, last = 7, 123457, P4_VOCAB - 1
+    w = torch.zeros((P4_VOCAB, 4), dtype=torch.float32)
+    w[a, :2] = torch.tensor([40.0, 40.25])
+    w[b, :2] = torch.tensor([40.0, 40.0])
+    w[5, 2] = -20.0
+    w[last, 3] = 10.0
+    h = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]], dtype=torch.float32)
+    tg = torch.tensor([a, b, 3, 5, last])
+    w, h, tg = w.to(torch.bfloat16).to(device), h.to(torch.bfloat16).to(device), tg.to(device)
+    out = linear_logp_triton(h, w, tg)
+    expected = torch.tensor([-0.5759394, -0.8259394, -11.931215, -31.931208, -2.0665891], device=device)
+    torch.testing.assert_close(out, expected, atol=tol.atol, rtol=tol.rtol)
+    # the unfused FP32 path (lm_head-free: an FP32 GEMM of the same BF16 values + logp) agrees
+    unfused = logp_triton(h.float() @ w.float().T, tg)
+    torch.testing.assert_close(unfused, expected, atol=tol.atol, rtol=tol.rtol)
+    # and BF16 logits show the pitfall
+    base = SPEC.impls["torch_bf16"](hidden=h, weight=w, targets=tg)
+    assert (base - expected).abs().max().item() > tol.atol
+
+
+@pytest.mark.parametrize("temperature, expected", [(0.6, -0.0350524), (1.0, -0.1269280)])
+def test_pitfall_p11_temperature(device, contract, temperature, expected):
+    """V = 2, logits [2, 0] built as hidden [1] x weight [[2], [0]], target 0."""
+    tol = contract.tolerance("forward", "logprob", "float32")
+    h = torch.ones((1, 1), dtype=torch.bfloat16, device=device)
+    w = torch.tensor([[2.0], [0.0]], dtype=torch.bfloat16, device=device)
+    out = linear_logp_triton(h, w, torch.tensor([0], device=device), temperature)
+    torch.testing.assert_close(out, torch.tensor([expected], device=device), atol=tol.atol, rtol=tol.rtol)

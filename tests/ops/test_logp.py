@@ -1,0 +1,251 @@
+"""logp: accuracy vs the FP32 reference, invariance (bitwise) with negative controls, bad inputs,
+pitfalls P4, P5 (unfused path) and P11."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rl_engine.errors import InputError
+from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
+from rl_engine.ops.logp import logp
+from rl_engine.ops.logp.spec import SPEC
+from rl_engine.ops.logp.triton import logp_triton, logp_triton_size_dependent
+from rl_engine.ops.spec import WORKLOADS
+
+SMOKE = WORKLOADS["smoke"]
+P4_VOCAB = 151936
+
+_INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(torch.equal(a.contiguous().view(_INT[a.dtype]), b.contiguous().view(_INT[b.dtype])))
+
+
+def _cases(device):
+    return SPEC.build_cases(SMOKE, 0, device)
+
+
+def _grad_cases(device):
+    return SPEC.build_grad_cases(SMOKE, 100, device)
+
+
+def _case(cases, case_id):
+    return next(c for c in cases if c.id == case_id)
+
+
+def _check_close(out, ref, tol):
+    torch.testing.assert_close(out, ref, atol=tol.atol, rtol=tol.rtol)
+
+
+# -- accuracy ---------------------------------------------------------------------------------------
+
+
+def test_case_ids_and_shapes(device):
+    ids = [c.id for c in _cases(device)]
+    assert ids == ["T1-V1000", "T7-V1000", "T33-V1000", "T7-V1000-temp0.7"]
+    from rl_engine.ops.logp.spec import token_counts
+
+    # qwen3-8b cases are 151936-wide FP32 rows: built by the gate on the GPU, not here.
+    assert token_counts(WORKLOADS["qwen3-8b"]) == (1, 257, 1027)
+    assert set(SPEC.impls) == {"reference_fp32", "torch_bf16", "triton_cuda_bf16"}
+    assert isinstance(SPEC.transforms["tp"], str)
+
+
+@pytest.mark.parametrize("case_id", ["T1-V1000", "T7-V1000", "T33-V1000", "T7-V1000-temp0.7"])
+def test_forward_matches_reference(device, contract, case_id):
+    case = _case(_cases(device), case_id)
+    (out,) = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)
+    (ref,) = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    _check_close(out, ref, contract.tolerance("forward", "logprob", "float32"))
+    # Relative criterion: no worse than factor x the naive BF16 path (which is far worse).
+    (base,) = run_forward(SPEC.impls["torch_bf16"], case.inputs)
+    err = (out - ref).abs().max().item()
+    err_bf16 = (base - ref).abs().max().item()
+    assert base.dtype == torch.float32
+    assert err <= contract.relative_factor("forward") * err_bf16
+    assert err < err_bf16
+
+
+@pytest.mark.parametrize("idx", [0, 1])
+def test_backward_matches_reference(device, contract, idx):
+    case = _grad_cases(device)[idx]
+    probe = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)
+    up = make_upstream(probe, case.seed + 7)
+    _, grads, _ = run_gradient(SPEC.impls["triton_cuda_bf16"], case.inputs, SPEC.grad_inputs, upstream=up)
+    _, grads_ref, _ = run_gradient(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs), SPEC.grad_inputs,
+                                   upstream=up)
+    d, d_ref = grads["logits"], grads_ref["logits"]
+    assert d.dtype == torch.float32 and d.shape == case.inputs["logits"].shape
+    _check_close(d, d_ref, contract.tolerance("gradient", "logprob", "float32"))
+
+
+def test_deterministic(device):
+    case = _case(_cases(device), "T33-V1000")
+    a = run_forward(logp_triton, case.inputs)[0]
+    b = run_forward(logp_triton, case.inputs)[0]
+    assert bits_equal(a, b)
+    gc = _grad_cases(device)[0]
+    up = make_upstream(run_forward(logp_triton, gc.inputs), 3)
+    g1 = run_gradient(logp_triton, gc.inputs, ("logits",), upstream=up)[1]["logits"]
+    g2 = run_gradient(logp_triton, gc.inputs, ("logits",), upstream=up)[1]["logits"]
+    assert bits_equal(g1, g2)
+
+
+@pytest.mark.parametrize("v", [1000, 1001])
+def test_rows_bitwise_under_any_stride_and_base_alignment(device, v):
+    """Views whose row stride (V + 8, V + 5) and base offset (0, 3 elements) give different
+    alignments score every row bitwise like the contiguous tensor: the kernel's reduction order
+    must not follow the alignment the compiler can prove."""
+    g = torch.Generator().manual_seed(v)
+    x = (torch.randn((6, v), generator=g) * 3.0).to(device)
+    t = torch.randint(0, v, (6,), generator=g).to(device)
+    canonical = logp_triton(x, t)
+    for pad, shift in ((8, 0), (5, 3), (16, 1)):
+        wide = torch.full((6, v + pad), float("nan"), device=device)
+        wide[:, shift:shift + v] = x
+        assert bits_equal(logp_triton(wide[:, shift:shift + v], t), canonical), (pad, shift)
+    for r in range(6):
+        assert bits_equal(logp_triton(x[r:], t[r:])[:1], canonical[r:r + 1]), r
+
+
+def test_empty_rows(device):
+    out = logp_triton(torch.zeros((0, 10), device=device), torch.zeros((0,), dtype=torch.int64, device=device))
+    assert out.shape == (0,) and out.dtype == torch.float32
+
+
+def test_neg_inf_logits_contribute_nothing(device):
+    x = torch.tensor([[0.0, float("-inf"), 0.0, float("-inf")], [float("-inf")] * 3 + [1.5]], device=device)
+    t = torch.tensor([2, 3], device=device)
+    out = logp_triton(x, t)
+    # exp(-inf - m) is exactly 0: the rows are log(1/2) and log(1) = 0, computed in FP32
+    assert bits_equal(out, torch.tensor([-math.log(2.0), 0.0], dtype=torch.float32, device=device))
+
+
+def test_api_dispatch(device, contract):
+    case = _case(_cases(device), "T7-V1000")
+    x, t = case.inputs["logits"], case.inputs["targets"]
+    assert bits_equal(logp(x, t), logp_triton(x, t))
+    _check_close(logp(x, t, backend="reference_fp32"), logp_triton(x, t),
+                 contract.tolerance("forward", "logprob", "float32"))
+
+
+# -- invariance -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("direction", ["forward", "gradient"])
+@pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout"])
+def test_invariance_bitwise_and_negative_control(device, name, direction):
+    case = _case(_cases(device), "T33-V1000") if direction == "forward" else _grad_cases(device)[1]
+    fn = SPEC.transforms[name]
+    pairs = fn(SPEC.impls["triton_cuda_bf16"], case, direction, False)
+    assert pairs
+    bad = [p.label for p in pairs if not bits_equal(p.canonical, p.transformed)]
+    assert not bad, f"{name}/{direction}: not bitwise equal: {bad}"
+    planted = fn(SPEC.impls["triton_cuda_bf16"], case, direction, True)
+    assert any(not bits_equal(p.canonical, p.transformed) for p in planted), "planted ulp not caught"
+
+
+def test_size_dependent_control_is_caught(device):
+    """The T-dependent V tile changes the sum-exp grouping. The forward logprob often absorbs the
+    change in its final rounding (its magnitude is ~10, log(s) moves by ~1e-7), so the forward
+    check must be caught exactly when the control really changes the bits of a row the transform
+    visits; the gradient (exp((z - m) - log s) per entry) exposes it reliably."""
+    assert SPEC.controls["batch"] is logp_triton_size_dependent
+    fn = SPEC.transforms["batch"]
+    case = _case(_cases(device), "T33-V1000")
+    x, t = case.inputs["logits"], case.inputs["targets"]
+    full = logp_triton_size_dependent(x, t)
+    visited = [0, 32, 16]
+    changed = any(not bits_equal(logp_triton_size_dependent(x[r:r + 1], t[r:r + 1]), full[r:r + 1])
+                  for r in visited)
+    pairs = fn(logp_triton_size_dependent, case, "forward", False)
+    caught = any(not bits_equal(p.canonical, p.transformed) for p in pairs)
+    assert caught == changed
+    # the gradient check catches it for sure
+    gcase = _grad_cases(device)[0]
+    gpairs = fn(logp_triton_size_dependent, gcase, "gradient", False)
+    assert any(not bits_equal(p.canonical, p.transformed) for p in gpairs), "size-dependent tile not caught"
+    # and the real kernel passes the same check
+    assert all(bits_equal(p.canonical, p.transformed) for p in fn(logp_triton, gcase, "gradient", False))
+
+
+# -- bad inputs -------------------------------------------------------------------------------------
+
+
+def _bad_inputs(device):
+    x = torch.randn(4, 10, device=device)
+    t = torch.tensor([0, 1, 2, 9], device=device)
+    return [
+        ("bf16 logits", dict(logits=x.bfloat16(), targets=t), "dtype"),
+        ("1-D logits", dict(logits=x[0], targets=t), "dimensions"),
+        ("int32 targets", dict(logits=x, targets=t.int()), "dtype"),
+        ("targets length", dict(logits=x, targets=t[:3]), "shape"),
+        ("target = V", dict(logits=x, targets=torch.tensor([0, 1, 2, 10], device=device)), "outside"),
+        ("target = -1", dict(logits=x, targets=torch.tensor([0, -1, 2, 3], device=device)), "outside"),
+        ("strided V", dict(logits=x.t().contiguous().t(), targets=t), "stride"),
+        ("empty V", dict(logits=torch.zeros(4, 0, device=device), targets=t), "empty"),
+        ("temperature 0", dict(logits=x, targets=t, temperature=0.0), "temperature"),
+        ("temperature < 0", dict(logits=x, targets=t, temperature=-1.0), "temperature"),
+        ("temperature nan", dict(logits=x, targets=t, temperature=float("nan")), "temperature"),
+        ("temperature inf", dict(logits=x, targets=t, temperature=float("inf")), "temperature"),
+        ("temperature tensor", dict(logits=x, targets=t, temperature=torch.tensor(1.0)), "temperature"),
+        ("temperature bool", dict(logits=x, targets=t, temperature=True), "temperature"),
+        ("logits not a tensor", dict(logits=x.tolist(), targets=t), "Tensor"),
+    ]
+
+
+@pytest.mark.parametrize("idx", range(15))
+def test_bad_inputs_raise(device, idx):
+    label, kwargs, word = _bad_inputs(device)[idx]
+    with pytest.raises(InputError, match=word):
+        logp_triton(**kwargs)
+
+
+# -- pitfalls ---------------------------------------------------------------------------------------
+
+
+def test_pitfall_p4_vocab_151936(device, contract):
+    tol = contract.tolerance("forward", "logprob", "float32")
+    x = torch.zeros((3, P4_VOCAB), dtype=torch.float32, device=device)
+    x[1, 5] = -20.0
+    x[2, P4_VOCAB - 1] = 10.0  # in the last, partial tile
+    t = torch.tensor([P4_VOCAB - 1, 5, P4_VOCAB - 1], device=device)
+    out = logp_triton(x, t)
+    expected = torch.tensor([-11.931215, -31.931208, -2.0665891], device=device)
+    _check_close(out, expected, tol)
+    assert float(out[0]) == pytest.approx(-math.log(P4_VOCAB), abs=tol.atol)
+    # the BF16 baseline shows what the pitfall is about (BF16 storage of -11.93 is -11.9375)
+    base = SPEC.impls["torch_bf16"](logits=x, targets=t)
+    assert (base - expected).abs().max().item() > tol.atol
+
+
+def test_pitfall_p5_unfused(device, contract):
+    """Hidden size 2, h = [1, 1]; LM-head rows A = [40, 40.25], B = [40, 40], the rest 0. FP32
+    logits (A = 80.25, B = 80.0) scored by logp give -0.5759394 and -0.8259394 (BF16 logits would
+    give -0.6931472 for A)."""
+    tol = contract.tolerance("forward", "logprob", "float32")
+    a, b = 7, P4_VOCAB - 1
+    hidden = torch.ones((2, 2), dtype=torch.bfloat16, device=device)
+    weight = torch.zeros((P4_VOCAB, 2), dtype=torch.bfloat16, device=device)
+    weight[a] = torch.tensor([40.0, 40.25])
+    weight[b] = torch.tensor([40.0, 40.0])
+    logits = hidden.float() @ weight.float().T
+    out = logp_triton(logits, torch.tensor([a, b], device=device))
+    _check_close(out, torch.tensor([-0.5759394, -0.8259394], device=device), tol)
+
+
+@pytest.mark.parametrize("temperature, expected", [(0.6, -0.0350524), (1.0, -0.1269280)])
+def test_pitfall_p11_temperature(device, contract, temperature, expected):
+    tol = contract.tolerance("forward", "logprob", "float32")
+    x = torch.tensor([[2.0, 0.0]], device=device)
+    t = torch.tensor([0], device=device)
+    out = logp_triton(x, t, temperature)
+    _check_close(out, torch.tensor([expected], device=device), tol)
+    _check_close(SPEC.impls["reference_fp32"](logits=x, targets=t, temperature=temperature), out, tol)
