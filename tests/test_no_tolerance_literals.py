@@ -7,73 +7,17 @@ An AST scan of every .py under rl_engine/ and tests/ fails on
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from rl_engine.audit.scan import tolerance_literals
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("rl_engine", "tests")
-KEYWORDS = {"atol", "rtol", "tol", "tolerance", "threshold"}
-NAME_PARTS = ("atol", "rtol", "tolerance")
-
-
-def _is_numeric_literal(node: ast.AST) -> bool:
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
-        return _is_numeric_literal(node.operand)
-    return (isinstance(node, ast.Constant) and isinstance(node.value, (int, float, complex))
-            and not isinstance(node.value, bool))
-
-
-def _target_names(target: ast.AST) -> list[str]:
-    if isinstance(target, ast.Name):
-        return [target.id]
-    if isinstance(target, ast.Attribute):
-        return [target.attr]
-    return []
-
-
-def _pairs(target: ast.AST, value: ast.AST | None):
-    """(name, value) pairs of an assignment, unpacking tuple/list targets against tuple/list values."""
-    if value is None:
-        return
-    if isinstance(target, (ast.Tuple, ast.List)):
-        if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts):
-            for t, v in zip(target.elts, value.elts):
-                yield from _pairs(t, v)
-        return
-    for name in _target_names(target):
-        yield name, value
 
 
 def scan_source(source: str, filename: str) -> list[str]:
-    """Findings as ``file:line: message``."""
-    tree = ast.parse(source, filename=filename)
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.keyword) and node.arg in KEYWORDS and _is_numeric_literal(node.value):
-            found.append(f"{filename}:{node.value.lineno}: keyword {node.arg}={ast.unparse(node.value)}")
-        pairs = []
-        if isinstance(node, ast.Assign):
-            for t in node.targets:
-                pairs += list(_pairs(t, node.value))
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-            pairs += list(_pairs(node.target, node.value))
-        elif isinstance(node, ast.NamedExpr):
-            pairs += list(_pairs(node.target, node.value))
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            # default values of parameters named like a tolerance: def f(atol=1e-2)
-            args = node.args
-            positional = args.posonlyargs + args.args
-            for a, d in zip(positional[len(positional) - len(args.defaults):], args.defaults):
-                pairs.append((a.arg, d))
-            for a, d in zip(args.kwonlyargs, args.kw_defaults):
-                if d is not None:
-                    pairs.append((a.arg, d))
-        for name, value in pairs:
-            lowered = name.lower()
-            hit = any(p in lowered for p in NAME_PARTS) or lowered in KEYWORDS
-            if hit and _is_numeric_literal(value):
-                found.append(f"{filename}:{value.lineno}: {name} = {ast.unparse(value)}")
-    return found
+    """Findings as ``file:line: message`` (the scanner is the audit's, rl_engine.audit.scan)."""
+    return [f"{f}:{line}: {msg}" for f, line, msg in tolerance_literals(source, filename)]
 
 
 def scan_tree(root: Path) -> list[str]:

@@ -128,6 +128,14 @@ def render_markdown(ev: dict[str, Any]) -> str:
                          f"{_fmt(r['p999'])} | {r['atol']:g} / {r['rtol']:g} | {_fmt(r['baseline_max_abs'])} | "
                          f"{'yes' if r['passed'] and r['rel_ok'] is not False else 'NO'} |")
         lines.append("")
+    audit = ev.get("audit")
+    if audit:
+        lines += ["## Conformance audit (`rl-engine audit`)", "",
+                  f"Overall: {'conformant' if audit['conformant'] else 'NON-CONFORMANT'}" + (f" — {audit['error']}" if audit.get("error") else ""), "",
+                  "| component | status | findings |", "|---|---|---|"]
+        for r in audit["rows"]:
+            lines.append(f"| {r['component']} | {r['status']} | {'; '.join(r['findings'][:3]) or '—'} |")
+        lines.append("")
     lines += [f"Invariance is bitwise on raw bits (+0 ≠ −0), NaN policy `{_nan_policy(ev)}`. Every invariance cell also ran its "
               "negative controls; a control that is not caught turns the cell red.", ""]
     return "\n".join(lines)

@@ -210,6 +210,13 @@ def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str
         "root_cause": None,
         "wall_time_s": 0.0,
     }
+    try:
+        from rl_engine.audit import run_audit
+
+        rows = run_audit()
+        evidence["audit"] = {"conformant": all(r.status == "conformant" for r in rows), "rows": [r.as_dict() for r in rows]}
+    except Exception as exc:  # the audit must not cost the run; its failure is recorded
+        evidence["audit"] = {"conformant": False, "rows": [], "error": f"{type(exc).__name__}: {exc}"}
     path = config.out_dir / "evidence.json"
     states: dict[str, _OpState] = {}
     for i, key in enumerate(keys):

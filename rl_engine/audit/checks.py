@@ -1,0 +1,280 @@
+"""The audit checks. Each returns an :class:`AuditRow` whose ``basis`` points at ``file:line``.
+
+A row is ``conformant`` only when its check ran and found nothing; the table can therefore never
+claim more than the code does.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl_engine import OPS
+from rl_engine.audit import scan
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+CONFORMANT, NONCONFORMANT = "conformant", "non-conformant"
+
+
+@dataclass
+class AuditRow:
+    component: str
+    status: str
+    basis: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def _where(obj: Any, root: Path) -> str:
+    try:
+        src = Path(inspect.getsourcefile(obj))
+        line = inspect.getsourcelines(obj)[1]
+        return f"{_rel(src, root)}:{line}"
+    except (TypeError, OSError):
+        return repr(obj)
+
+
+def check_tf32_dots(root: Path) -> AuditRow:
+    findings, basis, total = [], [], 0
+    for path in scan.python_files(root):
+        src = path.read_text()
+        n = scan.count_dots(src, _rel(path, root))
+        total += n
+        if n:
+            basis.append(f"{_rel(path, root)} ({n} tl.dot)")
+        findings += [f"{f}:{line}: {msg}" for f, line, msg in scan.unsafe_dots(src, _rel(path, root))]
+    status = CONFORMANT if not findings else NONCONFORMANT
+    return AuditRow(f"every tl.dot has input_precision='ieee' ({total} found)", status, basis, findings)
+
+
+def check_reference_guard(root: Path) -> AuditRow:
+    """Run every reference (forward and backward, smoke shapes) with TF32 switched ON globally and
+    every PyTorch matmul entry point wrapped: a matmul that runs while TF32 is allowed is a finding,
+    named by the file and line that called it."""
+    import traceback
+
+    import torch.nn.functional as F
+
+    from rl_engine.ops.execute import run_forward, run_gradient, upcast_inputs
+
+    hits: list[str] = []
+    calls = [0]
+    targets = [(torch, "matmul"), (torch, "mm"), (torch, "bmm"), (torch, "einsum"), (F, "linear"),
+               (torch.Tensor, "__matmul__"), (torch.Tensor, "matmul"), (torch.Tensor, "mm"), (torch.Tensor, "bmm")]
+    saved = [(obj, name, getattr(obj, name)) for obj, name in targets]
+
+    def wrap(original, label):
+        def wrapper(*a, **k):
+            calls[0] += 1
+            if torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest":
+                frame = traceback.extract_stack(limit=2)[0]  # the direct caller
+                hits.append(f"{_rel(Path(frame.filename), root)}:{frame.lineno}: {label} ran with TF32 allowed")
+            return original(*a, **k)
+        return wrapper
+
+    prev = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+
+    def fn(spec, w):
+        case = spec.build_cases(w, 0, torch.device("cpu"))[0]
+        run_forward(spec.impls["reference_fp32"], upcast_inputs(case.inputs))
+        if spec.grad_inputs and spec.build_grad_cases is not None:
+            gcase = spec.build_grad_cases(w, 0, torch.device("cpu"))[0]
+            run_gradient(spec.impls["reference_fp32"], upcast_inputs(gcase.inputs), spec.grad_inputs)
+        return []
+
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
+        for obj, name, original in saved:
+            setattr(obj, name, wrap(original, name))
+        findings, basis = _run_specs(fn, root)
+    finally:
+        for obj, name, original in saved:
+            setattr(obj, name, original)
+        torch.backends.cuda.matmul.allow_tf32 = prev[0]
+        torch.set_float32_matmul_precision(prev[1])
+    findings += sorted(set(hits))
+    basis = [f"{calls[0]} matmul calls traced with TF32 enabled outside the guard"] + basis
+    return AuditRow("no reference matmul can run in TF32 (references executed with TF32 enabled globally)",
+                    CONFORMANT if not findings else NONCONFORMANT, basis, findings)
+
+
+def check_tolerance_literals(root: Path) -> AuditRow:
+    findings = []
+    files = list(scan.python_files(root, ("rl_engine", "tests")))
+    for path in files:
+        findings += [f"{f}:{line}: {msg}" for f, line, msg in scan.tolerance_literals(path.read_text(), _rel(path, root))]
+    status = CONFORMANT if not findings else NONCONFORMANT
+    return AuditRow("no tolerance literal outside the contract", status, [f"{len(files)} files scanned"], findings)
+
+
+def _run_specs(fn: Callable[[Any, Any], list[str]], root: Path) -> tuple[list[str], list[str]]:
+    from rl_engine.ops.registry import get_spec
+    from rl_engine.ops.spec import WORKLOADS
+
+    findings, basis = [], []
+    w = WORKLOADS["smoke"]
+    for op in OPS:
+        try:
+            spec = get_spec(op)
+        except Exception as exc:
+            findings.append(f"{op}: spec not importable: {type(exc).__name__}: {exc}")
+            continue
+        try:
+            findings += fn(spec, w)
+        except Exception as exc:
+            findings.append(f"{op}: check raised {type(exc).__name__}: {exc}")
+        basis.append(_where(spec.impls.get("reference_fp32"), root) if spec.impls.get("reference_fp32") else op)
+    return findings, basis
+
+
+def check_reference_dtypes(root: Path) -> AuditRow:
+    from rl_engine.ops.execute import run_forward, run_gradient, upcast_inputs
+
+    def fn(spec, w):
+        out = []
+        case = spec.build_cases(w, 0, torch.device("cpu"))[0]
+        for i, r in enumerate(run_forward(spec.impls["reference_fp32"], upcast_inputs(case.inputs))):
+            if r.is_floating_point() and r.dtype != torch.float32:
+                out.append(f"{spec.name}: reference output {i} is {r.dtype}")
+        if spec.grad_inputs and spec.build_grad_cases is not None:
+            gcase = spec.build_grad_cases(w, 0, torch.device("cpu"))[0]
+            _, grads, _ = run_gradient(spec.impls["reference_fp32"], upcast_inputs(gcase.inputs), spec.grad_inputs)
+            out += [f"{spec.name}: reference gradient d{n} is {g.dtype}" for n, g in grads.items() if g.dtype != torch.float32]
+        return out
+
+    findings, basis = _run_specs(fn, root)
+    return AuditRow("every FP32 reference returns FP32 outputs and gradients (executed at smoke shapes)",
+                    CONFORMANT if not findings else NONCONFORMANT, basis, findings)
+
+
+def check_logprob_dtypes(root: Path, backends: list[str]) -> AuditRow:
+    from rl_engine.contract import load_contract
+    from rl_engine.ops.execute import run_forward
+    from rl_engine.ops.registry import get_spec
+    from rl_engine.ops.spec import WORKLOADS
+
+    contract = load_contract()
+    ops = list(contract.data["op_classes"]["logprob"]) + ["lm_head"]
+    findings, basis = [], []
+    for op in ops:
+        spec = get_spec(op)
+        case = spec.build_cases(WORKLOADS["smoke"], 0, torch.device("cuda" if torch.cuda.is_available() else "cpu"))[0]
+        for b in backends + ["torch_bf16"]:
+            impl = spec.impls.get(b)
+            if impl is None:
+                continue
+            basis.append(_where(impl, root))
+            outs = run_forward(impl, case.inputs)
+            if outs[0].dtype != torch.float32:
+                findings.append(f"{op}/{b}: output is {outs[0].dtype}, the contract requires float32")
+    return AuditRow(f"logprob ops and lm_head logits are FP32 on every backend ({', '.join(backends + ['torch_bf16'])})",
+                    CONFORMANT if not findings else NONCONFORMANT, basis, findings)
+
+
+def check_declared_exceptions(root: Path) -> AuditRow:
+    from rl_engine.contract import load_contract
+
+    c = load_contract()
+    findings, basis = [], []
+    from rl_engine.ops.det_gemm import triton as dg
+
+    basis.append(f"{_rel(Path(dg.__file__), root)} TREE_DEPTH={dg.TREE_DEPTH}")
+    if dg.TREE_DEPTH != c.det_gemm["tree_depth"]:
+        findings.append(f"det_gemm TREE_DEPTH {dg.TREE_DEPTH} != contract tree_depth {c.det_gemm['tree_depth']}")
+    for op in ("rms_norm", "qk_norm"):
+        mod = __import__(f"rl_engine.ops.{op}.triton", fromlist=["x"])
+        fn = getattr(mod, f"{op}_triton")
+        default = inspect.signature(fn).parameters["order"].default
+        basis.append(f"{_where(fn, root)} order default {default!r}")
+        if default != c.rms_norm_order:
+            findings.append(f"{op}_triton default order {default!r} != contract {c.rms_norm_order!r}")
+    from rl_engine.ops.lm_head import triton as lm
+
+    basis.append(_rel(Path(lm.__file__), root))
+    if c.logits_dtype != "float32":
+        findings.append(f"contract logits dtype {c.logits_dtype} is not float32")
+    return AuditRow("declared exceptions equal the constants the kernels use (det_gemm tree, RMSNorm order, FP32 logits)",
+                    CONFORMANT if not findings else NONCONFORMANT, basis, findings)
+
+
+def check_bitwise_comparator(root: Path) -> AuditRow:
+    from rl_engine.contract import load_contract
+    from rl_engine.gate.compare import compare_bitwise
+
+    pos = torch.tensor([0x0000], dtype=torch.int16).view(torch.bfloat16)
+    neg = torch.tensor([-0x8000], dtype=torch.int16).view(torch.bfloat16)
+    rep = compare_bitwise("probe", pos, neg, load_contract().nan_policy)
+    same = compare_bitwise("probe", pos, pos.clone(), load_contract().nan_policy)
+    findings = []
+    if rep.passed:
+        findings.append("+0 and -0 judged equal")
+    if not same.passed:
+        findings.append("+0 vs +0 judged different")
+    return AuditRow("invariance comparator works on raw bits (+0 / -0 probe)", CONFORMANT if not findings else NONCONFORMANT,
+                    [_where(compare_bitwise, root)], findings)
+
+
+def check_gate_coverage(root: Path, backends: list[str]) -> AuditRow:
+    from rl_engine.contract import load_contract
+    from rl_engine.gate.runner import JUDGMENTS, GateConfig, plan
+    from rl_engine.ops.registry import get_spec
+    from rl_engine.ops.spec import TRANSFORMS, WORKLOADS
+
+    findings = []
+    cfg = GateConfig(ops=list(OPS), backends=backends, judgments=[j for j in JUDGMENTS if j != "chain_parity"],
+                     workload=WORKLOADS["smoke"], out_dir=Path("."))
+    keys = {(k.op, k.backend, k.judgment, k.transform) for k in plan(cfg)}
+    for op in OPS:
+        spec = get_spec(op)
+        for b in backends:
+            if b not in spec.impls:
+                findings.append(f"{op}: no {b} implementation")
+            for j in ("forward_accuracy", "gradient_accuracy"):
+                if (op, b, j, None) not in keys:
+                    findings.append(f"{op}/{b}/{j} not planned")
+            for j in ("forward_invariance", "gradient_invariance"):
+                for t in TRANSFORMS:
+                    if (op, b, j, t) not in keys:
+                        findings.append(f"{op}/{b}/{j}/{t} not planned")
+        for t in TRANSFORMS:
+            d = spec.transform(t)
+            if isinstance(d, str) and not d.strip():
+                findings.append(f"{op}: transform {t} is N/A without a reason")
+    _ = load_contract()
+    return AuditRow(f"every required op has all its cells registered in the gate ({', '.join(backends)})",
+                    CONFORMANT if not findings else NONCONFORMANT, [_where(plan, root)], findings)
+
+
+def run_audit(root: Path | None = None, execute: bool = True) -> list[AuditRow]:
+    """Run every check. ``execute=False`` skips the checks that run code (static scans only)."""
+    root = root or PACKAGE_ROOT
+    rows = [check_tf32_dots(root), check_tolerance_literals(root)]
+    if execute:
+        rows.append(check_reference_guard(root))
+        from rl_engine.backends.registry import availability
+        from rl_engine.contract import load_contract
+
+        required = load_contract().required_backends()
+        runnable = [b for b in required if availability(b)[0]]
+        for check in (check_reference_dtypes,):
+            rows.append(check(root))
+        rows.append(check_logprob_dtypes(root, runnable))
+        rows.append(check_declared_exceptions(root))
+        rows.append(check_bitwise_comparator(root))
+        rows.append(check_gate_coverage(root, [b for b in ("triton_cuda_bf16",) if b in required]))
+    return rows
