@@ -14,7 +14,11 @@ def register(sub) -> None:
     p.add_argument("--workload", default=None, help="smoke or qwen3-8b (default: qwen3-8b with a GPU, smoke without)")
     p.add_argument("--ops", nargs="+", default=None, help="ops to judge (default: all 13)")
     p.add_argument("--judgments", nargs="+", default=None, help="judgments to run (default: all)")
-    p.add_argument("--out", required=True, help="output folder (created if missing)")
+    p.add_argument("--out", default=None, help="output folder (created if missing); required unless --resume")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="finish an interrupted run in DIR: only its missing cells run, against the same commit, contract and workload")
+    p.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
+                   help="mark a cell that runs longer red with reason 'timeout' (default: no limit)")
     p.add_argument("--seed", type=int, default=0, help="base seed of every input builder (default 0)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
@@ -45,6 +49,23 @@ def run(args) -> int:
     from rl_engine.gate.runner import JUDGMENTS, GateConfig, resolve_backends, run_gate
     from rl_engine.ops.spec import get_workload
 
+    resume = None
+    if args.resume:
+        from rl_engine.gate import evidence as evidence_io
+
+        resume = evidence_io.load(Path(args.resume) / "evidence.json")
+        if resume.get("complete"):
+            raise RLEngineError(f"{args.resume}/evidence.json is already complete; nothing to resume")
+        if args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+            raise RLEngineError("--resume writes into its own folder; leave out --out or give the same folder")
+        args.out = args.resume
+        args.workload = resume["workload"]["name"]
+        args.ops = resume["ops"]
+        args.judgments = resume["judgments"]
+        args.backend = ",".join(resume["backends"]["judged"])
+        args.seed = resume.get("seed", args.seed)
+    if not args.out:
+        raise RLEngineError("--out DIR is required (or --resume DIR)")
     workload_name = args.workload or ("qwen3-8b" if gpu else "smoke")
     workload = get_workload(workload_name)
     ops = args.ops or list(OPS)
@@ -66,7 +87,10 @@ def run(args) -> int:
     for lo in left_out:
         print(f"rl-engine gate: backend {lo['backend']} left out: {lo['reason']}", file=sys.stderr)
     config = GateConfig(ops=ops, backends=backends, judgments=judgments, workload=workload, out_dir=out,
-                        seed=args.seed, requested_backends=[args.backend], left_out=left_out)
+                        seed=args.seed, requested_backends=[args.backend], left_out=left_out,
+                        cell_timeout=args.cell_timeout, resume=resume)
+    if resume is not None:
+        _check_resume(resume, config, contract)
     evidence = _run_with_progress(config, contract)
     md, html = write_reports(evidence, out)
     s = evidence["summary"]
@@ -79,6 +103,21 @@ def run(args) -> int:
         if evidence["root_cause"]:
             print(f"root-cause hint: {evidence['root_cause']['op']}")
     return 0 if s.get("red", 0) == 0 else 1
+
+
+def _check_resume(old, config, contract) -> None:
+    """Refuse (exit 2) when the commit, contract, workload or matrix changed since the first run."""
+    from rl_engine import provenance
+    from rl_engine.errors import RLEngineError
+    from rl_engine.gate.runner import resume_identity
+
+    now = {"provenance": provenance.git_state(), "contract": contract.identity(),
+           "workload": config.workload.as_dict(), "ops": config.ops, "judgments": config.judgments,
+           "backends": {"judged": config.backends}, "seed": config.seed}
+    a, b = resume_identity(old), resume_identity(now)
+    changed = [k for k in a if a[k] != b[k]]
+    if changed:
+        raise RLEngineError("cannot resume: " + "; ".join(f"{k} was {a[k]!r}, now {b[k]!r}" for k in changed))
 
 
 def _chain_available() -> bool:

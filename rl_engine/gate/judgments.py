@@ -162,3 +162,41 @@ def invariance(spec: OpSpec, impl, transform: str, case: Case, direction: str,
         "case": case.id, "nan_policy": contract.nan_policy,
         "pairs": [r.as_dict() for r in reps], "controls": controls,
     }
+
+
+def repeat(spec: OpSpec, backend: str, fresh: dict[str, torch.Tensor], fresh_error: str | None, workload, seed: int,
+           device: torch.device, contract: Contract) -> tuple[str, str, dict[str, Any]]:
+    """The same cell twice in this process and once in a fresh process: identical bits.
+
+    Negative control: a planted one-ulp change on the second run must be caught.
+    """
+    from rl_engine.gate.fresh import outputs_for
+    from rl_engine.ops.transforms import plant_ulp
+
+    first = outputs_for(spec.name, backend, workload.name, seed, device)
+    second = outputs_for(spec.name, backend, workload.name, seed, device)
+    reps, failures = [], []
+    for name, a in first.items():
+        r = compare_bitwise(f"{name} (run 1 vs run 2)", a, second[name], contract.nan_policy)
+        reps.append(r.as_dict())
+        if not r.passed:
+            failures.append(r.summary())
+        if fresh_error:
+            continue
+        if name not in fresh:
+            failures.append(f"{name}: missing from the fresh-process run")
+            continue
+        rf = compare_bitwise(f"{name} (this process vs fresh process)", a, fresh[name], contract.nan_policy)
+        reps.append(rf.as_dict())
+        if not rf.passed:
+            failures.append(rf.summary())
+    if fresh_error:
+        failures.append(f"fresh-process run failed: {fresh_error}")
+    name0 = next(iter(first))
+    caught = not compare_bitwise("control", first[name0], plant_ulp(second[name0]), contract.nan_policy).passed
+    if not caught:
+        failures.append("negative control (planted one-ulp change) was not caught")
+    status = GREEN if not failures else RED
+    return status, "; ".join(failures[:5]), {"nan_policy": contract.nan_policy, "pairs": reps,
+                                              "controls": [{"control": "planted one-ulp change on run 2", "caught": caught}]}
+

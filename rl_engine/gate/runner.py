@@ -7,8 +7,11 @@ rewritten atomically after every cell (``complete: false`` until the end).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -27,7 +30,8 @@ from rl_engine.gate import judgments as J
 from rl_engine.ops.registry import get_spec
 from rl_engine.ops.spec import TRANSFORMS, Workload
 
-JUDGMENTS = ("forward_accuracy", "gradient_accuracy", "forward_invariance", "gradient_invariance", "chain_parity")
+JUDGMENTS = ("forward_accuracy", "gradient_accuracy", "forward_invariance", "gradient_invariance", "repeat",
+             "chain_parity")
 DEFAULT_JUDGMENTS = JUDGMENTS
 
 
@@ -49,6 +53,10 @@ class GateConfig:
     seed: int = 0
     requested_backends: list[str] = field(default_factory=list)
     left_out: list[dict[str, str]] = field(default_factory=list)
+    cell_timeout: float | None = None
+    """Seconds a cell may run before it is marked red with reason ``timeout`` (None: no limit)."""
+    resume: dict[str, Any] | None = None
+    """A previous, incomplete evidence to finish (cells already there are kept, not re-run)."""
 
 
 def resolve_backends(requested: str | None) -> tuple[list[str], list[dict[str, str]]]:
@@ -86,6 +94,9 @@ def plan(config: GateConfig) -> list[CellKey]:
             for j in config.judgments:
                 if j == "chain_parity":
                     continue
+                if j == "repeat":
+                    keys.append(CellKey(op, backend, j))
+                    continue
                 if j in ("forward_invariance", "gradient_invariance"):
                     keys += [CellKey(op, backend, j, t) for t in TRANSFORMS]
                 else:
@@ -117,10 +128,44 @@ def root_cause(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
             "hint": f"{first['op']} is the earliest failing op in the model's op order; fix it first, later ops may inherit its error"}
 
 
+class _FreshRuns:
+    """One fresh Python process per backend computes every op's repeat outputs (lazily, once)."""
+
+    def __init__(self, ops: list[str], workload: Workload, seed: int, out_dir: Path):
+        self.ops, self.workload, self.seed, self.out_dir = ops, workload, seed, out_dir
+        self._done: dict[str, tuple[dict[str, torch.Tensor], dict[str, str], str | None]] = {}
+
+    def get(self, op: str, backend: str) -> tuple[dict[str, torch.Tensor], str | None]:
+        if backend not in self._done:
+            self._done[backend] = self._run(backend)
+        tensors, errors, failure = self._done[backend]
+        if failure:
+            return {}, failure
+        return {k: v for k, v in tensors.items() if k.startswith(op + ".")}, errors.get(op)
+
+    def _run(self, backend: str):
+        import os
+        import subprocess
+        import sys
+        import tempfile
+
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.out_dir, prefix=".repeat-") as tmp:
+            target = Path(tmp) / "fresh.pt"
+            cmd = [sys.executable, "-m", "rl_engine.gate.fresh", "--backend", backend, "--workload", self.workload.name,
+                   "--seed", str(self.seed), "--ops", *self.ops, "--out", str(target)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+            if proc.returncode != 0 or not target.exists():
+                return {}, {}, f"fresh process exited {proc.returncode}: {proc.stderr.strip()[-500:]}"
+            data = torch.load(target, map_location="cpu", weights_only=True)
+        return data["tensors"], data["errors"], None
+
+
 class _OpState:
     """Cases and reference results of one op, built lazily and shared by every backend."""
 
-    def __init__(self, op: str, workload: Workload, seed: int, device: torch.device):
+    def __init__(self, op: str, workload: Workload, seed: int, device: torch.device, fresh: _FreshRuns | None = None):
+        self._fresh_runs = fresh
         self.spec = get_spec(op)
         self.workload, self.seed, self.device = workload, seed, device
         self._fwd: list[J.CaseResults] | None = None
@@ -148,6 +193,12 @@ class _OpState:
             self._grad = [J.prepare_gradient(self.spec, c) for c in self.grad_cases()]
         return self._grad
 
+    def fresh(self, backend: str) -> tuple[dict[str, torch.Tensor], str | None]:
+        if self._fresh_runs is None:
+            return {}, "no fresh-process runner configured"
+        tensors, error = self._fresh_runs.get(self.spec.name, backend)
+        return {k: v.to(self.device) for k, v in tensors.items()}, error
+
     def invariance_case(self, direction: str):
         if direction == "gradient" or self.spec.build_grad_cases is not None:
             if self.spec.build_grad_cases is not None:
@@ -164,6 +215,9 @@ def run_cell(state: _OpState, key: CellKey, contract: Contract) -> tuple[str, st
     kid = kernel_id(key.op, key.backend, impl)
     if key.judgment == "forward_accuracy":
         return (*J.forward_accuracy(spec, impl, state.forward(), contract), kid)
+    if key.judgment == "repeat":
+        fresh, error = state.fresh(key.backend)
+        return (*J.repeat(spec, key.backend, fresh, error, state.workload, state.seed, state.device, contract), kid)
     if key.judgment == "gradient_accuracy":
         if not spec.grad_inputs:
             return J.NA, spec.no_grad_reason or "no input of this op takes a gradient", {}, kid
@@ -183,6 +237,41 @@ def _chain_cells(config: GateConfig, contract: Contract, backend: str) -> tuple[
     except ImportError:
         return J.RED, "chain_parity requested but the Qwen3 chain is not implemented yet", {}, None
     return chain_parity_cell(backend, config.workload, contract, config.seed)
+
+
+class CellTimeout(Exception):
+    """A cell ran past ``--cell-timeout``."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None):
+    """Raise CellTimeout in the main thread after ``seconds`` (SIGALRM; a no-op off the main thread).
+
+    A Python-level limit: a GPU kernel that never returns cannot be interrupted this way; kill the
+    process and finish with ``--resume``.
+    """
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def handler(signum, frame):
+        raise CellTimeout()
+
+    old = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def resume_identity(evidence: dict[str, Any]) -> dict[str, Any]:
+    """What must not change between a run and its resumption."""
+    return {"git_commit": evidence["provenance"].get("git_commit"), "git_dirty": evidence["provenance"].get("git_dirty"),
+            "contract_sha256": evidence["contract"]["sha256"], "workload": evidence["workload"]["name"],
+            "ops": list(evidence["ops"]), "judgments": list(evidence["judgments"]),
+            "backends": list(evidence["backends"]["judged"]), "seed": evidence.get("seed")}
 
 
 def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str, Any], int, int], None] | None = None,
@@ -219,19 +308,36 @@ def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str
         evidence["audit"] = {"conformant": False, "rows": [], "error": f"{type(exc).__name__}: {exc}"}
     path = config.out_dir / "evidence.json"
     states: dict[str, _OpState] = {}
+    fresh = _FreshRuns(config.ops, config.workload, config.seed, config.out_dir)
+    done: dict[tuple[Any, ...], dict[str, Any]] = {}
+    if config.resume is not None:
+        for c in config.resume["cells"]:
+            done[(c["op"], c["backend"], c["judgment"], c.get("transform"))] = c
+        evidence["resumed_from"] = {"cells_kept": len(done), "wall_time_s": config.resume.get("wall_time_s")}
     for i, key in enumerate(keys):
+        previous = done.get((key.op, key.backend, key.judgment, key.transform))
+        if previous is not None:
+            evidence["cells"].append(previous)
+            evidence["summary"][previous["status"]] = evidence["summary"].get(previous["status"], 0) + 1
+            if on_cell is not None:
+                on_cell(previous, i + 1, len(keys))
+            continue
         start = time.perf_counter()
         kid = None
         try:
-            if key.judgment == "chain_parity":
-                status, reason, details, kid = _chain_cells(config, contract, key.backend)
-            else:
-                if key.op not in states:
-                    states.clear()  # one op's tensors at a time
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                    states[key.op] = _OpState(key.op, config.workload, config.seed, device)
-                status, reason, details, kid = run_cell(states[key.op], key, contract)
+            with _time_limit(config.cell_timeout):
+                if key.judgment == "chain_parity":
+                    status, reason, details, kid = _chain_cells(config, contract, key.backend)
+                else:
+                    if key.op not in states:
+                        states.clear()  # one op's tensors at a time
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+                        states[key.op] = _OpState(key.op, config.workload, config.seed, device, fresh)
+                    status, reason, details, kid = run_cell(states[key.op], key, contract)
+        except CellTimeout:
+            status, reason, details = J.RED, f"timeout: the cell ran longer than {config.cell_timeout:g} s", {}
+            states.clear()
         except Exception as exc:  # per-cell isolation: the run goes on
             status, reason = J.RED, f"{type(exc).__name__}: {exc}"
             details = {"traceback": traceback.format_exc(limit=8)}

@@ -1,0 +1,64 @@
+"""Fresh-process outputs for the ``repeat`` judgment.
+
+``python -m rl_engine.gate.fresh --backend B --workload W --seed S --ops OP... --out FILE`` builds
+each op's first case (the same seeded inputs the gate builds), runs forward and backward once in
+this new process, and saves the results with ``torch.save`` (read back with
+``weights_only=True``). The gate compares them bit for bit with its own two in-process runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import torch
+
+
+def outputs_for(op: str, backend: str, workload_name: str, seed: int, device: torch.device) -> dict[str, torch.Tensor]:
+    from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
+    from rl_engine.ops.registry import get_spec
+    from rl_engine.ops.spec import get_workload
+
+    spec = get_spec(op)
+    impl = spec.impls[backend]
+    case = spec.build_cases(get_workload(workload_name), seed, device)[0]
+    result: dict[str, torch.Tensor] = {}
+    for i, o in enumerate(run_forward(impl, case.inputs)):
+        result[f"{op}.fwd.{i}"] = o.detach().cpu()
+    if spec.grad_inputs and spec.build_grad_cases is not None:
+        gcase = spec.build_grad_cases(get_workload(workload_name), seed + 500, device)[0]
+        probe = run_forward(spec.impls["torch_bf16"], gcase.inputs)
+        up = make_upstream(probe, gcase.seed + 1000)
+        _, grads, _ = run_gradient(impl, gcase.inputs, spec.grad_inputs, upstream=up)
+        for name, g in grads.items():
+            result[f"{op}.bwd.d{name}"] = g.detach().cpu()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rl_engine.gate.fresh")
+    p.add_argument("--backend", required=True)
+    p.add_argument("--workload", required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--ops", nargs="+", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    from rl_engine import env
+
+    if not torch.cuda.is_available() and not env.triton_interpret():
+        env.enable_triton_interpreter()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    saved: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for op in args.ops:
+        try:
+            saved.update(outputs_for(op, args.backend, args.workload, args.seed, device))
+        except Exception as exc:  # recorded per op; the gate turns it into a red cell
+            errors[op] = f"{type(exc).__name__}: {exc}"
+    torch.save({"tensors": saved, "errors": errors}, args.out)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
