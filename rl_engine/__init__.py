@@ -23,4 +23,13 @@ OPS = (
 )
 """The 13 required ops, in the order they appear in a Qwen3 dense forward pass (model op order)."""
 
-__all__ = ["OPS", "__version__"]
+
+
+def register_backend(*args, **kwargs):
+    """Register an external backend for the gate; see :func:`rl_engine.backends.plugins.register_backend`."""
+    from rl_engine.backends.plugins import register_backend as _register
+
+    return _register(*args, **kwargs)
+
+
+__all__ = ["OPS", "__version__", "register_backend"]

@@ -93,7 +93,7 @@ def test_cells_cover_the_plan_and_explain_themselves(clean_run):
         assert re.fullmatch(r"silu/triton_cuda_bf16/silu_triton@[0-9a-f]{12}", cell["kernel_id"])
     statuses = {(c["judgment"], c["transform"]): c["status"] for c in ev["cells"]}
     assert statuses[("forward_invariance", "tp")] == "n/a"  # silu declares tp N/A with a reason
-    assert ev["summary"] == {"green": len(keys) - 2, "red": 0, "n/a": 2}
+    assert ev["summary"] == {"green": len(keys) - 2, "red": 0, "n/a": 2, "not provided": 0}
     assert ev["root_cause"] is None
 
 

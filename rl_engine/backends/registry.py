@@ -49,15 +49,25 @@ def availability(backend: str) -> tuple[bool, str]:
 
 
 def check_backend(backend: str) -> None:
-    """Raise unless ``backend`` is known and can run here."""
+    """Raise unless ``backend`` is known and can run here (built-in, registered, or an adapter)."""
     if backend not in BACKENDS:
+        from rl_engine.backends.plugins import get_plugin
+
+        plugin = get_plugin(backend)  # an adapter whose library is missing raises BackendUnavailable
+        if plugin is not None:
+            ok, why = plugin.availability()
+            if not ok:
+                raise BackendUnavailable(f"backend {backend} cannot run here: {why}")
+            return
         from rl_engine.contract import load_contract
 
         contract = load_contract()
         out_of_scope = contract.data["backend_profiles"]["out_of_scope"]
         if any(key in backend.lower() for key in out_of_scope):
             contract.check_backend_profile(backend)  # raises ContractError naming why it is out of scope
-        raise RLEngineError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+        from rl_engine.backends.plugins import plugin_names
+
+        raise RLEngineError(f"unknown backend {backend!r}; valid: {', '.join(list(BACKENDS) + plugin_names())}")
     ok, why = availability(backend)
     if not ok:
         raise BackendUnavailable(f"backend {backend} cannot run here: {why}")
@@ -73,6 +83,13 @@ def resolve_impl(op: str, backend: str) -> Callable[..., Any]:
     from rl_engine.ops.registry import get_spec
 
     check_backend(backend)
+    if backend not in BACKENDS:
+        from rl_engine.backends.plugins import get_plugin
+
+        plugin = get_plugin(backend)
+        if op not in plugin.ops:
+            raise BackendUnavailable(f"backend {backend} does not provide {op}")
+        return plugin.ops[op]
     spec = get_spec(op)
     if backend not in spec.impls:
         raise BackendUnavailable(f"op {op} has no {backend} implementation")

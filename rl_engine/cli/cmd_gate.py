@@ -98,7 +98,8 @@ def run(args) -> int:
         print(json.dumps({"summary": s, "root_cause": evidence["root_cause"], "evidence": str(out / "evidence.json"),
                           "report_md": str(md), "report_html": str(html), "wall_time_s": evidence["wall_time_s"]}, indent=1))
     else:
-        print(f"green {s.get('green', 0)}  red {s.get('red', 0)}  n/a {s.get('n/a', 0)}  "
+        np_ = f"  not provided {s['not provided']}" if s.get("not provided") else ""
+        print(f"green {s.get('green', 0)}  red {s.get('red', 0)}  n/a {s.get('n/a', 0)}{np_}  "
               f"({evidence['wall_time_s']:.1f} s) -> {out / 'evidence.json'}, {md}, {html}")
         if evidence["root_cause"]:
             print(f"root-cause hint: {evidence['root_cause']['op']}")

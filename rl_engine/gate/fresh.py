@@ -20,13 +20,15 @@ def outputs_for(op: str, backend: str, workload_name: str, seed: int, device: to
     from rl_engine.ops.registry import get_spec
     from rl_engine.ops.spec import get_workload
 
+    from rl_engine.backends.registry import resolve_impl
+
     spec = get_spec(op)
-    impl = spec.impls[backend]
+    impl = spec.impls.get(backend) or resolve_impl(op, backend)
     case = spec.build_cases(get_workload(workload_name), seed, device)[0]
     result: dict[str, torch.Tensor] = {}
     for i, o in enumerate(run_forward(impl, case.inputs)):
         result[f"{op}.fwd.{i}"] = o.detach().cpu()
-    if spec.grad_inputs and spec.build_grad_cases is not None:
+    if spec.grad_inputs and spec.build_grad_cases is not None and _has_backward(op, backend):
         gcase = spec.build_grad_cases(get_workload(workload_name), seed + 500, device)[0]
         probe = run_forward(spec.impls["torch_bf16"], gcase.inputs)
         up = make_upstream(probe, gcase.seed + 1000)
@@ -34,6 +36,17 @@ def outputs_for(op: str, backend: str, workload_name: str, seed: int, device: to
         for name, g in grads.items():
             result[f"{op}.bwd.d{name}"] = g.detach().cpu()
     return result
+
+
+def _has_backward(op: str, backend: str) -> bool:
+    from rl_engine.backends.registry import BACKENDS
+
+    if backend in BACKENDS:
+        return True
+    from rl_engine.backends.plugins import get_plugin
+
+    plugin = get_plugin(backend)
+    return plugin is not None and op in plugin.backward
 
 
 def main(argv: list[str] | None = None) -> int:

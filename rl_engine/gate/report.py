@@ -69,6 +69,7 @@ def render_markdown(ev: dict[str, Any]) -> str:
     lines = [f"# rl_engine gate report — workload `{ev['workload']['name']}`", ""]
     verdict = "PASS (all cells green or n/a)" if s.get("red", 0) == 0 and ev["complete"] else "FAIL" if s.get("red", 0) else "INCOMPLETE"
     lines += [f"**Verdict: {verdict}** — green {s.get('green', 0)}, red {s.get('red', 0)}, n/a {s.get('n/a', 0)}"
+              + (f", not provided {s['not provided']}" if s.get("not provided") else "")
               + ("" if ev["complete"] else " (run incomplete)"), ""]
     lines += ["| field | value |", "|---|---|",
               f"| contract | `{ev['contract_version']}` sha256 `{ev['contract']['sha256'][:16]}…` |",
@@ -92,7 +93,7 @@ def render_markdown(ev: dict[str, Any]) -> str:
             row = []
             for j, t in cols:
                 c = grid.get((op, backend, j, t))
-                row.append("—" if c is None else {"green": "green", "red": "**RED**", "n/a": "n/a"}.get(c["status"], c["status"]))
+                row.append("—" if c is None else {"green": "green", "red": "**RED**", "n/a": "n/a", "not provided": "not provided"}.get(c["status"], c["status"]))
             lines.append(f"| {op} | " + " | ".join(row) + " |")
         lines.append("")
     chain = [c for c in ev["cells"] if c["op"] == "chain"]

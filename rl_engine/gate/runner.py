@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from rl_engine import OPS, provenance
-from rl_engine.backends.registry import KERNEL_BACKENDS, availability, check_backend
+from rl_engine.backends.registry import BACKENDS, KERNEL_BACKENDS, availability, check_backend
 from rl_engine.contract import Contract
 from rl_engine.errors import RLEngineError
 from rl_engine.gate import evidence as evidence_io
@@ -80,6 +80,7 @@ def resolve_backends(requested: str | None) -> tuple[list[str], list[dict[str, s
 def kernel_id(op: str, backend: str, impl: Callable[..., Any]) -> str:
     """``op/backend/function@source-hash``: identifies the exact kernel source that ran."""
     try:
+        impl = inspect.unwrap(impl)
         src = inspect.getsourcefile(impl)
         digest = hashlib.sha256(Path(src).read_bytes()).hexdigest()[:12] if src else "unknown"
     except (TypeError, OSError):
@@ -207,16 +208,55 @@ class _OpState:
         return cases[1] if len(cases) > 1 else cases[0]
 
 
+NOT_PROVIDED = J.NOT_PROVIDED
+
+
+def _plugin_impl(impl):
+    """A plugin's NotImplementedError (parameters it does not support) becomes CaseNotProvided."""
+    def call(**kw):
+        try:
+            return impl(**kw)
+        except NotImplementedError as exc:
+            raise J.CaseNotProvided(str(exc) or "not implemented by the backend") from exc
+
+    call.__name__ = getattr(impl, "__name__", "plugin_impl")
+    call.__wrapped__ = impl
+    return call
+
+
+def _plugin(backend: str):
+    if backend in BACKENDS:
+        return None
+    from rl_engine.backends.plugins import get_plugin
+
+    return get_plugin(backend)
+
+
 def run_cell(state: _OpState, key: CellKey, contract: Contract) -> tuple[str, str, dict[str, Any], str | None]:
     spec = state.spec
-    impl = spec.impls.get(key.backend)
+    plugin = _plugin(key.backend)
+    if plugin is not None:
+        impl = plugin.ops.get(key.op)
+        if impl is None:
+            return NOT_PROVIDED, f"backend {key.backend} does not provide {key.op}", {}, None
+        if key.judgment in ("gradient_accuracy", "gradient_invariance") and key.op not in plugin.backward:
+            return NOT_PROVIDED, f"backend {key.backend} does not provide the backward of {key.op}", {}, None
+        if key.judgment.endswith("_invariance") and key.op not in plugin.batch_invariant:
+            return J.NA, f"backend {key.backend} does not claim batch invariance for {key.op}", {}, None
+        impl = _plugin_impl(impl)
+        spec = _with_impl(spec, key.backend, impl)
+    else:
+        impl = spec.impls.get(key.backend)
     if impl is None:
         return J.RED, f"{key.op} has no {key.backend} implementation", {}, None
     kid = kernel_id(key.op, key.backend, impl)
     if key.judgment == "forward_accuracy":
         return (*J.forward_accuracy(spec, impl, state.forward(), contract), kid)
     if key.judgment == "repeat":
-        fresh, error = state.fresh(key.backend)
+        if plugin is not None and plugin.origin == "python":
+            fresh, error = None, None  # registered in this process only: a fresh process cannot rebuild it
+        else:
+            fresh, error = state.fresh(key.backend)
         return (*J.repeat(spec, key.backend, fresh, error, state.workload, state.seed, state.device, contract), kid)
     if key.judgment == "gradient_accuracy":
         if not spec.grad_inputs:
@@ -231,7 +271,16 @@ def run_cell(state: _OpState, key: CellKey, contract: Contract) -> tuple[str, st
     return (*J.invariance(spec, impl, key.transform, state.invariance_case(direction), direction, contract), kid)
 
 
+def _with_impl(spec, backend: str, impl):
+    """The op spec with a plugin's implementation added under its backend name (a shallow copy)."""
+    import dataclasses
+
+    return dataclasses.replace(spec, impls={**spec.impls, backend: impl})
+
+
 def _chain_cells(config: GateConfig, contract: Contract, backend: str) -> tuple[str, str, dict[str, Any], str | None]:
+    if backend not in BACKENDS:
+        return NOT_PROVIDED, f"backend {backend} is judged op by op; the Qwen3 chain runs on built-in backends only", {}, None
     try:
         from rl_engine.chain.gate import chain_parity_cell
     except ImportError:
@@ -295,7 +344,7 @@ def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str
         "judgments": config.judgments,
         "transforms": list(TRANSFORMS),
         "cells": [],
-        "summary": {"green": 0, "red": 0, "n/a": 0},
+        "summary": {"green": 0, "red": 0, "n/a": 0, NOT_PROVIDED: 0},
         "root_cause": None,
         "wall_time_s": 0.0,
     }
