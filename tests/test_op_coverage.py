@@ -14,7 +14,7 @@ from rl_engine.contract import load_contract
 from rl_engine.ops.registry import get_spec
 from rl_engine.ops.spec import TRANSFORMS, get_workload
 
-REQUIRED_IMPLS = {"reference_fp32", "torch_bf16", "triton_cuda_bf16"}
+REQUIRED_IMPLS = {"reference_fp32", "torch_bf16", "triton_cuda_bf16", "cuda_bf16"}
 
 
 def spec_problems(op: str) -> list[str]:

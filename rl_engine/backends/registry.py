@@ -42,6 +42,11 @@ def availability(backend: str) -> tuple[bool, str]:
     if backend == "cuda_bf16":
         if not _cuda_available():
             return False, "no CUDA GPU on this machine (the CUDA sources are compile-checked by the tests)"
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(0)
+        if (major, minor) != (9, 0):
+            return False, f"cuda_bf16 is built for sm_90a (Hopper); this GPU is compute capability {major}.{minor}"
         if shutil.which("nvcc") is None:
             return False, "nvcc is not on PATH"
         return True, "CUDA GPU and nvcc present"

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from rl_engine.ops.attention.cuda import attention_cuda, attention_decode_cuda
 from rl_engine.ops.attention.reference import attention_decode_reference, attention_reference
 from rl_engine.ops.attention.torch_bf16 import attention_decode_torch_bf16, attention_torch_bf16
 from rl_engine.ops.attention.triton import (
@@ -46,6 +47,7 @@ DECODE_IMPLS: dict[str, Callable[..., torch.Tensor]] = {
     "reference_fp32": attention_decode_reference,
     "torch_bf16": attention_decode_torch_bf16,
     "triton_cuda_bf16": attention_decode_triton,
+    "cuda_bf16": attention_decode_cuda,
 }
 """Backend name -> ``attention_decode(q, k_cache, v_cache, cache_seqlens, scale)``."""
 
@@ -53,6 +55,7 @@ _DECODE_OF: dict[Callable[..., Any], Callable[..., torch.Tensor]] = {
     attention_reference: attention_decode_reference,
     attention_torch_bf16: attention_decode_torch_bf16,
     attention_triton: attention_decode_triton,
+    attention_cuda: attention_decode_cuda,
 }
 
 _GRAD_SEQ_LENS = {"qwen3-8b": (1, 255, 771)}
@@ -409,6 +412,7 @@ SPEC = OpSpec(
         "reference_fp32": attention_reference,
         "torch_bf16": attention_torch_bf16,
         "triton_cuda_bf16": attention_triton,
+        "cuda_bf16": attention_cuda,
     },
     transforms={
         "batch": _batch,

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from rl_engine.ops.batch_invariant_logp.cuda import batch_invariant_logp_cuda
 from rl_engine.ops.batch_invariant_logp.reference import batch_invariant_logp_reference
 from rl_engine.ops.batch_invariant_logp.torch_bf16 import batch_invariant_logp_torch_bf16
 from rl_engine.ops.batch_invariant_logp.triton import batch_invariant_logp_triton
@@ -236,6 +237,7 @@ SPEC = OpSpec(
         "reference_fp32": batch_invariant_logp_reference,
         "torch_bf16": batch_invariant_logp_torch_bf16,
         "triton_cuda_bf16": batch_invariant_logp_triton,
+        "cuda_bf16": batch_invariant_logp_cuda,
     },
     transforms={
         "batch": _batch,

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from rl_engine.contract import load_contract
+from rl_engine.ops.det_gemm.cuda import det_gemm_cuda
 from rl_engine.ops.det_gemm.api import tp_split_det_gemm
 from rl_engine.ops.det_gemm.reference import det_gemm_reference
 from rl_engine.ops.det_gemm.torch_bf16 import det_gemm_torch_bf16
@@ -105,6 +106,7 @@ def _impls() -> dict[str, Any]:
         "reference_fp32": det_gemm_reference,
         "torch_bf16": det_gemm_torch_bf16,
         "triton_cuda_bf16": det_gemm_triton,
+        "cuda_bf16": det_gemm_cuda,
     }
 
 

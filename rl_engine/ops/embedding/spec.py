@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from rl_engine.ops.embedding.cuda import embedding_cuda
 from rl_engine.ops.embedding.reference import embedding_reference
 from rl_engine.ops.embedding.torch_bf16 import embedding_torch_bf16
 from rl_engine.ops.embedding.triton import embedding_triton
@@ -222,6 +223,7 @@ SPEC = OpSpec(
         "reference_fp32": embedding_reference,
         "torch_bf16": embedding_torch_bf16,
         "triton_cuda_bf16": embedding_triton,
+        "cuda_bf16": embedding_cuda,
     },
     transforms={
         "batch": _dispatch(_ROWWISE["batch"], _grad_batch),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from rl_engine.ops.linear_logp.cuda import linear_logp_cuda
 from rl_engine.ops.linear_logp.reference import linear_logp_reference
 from rl_engine.ops.linear_logp.torch_bf16 import linear_logp_torch_bf16
 from rl_engine.ops.linear_logp.triton import linear_logp_triton
@@ -91,6 +92,7 @@ SPEC = OpSpec(
         "reference_fp32": linear_logp_reference,
         "torch_bf16": linear_logp_torch_bf16,
         "triton_cuda_bf16": linear_logp_triton,
+        "cuda_bf16": linear_logp_cuda,
     },
     transforms={
         **rowwise_transforms(row_inputs=("hidden", "targets"), grad_inputs=("hidden", "weight")),

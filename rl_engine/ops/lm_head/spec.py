@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from rl_engine.ops.lm_head.cuda import lm_head_cuda
 from rl_engine.ops.lm_head.reference import lm_head_reference
 from rl_engine.ops.lm_head.torch_bf16 import lm_head_torch_bf16
 from rl_engine.ops.lm_head.triton import lm_head_triton
@@ -63,6 +64,7 @@ SPEC = OpSpec(
         "reference_fp32": lm_head_reference,
         "torch_bf16": lm_head_torch_bf16,
         "triton_cuda_bf16": lm_head_triton,
+        "cuda_bf16": lm_head_cuda,
     },
     transforms={
         **rowwise_transforms(row_inputs=("hidden",), grad_inputs=("hidden", "weight"), layout_inputs=("weight",)),

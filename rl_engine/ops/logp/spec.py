@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rl_engine.ops.logp.cuda import logp_cuda
 from rl_engine.ops.logp.reference import logp_reference
 from rl_engine.ops.logp.torch_bf16 import logp_torch_bf16
 from rl_engine.ops.logp.triton import logp_triton, logp_triton_size_dependent
@@ -86,6 +87,7 @@ SPEC = OpSpec(
         "reference_fp32": logp_reference,
         "torch_bf16": logp_torch_bf16,
         "triton_cuda_bf16": logp_triton,
+        "cuda_bf16": logp_cuda,
     },
     transforms={
         **rowwise_transforms(row_inputs=("logits", "targets"), grad_inputs=("logits",)),

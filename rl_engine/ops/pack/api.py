@@ -27,9 +27,11 @@ def unpack(x: torch.Tensor, cu_seqlens: torch.Tensor, S: int, *, backend: str = 
     """
     from rl_engine.ops.pack.reference import unpack_reference
     from rl_engine.ops.pack.torch_bf16 import unpack_torch_bf16
+    from rl_engine.ops.pack.cuda import unpack_cuda
     from rl_engine.ops.pack.triton import unpack_triton
 
-    impls = {"reference_fp32": unpack_reference, "torch_bf16": unpack_torch_bf16, "triton_cuda_bf16": unpack_triton}
+    impls = {"reference_fp32": unpack_reference, "torch_bf16": unpack_torch_bf16, "triton_cuda_bf16": unpack_triton,
+             "cuda_bf16": unpack_cuda}
     check_backend(backend)
     if backend not in impls:
         raise BackendUnavailable(f"op unpack has no {backend} implementation")

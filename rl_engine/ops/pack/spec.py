@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rl_engine.ops.pack.cuda import pack_cuda
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 from rl_engine.ops.pack.reference import pack_reference
 from rl_engine.ops.pack.torch_bf16 import pack_torch_bf16
@@ -201,6 +202,7 @@ SPEC = OpSpec(
         "reference_fp32": pack_reference,
         "torch_bf16": pack_torch_bf16,
         "triton_cuda_bf16": pack_triton,
+        "cuda_bf16": pack_cuda,
     },
     transforms={
         "batch": _batch,

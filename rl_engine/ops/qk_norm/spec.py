@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from rl_engine.ops.qk_norm.cuda import qk_norm_cuda
 from rl_engine.ops.qk_norm.reference import qk_norm_reference
 from rl_engine.ops.qk_norm.torch_bf16 import qk_norm_torch_bf16
 from rl_engine.ops.qk_norm.triton import qk_norm_triton
@@ -51,6 +52,7 @@ SPEC = OpSpec(
         "reference_fp32": qk_norm_reference,
         "torch_bf16": qk_norm_torch_bf16,
         "triton_cuda_bf16": qk_norm_triton,
+        "cuda_bf16": qk_norm_cuda,
     },
     transforms={
         **rowwise_transforms(row_inputs=("x",), grad_inputs=("x", "weight")),

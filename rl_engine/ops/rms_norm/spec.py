@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from rl_engine.ops.rms_norm.cuda import rms_norm_cuda
 from rl_engine.ops.rms_norm.reference import rms_norm_reference
 from rl_engine.ops.rms_norm.torch_bf16 import rms_norm_torch_bf16
 from rl_engine.ops.rms_norm.triton import rms_norm_size_dependent_control, rms_norm_triton
@@ -55,6 +56,7 @@ SPEC = OpSpec(
         "reference_fp32": rms_norm_reference,
         "torch_bf16": rms_norm_torch_bf16,
         "triton_cuda_bf16": rms_norm_triton,
+        "cuda_bf16": rms_norm_cuda,
     },
     transforms={
         **rowwise_transforms(row_inputs=("x",), grad_inputs=("x", "weight")),

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from rl_engine.ops.rope.cuda import rope_cuda
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 from rl_engine.ops.rope.api import cos_sin
 from rl_engine.ops.rope.reference import rope_reference
@@ -114,6 +115,7 @@ SPEC = OpSpec(
         "reference_fp32": rope_reference,
         "torch_bf16": rope_torch_bf16,
         "triton_cuda_bf16": rope_triton,
+        "cuda_bf16": rope_cuda,
     },
     transforms={
         **rowwise_transforms(row_inputs=("x", "cos", "sin"), grad_inputs=("x",)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rl_engine.ops.silu.cuda import silu_cuda
 from rl_engine.ops.silu.reference import silu_reference
 from rl_engine.ops.silu.torch_bf16 import silu_torch_bf16
 from rl_engine.ops.silu.triton import silu_triton
@@ -35,6 +36,7 @@ SPEC = OpSpec(
         "reference_fp32": silu_reference,
         "torch_bf16": silu_torch_bf16,
         "triton_cuda_bf16": silu_triton,
+        "cuda_bf16": silu_cuda,
     },
     transforms={
         **rowwise_transforms(row_inputs=("x",), grad_inputs=("x",)),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from rl_engine.ops.swiglu.cuda import swiglu_cuda
 from rl_engine.ops.rope.spec import split_axis1_transform
 from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, randn
 from rl_engine.ops.swiglu.reference import swiglu_reference
@@ -42,6 +43,7 @@ SPEC = OpSpec(
         "reference_fp32": swiglu_reference,
         "torch_bf16": swiglu_torch_bf16,
         "triton_cuda_bf16": swiglu_triton,
+        "cuda_bf16": swiglu_cuda,
     },
     transforms={
         **rowwise_transforms(row_inputs=("gate", "up"), grad_inputs=("gate", "up")),

@@ -1,0 +1,91 @@
+"""Launch helpers shared by the ``cuda_bf16`` implementations in ``rl_engine/ops/<op>/cuda.py``.
+
+The library is built and loaded lazily on the first launch (see :mod:`rl_engine.backends.cuda_build`).
+Launchers run on the device of their tensors and on PyTorch's current stream of that device, so
+they order correctly with the surrounding PyTorch work; every launcher's ``cudaError_t`` is checked
+and turned into :class:`~rl_engine.backends.cuda_build.CudaKernelError` with the CUDA error string.
+
+:func:`host_emulation` exists for the test suite only: it routes every launch to a host build of
+the same sources (``tests/cuda_emu``) that runs on CPU tensors, so the kernels' index arithmetic,
+reduction orders and the Python-to-C argument lists are exercised on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from rl_engine.backends.cuda_build import CudaLibrary, load_library
+from rl_engine.errors import BackendUnavailable
+
+REQUIRED_CAPABILITY = (9, 0)
+"""The library holds ``sm_90a`` machine code only (H100 / H200)."""
+
+_EMULATED: list[CudaLibrary] = []
+
+
+@contextlib.contextmanager
+def host_emulation(lib: CudaLibrary) -> Iterator[None]:
+    """TESTS ONLY: inside the block, launches go to ``lib`` (a host-emulated build of the CUDA
+    sources) with CPU tensors and a null stream, and no GPU is required."""
+    _EMULATED.append(lib)
+    try:
+        yield
+    finally:
+        _EMULATED.pop()
+
+
+def _library() -> CudaLibrary:
+    return _EMULATED[-1] if _EMULATED else load_library()
+
+
+def check_cuda_device(*tensors: torch.Tensor) -> CudaLibrary:
+    """Raise BackendUnavailable unless CUDA is available, every tensor is on a CUDA device of
+    compute capability 9.0, and the library builds; return the loaded library."""
+    if _EMULATED:
+        for t in tensors:
+            if t.device.type != "cpu":
+                raise BackendUnavailable(f"the host-emulated cuda_bf16 library needs CPU tensors, got {t.device}")
+        return _EMULATED[-1]
+    if not torch.cuda.is_available():
+        raise BackendUnavailable("cuda_bf16 needs a CUDA GPU; torch.cuda.is_available() is False on this machine")
+    for t in tensors:
+        if t.device.type != "cuda":
+            raise BackendUnavailable(f"cuda_bf16 needs CUDA tensors, got a tensor on {t.device}")
+    for dev in {t.device for t in tensors}:
+        cap = torch.cuda.get_device_capability(dev)
+        if tuple(cap) != REQUIRED_CAPABILITY:
+            raise BackendUnavailable(
+                f"cuda_bf16 is built for sm_90a (compute capability 9.0); {dev} has {cap[0]}.{cap[1]}"
+            )
+    return load_library()
+
+
+def launch(device: torch.device, name: str, *args: Any) -> None:
+    """Call launcher ``name`` of the library on ``device`` with PyTorch's current stream appended."""
+    if _EMULATED:
+        _EMULATED[-1].call(name, *args, None)
+        return
+    lib = load_library()
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        lib.call(name, *args, stream)
+
+
+def query(name: str, *args: int) -> int:
+    """An ``int64_t`` value exported by the library: a kernel constant (``rl_logp_chunk_v()``) or
+    a scratch size (``rl_rms_norm_dw_chunks(rows)``)."""
+    return _library().query(name, *args)
+
+
+def unit_last(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last axis has unit stride (or length <= 1), else a contiguous copy.
+
+    Used only for upstream gradients handed to a backward (never for user inputs, which are
+    validated instead)."""
+    if t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1:
+        return t
+    return t.contiguous()

@@ -1,0 +1,139 @@
+// Runtime of the host emulator (see emu.h): user-space fibers, one per CUDA thread of a block,
+// run round-robin on the calling OS thread; barriers are scheduler points.
+#include "emu.h"
+
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+EmuIdx emu_threadIdx;
+EmuIdx emu_blockIdx;
+EmuIdx emu_blockDim;
+EmuIdx emu_gridDim;
+
+namespace {
+
+constexpr size_t STACK_BYTES = 256 * 1024;
+
+struct Fiber {
+    ucontext_t ctx;
+    EmuIdx tid;
+    int waiting = -1;  // barrier id it waits on (-1: runnable)
+    bool done = false;
+    std::vector<char> stack;
+};
+
+std::mutex g_launch;
+std::vector<Fiber> g_fibers;
+ucontext_t g_sched;
+int g_cur = -1;
+std::vector<int> g_arrived;    // per barrier id: 0 = block, 1 + w = warp w
+std::vector<int> g_expected;
+std::vector<float> g_scratch;
+std::vector<unsigned char> g_dyn;
+const std::function<void()>* g_body = nullptr;
+
+void fiber_main() {
+    (*g_body)();
+    g_fibers[g_cur].done = true;
+    swapcontext(&g_fibers[g_cur].ctx, &g_sched);
+}
+
+void wait_on(int id) {
+    Fiber& f = g_fibers[g_cur];
+    f.waiting = id;
+    ++g_arrived[id];
+    swapcontext(&f.ctx, &g_sched);
+}
+
+void release_completed() {
+    for (size_t id = 0; id < g_arrived.size(); ++id) {
+        if (g_arrived[id] > 0 && g_arrived[id] == g_expected[id]) {
+            g_arrived[id] = 0;
+            for (auto& f : g_fibers)
+                if (f.waiting == static_cast<int>(id)) f.waiting = -1;
+        }
+    }
+}
+
+void run_block(unsigned nthreads) {
+    for (unsigned t = 0; t < nthreads; ++t) {
+        Fiber& f = g_fibers[t];
+        f.waiting = -1;
+        f.done = false;
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack.data();
+        f.ctx.uc_stack.ss_size = f.stack.size();
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, fiber_main, 0);
+    }
+    std::fill(g_arrived.begin(), g_arrived.end(), 0);
+    // Passes alternate between increasing and decreasing thread order, so a read of another
+    // thread's shared-memory write that is not separated by a barrier sees the unwritten value
+    // in one of the two orders (a missing __syncthreads shows up as a wrong result).
+    for (unsigned pass = 0;; ++pass) {
+        bool progress = false, all_done = true;
+        for (unsigned i = 0; i < nthreads; ++i) {
+            const unsigned t = (pass & 1u) ? nthreads - 1 - i : i;
+            Fiber& f = g_fibers[t];
+            if (f.done) continue;
+            all_done = false;
+            if (f.waiting >= 0) continue;
+            g_cur = static_cast<int>(t);
+            emu_threadIdx = f.tid;
+            swapcontext(&g_sched, &f.ctx);
+            progress = true;
+            release_completed();
+        }
+        if (all_done) return;
+        if (!progress) {
+            std::fprintf(stderr, "cuda emulator: deadlock in block (%u, %u, %u): a barrier can never complete "
+                                 "(non-uniform __syncthreads or warp collective)\n",
+                         emu_blockIdx.x, emu_blockIdx.y, emu_blockIdx.z);
+            std::abort();
+        }
+    }
+}
+
+}  // namespace
+
+void emu_sync_block() { wait_on(0); }
+void emu_sync_warp() { wait_on(1 + static_cast<int>(emu_threadIdx.x / 32)); }
+float* emu_warp_scratch() { return g_scratch.data() + static_cast<size_t>(emu_threadIdx.x / 32) * 768; }
+unsigned char* emu_dynamic_smem() { return g_dyn.data(); }
+
+void emu_run_grid(const EmuCfg& cfg, const std::function<void()>& body) {
+    std::lock_guard<std::mutex> guard(g_launch);
+    const unsigned nthreads = cfg.block.x * cfg.block.y * cfg.block.z;
+    const unsigned nwarps = (nthreads + 31) / 32;
+    if (g_fibers.size() < nthreads) g_fibers.resize(nthreads);
+    for (unsigned t = 0; t < nthreads; ++t) {
+        if (g_fibers[t].stack.size() != STACK_BYTES) g_fibers[t].stack.assign(STACK_BYTES, 0);
+        g_fibers[t].tid = EmuIdx{t % cfg.block.x, (t / cfg.block.x) % cfg.block.y, t / (cfg.block.x * cfg.block.y)};
+    }
+    g_arrived.assign(1 + nwarps, 0);
+    g_expected.assign(1 + nwarps, 0);
+    g_expected[0] = static_cast<int>(nthreads);
+    for (unsigned w = 0; w < nwarps; ++w) g_expected[1 + w] = static_cast<int>((w + 1) * 32 <= nthreads ? 32 : nthreads - w * 32);
+    g_scratch.assign(static_cast<size_t>(nwarps) * 768, 0.0f);
+    // Poison dynamic shared memory with NaN bit patterns (0xFF bytes), so reads of unwritten
+    // shared memory show up in the results.
+    g_dyn.assign(cfg.smem + 16, 0xFF);
+    emu_blockDim = EmuIdx{cfg.block.x, cfg.block.y, cfg.block.z};
+    emu_gridDim = EmuIdx{cfg.grid.x, cfg.grid.y, cfg.grid.z};
+    g_body = &body;
+    for (unsigned bz = 0; bz < cfg.grid.z; ++bz)
+        for (unsigned by = 0; by < cfg.grid.y; ++by)
+            for (unsigned bx = 0; bx < cfg.grid.x; ++bx) {
+                emu_blockIdx = EmuIdx{bx, by, bz};
+                run_block(nthreads);
+            }
+    g_body = nullptr;
+}
+
+// The three runtime calls the sources make.
+cudaError_t CUDARTAPI cudaGetLastError(void) { return cudaSuccess; }
+const char* CUDARTAPI cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error (emulated)" : "emulated CUDA error"; }
+cudaError_t CUDARTAPI cudaFuncSetAttribute(const void*, enum cudaFuncAttribute, int) { return cudaSuccess; }

@@ -1,0 +1,173 @@
+// A host emulator for the cuda_bf16 kernels, used only by the tests on machines without a GPU.
+//
+// It runs the unchanged kernel code of rl_engine/backends/cuda_src/*.cu with g++: one user-space
+// fiber (ucontext) per CUDA thread of a block, scheduled round-robin on the calling thread (blocks
+// run one after another); __syncthreads / warp shuffles / __syncwarp are barriers of the scheduler
+// (a barrier that can never complete, e.g. a non-uniform __syncthreads, aborts with a message);
+// __shared__ variables are statics (safe because blocks run one at a time),
+// dynamic shared memory as one buffer per launch, and a warp-collective WMMA emulation whose
+// fragment layout is arbitrary but consistent (element e of lane l is matrix entry l * 8 + e).
+// The build script (build.py) rewrites `kernel<<<cfg>>>(args)` into `emu_launch(kernel,
+// emu_cfg(cfg), args)` and the dynamic shared-memory declaration into `emu_dynamic_smem()`.
+//
+// What it checks: index arithmetic, masks, strides, reduction orders, the K tree, the prototypes
+// the Python side calls, batch invariance and prefill/decode equality of the real source. What it
+// cannot check: tensor-core rounding inside one MMA (emulated as an FP32 FMA chain), timing,
+// memory-model races beyond what the barriers enforce, and the device compiler itself.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#undef __shared__
+#define __shared__ static
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+
+struct EmuIdx {
+    unsigned x, y, z;
+};
+extern EmuIdx emu_threadIdx;
+extern EmuIdx emu_blockIdx;
+extern EmuIdx emu_blockDim;
+extern EmuIdx emu_gridDim;
+#define threadIdx emu_threadIdx
+#define blockIdx emu_blockIdx
+#define blockDim emu_blockDim
+#define gridDim emu_gridDim
+
+void emu_sync_block();
+void emu_sync_warp();
+float* emu_warp_scratch();  // 3 * 256 floats per warp
+unsigned char* emu_dynamic_smem();
+
+inline void __syncthreads() { emu_sync_block(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_sync_warp(); }
+
+inline float __shfl_xor_sync(unsigned, float v, int off) {
+    float* buf = emu_warp_scratch();
+    const unsigned lane = emu_threadIdx.x % 32;
+    buf[lane] = v;
+    emu_sync_warp();
+    const float r = buf[lane ^ static_cast<unsigned>(off)];
+    emu_sync_warp();
+    return r;
+}
+
+// nvcc's cuda_runtime.h has this template for kernel pointers; the host-only header does not.
+template <class R, class... P>
+inline cudaError_t cudaFuncSetAttribute(R (*)(P...), enum cudaFuncAttribute, int) {
+    return cudaSuccess;
+}
+
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+
+template <class T>
+inline T __ldg(const T* p) {
+    return *p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// WMMA emulation (16 x 16 x 16, BF16 operands, FP32 accumulator).
+// ---------------------------------------------------------------------------------------------
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <class Use, int M, int N, int K, class T, class Layout = void>
+struct fragment {
+    T x[8];
+    enum { num_elements = 8 };
+};
+
+inline int emu_lane() { return static_cast<int>(emu_threadIdx.x % 32); }
+
+template <class Use, class T, class Layout>
+inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+    const int lane = emu_lane();
+    for (int e = 0; e < 8; ++e) {
+        const int idx = lane * 8 + e;
+        const int r = idx / 16, c = idx % 16;
+        f.x[e] = std::is_same<Layout, row_major>::value ? p[r * ldm + c] : p[c * ldm + r];
+    }
+    emu_sync_warp();
+}
+
+template <class Use, class T, class Layout>
+inline void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, T v) {
+    for (int e = 0; e < 8; ++e) f.x[e] = v;
+}
+
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm, layout_t l) {
+    const int lane = emu_lane();
+    for (int e = 0; e < 8; ++e) {
+        const int idx = lane * 8 + e;
+        const int r = idx / 16, c = idx % 16;
+        if (l == mem_row_major) p[r * ldm + c] = f.x[e];
+        else p[c * ldm + r] = f.x[e];
+    }
+    emu_sync_warp();
+}
+
+template <class LA, class LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
+                     const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA>& a,
+                     const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB>& b,
+                     const fragment<accumulator, 16, 16, 16, float>& c) {
+    float* s = emu_warp_scratch();
+    float* A = s;          // A[m][k]
+    float* B = s + 256;    // B[k][n]
+    float* C = s + 512;    // C[m][n]
+    const int lane = emu_lane();
+    emu_sync_warp();  // the scratch may still be read by a previous collective
+    for (int e = 0; e < 8; ++e) {
+        const int idx = lane * 8 + e;
+        A[idx] = __bfloat162float(a.x[e]);
+        B[idx] = __bfloat162float(b.x[e]);
+        C[idx] = c.x[e];
+    }
+    emu_sync_warp();
+    float out[8];
+    for (int e = 0; e < 8; ++e) {
+        const int idx = lane * 8 + e;
+        const int m = idx / 16, n = idx % 16;
+        float acc = C[idx];
+        for (int k = 0; k < 16; ++k) acc = std::fma(A[m * 16 + k], B[k * 16 + n], acc);
+        out[e] = acc;
+    }
+    emu_sync_warp();
+    for (int e = 0; e < 8; ++e) d.x[e] = out[e];
+}
+}  // namespace wmma
+}  // namespace nvcuda
+
+// ---------------------------------------------------------------------------------------------
+// Launches
+// ---------------------------------------------------------------------------------------------
+struct EmuCfg {
+    dim3 grid, block;
+    size_t smem;
+};
+inline EmuCfg emu_cfg(dim3 g, dim3 b, size_t smem = 0, cudaStream_t = nullptr) { return EmuCfg{g, b, smem}; }
+
+void emu_run_grid(const EmuCfg& cfg, const std::function<void()>& body);
+
+template <class... P, class... A>
+void emu_launch(void (*kernel)(P...), const EmuCfg& cfg, A&&... args) {
+    std::tuple<P...> params(static_cast<P>(args)...);
+    emu_run_grid(cfg, [&]() { std::apply(kernel, params); });
+}
