@@ -1,0 +1,195 @@
+"""The gate's chain-parity cell (WS1 §8, DESIGN rows 10 and 15).
+
+``chain_parity_cell(backend, workload, contract, seed)`` runs, for each (seed, logit scale) of
+the workload's plan, on seeded synthetic weights and a seeded token fixture:
+
+* the candidate backend in both styles (training = packed teacher forcing, rollout = prefill +
+  KV-cache decode), with the linear_logp head and temperature 1 (no top-k / top-p);
+* the ``torch_bf16`` chain in both styles (the baseline printed beside ours);
+* the ``reference_fp32`` chain in training style (the FP32 gold for model-level accuracy).
+
+Status is ``green`` iff the strict profile holds (every active token's logprob bitwise equal in
+both styles, the project's target) AND the ws1 gate metrics hold, over all runs together; the
+reason says which failed. On a mismatch the first divergence (token, layer, op) is localised.
+
+Workloads: ``smoke`` runs the ``tiny-smoke`` model (the tiny Qwen3 of pitfall P1 with a 5000-token
+vocabulary, so the Triton CPU interpreter finishes in well under a minute) on the ``smoke``
+fixture; ``qwen3-8b`` runs the Qwen3-8B architecture on the ``qwen3-8b`` fixture (1110 active
+tokens per run, one sequence beyond 4096 positions), three seeds with logit scales 1, 4 and 10.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl_engine.chain.config import get_config
+from rl_engine.chain.fixtures import make_fixture
+from rl_engine.chain.model import SAMPLING, Qwen3Model
+from rl_engine.chain.parity import (PROFILES, abs_stats, flat_metrics, localize_first_divergence, parity_report,
+                                    run_styles)
+from rl_engine.chain.weights import synthetic_weights
+from rl_engine.contract import Contract
+from rl_engine.errors import RLEngineError
+from rl_engine.gate.compare import chain_metrics
+
+GREEN, RED = "green", "red"
+BASELINE = "torch_bf16"
+REFERENCE = "reference_fp32"
+HEAD = "linear_logp"
+
+PLANS: dict[str, dict[str, Any]] = {
+    "smoke": {"model": "tiny-smoke", "fixture": "smoke", "runs": ((0, 2.0),)},
+    "qwen3-8b": {"model": "qwen3-8b", "fixture": "qwen3-8b", "runs": ((0, 1.0), (1, 4.0), (2, 10.0))},
+}
+"""Workload -> model preset, fixture layout and (seed offset, logit scale) of each run."""
+
+
+def _device(workload: str) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if workload != "smoke":
+        raise RLEngineError(f"the {workload} chain needs a CUDA GPU (none on this machine); use workload smoke")
+    return torch.device("cpu")
+
+
+def chain_kernel_id(backend: str, kernel_ids: dict[str, str]) -> str:
+    """``chain/<backend>/qwen3_dense@<hash>``: hash of the chain sources and every op's kernel id."""
+    h = hashlib.sha256()
+    here = Path(inspect.getsourcefile(Qwen3Model) or "")
+    for name in ("model.py", "parity.py", "gate.py"):
+        p = here.parent / name
+        if p.is_file():
+            h.update(p.read_bytes())
+    for k in sorted(kernel_ids):
+        h.update(f"{k}={kernel_ids[k]}".encode())
+    return f"chain/{backend}/qwen3_dense@{h.hexdigest()[:12]}"
+
+
+def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int) -> tuple[str, str, dict[str, Any], str | None]:
+    """One chain-parity cell: ``(status, reason, details, kernel_id)`` (see the module docstring).
+
+    ``workload`` is a :class:`rl_engine.ops.spec.Workload` (or its name).
+    """
+    wname = getattr(workload, "name", workload)
+    if wname not in PLANS:
+        raise RLEngineError(f"no chain plan for workload {wname!r}; known: {', '.join(PLANS)}")
+    plan = PLANS[wname]
+    device = _device(wname)
+    config = get_config(plan["model"])
+    t_start = time.perf_counter()
+    ours_train, ours_roll, base_train, base_roll, refs = [], [], [], [], []
+    per_run: list[dict[str, Any]] = []
+    fixtures: list[dict[str, Any]] = []
+    first_div = None
+    kernel_ids: dict[str, str] = {}
+    weights_prov = []
+    for offset, scale in plan["runs"]:
+        run_seed = int(seed) + int(offset)
+        weights = synthetic_weights(config, run_seed, logit_scale=scale, device=device)
+        fixture = make_fixture(plan["fixture"], run_seed, config.vocab_size)
+        batch = fixture.batch()
+        fixtures.append(fixture.describe())
+        weights_prov.append({k: v for k, v in weights.provenance.items() if k != "recipe"})
+        ref_model = Qwen3Model(weights, REFERENCE)
+        ref = run_styles(ref_model, batch, head=HEAD, rollout=False)
+        del ref_model
+        _free(device)
+        base_model = Qwen3Model(weights, BASELINE)
+        base = run_styles(base_model, batch, head=HEAD)
+        del base_model
+        model = Qwen3Model(weights, backend)
+        ours = run_styles(model, batch, head=HEAD)
+        kernel_ids.update(ours.kernel_ids)
+        rep = parity_report(ours, contract, PROFILES, ref.train)
+        brep = parity_report(base, contract, ("ws1",), ref.train)
+        bitwise = bool(torch.equal(ours.train.view(torch.int32), ours.rollout.view(torch.int32)))
+        if not bitwise and first_div is None:
+            first_div = localize_first_divergence(model, batch, head=HEAD)
+            if first_div is not None:
+                first_div = {"seed": run_seed, "logit_scale": scale, **first_div}
+        per_run.append({"seed": run_seed, "logit_scale": scale, "fixture_hash": fixture.hash(),
+                        "active_tokens": fixture.active_tokens, "bitwise_equal": bitwise,
+                        "ours": {p: _short(rep["profiles"][p]) for p in PROFILES},
+                        "ours_vs_reference": rep.get("vs_reference"),
+                        "baseline_torch_bf16": _short(brep["profiles"]["ws1"]),
+                        "baseline_vs_reference": brep.get("vs_reference"),
+                        "seconds": {"reference": ref.seconds, "baseline": base.seconds, "ours": ours.seconds}})
+        ours_train.append(ours.train.cpu())
+        ours_roll.append(ours.rollout.cpu())
+        base_train.append(base.train.cpu())
+        base_roll.append(base.rollout.cpu())
+        refs.append(ref.train.cpu())
+        del model, weights
+        _free(device)
+    lhs, rhs = torch.cat(ours_train), torch.cat(ours_roll)
+    reports = {p: chain_metrics(lhs, rhs, contract, p) for p in PROFILES}
+    base_rep = chain_metrics(torch.cat(base_train), torch.cat(base_roll), contract, "ws1")
+    ref_all = torch.cat(refs)
+    strict, ws1 = reports["strict"], reports["ws1"]
+    flat = flat_metrics(ws1)
+    combined_hash = hashlib.sha256("".join(f["fixture_hash"] for f in fixtures).encode()).hexdigest()
+    details: dict[str, Any] = {
+        "profile": "strict",
+        "profiles_checked": list(PROFILES),
+        "active_tokens": int(lhs.numel()),
+        "seeds": [r["seed"] for r in per_run],
+        "logit_scales": [r["logit_scale"] for r in per_run],
+        "fixture_hash": combined_hash,
+        "fixture_hash_rule": "sha256 of the concatenated per-run fixture hashes (each: sha256 of seed, V, "
+                             "lengths and token ids)",
+        "fixtures": fixtures,
+        **{k: flat[k] for k in ("max_abs_dlogp", "mean_abs_dlogp", "approx_kl0", "clipfrac0",
+                                "p99_abs_dlogp", "p999_abs_dlogp", "bitwise_equal_tokens")},
+        "metrics": {**ws1.metrics, **{"strict_dlogp_zero": strict.metrics["strict_dlogp_zero"]}},
+        "ws1": {"passed": ws1.passed, "summary": ws1.summary()},
+        "strict": {"passed": strict.passed, "summary": strict.summary(),
+                   "differing_tokens": strict.active_tokens - strict.bitwise_equal_tokens,
+                   "first_nonzero_token": strict.first_nonzero_token},
+        "baseline_torch_bf16": {**{k: v for k, v in flat_metrics(base_rep).items()},
+                                "vs_reference": {"train": abs_stats(torch.cat(base_train), ref_all),
+                                                 "rollout": abs_stats(torch.cat(base_roll), ref_all)}},
+        "vs_reference": {"train": abs_stats(lhs, ref_all), "rollout": abs_stats(rhs, ref_all),
+                         "reference": "reference_fp32 chain, training style, FP32 on the upcast weights"},
+        "first_divergence": first_div,
+        "per_run": per_run,
+        "model": {"preset": plan["model"], "config": config.to_dict(), "weights": weights_prov,
+                  "device": str(device)},
+        "head": HEAD,
+        "sampling": dict(SAMPLING),
+        "roles": dict(ws1.roles),
+        "kernel_ids": kernel_ids,
+        "wall_time_s": round(time.perf_counter() - t_start, 3),
+    }
+    problems = []
+    if not strict.passed:
+        where = ""
+        if first_div:
+            where = (f"; first divergence at layer {first_div['layer']} op {first_div['op']}, "
+                     f"sequence {first_div['token']['seq']} position {first_div['token']['pos']} (seed {first_div['seed']})")
+        problems.append(f"strict profile failed: {strict.active_tokens - strict.bitwise_equal_tokens}/"
+                        f"{strict.active_tokens} active tokens differ between teacher forcing and decode{where}")
+    if not ws1.passed:
+        bad = [f"{k} {m['value']:.3e} > {m['threshold']:g}" for k, m in ws1.metrics.items()
+               if m["decision"] == "gate" and not m["passed"]]
+        problems.append("ws1 gate metrics failed: " + ", ".join(bad))
+    status = GREEN if not problems else RED
+    reason = "; ".join(problems) if problems else (
+        f"strict: all {strict.active_tokens} active tokens bitwise equal (train vs rollout); ws1 metrics hold")
+    return status, reason, details, chain_kernel_id(backend, kernel_ids)
+
+
+def _short(profile_report: dict[str, Any]) -> dict[str, Any]:
+    keep = ("passed", "max_abs_dlogp", "mean_abs_dlogp", "approx_kl0", "clipfrac0", "p99_abs_dlogp",
+            "p999_abs_dlogp", "bitwise_equal_tokens", "active_tokens", "first_nonzero_token")
+    return {k: profile_report[k] for k in keep if k in profile_report}
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

@@ -1,0 +1,369 @@
+"""Qwen3 dense weights: one container for seeded synthetic weights and for safetensors checkpoints.
+
+Shape glossary: V vocab, E hidden, F ffn, H query heads, Hkv KV heads, D head dim.
+Tensor names and shapes follow the Hugging Face ``Qwen3ForCausalLM`` state dict (``nn.Linear``
+weights are ``[out_features, in_features]``):
+
+=============================================================  =================
+``model.embed_tokens.weight``                                  ``[V, E]``
+``model.layers.{i}.self_attn.q_proj.weight``                   ``[H*D, E]``
+``model.layers.{i}.self_attn.k_proj.weight`` / ``v_proj``      ``[Hkv*D, E]``
+``model.layers.{i}.self_attn.o_proj.weight``                   ``[E, H*D]``
+``model.layers.{i}.self_attn.q_norm.weight`` / ``k_norm``      ``[D]``
+``model.layers.{i}.input_layernorm.weight``                    ``[E]``
+``model.layers.{i}.post_attention_layernorm.weight``           ``[E]``
+``model.layers.{i}.mlp.gate_proj.weight`` / ``up_proj``        ``[F, E]``
+``model.layers.{i}.mlp.down_proj.weight``                      ``[E, F]``
+``model.norm.weight``                                          ``[E]``
+``lm_head.weight`` (absent when ``tie_word_embeddings``)       ``[V, E]``
+=============================================================  =================
+
+Kernel backends run on BF16 weights; the FP32 reference chain runs on :meth:`Qwen3Weights.upcast`
+(the same BF16 values in FP32, WS1 §3.1). A checkpoint tensor that is missing, of the wrong shape
+or not BF16 raises :class:`WeightError` naming it; nothing is cast or reshaped silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl_engine.chain.config import Qwen3Config
+from rl_engine.errors import RLEngineError
+
+
+class WeightError(RLEngineError, ValueError):
+    """A weight tensor is missing, unexpected, of the wrong shape or of the wrong dtype."""
+
+
+LAYER_TENSORS = (
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+"""Buffers some older checkpoints carry; recomputed from ``rope_theta``, never read."""
+
+
+def _attr(name: str) -> str:
+    """``self_attn.q_proj.weight`` -> ``q_proj``; ``input_layernorm.weight`` -> ``input_layernorm``."""
+    return name.split(".")[-2]
+
+
+def expected_shapes(config: Qwen3Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor name of the Hugging Face layout -> its shape, for ``config``."""
+    e, f, v, d = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
+    q, kv = config.q_size, config.kv_size
+    per_layer = {
+        "self_attn.q_proj.weight": (q, e), "self_attn.k_proj.weight": (kv, e),
+        "self_attn.v_proj.weight": (kv, e), "self_attn.o_proj.weight": (e, q),
+        "self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
+        "input_layernorm.weight": (e,), "post_attention_layernorm.weight": (e,),
+        "mlp.gate_proj.weight": (f, e), "mlp.up_proj.weight": (f, e), "mlp.down_proj.weight": (e, f),
+    }
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, e)}
+    for i in range(config.num_hidden_layers):
+        for name in LAYER_TENSORS:
+            shapes[f"model.layers.{i}.{name}"] = per_layer[name]
+    shapes["model.norm.weight"] = (e,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (v, e)
+    return shapes
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer (names as the Hugging Face modules, ``[out, in]`` for projections)."""
+
+    q_proj: torch.Tensor
+    k_proj: torch.Tensor
+    v_proj: torch.Tensor
+    o_proj: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    input_layernorm: torch.Tensor
+    post_attention_layernorm: torch.Tensor
+    gate_proj: torch.Tensor
+    up_proj: torch.Tensor
+    down_proj: torch.Tensor
+
+
+@dataclass
+class Qwen3Weights:
+    """All weights of a Qwen3 dense model, on one device, in one dtype.
+
+    ``lm_head`` is the same tensor object as ``embed_tokens`` when the config ties them.
+    ``provenance`` records how the weights were made (seeded generation or checkpoint path).
+    """
+
+    config: Qwen3Config
+    embed_tokens: torch.Tensor
+    layers: list[LayerWeights]
+    norm: torch.Tensor
+    lm_head: torch.Tensor
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.device
+
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, tensor)`` in the Hugging Face layout (``lm_head.weight`` only when untied)."""
+        yield "model.embed_tokens.weight", self.embed_tokens
+        for i, layer in enumerate(self.layers):
+            for name in LAYER_TENSORS:
+                yield f"model.layers.{i}.{name}", getattr(layer, _attr(name))
+        yield "model.norm.weight", self.norm
+        if not self.config.tie_word_embeddings:
+            yield "lm_head.weight", self.lm_head
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.named_tensors())
+
+    def validate(self, dtype: torch.dtype | None = None) -> None:
+        """Check every tensor's shape, dtype (``dtype`` or the container's) and device."""
+        want_dtype = dtype or self.dtype
+        shapes = expected_shapes(self.config)
+        seen = set()
+        for name, t in self.named_tensors():
+            seen.add(name)
+            _check_one(name, t, shapes[name], want_dtype, where="weights")
+            if t.device != self.device:
+                raise WeightError(f"{name}: on {t.device}, the other weights are on {self.device}")
+        missing = sorted(set(shapes) - seen)
+        if missing:
+            raise WeightError(f"weights: missing {missing[:5]}")
+        if self.config.tie_word_embeddings and self.lm_head is not self.embed_tokens:
+            raise WeightError("lm_head: tie_word_embeddings is true but lm_head is not the embedding tensor")
+
+    def upcast(self, dtype: torch.dtype = torch.float32) -> Qwen3Weights:
+        """The same values in ``dtype`` (FP32 for the reference chain; exact for BF16 -> FP32)."""
+        embed = self.embed_tokens.to(dtype)
+        layers = [LayerWeights(**{_attr(n): getattr(layer, _attr(n)).to(dtype) for n in LAYER_TENSORS})
+                  for layer in self.layers]
+        lm_head = embed if self.config.tie_word_embeddings else self.lm_head.to(dtype)
+        prov = dict(self.provenance, upcast_to=str(dtype).replace("torch.", ""))
+        return Qwen3Weights(self.config, embed, layers, self.norm.to(dtype), lm_head, prov)
+
+    def content_hash(self) -> str:
+        """SHA-256 over every tensor's name, shape, dtype and raw bytes (expensive for 8B: CPU copy)."""
+        h = hashlib.sha256()
+        for name, t in self.named_tensors():
+            h.update(f"{name}:{list(t.shape)}:{t.dtype}".encode())
+            h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+
+def _check_one(name: str, t: Any, shape: tuple[int, ...], dtype: torch.dtype, where: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise WeightError(f"{name}: expected a tensor in {where}, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        raise WeightError(f"{name}: expected shape {list(shape)}, got {list(t.shape)} in {where}")
+    if t.dtype != dtype:
+        raise WeightError(f"{name}: expected dtype {str(dtype).replace('torch.', '')}, "
+                          f"got {str(t.dtype).replace('torch.', '')} in {where}")
+
+
+def _from_named(config: Qwen3Config, tensors: dict[str, torch.Tensor], provenance: dict[str, Any]) -> Qwen3Weights:
+    layers = []
+    for i in range(config.num_hidden_layers):
+        layers.append(LayerWeights(**{_attr(n): tensors[f"model.layers.{i}.{n}"] for n in LAYER_TENSORS}))
+    embed = tensors["model.embed_tokens.weight"]
+    lm_head = embed if config.tie_word_embeddings else tensors["lm_head.weight"]
+    return Qwen3Weights(config, embed, layers, tensors["model.norm.weight"], lm_head, provenance)
+
+
+# -- seeded synthetic weights -----------------------------------------------------------------
+SYNTHETIC_RECIPE = {
+    "generator": "torch.Generator on the target device, one per tensor, seeded with "
+                 "sha256(f'{seed}:{name}')[:8] (little endian, 63 bits): a tensor's values depend only on "
+                 "the seed, its name, its shape and the device kind (CPU and CUDA generators differ)",
+    "draw": "torch.randn in float32, multiplied by std (and shifted for norms), rounded once to bfloat16",
+    "std": {
+        "model.embed_tokens.weight": "1.0 (untied) or logit_scale / sqrt(E) (tied)",
+        "q_proj, k_proj, v_proj, gate_proj, up_proj": "1 / sqrt(E)",
+        "o_proj": "1 / sqrt(H*D)",
+        "down_proj": "1 / sqrt(F)",
+        "norm weights (input_layernorm, post_attention_layernorm, q_norm, k_norm, model.norm)": "1 + 0.1 * N(0, 1)",
+        "lm_head.weight": "logit_scale / sqrt(E): with the final norm's output at RMS ~1 the logits have a "
+                          "standard deviation of about logit_scale",
+    },
+}
+NORM_JITTER = 0.1
+"""Norm weights are ``1 + NORM_JITTER * N(0, 1)``: around 1, never exactly 1, so a dropped weight shows."""
+
+
+def tensor_seed(seed: int, name: str) -> int:
+    """The generator seed of one synthetic tensor (63 bits of sha256 of ``'{seed}:{name}'``)."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _std_for(config: Qwen3Config, name: str, logit_scale: float) -> tuple[float, float]:
+    """(mean, std) of the normal draw for tensor ``name``."""
+    e = config.hidden_size
+    if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+        return 1.0, NORM_JITTER
+    if name == "model.embed_tokens.weight":
+        return 0.0, (logit_scale / math.sqrt(e)) if config.tie_word_embeddings else 1.0
+    if name == "lm_head.weight":
+        return 0.0, logit_scale / math.sqrt(e)
+    if name.endswith("o_proj.weight"):
+        return 0.0, 1.0 / math.sqrt(config.q_size)
+    if name.endswith("down_proj.weight"):
+        return 0.0, 1.0 / math.sqrt(config.intermediate_size)
+    return 0.0, 1.0 / math.sqrt(e)
+
+
+def synthetic_weights(config: Qwen3Config, seed: int, *, logit_scale: float = 1.0,
+                      device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16) -> Qwen3Weights:
+    """Seeded synthetic weights generated directly on ``device`` (see :data:`SYNTHETIC_RECIPE`).
+
+    ``logit_scale`` sets the standard deviation of the logits (it scales ``lm_head``; with tied
+    embeddings it scales the shared table). Returns BF16 tensors by default. Generation is on the
+    device with a seeded per-tensor generator, so the 8B model takes seconds on a GPU; the values
+    differ between CPU and CUDA generators (the provenance records the device kind).
+
+    Raises
+    ------
+    WeightError
+        ``logit_scale`` is not a positive finite number.
+    """
+    if isinstance(logit_scale, bool) or not isinstance(logit_scale, (int, float)) or not (
+            math.isfinite(logit_scale) and logit_scale > 0):
+        raise WeightError(f"logit_scale: expected a positive finite number, got {logit_scale!r}")
+    device = torch.device(device)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, shape in expected_shapes(config).items():
+        gen = torch.Generator(device=device)
+        gen.manual_seed(tensor_seed(seed, name))
+        mean, std = _std_for(config, name, float(logit_scale))
+        x = torch.randn(shape, generator=gen, dtype=torch.float32, device=device)
+        x.mul_(std)
+        if mean:
+            x.add_(mean)
+        tensors[name] = x.to(dtype)
+        del x
+    prov = {"kind": "synthetic", "seed": int(seed), "logit_scale": float(logit_scale),
+            "device_kind": device.type, "dtype": str(dtype).replace("torch.", ""), "recipe": SYNTHETIC_RECIPE}
+    w = _from_named(config, tensors, prov)
+    w.validate(dtype)
+    return w
+
+
+# -- safetensors checkpoints ------------------------------------------------------------------
+def _checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise WeightError(f"{index}: not a valid safetensors index ({exc})") from exc
+        files = sorted({path / f for f in weight_map.values()})
+        for f in files:
+            if not f.is_file():
+                raise WeightError(f"{index}: names shard {f.name}, which does not exist")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise WeightError(f"{path}: no *.safetensors files")
+    return files
+
+
+def load_checkpoint(path: str | Path, config: Qwen3Config | None = None, *,
+                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16) -> Qwen3Weights:
+    """Load a Hugging Face Qwen3 safetensors checkpoint directory into :class:`Qwen3Weights`.
+
+    ``config`` defaults to ``path/config.json``. Every tensor of :func:`expected_shapes` must be
+    present with exactly that shape and ``dtype`` (BF16 by default); extra tensors are refused
+    (except ``*.rotary_emb.inv_freq`` buffers, which are ignored), and with tied embeddings an
+    ``lm_head.weight`` must equal the embedding bit for bit. Tensors are read with
+    ``safetensors.safe_open`` (no pickles) and moved to ``device``.
+
+    Raises
+    ------
+    WeightError
+        Naming the first missing, unexpected, mis-shaped or mis-typed tensor.
+    """
+    from safetensors import safe_open
+
+    from rl_engine.chain.config import Qwen3Config as _Cfg
+
+    root = Path(path)
+    if not root.is_dir():
+        raise WeightError(f"{root}: not a checkpoint directory")
+    config = config or _Cfg.from_json(root / "config.json")
+    shapes = expected_shapes(config)
+    device = torch.device(device)
+    where: dict[str, Path] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    extra_lm_head = None
+    unexpected: list[str] = []
+    for f in _checkpoint_files(root):
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            for name in sf.keys():
+                if name in where:
+                    raise WeightError(f"{name}: present in both {where[name].name} and {f.name}")
+                where[name] = f
+                if name.endswith(_IGNORED_SUFFIXES):
+                    continue
+                if name == "lm_head.weight" and config.tie_word_embeddings:
+                    extra_lm_head = sf.get_tensor(name)
+                    continue
+                if name not in shapes:
+                    unexpected.append(name)
+                    continue
+                t = sf.get_tensor(name)
+                _check_one(name, t, shapes[name], dtype, where=f.name)
+                tensors[name] = t.to(device)
+    missing = [n for n in shapes if n not in tensors]
+    if missing:
+        raise WeightError(f"{missing[0]}: missing from checkpoint {root}"
+                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if unexpected:
+        raise WeightError(f"{unexpected[0]}: unexpected tensor in checkpoint {root} "
+                          f"(not part of a Qwen3 dense model with this config)"
+                          + (f"; {len(unexpected) - 1} more" if len(unexpected) > 1 else ""))
+    if extra_lm_head is not None:
+        emb = tensors["model.embed_tokens.weight"]
+        _check_one("lm_head.weight", extra_lm_head, shapes["model.embed_tokens.weight"], dtype, where=str(root))
+        if not torch.equal(extra_lm_head.view(torch.int16) if dtype == torch.bfloat16 else extra_lm_head,
+                           emb.cpu().view(torch.int16) if dtype == torch.bfloat16 else emb.cpu()):
+            raise WeightError("lm_head.weight: tie_word_embeddings is true but lm_head.weight differs from "
+                              "model.embed_tokens.weight")
+    prov = {"kind": "checkpoint", "path": str(root.resolve()), "files": [p.name for p in _checkpoint_files(root)],
+            "dtype": str(dtype).replace("torch.", "")}
+    w = _from_named(config, tensors, prov)
+    w.validate(dtype)
+    return w
+
+
+def save_checkpoint(weights: Qwen3Weights, path: str | Path) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (Hugging Face layout) into ``path``."""
+    from safetensors.torch import save_file
+
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    weights.config.write_json(root / "config.json")
+    tensors = {n: t.detach().contiguous().cpu() for n, t in weights.named_tensors()}
+    save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
+    return root

@@ -1,0 +1,194 @@
+"""The Qwen3 chain on the tiny model: pitfalls P1 and P8 at chain level, the strict profile in the
+Triton interpreter, reference vs torch_bf16 sanity, and first-divergence localisation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_engine.chain.fixtures import make_fixture
+from rl_engine.chain.model import LAYER_OP_ORDER, Qwen3Model, SeqBatch, score_rollout, score_teacher_forcing
+from rl_engine.chain.parity import (ActivationRecorder, PlantedChange, first_divergence_from,
+                                    localize_first_divergence)
+from rl_engine.errors import InputError
+from rl_engine.gate.compare import chain_metrics
+
+TRITON = "triton_cuda_bf16"
+
+
+def _bitwise(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype == torch.float32 and a.shape == b.shape and torch.equal(
+        a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.fixture(scope="module")
+def triton_model(tiny_weights):
+    return Qwen3Model(tiny_weights, TRITON)
+
+
+# ---------------------------------------------------------------- P1: micro-batch size
+def test_p1_micro_batching_is_bitwise_invariant(triton_model, contract):
+    fx = make_fixture("p1", 11, triton_model.config.vocab_size)
+    assert [int(t.numel()) for t in fx.tokens] == list(range(5, 13))
+    batch = fx.batch()
+    whole = score_teacher_forcing(triton_model, batch)
+    pairs = score_teacher_forcing(triton_model, batch, micro_batch=2)
+    single = score_teacher_forcing(triton_model, batch, micro_batch=1)
+    assert whole.dtype == torch.float32 and whole.numel() == batch.active_tokens == 60
+    assert _bitwise(whole, pairs) and _bitwise(whole, single)
+    rep = chain_metrics(whole, single, contract, "strict")
+    assert rep.passed and rep.metrics["max_abs_dlogp"]["value"] == 0 and rep.metrics["approx_kl0"]["value"] == 0
+
+
+def test_p1_check_catches_a_batch_dependent_gemm(micro_weights, contract):
+    """Negative control: det_gemm with a tree depth chosen from M (1 above 8 rows, else 2) makes
+    row bits depend on the batch, and the same bitwise check must fail."""
+    from rl_engine.ops.det_gemm.triton import det_gemm_triton
+
+    model = Qwen3Model(micro_weights, TRITON)
+    model.ops.impl("det_gemm")
+    model.ops._impls["det_gemm"] = lambda a, b: det_gemm_triton(a, b, tree_depth=1 if a.shape[0] > 8 else 2)
+    batch = make_fixture("p1", 11, model.config.vocab_size).batch()
+    both = score_teacher_forcing(model, batch.subset([0, 1]))  # lengths 5 + 6: M = 11 rows
+    alone = score_teacher_forcing(model, batch.subset([0]))  # M = 5 rows
+    assert not _bitwise(both[: alone.numel()], alone)
+    assert not chain_metrics(both[: alone.numel()], alone, contract, "strict").passed
+
+
+# ---------------------------------------------------------------- P8: prefill + decode == teacher forcing
+def test_p8_prefill_plus_decode_equals_teacher_forcing(triton_model, contract):
+    fx = make_fixture("p8", 3, triton_model.config.vocab_size)
+    batch = fx.batch()
+    assert batch.prompt_lens == (16,) and batch.completion_lens() == [9]  # 16-token prefill + 8 decode steps
+    from rl_engine.chain.model import TokenKeys
+
+    keys = TokenKeys(batch)
+    rt, rr = ActivationRecorder(keys.total), ActivationRecorder(keys.total)
+    train = score_teacher_forcing(triton_model, batch, recorder=rt)
+    roll = score_rollout(triton_model, batch, recorder=rr)
+    assert _bitwise(train, roll)
+    assert chain_metrics(train, roll, contract, "strict").passed
+    # every activation of every op at positions 0..23 (K/V written to the cache included) is bitwise equal
+    assert first_divergence_from(rt, rr, batch) is None
+    assert all(bool(rr.seen[f"layer0.{op}"][:24].all()) for op in LAYER_OP_ORDER)
+
+
+# ---------------------------------------------------------------- strict profile (gate cell, smoke)
+def test_smoke_gate_cell_is_green_in_strict_profile(contract):
+    from rl_engine.chain.gate import chain_parity_cell
+
+    status, reason, details, kid = chain_parity_cell(TRITON, "smoke", contract, 0)
+    assert status == "green", reason
+    assert details["profile"] == "strict" and details["strict"]["passed"] and details["ws1"]["passed"]
+    for key in ("active_tokens", "seeds", "fixture_hash", "max_abs_dlogp", "mean_abs_dlogp", "approx_kl0",
+                "clipfrac0", "p99_abs_dlogp", "p999_abs_dlogp", "baseline_torch_bf16", "vs_reference"):
+        assert key in details, key
+    assert details["max_abs_dlogp"] == 0 and details["bitwise_equal_tokens"] == details["active_tokens"]
+    assert details["first_divergence"] is None
+    assert kid.startswith(f"chain/{TRITON}/")
+
+
+# ---------------------------------------------------------------- reference vs torch_bf16 sanity
+def test_reference_and_torch_bf16_chains_agree(tiny_weights, triton_model, contract):
+    """The three chains compute one model: the FP32 chain agrees with itself across styles (FP32
+    logprob tier), the BF16 chains' final hidden states agree with the FP32 chain (reduction class,
+    BF16 tier), and our chain's errors stay within the relative criterion of the torch_bf16 chain's."""
+    from rl_engine.gate.compare import compare_accuracy, compare_relative
+
+    batch = make_fixture("smoke", 5, tiny_weights.config.vocab_size).batch()
+    ref = Qwen3Model(tiny_weights, "reference_fp32")
+    bf = Qwen3Model(tiny_weights, "torch_bf16")
+    ref_tf, ref_ro = score_teacher_forcing(ref, batch), score_rollout(ref, batch)
+    tol32 = contract.tolerance("forward", "logprob", "float32")
+    torch.testing.assert_close(ref_ro, ref_tf, atol=tol32.atol, rtol=tol32.rtol)
+
+    lens = [int(t.numel()) for t in batch.tokens]
+    ids = torch.cat(list(batch.tokens)).to(ref.device)
+    pos = torch.cat([torch.arange(n) for n in lens]).to(ref.device)
+    cu = torch.tensor([sum(lens[:i]) for i in range(len(lens) + 1)], dtype=torch.int32, device=ref.device)
+    h_ref = ref.forward(ids, pos, cu_seqlens=cu)
+    h_bf = bf.forward(ids, pos, cu_seqlens=cu)
+    h_tr = triton_model.forward(ids, pos, cu_seqlens=cu)
+    assert h_ref.dtype == torch.float32 and h_bf.dtype == h_tr.dtype == torch.bfloat16
+    tol = contract.tolerance("forward", "reduction", "bfloat16")
+    acc_bf = compare_accuracy("chain.final_norm[torch_bf16]", h_bf, h_ref, tol)
+    acc_tr = compare_accuracy("chain.final_norm[triton]", h_tr, h_ref, tol)
+    assert acc_bf.passed, acc_bf.summary()
+    assert acc_tr.passed, acc_tr.summary()
+    k = contract.relative_factor("forward")
+    rel = compare_relative("chain.final_norm", acc_tr.max_abs_error, acc_bf.max_abs_error, k)
+    assert rel.passed, rel.summary()
+    # logprobs of the completion tokens from those hidden rows: ours vs FP32 within k x the torch_bf16 chain's error
+    rows = torch.tensor([int(cu[b]) + p - 1 for b, tok in enumerate(batch.tokens)
+                         for p in range(batch.prompt_lens[b], int(tok.numel()))], device=ref.device)
+    tgt = torch.cat([tok[p:] for tok, p in zip(batch.tokens, batch.prompt_lens)]).to(ref.device)
+    lp_ref = ref.logprobs(h_ref[rows], tgt)
+    torch.testing.assert_close(lp_ref, ref_tf, atol=tol32.atol, rtol=tol32.rtol)
+    err_bf = float((bf.logprobs(h_bf[rows], tgt) - lp_ref).abs().max())
+    err_tr = float((triton_model.logprobs(h_tr[rows], tgt) - lp_ref).abs().max())
+    assert compare_relative("chain.logp", err_tr, err_bf, k).passed, (err_tr, err_bf)
+
+
+def test_reference_runs_in_fp32(tiny_weights):
+    ref = Qwen3Model(tiny_weights, "reference_fp32")
+    assert ref.dtype == torch.float32 and ref.weights.layers[0].q_proj.dtype == torch.float32
+    assert torch.equal(ref.weights.layers[0].q_proj, tiny_weights.layers[0].q_proj.float())
+
+
+# ---------------------------------------------------------------- first-divergence localisation
+@pytest.fixture(scope="module")
+def micro_triton(micro_weights):
+    return Qwen3Model(micro_weights, TRITON)
+
+
+def test_localisation_names_a_planted_difference(micro_triton):
+    batch = make_fixture(((3, 2), (4, 3)), 9, micro_triton.config.vocab_size).batch()
+    key = 5 + 5  # sequence 1 (its keys start at L_0 = 5), position 5: fed in decode step 1
+    plant = PlantedChange(None, "layer1.swiglu", key, index=3)
+    found = localize_first_divergence(micro_triton, batch, rollout_hook=plant)
+    assert plant.applied >= 1
+    assert found is not None
+    assert (found["layer"], found["op"]) == (1, "swiglu")
+    assert found["token"]["seq"] == 1 and found["token"]["pos"] == 5
+    assert found["element"]["first_element"] == 3 and found["element"]["differing_elements"] == 1
+    assert found["differing_tokens"] == 1  # later tokens differ only from the next layer's attention on
+
+
+def test_localisation_on_a_prompt_token_in_layer0(micro_triton):
+    batch = make_fixture(((4, 2),), 9, micro_triton.config.vocab_size).batch()
+    found = localize_first_divergence(micro_triton, batch, detail=False,
+                                      train_hook=PlantedChange(None, "layer0.k_rope", 1, index=0))
+    assert found is not None and (found["layer"], found["op"]) == (0, "k_rope")
+    assert found["token"] == {"seq": 0, "pos": 1, "key": 1, "role": "prompt"}
+
+
+def test_localisation_finds_the_fp32_reference_divergence(tiny_weights):
+    """The FP32 reference chain is not bitwise equal across styles (FP32 attention over a different
+    number of keys per call); localisation names an op and a token."""
+    ref = Qwen3Model(tiny_weights, "reference_fp32")
+    batch = make_fixture("smoke", 1, tiny_weights.config.vocab_size).batch()
+    found = localize_first_divergence(ref, batch)
+    assert found is not None and found["op"] in LAYER_OP_ORDER + ("final_norm", "logp", "embedding")
+    assert found["element"]["differing_elements"] >= 1
+
+
+# ---------------------------------------------------------------- input checks
+def test_bad_batches_raise():
+    t = torch.arange(6, dtype=torch.int64)
+    with pytest.raises(InputError, match="prompt length"):
+        SeqBatch((t,), (6,))
+    with pytest.raises(InputError, match="int64"):
+        SeqBatch((t.int(),), (2,))
+    with pytest.raises(InputError, match="prompt lengths"):
+        SeqBatch((t, t), (2,))
+
+
+def test_weights_dtype_is_checked(tiny_weights):
+    with pytest.raises(InputError, match="bfloat16"):
+        Qwen3Model(tiny_weights.upcast(), "torch_bf16")
+
+
+def test_positions_beyond_table_raise(tiny_weights):
+    m = Qwen3Model(tiny_weights, "torch_bf16")
+    with pytest.raises(InputError, match="max_position_embeddings"):
+        m.rope_tables(torch.tensor([tiny_weights.config.max_position_embeddings], device=m.device))
