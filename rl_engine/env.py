@@ -32,7 +32,12 @@ BEHAVIOUR_VARIABLES = (
     "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
     "PYTORCH_CUDA_ALLOC_CONF",
     "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS",
     "OMP_NUM_THREADS",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
 )
 
 
@@ -69,3 +74,33 @@ def enable_triton_interpreter() -> None:
     (``triton.jit`` decides between compiled and interpreted functions when a module is imported).
     The CLI calls this when no CUDA GPU is present; library code never does."""
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+def get_variables(names) -> dict[str, str | None]:
+    """Current values of ``names`` (None when unset)."""
+    return {name: os.environ.get(name) for name in names}
+
+
+def set_variables(values: dict[str, str]) -> dict[str, str | None]:
+    """Set environment variables (inherited by processes started afterwards); returns the old values."""
+    before = get_variables(values)
+    os.environ.update(values)
+    return before
+
+
+def restore_variables(before: dict[str, str | None]) -> None:
+    """Undo :func:`set_variables`."""
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def torchrun_rank() -> tuple[int, int, int] | None:
+    """``(rank, world_size, local_rank)`` when started by torchrun, else None.
+
+    Raises ValueError when the variables are present but not integers."""
+    if not all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+        return None
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])

@@ -46,7 +46,7 @@ def run(args) -> int:
         env.enable_triton_interpreter()  # before any kernel module is imported
     from rl_engine.contract import load_contract
     from rl_engine.gate.report import write_reports
-    from rl_engine.gate.runner import JUDGMENTS, GateConfig, resolve_backends, run_gate
+    from rl_engine.gate.runner import JUDGMENTS, GateConfig, resolve_backends
     from rl_engine.ops.spec import get_workload
 
     resume = None

@@ -145,7 +145,6 @@ class _FreshRuns:
         return {k: v for k, v in tensors.items() if k.startswith(op + ".")}, errors.get(op)
 
     def _run(self, backend: str):
-        import os
         import subprocess
         import sys
         import tempfile
@@ -155,7 +154,7 @@ class _FreshRuns:
             target = Path(tmp) / "fresh.pt"
             cmd = [sys.executable, "-m", "rl_engine.gate.fresh", "--backend", backend, "--workload", self.workload.name,
                    "--seed", str(self.seed), "--ops", *self.ops, "--out", str(target)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+            proc = subprocess.run(cmd, capture_output=True, text=True)  # inherits the environment
             if proc.returncode != 0 or not target.exists():
                 return {}, {}, f"fresh process exited {proc.returncode}: {proc.stderr.strip()[-500:]}"
             data = torch.load(target, map_location="cpu", weights_only=True)
