@@ -116,3 +116,30 @@ def test_repeat_is_green_for_a_deterministic_kernel_and_red_for_a_nondeterminist
     (cell,) = ev["cells"]
     assert cell["status"] == "red"
     assert "run 1 vs run 2" in cell["reason"]
+
+
+def test_a_path_traversal_name_in_evidence_is_refused(tmp_path, capsys):
+    """Names taken from an input file never become paths outside the output folder."""
+    from rl_engine.cli.io import safe_output_path
+    from rl_engine.errors import InputError
+
+    ev = run_gate(_config(tmp_path, judgments=["forward_accuracy"]), load_contract())
+    crafted = json.loads((tmp_path / "evidence.json").read_text())
+    crafted["cells"][0]["op"] = "../../escaped"
+    (tmp_path / "evidence.json").write_text(json.dumps(crafted))
+    assert main(["report", str(tmp_path)]) == 2
+    assert "cells/0/op" in capsys.readouterr().err
+    assert not (tmp_path.parent.parent / "escaped-triton_cuda_bf16.png").exists()
+    # the writer's own guard, independent of the schema
+    for bad in ("../x.png", "/etc/x.png", "a/b.png", "..", ".hidden", ""):
+        with pytest.raises(InputError):
+            safe_output_path(tmp_path, bad)
+    assert safe_output_path(tmp_path, "silu-triton_cuda_bf16.png").parent == tmp_path.resolve()
+    assert ev["complete"]
+
+
+def test_report_writes_plots_inside_the_folder(tmp_path):
+    run_gate(_config(tmp_path, judgments=["forward_accuracy"]), load_contract())
+    assert main(["report", str(tmp_path)]) == 0
+    assert (tmp_path / "plots" / "silu-triton_cuda_bf16.png").is_file()
+    assert "plots/silu-triton_cuda_bf16.png" in (tmp_path / "report.md").read_text()

@@ -58,3 +58,24 @@ def _pick(p: Path, obj: object, key: str | None) -> torch.Tensor:
             return next(iter(tensors.values()))
         raise InputError(f"{p}: holds {len(tensors)} tensors {sorted(tensors)[:10]}; pick one with --key")
     raise InputError(f"{p}: holds a {type(obj).__name__}, not a tensor")
+
+
+_SAFE_NAME = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def safe_output_path(out_dir: Path, name: str) -> Path:
+    """``out_dir / name`` for a file name that may come from input data (an op or backend name in
+    an evidence file, a tensor name in a dump). Refuses anything that could leave ``out_dir``:
+    separators, ``..``, absolute paths, leading dots, empty names.
+
+    Raises InputError naming the offending name.
+    """
+    from rl_engine.errors import InputError
+
+    if not isinstance(name, str) or not _SAFE_NAME.match(name) or ".." in name:
+        raise InputError(f"refusing to write a file named {name!r}: only letters, digits, '_', '.', '-' "
+                         "(no path separators or '..') are allowed in names taken from input data")
+    target = (out_dir / name).resolve()
+    if target.parent != out_dir.resolve():
+        raise InputError(f"refusing to write {target}: outside {out_dir}")
+    return target

@@ -242,8 +242,32 @@ def render_html(ev: dict[str, Any], markdown_text: str | None = None) -> str:
     return "".join(parts)
 
 
+def write_plots(ev: dict[str, Any], out_dir: Path) -> list[tuple[str, str, str]]:
+    """One PNG per (op, backend) under ``out_dir/plots/``, named from the evidence's op and backend
+    names through :func:`rl_engine.cli.io.safe_output_path` (a crafted name cannot leave the folder).
+    Returns ``(op, backend, relative path)`` for the markdown report."""
+    from rl_engine.cli.io import safe_output_path
+
+    by_op: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in _error_rows(ev):
+        by_op[(r["op"], r["backend"])].append(r)
+    plots = []
+    folder = out_dir / "plots"
+    for (op, backend), rs in by_op.items():
+        target = safe_output_path(folder, f"{op}-{backend}.png")  # validated before anything is written
+        img = _plot_op(rs, f"{op} / {backend}: |candidate - reference| by decade")
+        if img:
+            folder.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(base64.b64decode(img))
+            plots.append((op, backend, f"plots/{target.name}"))
+    return plots
+
+
 def write_reports(ev: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    plots = write_plots(ev, out_dir)
     md = render_markdown(ev)
+    if plots:
+        md += "\n## Error distribution plots\n\n" + "\n".join(f"![{op} / {b}]({rel})" for op, b, rel in plots) + "\n"
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     md_path.write_text(md)
     html_path.write_text(render_html(ev, md))
