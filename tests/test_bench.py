@@ -1,0 +1,384 @@
+"""``rl-engine bench``: CLI exits, the dry run's bench.json, exact FLOP / byte counts, and the row
+logic of a measured run with a fake timer. Speed is never asserted here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl_engine.bench import counts
+from rl_engine.bench.targets import TARGETS, target_for
+from rl_engine.cli.main import main
+
+RL_ENGINE = Path(sys.executable).parent / "rl-engine"
+DEFAULT_ROW_COUNT = 284
+"""Rows of a default run (6 token counts, both backends), counted by hand:
+det_gemm 4 projections x 2 backends x (2 decode tokens x 2 baselines + 4 prefill tokens x 1) = 64;
+lm_head 6 x 2 = 12; attention fwd 4 x 2 = 8, fwd+bwd 8, decode 3 x 2 x 2 = 12;
+rms_norm / rope / swiglu 6 x 2 x 3 = 36 each; silu 6 x 2 x 2 = 24; linear_logp 6 x 2 x 2 x 2 = 48."""
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI exits
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
+def test_no_gpu_exits_2(capsys, tmp_path):
+    rc, _, err = run(capsys, "bench", "--out", tmp_path / "b")
+    assert rc == 2
+    assert "benchmarks need a CUDA GPU; none here" in err
+    assert not (tmp_path / "b" / "bench.json").exists()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--ops", "no_such_op"], "unknown bench op 'no_such_op'"),
+    (["--ops", "rms_norm", "gemmm"], "unknown bench op 'gemmm'"),
+    (["--backend", "no_such_backend"], "unknown bench backend no_such_backend"),
+    (["--backend", "torch_bf16"], "unknown bench backend torch_bf16"),
+    (["--tokens", "0"], "--tokens must be positive"),
+])
+@pytest.mark.parametrize("dry", [False, True])
+def test_bad_usage_exits_2(capsys, tmp_path, argv, needle, dry):
+    rc, _, err = run(capsys, "bench", "--out", tmp_path / "b", *argv, *(["--dry-run"] if dry else []))
+    assert rc == 2
+    assert needle in err
+
+
+def test_out_is_required(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--dry-run"])
+    assert exc.value.code == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# dry run
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """One full default dry run through the console script, with TRITON_INTERPRET unset so the
+    CLI must switch the interpreter on itself before any kernel is imported."""
+    out = tmp_path_factory.mktemp("bench") / "dry"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if torch.cuda.is_available():
+        pytest.skip("the CPU dry run is checked on machines without a GPU")
+    proc = subprocess.run([str(RL_ENGINE), "bench", "--dry-run", "--out", str(out), "--json"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    return proc, out
+
+
+def test_dry_run_cli(dry_run):
+    proc, out = dry_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["summary"]["rows"] == DEFAULT_ROW_COUNT
+    assert summary["summary"]["measured"] == 0 and summary["summary"]["errors"] == 0
+    assert "backend cuda_bf16 skipped" in proc.stderr  # the printed reason
+    assert summary["bench_png"] == str(out / "bench.png")
+
+
+def test_dry_run_bench_json_valid_and_complete(dry_run):
+    from rl_engine.bench import report
+    from rl_engine.bench.runner import BENCH_OPS, SCHEMA_VERSION
+
+    _, out = dry_run
+    doc = report.load(out / "bench.json")  # validates against bench.schema.json
+    assert doc["schema_version"] == SCHEMA_VERSION
+    assert doc["complete"] is True and doc["dry_run"] is True
+    assert doc["provenance"]["triton_interpret"] is True
+    assert doc["peaks"]["copy_gbps"] is None and doc["peaks"]["cublas_tflops"] is None
+    rows = doc["rows"]
+    assert len(rows) == DEFAULT_ROW_COUNT
+    assert {r["op"] for r in rows} == set(BENCH_OPS)
+    for r in rows:
+        assert r["value"] is None and r["baseline_value"] is None and r["ratio"] is None
+        assert r["meets_target"] is None and r["spread"] is None
+        assert r["dry_run_shape"] is not None
+    # every (op, variant, tokens, backend, baseline) appears exactly once
+    keys = [(r["op"], r["variant"], r["tokens"], r["backend"], r["baseline"]) for r in rows]
+    assert len(set(keys)) == len(keys)
+    # the cuda_bf16 backend is skipped with its reason; the Triton one ran every callable
+    cuda = [r for r in rows if r["backend"] == "cuda_bf16"]
+    assert len(cuda) == DEFAULT_ROW_COUNT // 2
+    assert all(r["status"] == "skipped" and "no CUDA GPU" in r["note"] for r in cuda)
+    triton_rows = [r for r in rows if r["backend"] == "triton_cuda_bf16"]
+    assert all(r["status"] == "dry-run" for r in triton_rows)
+    liger = [r for r in rows if "Liger" in r["baseline"]]
+    assert {r["op"] for r in liger} == {"rms_norm", "rope", "swiglu", "linear_logp"}
+    try:
+        import liger_kernel  # noqa: F401
+        installed = True
+    except ImportError:
+        installed = False
+    if not installed:
+        assert all(r["baseline_status"] == "not installed" for r in liger)
+    others = [r for r in triton_rows if "Liger" not in r["baseline"]]
+    assert all(r["baseline_status"] == "dry-run" for r in others)
+
+
+def test_dry_run_targets_on_the_right_rows(dry_run):
+    from rl_engine.bench import report
+
+    doc = report.load(dry_run[1] / "bench.json")
+
+    def row(op, tokens, baseline, variant=None):
+        hits = [r for r in doc["rows"] if r["op"] == op and r["tokens"] == tokens and r["baseline"] == baseline
+                and r["backend"] == "triton_cuda_bf16" and (variant is None or r["variant"] == variant)]
+        assert len(hits) == 1, (op, tokens, baseline, variant)
+        return hits[0]
+
+    cublas = "torch.matmul (cuBLAS)"
+    assert row("det_gemm", 1024, cublas, "down_proj")["target"] == TARGETS["det_gemm.prefill"].target_ratio
+    assert row("det_gemm", 128, cublas, "down_proj")["target"] is None
+    assert row("det_gemm", 16, "copy bandwidth", "down_proj")["target"] == TARGETS["det_gemm.decode"].target_ratio
+    assert row("det_gemm", 16, cublas, "down_proj")["target"] is None
+    sdpa = "F.scaled_dot_product_attention (flash)"
+    assert row("attention_fwd", 4096, sdpa)["target"] == TARGETS["attention.fwd"].target_ratio
+    assert row("attention_fwd", 1024, sdpa)["target"] is None
+    assert row("attention_fwd_bwd", 8192, sdpa)["target"] is None
+    assert row("attention_decode", 16, "copy bandwidth")["target"] == TARGETS["attention.decode"].target_ratio
+    for op in ("rms_norm", "rope", "swiglu"):
+        r = row(op, 4096, "copy bandwidth")
+        assert (r["target"], r["target_sense"], r["metric"]) == (TARGETS[op].target_ratio, ">=", "GB/s")
+    assert row("silu", 4096, "copy bandwidth")["target"] is None
+    assert row("rms_norm", 16, "copy bandwidth")["target"] is None  # judged from 1024 tokens up
+    assert row("det_gemm", 1, "copy bandwidth", "q_proj/o_proj")["target"] == TARGETS["det_gemm.decode"].target_ratio
+    assert row("attention_decode", 1, "copy bandwidth")["target"] == TARGETS["attention.decode"].target_ratio
+    unfused = "unfused lm_head + log_softmax + gather"
+    t = row("linear_logp", 8192, unfused, "fwd+bwd time")
+    m = row("linear_logp", 8192, unfused, "fwd+bwd memory")
+    assert (t["metric"], t["target"], t["target_sense"]) == ("ms", TARGETS["linear_logp.time"].target_ratio, "<=")
+    assert (m["metric"], m["target"], m["target_sense"]) == ("GiB", TARGETS["linear_logp.memory"].target_ratio, "<=")
+    assert row("linear_logp", 4096, unfused, "fwd+bwd time")["target"] is None
+    # counts are taken at the real Qwen3-8B shapes, never the dry-run ones
+    down = row("det_gemm", 1024, cublas, "down_proj")
+    assert down["sizes"] == {"M": 1024, "K": 12288, "N": 4096}
+    assert down["flops"] == counts.gemm_flops(1024, 4096, 12288) == 2 * 1024 * 4096 * 12288
+    lp = row("linear_logp", 8192, unfused, "fwd+bwd time")
+    assert lp["flops"] == 6 * 8192 * 4096 * 151936
+
+
+def test_dry_run_md_and_png(dry_run):
+    out = dry_run[1]
+    md = (out / "bench.md").read_text()
+    assert "DRY RUN" in md
+    for op in ("det_gemm", "lm_head", "attention_fwd", "attention_decode", "rms_norm", "linear_logp"):
+        assert f"## {op}" in md
+    assert "not installed" in md or "Liger" in md
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.glob(".bench*"))  # no temporary files left behind
+
+
+def test_dry_run_backend_subset_in_process(capsys, tmp_path):
+    """``--backend cuda_bf16 --dry-run`` without a GPU: every row skipped with the reason, exit 0."""
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU skip")
+    rc, out, err = run(capsys, "bench", "--dry-run", "--ops", "silu", "--backend", "cuda_bf16",
+                       "--tokens", "3", "--out", tmp_path / "s", "--json")
+    assert rc == 0, err
+    doc = json.loads((tmp_path / "s" / "bench.json").read_text())
+    assert doc["config"]["backends"] == [] and "cuda_bf16" in doc["config"]["skipped_backends"]
+    assert [r["status"] for r in doc["rows"]] == ["skipped", "skipped"]
+
+
+# ------------------------------------------------------------------------------------------------
+# exact counts (integers computed by hand from the formulas in the docstrings)
+
+
+def test_gemm_counts():
+    assert counts.gemm_flops(3, 5, 7) == 210
+    assert counts.gemm_bytes(3, 5, 7) == 2 * (3 * 7 + 7 * 5) + 2 * 3 * 5 == 142
+    assert counts.gemm_bytes(3, 5, 7, out_bytes=4) == 112 + 60
+    assert counts.lm_head_flops(2, 3, 11) == 2 * 2 * 11 * 3 == 132
+    assert counts.lm_head_bytes(2, 3, 11) == 2 * (6 + 33) + 4 * 22 == 166
+
+
+def test_causal_pairs_match_enumeration():
+    assert counts.causal_pairs(4, 4) == 1 + 2 + 3 + 4
+    assert counts.causal_pairs(2, 5) == 4 + 5
+    assert counts.causal_pairs(1, 7) == 7
+    for lq, lk in [(1, 1), (3, 3), (5, 9), (16, 16), (7, 30)]:
+        visible = torch.ones(lq, lk, dtype=torch.int64).tril(diagonal=lk - lq)
+        assert counts.causal_pairs(lq, lk) == int(visible.sum())
+    with pytest.raises(ValueError):
+        counts.causal_pairs(5, 4)
+
+
+def test_attention_counts():
+    assert counts.attention_flops(10, 2, 8) == 4 * 10 * 2 * 8 == 640
+    assert counts.attention_flops(10, 2, 8, backward=True) == 14 * 10 * 2 * 8 == 2240
+    # prefill T=3, H=4, Hkv=2, D=8: q/o 3*4*8*2 = 192 bytes each, k/v 3*2*8*2 = 96 each
+    assert counts.attention_prefill_bytes(3, 4, 2, 8) == 2 * 192 + 2 * 96 == 576
+    assert counts.attention_prefill_bytes(3, 4, 2, 8, backward=True) == 576 + (3 * 192 + 2 * 96) + (192 + 2 * 96)
+    assert counts.attention_decode_flops(2, 3, 4, 8) == 4 * 2 * 3 * 4 * 8 == 768
+    # decode B=2, L=3, H=4, Hkv=2, D=8: q 128, o 128, K+V 2*2*3*2*8*2 = 384, lens 8
+    assert counts.attention_decode_bytes(2, 3, 4, 2, 8) == 128 + 128 + 384 + 8 == 648
+
+
+def test_elementwise_and_logprob_counts():
+    assert counts.rms_norm_bytes(3, 8) == 2 * (3 * 8) * 2 + 8 * 2 == 112
+    # rope T=2, H=4, Hkv=2, D=8: q+k 2*6*8 = 96 elements read and written (BF16), cos+sin 2*2*4 FP32
+    assert counts.rope_bytes(2, 4, 2, 8) == 96 * 2 * 2 + 2 * 2 * 4 * 4 == 448
+    assert counts.swiglu_bytes(3, 5) == 3 * 15 * 2 == 90
+    assert counts.silu_bytes(3, 5) == 2 * 15 * 2 == 60
+    assert counts.linear_logp_flops(2, 3, 5) == 6 * 2 * 3 * 5 == 180
+    assert counts.linear_logp_flops(2, 3, 5, backward=False) == 60
+    fwd = 2 * (2 * 3 + 5 * 3) + 8 * 2 + 4 * 2  # hidden + weight, targets int64, logprobs FP32
+    assert counts.linear_logp_bytes(2, 3, 5, backward=False) == fwd == 66
+    assert counts.linear_logp_bytes(2, 3, 5) == fwd + fwd + 2 * (2 * 3 + 5 * 3) == 174
+
+
+def test_targets_are_design_data():
+    assert {k: (t.target_ratio, t.sense) for k, t in TARGETS.items()} == {
+        "det_gemm.prefill": (0.8, ">="), "det_gemm.decode": (0.7, ">="), "attention.fwd": (0.7, ">="),
+        "attention.decode": (0.6, ">="), "rms_norm": (0.85, ">="), "rope": (0.8, ">="), "swiglu": (0.95, ">="),
+        "linear_logp.memory": (1 / 16, "<="), "linear_logp.time": (1.1, "<="),
+    }
+    assert target_for("det_gemm.prefill", 1024) is not None and target_for("det_gemm.prefill", 128) is None
+    assert target_for("det_gemm.decode", 16) is not None and target_for("det_gemm.decode", 17) is None
+    assert [target_for("attention.fwd", t) is not None for t in (1024, 2048, 8192, 16384)] == [False, True, True, False]
+    assert [target_for("swiglu", t) is not None for t in (1, 128, 1024, 8192)] == [False, False, True, True]
+    assert TARGETS["linear_logp.time"].met(1.0) and not TARGETS["linear_logp.time"].met(1.2)
+    assert TARGETS["rms_norm"].met(0.9) and not TARGETS["rms_norm"].met(0.5)
+
+
+def test_sdpa_flash_fallbacks(monkeypatch):
+    """The SDPA baseline is flash with native GQA, else flash on pre-expanded K/V, else the default
+    dispatch; each fallback is named (checked with stand-ins: no GPU here)."""
+    import contextlib
+
+    from rl_engine.bench import attention
+
+    monkeypatch.setattr(attention, "_flash_context", lambda device: contextlib.nullcontext())
+    cuda = torch.device("cuda")
+
+    def refuse():
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    fn, note = attention._sdpa_fn(cuda, lambda: torch.ones(1), lambda: refuse)
+    assert note is None and fn().item() == 1
+    fn, note = attention._sdpa_fn(cuda, refuse, lambda: (lambda: torch.zeros(1)))
+    assert "K/V expanded to H heads" in note and fn().item() == 0
+    fn, note = attention._sdpa_fn(cuda, refuse, lambda: refuse)
+    assert "SDPA default dispatch" in note and "No available kernel" in note and fn is refuse
+    k, v = torch.arange(2 * 3 * 2).reshape(1, 2, 3, 2), torch.zeros(1, 2, 3, 2)
+    ke, _ = attention._expand_kv(k, v, heads=4)
+    assert [torch.equal(ke[0, h], k[0, h // 2]) for h in range(4)] == [True] * 4
+
+
+# ------------------------------------------------------------------------------------------------
+# the measured path, with a fake timer (nothing timed, no kernel launched)
+
+
+@pytest.fixture
+def fake_measured(monkeypatch, tmp_path):
+    """Patch the timer, memory probe and peaks; shrink the "real" shapes to TINY so inputs are
+    cheap. Ours takes 2 ms per call, every baseline 1 ms; ours uses 1 MiB of scratch, baselines
+    100 MiB; copy peak 1e-6 GB/s (every bandwidth row meets its target)."""
+    from rl_engine.bench import common, runner, timing
+
+    monkeypatch.setattr(runner, "QWEN3_8B", common.TINY)
+    who: dict[str, str] = {}
+    original = runner._Runner.measure
+
+    def measure(self, make, case, dry_key=None):
+        who["now"] = dry_key[-1]
+        return original(self, make, case, dry_key)
+
+    def fake_time(fn, warmup_ms, rep_ms):
+        ms = 2.0 if who["now"] in runner.BENCH_BACKENDS else 1.0
+        return timing.Timing(ms, ms * 0.9, ms * 1.2)
+
+    def fake_memory(fn):
+        ours = who["now"] in runner.BENCH_BACKENDS
+        return timing.Memory(peak_extra_bytes=(1 if ours else 100) * 2**20 + 4096, result_bytes=4096)
+
+    def fake_peaks(device, warmup_ms, rep_ms, dry_run):
+        return {"copy_gbps": 1e-6, "cublas_tflops": 1e-6, "copy_bytes": 2**31, "matmul_flops": 2 * 8192**3,
+                "matmul_mnk": [8192, 8192, 8192], "copy_spread": None, "cublas_spread": None}
+
+    monkeypatch.setattr(runner._Runner, "measure", measure)
+    monkeypatch.setattr(timing, "time_fn", fake_time)
+    monkeypatch.setattr(timing, "memory_fn", fake_memory)
+    monkeypatch.setattr(timing, "measure_peaks", fake_peaks)
+
+    def go(**kw):
+        cfg = runner.BenchConfig(ops=kw.get("ops", ["det_gemm", "rms_norm", "attention_decode", "linear_logp"]),
+                                 backends=["triton_cuda_bf16"], tokens=kw.get("tokens", [1, 1024, 8192]),
+                                 out_dir=tmp_path, skipped_backends={"cuda_bf16": "not here"},
+                                 time_budget_s=kw.get("time_budget_s"))
+        return runner.run_bench(cfg, log=lambda msg: None)
+
+    return go
+
+
+def test_measured_rows_ratios_and_verdicts(fake_measured, tmp_path):
+    from rl_engine.bench import report
+
+    doc = fake_measured()
+    report.write_json(tmp_path / "bench.json", doc)  # schema-valid
+    rows = [r for r in doc["rows"] if r["backend"] == "triton_cuda_bf16"]
+    assert all(r["status"] == "measured" and r["value"] is not None for r in rows)
+    for r in rows:
+        if r["baseline_status"] != "measured":  # Liger without liger_kernel
+            assert r["baseline_value"] is None and r["ratio"] is None and r["meets_target"] is None
+            continue
+        assert r["ratio"] == r["value"] / r["baseline_value"]
+        if r["target"] is not None:
+            ok = r["ratio"] >= r["target"] if r["target_sense"] == ">=" else r["ratio"] <= r["target"]
+            assert r["meets_target"] is ok
+        else:
+            assert r["meets_target"] is None
+    prefill = [r for r in rows if r["op"] == "det_gemm" and r["tokens"] >= 1024]
+    assert prefill and all(r["ratio"] == 0.5 and r["meets_target"] is False for r in prefill)  # 1 ms / 2 ms
+    assert all(r["spread"]["p20_ms"] <= r["spread"]["median_ms"] <= r["spread"]["p80_ms"] for r in prefill)
+    bandwidth = [r for r in rows if r["baseline"] == "copy bandwidth" and r["target"] is not None]
+    assert bandwidth and all(r["meets_target"] is True for r in bandwidth)
+    t8k = [r for r in rows if r["op"] == "linear_logp" and r["tokens"] == 8192 and r["target"] is not None]
+    by_metric = {r["metric"]: r for r in t8k}
+    assert by_metric["ms"]["ratio"] == 2.0 and by_metric["ms"]["meets_target"] is False
+    assert by_metric["GiB"]["value"] == 1 / 1024 and by_metric["GiB"]["meets_target"] is True
+    assert all(r["status"] == "skipped" and r["note"] == "not here" for r in doc["rows"] if r["backend"] == "cuda_bf16")
+    s = doc["summary"]
+    assert s["targets_missed"] == len(prefill) + 1 and s["targets_met"] == len(bandwidth) + 1
+    md = report.render_md(doc)
+    assert "**MISSES** by 0.300x" in md and "below target" in md and "% over target" in md
+    assert f"{len(prefill) + 1} miss it" in md
+    assert report.write_png(tmp_path / "bench.png", doc)
+
+
+def test_time_budget_skips_remaining_cases(fake_measured):
+    doc = fake_measured(ops=["rms_norm"], tokens=[1, 16], time_budget_s=0.0)
+    assert doc["complete"] is True
+    assert all(r["status"] == "skipped" and "time budget" in r["note"] for r in doc["rows"])
+
+
+# ------------------------------------------------------------------------------------------------
+# on a GPU: a short real run (never asserts speed)
+
+
+@pytest.mark.gpu
+def test_real_bench_short(tmp_path):
+    proc = subprocess.run([str(RL_ENGINE), "bench", "--ops", "rms_norm", "det_gemm", "--tokens", "16", "1024",
+                           "--backend", "triton_cuda_bf16", "--warmup-ms", "2", "--rep-ms", "5",
+                           "--out", str(tmp_path), "--json"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from rl_engine.bench import report
+
+    doc = report.load(tmp_path / "bench.json")
+    assert doc["peaks"]["copy_gbps"] > 0 and doc["peaks"]["cublas_tflops"] > 0
+    for r in doc["rows"]:
+        assert r["status"] == "measured" and r["value"] > 0 and r["ratio"] > 0
+        assert r["spread"]["p20_ms"] <= r["spread"]["median_ms"] <= r["spread"]["p80_ms"]
