@@ -52,10 +52,9 @@ def check_tf32_dots(root: Path) -> AuditRow:
     findings, basis, total = [], [], 0
     for path in scan.python_files(root):
         src = path.read_text()
-        n = scan.count_dots(src, _rel(path, root))
-        total += n
-        if n:
-            basis.append(f"{_rel(path, root)} ({n} tl.dot)")
+        lines = scan.dot_lines(src, _rel(path, root))
+        total += len(lines)
+        basis += [f"{_rel(path, root)}:{line}" for line in lines]
         findings += [f"{f}:{line}: {msg}" for f, line, msg in scan.unsafe_dots(src, _rel(path, root))]
     status = CONFORMANT if not findings else NONCONFORMANT
     return AuditRow(f"every tl.dot has input_precision='ieee' ({total} found)", status, basis, findings)
@@ -108,7 +107,7 @@ def check_reference_guard(root: Path) -> AuditRow:
         torch.backends.cuda.matmul.allow_tf32 = prev[0]
         torch.set_float32_matmul_precision(prev[1])
     findings += sorted(set(hits))
-    basis = [f"{calls[0]} matmul calls traced with TF32 enabled outside the guard"] + basis
+    basis = [f"{calls[0]} matmul calls traced while TF32 was enabled globally ({len(set(hits))} ran with TF32 allowed)"] + basis
     return AuditRow("no reference matmul can run in TF32 (references executed with TF32 enabled globally)",
                     CONFORMANT if not findings else NONCONFORMANT, basis, findings)
 
@@ -191,18 +190,20 @@ def check_declared_exceptions(root: Path) -> AuditRow:
 
     c = load_contract()
     findings, basis = [], []
-    from rl_engine.ops.det_gemm import triton as dg
+    import importlib
 
-    basis.append(f"{_rel(Path(dg.__file__), root)} TREE_DEPTH={dg.TREE_DEPTH}")
-    if dg.TREE_DEPTH != c.det_gemm["tree_depth"]:
-        findings.append(f"det_gemm TREE_DEPTH {dg.TREE_DEPTH} != contract tree_depth {c.det_gemm['tree_depth']}")
-    for op in ("rms_norm", "qk_norm"):
-        mod = __import__(f"rl_engine.ops.{op}.triton", fromlist=["x"])
-        fn = getattr(mod, f"{op}_triton")
-        default = inspect.signature(fn).parameters["order"].default
-        basis.append(f"{_where(fn, root)} order default {default!r}")
-        if default != c.rms_norm_order:
-            findings.append(f"{op}_triton default order {default!r} != contract {c.rms_norm_order!r}")
+    for backend_module in ("triton", "cuda"):
+        dg = importlib.import_module(f"rl_engine.ops.det_gemm.{backend_module}")
+        basis.append(f"{_rel(Path(dg.__file__), root)} TREE_DEPTH={dg.TREE_DEPTH}")
+        if dg.TREE_DEPTH != c.det_gemm["tree_depth"]:
+            findings.append(f"det_gemm.{backend_module} TREE_DEPTH {dg.TREE_DEPTH} != contract tree_depth {c.det_gemm['tree_depth']}")
+        for op in ("rms_norm", "qk_norm"):
+            mod = importlib.import_module(f"rl_engine.ops.{op}.{backend_module}")
+            fn = getattr(mod, f"{op}_{backend_module}")
+            default = inspect.signature(fn).parameters["order"].default
+            basis.append(f"{_where(fn, root)} order default {default!r}")
+            if default != c.rms_norm_order:
+                findings.append(f"{op}_{backend_module} default order {default!r} != contract {c.rms_norm_order!r}")
     from rl_engine.ops.lm_head import triton as lm
 
     basis.append(_rel(Path(lm.__file__), root))
@@ -271,9 +272,12 @@ def run_audit(root: Path | None = None, execute: bool = True) -> list[AuditRow]:
 
         required = load_contract().required_backends()
         runnable = [b for b in required if availability(b)[0]]
-        for check in (check_reference_dtypes,):
-            rows.append(check(root))
-        rows.append(check_logprob_dtypes(root, runnable))
+        rows.append(check_reference_dtypes(root))
+        logprob = check_logprob_dtypes(root, runnable)
+        skipped = [f"{b} not run here: {availability(b)[1]}" for b in required if b not in runnable]
+        if skipped:
+            logprob.component += " — " + "; ".join(skipped)
+        rows.append(logprob)
         rows.append(check_declared_exceptions(root))
         rows.append(check_bitwise_comparator(root))
         rows.append(check_gate_coverage(root, required))

@@ -102,5 +102,6 @@ def unsafe_dots(source: str, filename: str) -> list[tuple[str, int, str]]:
     return found
 
 
-def count_dots(source: str, filename: str) -> int:
-    return sum(1 for n in ast.walk(ast.parse(source, filename=filename)) if isinstance(n, ast.Call) and _is_tl_dot(n))
+def dot_lines(source: str, filename: str) -> list[int]:
+    """Line numbers of every ``tl.dot`` call."""
+    return sorted(n.lineno for n in ast.walk(ast.parse(source, filename=filename)) if isinstance(n, ast.Call) and _is_tl_dot(n))
