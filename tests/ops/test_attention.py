@@ -15,6 +15,8 @@ import math
 import pytest
 import torch
 
+from _helpers import (SMOKE, check_backward_accuracy, check_forward_accuracy, check_transform, control_caught,
+                      differing, int_bits)
 from rl_engine.errors import InputError
 from rl_engine.ops.attention import attention, attention_decode
 from rl_engine.ops.attention import triton as attn_triton
@@ -23,29 +25,20 @@ from rl_engine.ops.attention.reference import attention_decode_reference, attent
 from rl_engine.ops.attention.spec import GRAD_INPUTS, SPEC, make_case
 from rl_engine.ops.attention.triton import attention_decode_triton, attention_triton
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
-from rl_engine.ops.spec import WORKLOADS, make_generator, randn
+from rl_engine.ops.spec import make_generator, randn
 
-SMOKE = WORKLOADS["smoke"]
 LONG_LENS = (1, 0, 13, 70, 150)
 """Sequences longer than one KV block (64) and one query block (64), to exercise the loops."""
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
 
 
 def assert_bitwise(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     assert a.shape == b.shape, f"{what}: shapes {list(a.shape)} vs {list(b.shape)}"
     assert a.dtype == b.dtype, f"{what}: dtypes {a.dtype} vs {b.dtype}"
-    same = bits(a) == bits(b)
+    same = int_bits(a) == int_bits(b)
     if not bool(same.all()):
         idx = tuple(int(i) for i in torch.nonzero(~same)[0])
         raise AssertionError(f"{what}: {int((~same).sum())} elements differ, first at {list(idx)}: "
                              f"{float(a[idx])} vs {float(b[idx])}")
-
-
-def pair_equal(p) -> bool:
-    return p.canonical.shape == p.transformed.shape and bool(torch.equal(bits(p.canonical), bits(p.transformed)))
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +62,8 @@ def _accuracy_cases(device):
 @pytest.mark.parametrize("idx", range(5), ids=["prefill", "chunked", "decode-step", "long", "long-chunked"])
 def test_forward_accuracy(idx, device, contract):
     case = _accuracy_cases(device)[idx]
-    tol = contract.tolerance("forward", contract.op_class("attention"))
-    out = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)[0]
-    ref = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))[0]
-    assert out.dtype == torch.bfloat16 and out.shape == case.inputs["q"].shape
-    torch.testing.assert_close(out.float(), ref, atol=tol.atol, rtol=tol.rtol)
+    out = check_forward_accuracy(SPEC, case, contract, relative=False).out
+    assert out.shape == case.inputs["q"].shape
 
 
 def test_decode_accuracy(device, contract):
@@ -98,15 +88,7 @@ def test_backward_accuracy(which, device, contract, grad_case):
         case = make_case(SMOKE, 7, device, LONG_LENS)
     else:
         case = make_case(SMOKE, 8, device, LONG_LENS, (1, 0, 5, 33, 77))
-    tol = contract.tolerance("gradient", contract.op_class("attention"))
-    probe = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)
-    up = make_upstream(probe, case.seed + 7)
-    _, grads, _ = run_gradient(SPEC.impls["triton_cuda_bf16"], case.inputs, GRAD_INPUTS, upstream=up)
-    _, ref, _ = run_gradient(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs), GRAD_INPUTS,
-                             upstream=tuple(u.float() for u in up))
-    for n in GRAD_INPUTS:
-        assert grads[n].dtype == torch.bfloat16 and grads[n].shape == case.inputs[n].shape
-        torch.testing.assert_close(grads[n].float(), ref[n], atol=tol.atol, rtol=tol.rtol, msg=lambda m: f"d{n}: {m}")
+    check_backward_accuracy(SPEC, case, contract, names=GRAD_INPUTS)
 
 
 def test_backward_is_deterministic(device):
@@ -123,27 +105,13 @@ def test_backward_is_deterministic(device):
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout"])
 def test_invariance_forward(name, cases):
-    fn = SPEC.transforms[name]
-    impl = SPEC.impls["triton_cuda_bf16"]
     for case in cases.values():
-        pairs = fn(impl, case, "forward", False)
-        assert pairs, f"{name} on {case.id}: no pairs"
-        bad = [p.label for p in pairs if not pair_equal(p)]
-        assert not bad, f"{name} on {case.id}: not bitwise equal: {bad}"
-        planted = fn(impl, case, "forward", True)
-        assert any(not pair_equal(p) for p in planted), f"{name} on {case.id}: the planted ulp was not caught"
+        check_transform(SPEC, name, case, "forward")
 
 
 @pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout"])
 def test_invariance_gradient(name, grad_case):
-    fn = SPEC.transforms[name]
-    impl = SPEC.impls["triton_cuda_bf16"]
-    pairs = fn(impl, grad_case, "gradient", False)
-    assert pairs
-    bad = [p.label for p in pairs if not pair_equal(p)]
-    assert not bad, f"{name} gradient: not bitwise equal: {bad}"
-    planted = fn(impl, grad_case, "gradient", True)
-    assert any(not pair_equal(p) for p in planted), f"{name} gradient: the planted ulp was not caught"
+    check_transform(SPEC, name, grad_case, "gradient")
 
 
 def test_tp_is_declared_not_applicable():
@@ -154,7 +122,7 @@ def test_chunk_control_is_caught(cases):
     """A KV block size picked from the sequence lengths (16 for short calls) breaks prefill/decode parity."""
     case = next(c for c in cases.values() if c.id.startswith("T34-"))
     pairs = SPEC.transforms["chunk"](SPEC.controls["chunk"], case, "forward", False)
-    assert any(not pair_equal(p) for p in pairs), "the chunk check did not catch a size-dependent KV block"
+    assert control_caught(pairs), "the chunk check did not catch a size-dependent KV block"
 
 
 def test_rows_independent_of_query_block_size(device):
@@ -239,7 +207,7 @@ def test_p10_row_without_keys_is_zero_and_neighbours_unchanged(device):
                                                                          device=device), scale)
     masked = attention_decode_triton(q, cache_k, cache_v, torch.tensor([1, 0, 3, 4], dtype=torch.int32,
                                                                        device=device), scale)
-    assert bool((bits(masked[1]) == 0).all()), f"row 1 with no visible key is not exactly +0: {masked[1]}"
+    assert bool((int_bits(masked[1]) == 0).all()), f"row 1 with no visible key is not exactly +0: {masked[1]}"
     for r in (0, 2, 3):
         assert_bitwise(unmasked[r], masked[r], f"row {r}")
     # The same rows through the varlen path (one 4-token prefill) are bitwise the decode rows.
@@ -282,7 +250,7 @@ def test_zero_length_sequences(device):
     out, grads, _ = run_gradient(attention_triton, case.inputs, GRAD_INPUTS)
     ref = run_forward(attention_reference, upcast_inputs(case.inputs))[0]
     assert out[0].shape == ref.shape
-    assert bool((bits(grads["k"][:5]) == 0).all()) and bool((bits(grads["v"][:5]) == 0).all())
+    assert bool((int_bits(grads["k"][:5]) == 0).all()) and bool((int_bits(grads["v"][:5]) == 0).all())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,8 +334,7 @@ def test_chunk_invariance_across_kv_blocks(device):
     case = make_case(SMOKE, 14, device, (13, 150))
     impl = SPEC.impls["triton_cuda_bf16"]
     for direction in ("forward", "gradient"):
-        pairs = SPEC.transforms["chunk"](impl, case, direction, False)
-        bad = [p.label for p in pairs if not pair_equal(p)]
+        bad = differing(SPEC.transforms["chunk"](impl, case, direction, False))
         assert not bad, f"chunk {direction}: not bitwise equal: {bad}"
     control = SPEC.transforms["chunk"](SPEC.controls["chunk"], case, "forward", False)
-    assert any(not pair_equal(p) for p in control), "the size-dependent KV block was not caught"
+    assert control_caught(control), "the size-dependent KV block was not caught"

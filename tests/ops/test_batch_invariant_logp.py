@@ -8,23 +8,14 @@ import math
 import pytest
 import torch
 
+from _helpers import SMOKE, bits_equal, check_backward_accuracy, check_forward_accuracy, check_transform
 from rl_engine.errors import InputError
 from rl_engine.ops.batch_invariant_logp import batch_invariant_logp
 from rl_engine.ops.batch_invariant_logp.spec import SPEC
 from rl_engine.ops.batch_invariant_logp.triton import batch_invariant_logp_triton
-from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
 from rl_engine.ops.logp.triton import logp_triton
-from rl_engine.ops.spec import WORKLOADS
 
-SMOKE = WORKLOADS["smoke"]
 P4_VOCAB = 151936
-_INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
-
-
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return bool(torch.equal(a.contiguous().view(_INT[a.dtype]), b.contiguous().view(_INT[b.dtype])))
 
 
 def _cases(device):
@@ -45,21 +36,16 @@ def _case(case_id, device):
 def test_case_ids(device):
     assert [c.id for c in _cases(device)] == CASE_IDS
     assert [c.id for c in _grad_cases(device)] == ["B4-S20-V1000-right", "B3-S7-V1000-left-temp0.7"]
-    assert set(SPEC.impls) == {"reference_fp32", "torch_bf16", "triton_cuda_bf16"}
+    assert set(SPEC.impls) == {"reference_fp32", "torch_bf16", "triton_cuda_bf16", "cuda_bf16"}
     assert isinstance(SPEC.transforms["tp"], str)
 
 
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_forward_matches_reference_and_logp(device, contract, case_id):
     case = _case(case_id, device)
-    (out,) = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)
-    (ref,) = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))
-    (base,) = run_forward(SPEC.impls["torch_bf16"], case.inputs)
-    assert out.dtype == torch.float32 and base.dtype == torch.float32 and out.shape == ref.shape
-    tol = contract.tolerance("forward", "logprob", "float32")
-    torch.testing.assert_close(out, ref, atol=tol.atol, rtol=tol.rtol)
-    err, err_bf16 = (out - ref).abs().max().item(), (base - ref).abs().max().item()
-    assert err <= contract.relative_factor("forward") * err_bf16
+    res = check_forward_accuracy(SPEC, case, contract, out_dtype=torch.float32, tier="float32")
+    out = res.out
+    assert res.base.dtype == torch.float32
     # Masked positions are exactly +0; unmasked rows are bitwise logp's rows.
     m = case.inputs["mask"]
     assert bits_equal(out[~m], torch.zeros_like(out[~m]))
@@ -70,14 +56,8 @@ def test_forward_matches_reference_and_logp(device, contract, case_id):
 @pytest.mark.parametrize("idx", [0, 1])
 def test_backward_matches_reference(device, contract, idx):
     case = _grad_cases(device)[idx]
-    up = make_upstream(run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs), case.seed + 7)
-    _, grads, _ = run_gradient(SPEC.impls["triton_cuda_bf16"], case.inputs, ("logits",), upstream=up)
-    _, grads_ref, _ = run_gradient(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs), ("logits",),
-                                   upstream=up)
-    d = grads["logits"]
-    assert d.dtype == torch.float32 and d.shape == case.inputs["logits"].shape
-    tol = contract.tolerance("gradient", "logprob", "float32")
-    torch.testing.assert_close(d, grads_ref["logits"], atol=tol.atol, rtol=tol.rtol)
+    res = check_backward_accuracy(SPEC, case, contract, grad_dtype=torch.float32, tier="float32")
+    d, up = res.grads["logits"], res.upstream
     m = case.inputs["mask"]
     assert bits_equal(d[~m], torch.zeros_like(d[~m]))
     # rows equal logp's gradient rows bitwise
@@ -123,13 +103,7 @@ def test_api_dispatch(device):
 @pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout"])
 def test_invariance_bitwise_and_negative_control(device, name, direction):
     case = _case("B4-S20-V1000-right", device) if direction == "forward" else _grad_cases(device)[1]
-    fn = SPEC.transforms[name]
-    pairs = fn(SPEC.impls["triton_cuda_bf16"], case, direction, False)
-    assert pairs
-    bad = [p.label for p in pairs if not bits_equal(p.canonical, p.transformed)]
-    assert not bad, f"{name}/{direction}: not bitwise equal: {bad}"
-    planted = fn(SPEC.impls["triton_cuda_bf16"], case, direction, True)
-    assert any(not bits_equal(p.canonical, p.transformed) for p in planted), "planted ulp not caught"
+    check_transform(SPEC, name, case, direction)
 
 
 # -- bad inputs -------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from _helpers import (bits_equal, check_backward_accuracy, check_forward_accuracy, check_transform, control_caught,
+                      int_bits)
 from rl_engine.contract import load_contract
 from rl_engine.errors import ContractError, InputError
 from rl_engine.ops import spec as spec_mod
@@ -15,19 +17,10 @@ from rl_engine.ops._triton_common import check_triton_device, mma, upcast_dots
 from rl_engine.ops.det_gemm import det_gemm, mid_split_bounds, tp_split_det_gemm
 from rl_engine.ops.det_gemm import triton as dg_triton
 from rl_engine.ops.det_gemm.spec import SPEC
-from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
 
 SMOKE = spec_mod.WORKLOADS["smoke"]
 SEED = 1234
 IMPL = SPEC.impls["triton_cuda_bf16"]
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
-
-
-def _equal_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
-    return x.shape == y.shape and x.dtype == y.dtype and torch.equal(_bits(x), _bits(y))
 
 
 def _ints(shape, lo, hi, seed, device):
@@ -52,31 +45,19 @@ def test_cases_cover_single_row_and_odd_rows(device):
 @pytest.mark.parametrize("idx", range(9), ids=lambda i: f"case{i}")
 def test_forward_accuracy(device, contract, idx):
     case = _cases(device)[idx]
-    tol = contract.tolerance("forward", contract.op_class("det_gemm"))
-    (out,) = run_forward(IMPL, case.inputs)
-    (ref,) = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))
-    assert out.dtype == torch.bfloat16 and ref.dtype == torch.float32
+    out = check_forward_accuracy(SPEC, case, contract, relative=False).out
     assert out.shape == (case.inputs["a"].shape[0], case.inputs["b"].shape[1])
-    torch.testing.assert_close(out.float(), ref, atol=tol.atol, rtol=tol.rtol, msg=lambda m: f"{case.id}: {m}")
 
 
 def test_backward_accuracy(device, contract):
-    tol = contract.tolerance("gradient", contract.op_class("det_gemm"))
     for case in SPEC.build_grad_cases(SMOKE, SEED, device):
-        up = make_upstream(run_forward(IMPL, case.inputs), case.seed + 1)
-        _, grads, _ = run_gradient(IMPL, case.inputs, SPEC.grad_inputs, upstream=up)
-        _, ref, _ = run_gradient(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs), SPEC.grad_inputs,
-                                 upstream=tuple(u.float() for u in up))
-        for n in SPEC.grad_inputs:
-            assert grads[n].dtype == torch.bfloat16 and grads[n].shape == case.inputs[n].shape
-            torch.testing.assert_close(grads[n].float(), ref[n], atol=tol.atol, rtol=tol.rtol,
-                                       msg=lambda m, n=n: f"{case.id} d{n}: {m}")
+        check_backward_accuracy(SPEC, case, contract, upstream_offset=1)
 
 
 def test_public_api_and_torch_baseline(device):
     case = _cases(device)[1]
     out = det_gemm(case.inputs["a"], case.inputs["b"])
-    assert _equal_bits(out, IMPL(**case.inputs))
+    assert bits_equal(out, IMPL(**case.inputs))
     base = SPEC.impls["torch_bf16"](**case.inputs)
     assert base.dtype == torch.bfloat16 and base.shape == out.shape
 
@@ -109,13 +90,13 @@ def test_tree_topology_exact(device, k):
     a = _ints((5, k), -16, 16, 10 + k, device)
     b = _ints((k, 20), -16, 16, 20 + k, device)
     out = dg_triton.det_gemm_triton(a, b)
-    assert _equal_bits(out, _emulate_tree(a, b, 2, True))
+    assert bits_equal(out, _emulate_tree(a, b, 2, True))
     for depth in (0, 1):
-        assert _equal_bits(dg_triton.det_gemm_triton(a, b, tree_depth=depth), _emulate_tree(a, b, depth, True))
+        assert bits_equal(dg_triton.det_gemm_triton(a, b, tree_depth=depth), _emulate_tree(a, b, depth, True))
     fp32 = dg_triton.det_gemm_triton_fp32_merge(a, b)
-    assert _equal_bits(fp32, _emulate_tree(a, b, 2, False))
+    assert bits_equal(fp32, _emulate_tree(a, b, 2, False))
     if k > 4:
-        assert not _equal_bits(fp32, out), "integer case too easy: BF16 merges changed nothing"
+        assert not bits_equal(fp32, out), "integer case too easy: BF16 merges changed nothing"
 
 
 def test_contract_depth_asserted(monkeypatch, device):
@@ -135,9 +116,9 @@ def test_tp_split_bitwise(device, k):
     b = spec_mod.randn((k, 40), g, scale=k ** -0.5, device=device)
     full = IMPL(a=a, b=b)
     for parts in (2, 4):
-        assert _equal_bits(tp_split_det_gemm(a, b, parts, IMPL), full), f"K={k} split in {parts}"
-    assert not _equal_bits(tp_split_det_gemm(a, b, 4, dg_triton.det_gemm_triton_fp32_merge),
-                           dg_triton.det_gemm_triton_fp32_merge(a, b))
+        assert bits_equal(tp_split_det_gemm(a, b, parts, IMPL), full), f"K={k} split in {parts}"
+    assert not bits_equal(tp_split_det_gemm(a, b, 4, dg_triton.det_gemm_triton_fp32_merge),
+                          dg_triton.det_gemm_triton_fp32_merge(a, b))
 
 
 def test_tp_split_rejects_unsupported_parts(device):
@@ -152,36 +133,28 @@ def test_row0_independent_of_m(device):
     g = spec_mod.make_generator(7)
     a = spec_mod.randn((33, SMOKE.ffn), g, device=device)
     b = spec_mod.randn((SMOKE.ffn, SMOKE.hidden), g, scale=SMOKE.ffn ** -0.5, device=device)
-    assert _equal_bits(IMPL(a=a[:1], b=b)[0], IMPL(a=a, b=b)[0])
+    assert bits_equal(IMPL(a=a[:1], b=b)[0], IMPL(a=a, b=b)[0])
 
 
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
 @pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout", "tp"])
 def test_transform_bitwise_and_planted_control(device, name, direction):
-    fn = SPEC.transforms[name]
-    assert callable(fn)
-    case = _grad_case(device)
-    pairs = fn(IMPL, case, direction, False)
-    assert pairs
-    for p in pairs:
-        assert _equal_bits(p.canonical, p.transformed), f"{name}/{direction}: {p.label} differs"
-    planted = fn(IMPL, case, direction, True)
-    assert any(not _equal_bits(p.canonical, p.transformed) for p in planted), f"{name}/{direction}: plant not caught"
+    check_transform(SPEC, name, _grad_case(device), direction)
 
 
 @pytest.mark.parametrize("name", ["batch", "tp"])
 def test_known_breaking_controls_caught(device, name):
     control = SPEC.controls[name]
     pairs = SPEC.transforms[name](control, _grad_case(device), "forward", False)
-    assert any(not _equal_bits(p.canonical, p.transformed) for p in pairs), f"{control.__name__} not caught by {name}"
+    assert control_caught(pairs), f"{control.__name__} not caught by {name}"
 
 
 def test_layout_accepts_transposed_weight(device):
     g = spec_mod.make_generator(3)
     a = spec_mod.randn((9, SMOKE.hidden), g, device=device)
     w = spec_mod.randn((SMOKE.ffn, SMOKE.hidden), g, scale=SMOKE.hidden ** -0.5, device=device)
-    assert _equal_bits(IMPL(a=a, b=w.t()), IMPL(a=a, b=w.t().contiguous()))
-    assert _equal_bits(IMPL(a=a.t().contiguous().t(), b=w.t()), IMPL(a=a, b=w.t().contiguous()))
+    assert bits_equal(IMPL(a=a, b=w.t()), IMPL(a=a, b=w.t().contiguous()))
+    assert bits_equal(IMPL(a=a.t().contiguous().t(), b=w.t()), IMPL(a=a, b=w.t().contiguous()))
 
 
 # ---------------------------------------------------------------- pitfall P6
@@ -234,4 +207,4 @@ def test_empty_shapes(device):
     b = torch.ones((8, 3), dtype=torch.bfloat16, device=device)
     assert IMPL(a=a, b=b).shape == (0, 3)
     out = IMPL(a=torch.ones((2, 0), dtype=torch.bfloat16, device=device), b=torch.ones((0, 3), dtype=torch.bfloat16, device=device))
-    assert torch.equal(_bits(out), torch.zeros((2, 3), dtype=torch.int16, device=device))
+    assert torch.equal(int_bits(out), torch.zeros((2, 3), dtype=torch.int16, device=device))

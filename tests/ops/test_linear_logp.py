@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _helpers import SMOKE, assert_within, bits_equal, check_backward_accuracy, check_forward_accuracy, check_transform
 from rl_engine.errors import InputError
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
 from rl_engine.ops.linear_logp import linear_logp
@@ -13,17 +14,9 @@ from rl_engine.ops.linear_logp.reference import linear_logp_reference
 from rl_engine.ops.linear_logp.spec import SPEC
 from rl_engine.ops.linear_logp.triton import BLOCK_M, CHUNK_V, linear_logp_triton
 from rl_engine.ops.logp.triton import logp_triton
-from rl_engine.ops.spec import WORKLOADS, make_generator
+from rl_engine.ops.spec import make_generator
 
-SMOKE = WORKLOADS["smoke"]
 P4_VOCAB = 151936
-_INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
-
-
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return bool(torch.equal(a.contiguous().view(_INT[a.dtype]), b.contiguous().view(_INT[b.dtype])))
 
 
 def _cases(device):
@@ -53,10 +46,22 @@ def _grads(impl, h, w, tg, up, temperature=1.0):
     return outs[0], grads["hidden"], grads["weight"]
 
 
+def _check_fused_vs_reference(contract, h, w, tg, up, temperature=1.0):
+    """Logprobs, dhidden and dweight of the kernel within the contract's logprob tolerances (FP32
+    forward, BF16 gradient) of the FP32 reference; returns the kernel's logprobs."""
+    out, dh, dw = _grads(linear_logp_triton, h, w, tg, up, temperature)
+    ref, dh_ref, dw_ref = _grads(linear_logp_reference, h, w, tg, up, temperature)
+    tol_g = contract.tolerance("gradient", "logprob", "bfloat16")
+    assert_within(out, ref, contract.tolerance("forward", "logprob", "float32"), "logprob")
+    assert_within(dh.float(), dh_ref, tol_g, "dhidden")
+    assert_within(dw.float(), dw_ref, tol_g, "dweight")
+    return out
+
+
 def test_case_ids(device):
     assert [c.id for c in _cases(device)] == CASE_IDS
     assert [c.id for c in _grad_cases(device)] == ["T9-E64-V1000", "T9-E64-V1000-temp0.7"]
-    assert set(SPEC.impls) == {"reference_fp32", "torch_bf16", "triton_cuda_bf16"}
+    assert set(SPEC.impls) == {"reference_fp32", "torch_bf16", "triton_cuda_bf16", "cuda_bf16"}
     assert isinstance(SPEC.transforms["tp"], str)
 
 
@@ -66,33 +71,14 @@ def test_case_ids(device):
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_forward_matches_reference(device, contract, case_id):
     case = next(c for c in _cases(device) if c.id == case_id)
-    (out,) = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)
-    (ref,) = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))
-    (base,) = run_forward(SPEC.impls["torch_bf16"], case.inputs)
-    assert out.dtype == torch.float32 and base.dtype == torch.float32 and out.shape == ref.shape
     # FP32 logits from exact BF16 products: the FP32 logprob tolerance holds at E = 64.
-    tol = contract.tolerance("forward", "logprob", "float32")
-    torch.testing.assert_close(out, ref, atol=tol.atol, rtol=tol.rtol)
-    err, err_bf16 = (out - ref).abs().max().item(), (base - ref).abs().max().item()
-    assert err <= contract.relative_factor("forward") * err_bf16
+    res = check_forward_accuracy(SPEC, case, contract, out_dtype=torch.float32, tier="float32")
+    assert res.base.dtype == torch.float32
 
 
 @pytest.mark.parametrize("idx", [0, 1])
 def test_backward_matches_reference(device, contract, idx):
-    case = _grad_cases(device)[idx]
-    up = make_upstream(run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs), case.seed + 7)
-    _, grads, _ = run_gradient(SPEC.impls["triton_cuda_bf16"], case.inputs, SPEC.grad_inputs, upstream=up)
-    _, ref, _ = run_gradient(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs), SPEC.grad_inputs,
-                             upstream=up)
-    _, base, _ = run_gradient(SPEC.impls["torch_bf16"], case.inputs, SPEC.grad_inputs, upstream=up)
-    tol = contract.tolerance("gradient", "logprob", "bfloat16")
-    for name in ("hidden", "weight"):
-        d = grads[name]
-        assert d.dtype == torch.bfloat16 and d.shape == case.inputs[name].shape
-        torch.testing.assert_close(d.float(), ref[name], atol=tol.atol, rtol=tol.rtol)
-        err = (d.float() - ref[name]).abs().max().item()
-        err_bf16 = (base[name].float() - ref[name]).abs().max().item()
-        assert err <= contract.relative_factor("gradient") * err_bf16, name
+    check_backward_accuracy(SPEC, _grad_cases(device)[idx], contract, relative=True)
 
 
 def test_several_row_blocks_forward_backward_and_rows_alone(device, contract):
@@ -101,13 +87,7 @@ def test_several_row_blocks_forward_backward_and_rows_alone(device, contract):
     t = BLOCK_M + 6
     h, w, tg = _random_problem(t, 64, SMOKE.vocab, 5, device)
     up = torch.randn(t, generator=make_generator(6)).to(device)
-    out, dh, dw = _grads(linear_logp_triton, h, w, tg, up)
-    ref, dh_ref, dw_ref = _grads(linear_logp_reference, h, w, tg, up)
-    tol_f = contract.tolerance("forward", "logprob", "float32")
-    tol_g = contract.tolerance("gradient", "logprob", "bfloat16")
-    torch.testing.assert_close(out, ref, atol=tol_f.atol, rtol=tol_f.rtol)
-    torch.testing.assert_close(dh.float(), dh_ref, atol=tol_g.atol, rtol=tol_g.rtol)
-    torch.testing.assert_close(dw.float(), dw_ref, atol=tol_g.atol, rtol=tol_g.rtol)
+    out = _check_fused_vs_reference(contract, h, w, tg, up)
     for r in (0, BLOCK_M - 1, BLOCK_M, t - 1):
         assert bits_equal(linear_logp_triton(h[r:r + 1], w, tg[r:r + 1]), out[r:r + 1]), r
 
@@ -119,16 +99,10 @@ def test_several_vocab_chunks_forward_backward(device, contract):
     h, w, tg = _random_problem(5, 70, v, 7, device)
     tg[0] = v - 1  # a target in the last, partial tile
     up = torch.randn(5, generator=make_generator(8)).to(device)
-    out, dh, dw = _grads(linear_logp_triton, h, w, tg, up, 0.7)
-    ref, dh_ref, dw_ref = _grads(linear_logp_reference, h, w, tg, up, 0.7)
-    tol_f = contract.tolerance("forward", "logprob", "float32")
-    tol_g = contract.tolerance("gradient", "logprob", "bfloat16")
-    torch.testing.assert_close(out, ref, atol=tol_f.atol, rtol=tol_f.rtol)
-    torch.testing.assert_close(dh.float(), dh_ref, atol=tol_g.atol, rtol=tol_g.rtol)
-    torch.testing.assert_close(dw.float(), dw_ref, atol=tol_g.atol, rtol=tol_g.rtol)
+    out = _check_fused_vs_reference(contract, h, w, tg, up, 0.7)
     # the same logits scored unfused by logp agree within the FP32 logprob tolerance
     logits = h.float() @ w.float().T
-    torch.testing.assert_close(out, logp_triton(logits, tg, 0.7), atol=tol_f.atol, rtol=tol_f.rtol)
+    assert_within(out, logp_triton(logits, tg, 0.7), contract.tolerance("forward", "logprob", "float32"), "unfused")
 
 
 def test_deterministic(device):
@@ -169,14 +143,7 @@ def test_api_dispatch(device):
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
 @pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout"])
 def test_invariance_bitwise_and_negative_control(device, name, direction):
-    case = _grad_cases(device)[0]
-    fn = SPEC.transforms[name]
-    pairs = fn(SPEC.impls["triton_cuda_bf16"], case, direction, False)
-    assert pairs
-    bad = [p.label for p in pairs if not bits_equal(p.canonical, p.transformed)]
-    assert not bad, f"{name}/{direction}: not bitwise equal: {bad}"
-    planted = fn(SPEC.impls["triton_cuda_bf16"], case, direction, True)
-    assert any(not bits_equal(p.canonical, p.transformed) for p in planted), "planted ulp not caught"
+    check_transform(SPEC, name, _grad_cases(device)[0], direction)
 
 
 # -- bad inputs -------------------------------------------------------------------------------------

@@ -6,23 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _helpers import (assert_one_and_odd_token_counts, bits_equal, check_backward_accuracy, check_forward_accuracy,
+                      check_transform)
 from rl_engine.errors import InputError
 from rl_engine.ops import spec as spec_mod
-from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
 from rl_engine.ops.lm_head import lm_head
 from rl_engine.ops.lm_head.spec import SPEC, _token_counts
 
 SMOKE = spec_mod.WORKLOADS["smoke"]
 SEED = 4321
 IMPL = SPEC.impls["triton_cuda_bf16"]
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
-
-
-def _equal_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
-    return x.shape == y.shape and x.dtype == y.dtype and torch.equal(_bits(x), _bits(y))
 
 
 def _grad_case(device):
@@ -32,7 +25,7 @@ def _grad_case(device):
 def test_cases(device):
     cases = SPEC.build_cases(SMOKE, SEED, device)
     ts = [c.inputs["hidden"].shape[0] for c in cases]
-    assert 1 in ts and any(t % 2 == 1 and t > 1 for t in ts)
+    assert_one_and_odd_token_counts(ts)
     assert all(c.inputs["weight"].shape == (SMOKE.vocab, SMOKE.hidden) for c in cases)
     assert _token_counts(spec_mod.WORKLOADS["qwen3-8b"]) == [1, 257, 1027]
 
@@ -41,33 +34,21 @@ def test_cases(device):
 def test_forward_accuracy_fp32_logits(device, contract, idx):
     """Logits are FP32 with only FP32 accumulation error: the FP32 tier of the reduction class holds."""
     case = SPEC.build_cases(SMOKE, SEED, device)[idx]
-    tol = contract.tolerance("forward", contract.op_class("lm_head"), "float32")
-    (out,) = run_forward(IMPL, case.inputs)
-    (ref,) = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))
-    assert out.dtype == torch.float32 and ref.dtype == torch.float32
+    out = check_forward_accuracy(SPEC, case, contract, out_dtype=torch.float32, tier="float32", relative=False).out
     assert out.shape == (case.inputs["hidden"].shape[0], SMOKE.vocab)
-    torch.testing.assert_close(out, ref, atol=tol.atol, rtol=tol.rtol, msg=lambda m: f"{case.id}: {m}")
     # Not rounded to BF16: some logits carry more than 8 significant bits.
     assert not torch.equal(out, out.to(torch.bfloat16).float())
 
 
 def test_backward_accuracy(device, contract):
-    tol = contract.tolerance("gradient", contract.op_class("lm_head"))
-    case = _grad_case(device)
-    up = make_upstream(run_forward(IMPL, case.inputs), case.seed + 1)
-    assert up[0].dtype == torch.float32
-    _, grads, _ = run_gradient(IMPL, case.inputs, SPEC.grad_inputs, upstream=up)
-    _, ref, _ = run_gradient(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs), SPEC.grad_inputs, upstream=up)
-    for n in SPEC.grad_inputs:
-        assert grads[n].dtype == torch.bfloat16 and grads[n].shape == case.inputs[n].shape
-        torch.testing.assert_close(grads[n].float(), ref[n], atol=tol.atol, rtol=tol.rtol,
-                                   msg=lambda m, n=n: f"d{n}: {m}")
+    res = check_backward_accuracy(SPEC, _grad_case(device), contract, upstream_offset=1)
+    assert res.upstream[0].dtype == torch.float32
 
 
 def test_public_api_and_torch_baseline(device):
     case = SPEC.build_cases(SMOKE, SEED, device)[1]
     out = lm_head(case.inputs["hidden"], case.inputs["weight"])
-    assert _equal_bits(out, IMPL(**case.inputs))
+    assert bits_equal(out, IMPL(**case.inputs))
     base = SPEC.impls["torch_bf16"](**case.inputs)
     assert base.dtype == torch.float32 and torch.equal(base, base.to(torch.bfloat16).float())
 
@@ -84,7 +65,7 @@ def test_p5_logits_stay_fp32(device):
     expect = torch.zeros((1, v), dtype=torch.float32, device=device)
     expect[0, 0] = 80.25
     expect[0, 1] = 80.0
-    assert _equal_bits(logits, expect)
+    assert bits_equal(logits, expect)
     assert SPEC.impls["torch_bf16"](hidden=hidden, weight=weight)[0, 0].item() == 80.0
 
 
@@ -92,20 +73,13 @@ def test_row0_independent_of_t(device):
     case = SPEC.build_cases(SMOKE, SEED, device)[-1]
     h, w = case.inputs["hidden"], case.inputs["weight"]
     assert h.shape[0] == 33
-    assert _equal_bits(IMPL(hidden=h[:1], weight=w)[0], IMPL(hidden=h, weight=w)[0])
+    assert bits_equal(IMPL(hidden=h[:1], weight=w)[0], IMPL(hidden=h, weight=w)[0])
 
 
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
 @pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout"])
 def test_transform_bitwise_and_planted_control(device, name, direction):
-    fn = SPEC.transforms[name]
-    case = _grad_case(device)
-    pairs = fn(IMPL, case, direction, False)
-    assert pairs
-    for p in pairs:
-        assert _equal_bits(p.canonical, p.transformed), f"{name}/{direction}: {p.label} differs"
-    planted = fn(IMPL, case, direction, True)
-    assert any(not _equal_bits(p.canonical, p.transformed) for p in planted), f"{name}/{direction}: plant not caught"
+    check_transform(SPEC, name, _grad_case(device), direction)
 
 
 def test_tp_declared_not_applicable():

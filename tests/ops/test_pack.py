@@ -5,67 +5,38 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _helpers import (assert_one_and_odd_token_counts, bits_equal, case_fixtures, check_backward_accuracy,
+                      check_forward_accuracy, check_transform)
 from rl_engine.errors import InputError
-from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
+from rl_engine.ops.execute import run_forward
 from rl_engine.ops.pack import pack, unpack
 from rl_engine.ops.pack.spec import SPEC, cu_from_lengths
-from rl_engine.ops.spec import WORKLOADS, make_generator, randn
+from rl_engine.ops.spec import make_generator, randn
 
-SMOKE = WORKLOADS["smoke"]
 SEED = 31
-_INT = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
 BACKENDS = ("reference_fp32", "torch_bf16", "triton_cuda_bf16")
-
-
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype in _INT:
-        return torch.equal(a.contiguous().view(_INT[a.dtype]), b.contiguous().view(_INT[b.dtype]))
-    return torch.equal(a, b)
-
-
-@pytest.fixture(scope="module")
-def cases(device):
-    return SPEC.build_cases(SMOKE, SEED, device)
-
-
-@pytest.fixture(scope="module")
-def grad_case(device):
-    return SPEC.build_grad_cases(SMOKE, SEED, device)[0]
+cases, grad_case = case_fixtures(SPEC, SEED)
 
 
 def test_cases_cover_shapes(cases):
-    totals = [int(c.inputs["cu_seqlens"][-1]) for c in cases]
-    assert 1 in totals and any(t % 2 for t in totals if t > 1)
+    assert_one_and_odd_token_counts([int(c.inputs["cu_seqlens"][-1]) for c in cases])
     assert any(0 in (c.inputs["cu_seqlens"][1:] - c.inputs["cu_seqlens"][:-1]).tolist() for c in cases)
 
 
 def test_forward_exact(cases, contract):
-    tol = contract.tolerance("forward", contract.op_class("pack"))
     for case in cases:
-        (out,) = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)
-        (ref,) = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))
+        res = check_forward_accuracy(SPEC, case, contract, relative=False)
         (hf,) = run_forward(SPEC.impls["torch_bf16"], case.inputs)
-        assert out.dtype == torch.bfloat16 and out.shape == ref.shape, case.id
-        torch.testing.assert_close(out.float(), ref, atol=tol.atol, rtol=tol.rtol, msg=case.id)
-        assert torch.equal(out.float(), ref), f"{case.id}: not an exact copy"
-        assert _bits_equal(out, hf), case.id
+        assert torch.equal(res.out.float(), res.ref), f"{case.id}: not an exact copy"
+        assert bits_equal(res.out, hf), case.id
 
 
 def test_backward_is_unpack(grad_case, contract):
-    tol = contract.tolerance("gradient", contract.op_class("pack"))
-    impl = SPEC.impls["triton_cuda_bf16"]
-    up = make_upstream(run_forward(impl, grad_case.inputs), grad_case.seed + 7)
-    _, g, _ = run_gradient(impl, grad_case.inputs, SPEC.grad_inputs, upstream=up)
-    _, g_ref, _ = run_gradient(SPEC.impls["reference_fp32"], upcast_inputs(grad_case.inputs),
-                               SPEC.grad_inputs, upstream=tuple(u.float() for u in up))
-    dx = g["x"]
-    assert dx.dtype == torch.bfloat16 and dx.shape == grad_case.inputs["x"].shape
-    torch.testing.assert_close(dx.float(), g_ref["x"], atol=tol.atol, rtol=tol.rtol)
-    assert torch.equal(dx.float(), g_ref["x"])
+    res = check_backward_accuracy(SPEC, grad_case, contract)
+    dx = res.grads["x"]
+    assert torch.equal(dx.float(), res.ref["x"])
     s = grad_case.inputs["x"].shape[1]
-    assert _bits_equal(dx, unpack(up[0], grad_case.inputs["cu_seqlens"], s))
+    assert bits_equal(dx, unpack(res.upstream[0], grad_case.inputs["cu_seqlens"], s))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -80,8 +51,8 @@ def test_unpack_exact_and_zero_padding(backend, grad_case):
     for i, n in enumerate(lengths):
         expect[i, :n] = x[i, :n]
     assert out.shape == (b, s, e)
-    assert _bits_equal(out.to(torch.bfloat16), expect)
-    assert _bits_equal(pack(out.to(torch.bfloat16), cu), packed)
+    assert bits_equal(out.to(torch.bfloat16), expect)
+    assert bits_equal(pack(out.to(torch.bfloat16), cu), packed)
 
 
 def test_unpack_backward_is_pack(grad_case):
@@ -90,21 +61,13 @@ def test_unpack_backward_is_pack(grad_case):
     out = unpack(packed, cu, x.shape[1])
     dy = randn(tuple(out.shape), make_generator(SEED + 1), device=x.device)
     out.backward(dy)
-    assert _bits_equal(packed.grad, pack(dy, cu))
+    assert bits_equal(packed.grad, pack(dy, cu))
 
 
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
 @pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout"])
 def test_invariance_and_negative_control(name, direction, grad_case):
-    fn = SPEC.transform(name)
-    assert callable(fn)
-    impl = SPEC.impls["triton_cuda_bf16"]
-    pairs = fn(impl, grad_case, direction, False)
-    assert pairs
-    for p in pairs:
-        assert _bits_equal(p.canonical, p.transformed), f"{name}/{direction}: {p.label}"
-    planted = fn(impl, grad_case, direction, True)
-    assert any(not _bits_equal(p.canonical, p.transformed) for p in planted), f"{name}: control passed"
+    check_transform(SPEC, name, grad_case, direction)
 
 
 def test_tp_is_declared_na():
@@ -119,7 +82,7 @@ def test_empty_batch_and_empty_sequences(device):
     out = pack(x, cu_from_lengths([0, 0], device))
     assert out.shape == (0, 8)
     back = unpack(out, cu_from_lengths([0, 0], device), 4)
-    assert _bits_equal(back, torch.zeros_like(x))
+    assert bits_equal(back, torch.zeros_like(x))
 
 
 def test_bad_inputs_raise(device):

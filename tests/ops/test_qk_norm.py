@@ -8,75 +8,34 @@ import inspect
 import pytest
 import torch
 
+from _helpers import (assert_one_and_odd_token_counts, bits_equal, case_fixtures, check_backward_accuracy,
+                      check_forward_accuracy, check_transform)
 from rl_engine.errors import InputError
-from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
+from rl_engine.ops.execute import make_upstream, run_gradient
 from rl_engine.ops.qk_norm import qk_norm
 from rl_engine.ops.qk_norm import api as qk_api
 from rl_engine.ops.qk_norm.spec import SPEC
 from rl_engine.ops.rms_norm import rms_norm
 from rl_engine.ops.rms_norm.spec import norm_weight
-from rl_engine.ops.spec import WORKLOADS, make_generator, randn
+from rl_engine.ops.spec import make_generator, randn
 
-SMOKE = WORKLOADS["smoke"]
 SEED = 99
-_INT = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
 P2_BITS = {"hf": (0x3F92, 0x4012), "fused": (0x3F91, 0x4011)}
-
-
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype in _INT:
-        return torch.equal(a.contiguous().view(_INT[a.dtype]), b.contiguous().view(_INT[b.dtype]))
-    return torch.equal(a, b)
-
-
-def _grads(impl, inputs, up):
-    _, g, _ = run_gradient(impl, inputs, ("x", "weight"), upstream=up)
-    return g
-
-
-@pytest.fixture(scope="module")
-def cases(device):
-    return SPEC.build_cases(SMOKE, SEED, device)
-
-
-@pytest.fixture(scope="module")
-def grad_case(device):
-    return SPEC.build_grad_cases(SMOKE, SEED, device)[0]
+cases, grad_case = case_fixtures(SPEC, SEED)
 
 
 def test_cases_cover_shapes_and_orders(cases):
-    counts = [c.inputs["x"].shape[0] for c in cases]
-    assert 1 in counts and any(t % 2 for t in counts if t > 1)
+    assert_one_and_odd_token_counts([c.inputs["x"].shape[0] for c in cases])
     assert {c.inputs["order"] for c in cases} == {"hf", "fused"}
 
 
 def test_forward_accuracy(cases, contract):
-    tol = contract.tolerance("forward", contract.op_class("qk_norm"))
-    k = contract.relative_factor("forward")
     for case in cases:
-        (out,) = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)
-        (ref,) = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))
-        (hf,) = run_forward(SPEC.impls["torch_bf16"], case.inputs)
-        assert out.dtype == torch.bfloat16 and out.shape == ref.shape
-        torch.testing.assert_close(out.float(), ref, atol=tol.atol, rtol=tol.rtol, msg=case.id)
-        err, err_hf = (out.float() - ref).abs().max(), (hf.float() - ref).abs().max()
-        assert err <= k * err_hf, f"{case.id}: {err} > {k} x {err_hf}"
+        check_forward_accuracy(SPEC, case, contract)
 
 
 def test_backward_accuracy(grad_case, contract):
-    tol = contract.tolerance("gradient", contract.op_class("qk_norm"))
-    k = contract.relative_factor("gradient")
-    up = make_upstream(run_forward(SPEC.impls["triton_cuda_bf16"], grad_case.inputs), grad_case.seed + 7)
-    g = _grads(SPEC.impls["triton_cuda_bf16"], grad_case.inputs, up)
-    g_ref = _grads(SPEC.impls["reference_fp32"], upcast_inputs(grad_case.inputs), tuple(u.float() for u in up))
-    g_hf = _grads(SPEC.impls["torch_bf16"], grad_case.inputs, up)
-    for name in ("x", "weight"):
-        assert g[name].dtype == torch.bfloat16 and g[name].shape == grad_case.inputs[name].shape
-        torch.testing.assert_close(g[name].float(), g_ref[name], atol=tol.atol, rtol=tol.rtol, msg=name)
-        err, err_hf = (g[name].float() - g_ref[name]).abs().max(), (g_hf[name].float() - g_ref[name]).abs().max()
-        assert err <= k * err_hf, f"d{name}: {err} > {k} x {err_hf}"
+    check_backward_accuracy(SPEC, grad_case, contract, relative=True)
 
 
 @pytest.mark.parametrize("order", ["hf", "fused"])
@@ -90,24 +49,15 @@ def test_equals_rms_norm_on_rows(order, grad_case):
     outs_q, g_q, _ = run_gradient(SPEC.impls["triton_cuda_bf16"], qk_inputs, ("x", "weight"), upstream=up)
     outs_r, g_r, _ = run_gradient(lambda **kw: rms_norm(**kw), rms_inputs, ("x", "weight"),
                                   upstream=(up[0].reshape(t * h, d),))
-    assert _bits_equal(outs_q[0].reshape(t * h, d), outs_r[0])
-    assert _bits_equal(g_q["x"].reshape(t * h, d), g_r["x"])
-    assert _bits_equal(g_q["weight"], g_r["weight"])
+    assert bits_equal(outs_q[0].reshape(t * h, d), outs_r[0])
+    assert bits_equal(g_q["x"].reshape(t * h, d), g_r["x"])
+    assert bits_equal(g_q["weight"], g_r["weight"])
 
 
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
 @pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout", "tp"])
 def test_invariance_and_negative_control(name, direction, cases, grad_case):
-    fn = SPEC.transform(name)
-    assert callable(fn)
-    case = cases[2] if direction == "forward" else grad_case
-    impl = SPEC.impls["triton_cuda_bf16"]
-    pairs = fn(impl, case, direction, False)
-    assert pairs
-    for p in pairs:
-        assert _bits_equal(p.canonical, p.transformed), f"{name}/{direction}: {p.label}"
-    planted = fn(impl, case, direction, True)
-    assert any(not _bits_equal(p.canonical, p.transformed) for p in planted), f"{name}: control passed"
+    check_transform(SPEC, name, cases[2] if direction == "forward" else grad_case, direction)
 
 
 @pytest.mark.parametrize("t", [1, 3])

@@ -8,62 +8,30 @@ import inspect
 import pytest
 import torch
 
+from _helpers import (SMOKE, assert_one_and_odd_token_counts, bits_equal, case_fixtures, check_backward_accuracy,
+                      check_forward_accuracy, check_transform, control_caught, differing, gradients)
 from rl_engine.errors import InputError
-from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
+from rl_engine.ops.execute import make_upstream, run_forward
 from rl_engine.ops.rms_norm import rms_norm
 from rl_engine.ops.rms_norm import api as rms_api
 from rl_engine.ops.rms_norm.spec import SPEC, norm_weight
 from rl_engine.ops.rms_norm.triton import ROWS_PER_PROGRAM
-from rl_engine.ops.spec import WORKLOADS, make_generator, randn
+from rl_engine.ops.spec import make_generator, randn
 
-SMOKE = WORKLOADS["smoke"]
 SEED = 4242
-_INT = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
+KERNEL = SPEC.impls["triton_cuda_bf16"]
 P2_BITS = {"hf": (0x3F92, 0x4012), "fused": (0x3F91, 0x4011)}
-
-
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype in _INT:
-        return torch.equal(a.contiguous().view(_INT[a.dtype]), b.contiguous().view(_INT[b.dtype]))
-    return torch.equal(a, b)
-
-
-def _grads(impl_name, case, up):
-    inputs = case.inputs if impl_name != "reference_fp32" else upcast_inputs(case.inputs)
-    ups = up if impl_name != "reference_fp32" else tuple(u.float() for u in up)
-    _, g, _ = run_gradient(SPEC.impls[impl_name], inputs, SPEC.grad_inputs, upstream=ups)
-    return g
-
-
-@pytest.fixture(scope="module")
-def cases(device):
-    return SPEC.build_cases(SMOKE, SEED, device)
-
-
-@pytest.fixture(scope="module")
-def grad_case(device):
-    return SPEC.build_grad_cases(SMOKE, SEED, device)[0]
+cases, grad_case = case_fixtures(SPEC, SEED)
 
 
 def test_cases_cover_shapes_and_orders(cases):
-    counts = [c.inputs["x"].shape[0] for c in cases]
-    assert 1 in counts and any(t % 2 for t in counts if t > 1)
+    assert_one_and_odd_token_counts([c.inputs["x"].shape[0] for c in cases])
     assert {c.inputs["order"] for c in cases} == {"hf", "fused"}
 
 
 def test_forward_accuracy(cases, contract):
-    tol = contract.tolerance("forward", contract.op_class("rms_norm"))
-    k = contract.relative_factor("forward")
     for case in cases:
-        (out,) = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)
-        (ref,) = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))
-        (hf,) = run_forward(SPEC.impls["torch_bf16"], case.inputs)
-        assert out.dtype == torch.bfloat16 and out.shape == ref.shape
-        torch.testing.assert_close(out.float(), ref, atol=tol.atol, rtol=tol.rtol, msg=case.id)
-        err, err_hf = (out.float() - ref).abs().max(), (hf.float() - ref).abs().max()
-        assert err <= k * err_hf, f"{case.id}: {err} > {k} x {err_hf}"
+        check_forward_accuracy(SPEC, case, contract)
 
 
 @pytest.mark.parametrize("t", [None, 2 * ROWS_PER_PROGRAM + 5])
@@ -73,39 +41,22 @@ def test_backward_accuracy_and_determinism(t, grad_case, contract, device):
         g = make_generator(SEED + 5)
         x = randn((t, SMOKE.hidden), g, scale=2.0, device=device)
         case = type(grad_case)(id=f"T{t}", seed=SEED + 5, inputs={**grad_case.inputs, "x": x})
-    tol = contract.tolerance("gradient", contract.op_class("rms_norm"))
-    k = contract.relative_factor("gradient")
-    up = make_upstream(run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs), case.seed + 7)
-    g, g_ref, g_hf = (_grads(n, case, up) for n in ("triton_cuda_bf16", "reference_fp32", "torch_bf16"))
-    for name in ("x", "weight"):
-        assert g[name].dtype == torch.bfloat16 and g[name].shape == case.inputs[name].shape
-        torch.testing.assert_close(g[name].float(), g_ref[name], atol=tol.atol, rtol=tol.rtol, msg=name)
-        err, err_hf = (g[name].float() - g_ref[name]).abs().max(), (g_hf[name].float() - g_ref[name]).abs().max()
-        assert err <= k * err_hf, f"d{name}: {err} > {k} x {err_hf}"
-    g2 = _grads("triton_cuda_bf16", case, up)
-    assert _bits_equal(g["x"], g2["x"]) and _bits_equal(g["weight"], g2["weight"])
+    res = check_backward_accuracy(SPEC, case, contract, relative=True)
+    g2 = gradients(KERNEL, case.inputs, SPEC.grad_inputs, res.upstream)
+    assert bits_equal(res.grads["x"], g2["x"]) and bits_equal(res.grads["weight"], g2["weight"])
 
 
 def test_backward_same_formula_for_both_orders(grad_case):
-    up = make_upstream(run_forward(SPEC.impls["triton_cuda_bf16"], grad_case.inputs), grad_case.seed + 7)
-    fused = type(grad_case)(id="fused", seed=grad_case.seed, inputs={**grad_case.inputs, "order": "fused"})
-    g_hf, g_fused = _grads("triton_cuda_bf16", grad_case, up), _grads("triton_cuda_bf16", fused, up)
-    assert _bits_equal(g_hf["x"], g_fused["x"]) and _bits_equal(g_hf["weight"], g_fused["weight"])
+    up = make_upstream(run_forward(KERNEL, grad_case.inputs), grad_case.seed + 7)
+    fused = {**grad_case.inputs, "order": "fused"}
+    g_hf, g_fused = (gradients(KERNEL, inputs, SPEC.grad_inputs, up) for inputs in (grad_case.inputs, fused))
+    assert bits_equal(g_hf["x"], g_fused["x"]) and bits_equal(g_hf["weight"], g_fused["weight"])
 
 
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
 @pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout"])
 def test_invariance_and_negative_control(name, direction, cases, grad_case):
-    fn = SPEC.transform(name)
-    assert callable(fn)
-    case = cases[2] if direction == "forward" else grad_case
-    impl = SPEC.impls["triton_cuda_bf16"]
-    pairs = fn(impl, case, direction, False)
-    assert pairs
-    for p in pairs:
-        assert _bits_equal(p.canonical, p.transformed), f"{name}/{direction}: {p.label}"
-    planted = fn(impl, case, direction, True)
-    assert any(not _bits_equal(p.canonical, p.transformed) for p in planted), f"{name}: control passed"
+    check_transform(SPEC, name, cases[2] if direction == "forward" else grad_case, direction)
 
 
 def test_tp_is_declared_na():
@@ -117,11 +68,9 @@ def test_size_dependent_control_is_caught(direction, cases, grad_case):
     """A variant whose row reduction is split (BF16 partials) when T < 4 really changes bits."""
     control = SPEC.controls["batch"]
     case = cases[2] if direction == "forward" else grad_case
-    pairs = SPEC.transforms["batch"](control, case, direction, False)
-    assert any(not _bits_equal(p.canonical, p.transformed) for p in pairs)
+    assert control_caught(SPEC.transforms["batch"](control, case, direction, False))
     # The same check passes for the real kernel on the same case (no plant).
-    real = SPEC.transforms["batch"](SPEC.impls["triton_cuda_bf16"], case, direction, False)
-    assert all(_bits_equal(p.canonical, p.transformed) for p in real)
+    assert not differing(SPEC.transforms["batch"](KERNEL, case, direction, False))
 
 
 @pytest.mark.parametrize("t", [1, 5])
@@ -145,7 +94,7 @@ def test_p12_eps_from_caller(eps, expected, contract, device):
     torch.testing.assert_close(ref.cpu(), torch.full((1, 4), expected), atol=tol32.atol, rtol=tol32.rtol)
     for backend in ("triton_cuda_bf16", "torch_bf16"):
         y = rms_norm(x, w, eps, backend=backend)
-        assert _bits_equal(y.cpu(), torch.full((1, 4), expected).to(torch.bfloat16)), backend
+        assert bits_equal(y.cpu(), torch.full((1, 4), expected).to(torch.bfloat16)), backend
 
 
 def test_p12_eps_has_no_default(device):

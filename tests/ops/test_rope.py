@@ -5,88 +5,45 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _helpers import (assert_one_and_odd_token_counts, bits_equal, case_fixtures, check_backward_accuracy,
+                      check_forward_accuracy, check_transform, differing, gradients)
 from rl_engine.errors import InputError
-from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
 from rl_engine.ops.rope import cos_sin, inv_freq, rope
 from rl_engine.ops.rope.spec import SPEC
-from rl_engine.ops.spec import WORKLOADS, make_generator, randn
+from rl_engine.ops.spec import make_generator, randn
 
-SMOKE = WORKLOADS["smoke"]
 SEED = 2024
-_INT = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
 P3_POSITIONS = [0, 1, 255, 256, 257, 4095, 15962, 32767, 40959]
-
-
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype in _INT:
-        return torch.equal(a.contiguous().view(_INT[a.dtype]), b.contiguous().view(_INT[b.dtype]))
-    return torch.equal(a, b)
-
-
-@pytest.fixture(scope="module")
-def cases(device):
-    return SPEC.build_cases(SMOKE, SEED, device)
-
-
-@pytest.fixture(scope="module")
-def grad_case(device):
-    return SPEC.build_grad_cases(SMOKE, SEED, device)[0]
+cases, grad_case = case_fixtures(SPEC, SEED)
 
 
 def test_cases_cover_shapes_and_position_kinds(cases):
-    counts = [c.inputs["x"].shape[0] for c in cases]
-    assert 1 in counts and any(t % 2 for t in counts if t > 1)
+    assert_one_and_odd_token_counts([c.inputs["x"].shape[0] for c in cases])
     assert any("restart" in c.id for c in cases) and any("arbitrary" in c.id for c in cases)
 
 
 def test_forward_accuracy(cases, contract):
-    cls = contract.op_class("rope")
-    tol = contract.tolerance("forward", cls)
-    k = contract.relative_factor("forward")
     for case in cases:
-        (out,) = run_forward(SPEC.impls["triton_cuda_bf16"], case.inputs)
-        (ref,) = run_forward(SPEC.impls["reference_fp32"], upcast_inputs(case.inputs))
-        (hf,) = run_forward(SPEC.impls["torch_bf16"], case.inputs)
-        assert out.dtype == torch.bfloat16 and out.shape == case.inputs["x"].shape
-        torch.testing.assert_close(out.float(), ref, atol=tol.atol, rtol=tol.rtol, msg=case.id)
-        err, err_hf = (out.float() - ref).abs().max(), (hf.float() - ref).abs().max()
-        assert err <= k * err_hf, f"{case.id}: {err} > {k} x {err_hf}"
+        res = check_forward_accuracy(SPEC, case, contract)
+        assert res.out.shape == case.inputs["x"].shape
 
 
 def test_backward_accuracy(grad_case, contract):
-    tol = contract.tolerance("gradient", contract.op_class("rope"))
-    impl = SPEC.impls["triton_cuda_bf16"]
-    up = make_upstream(run_forward(impl, grad_case.inputs), grad_case.seed + 7)
-    _, g, _ = run_gradient(impl, grad_case.inputs, SPEC.grad_inputs, upstream=up)
-    _, g_ref, _ = run_gradient(SPEC.impls["reference_fp32"], upcast_inputs(grad_case.inputs),
-                               SPEC.grad_inputs, upstream=tuple(u.float() for u in up))
-    assert g["x"].dtype == torch.bfloat16
-    torch.testing.assert_close(g["x"].float(), g_ref["x"], atol=tol.atol, rtol=tol.rtol)
-    _, g2, _ = run_gradient(impl, grad_case.inputs, SPEC.grad_inputs, upstream=up)
-    assert _bits_equal(g["x"], g2["x"])
+    res = check_backward_accuracy(SPEC, grad_case, contract)
+    g2 = gradients(SPEC.impls["triton_cuda_bf16"], grad_case.inputs, SPEC.grad_inputs, res.upstream)
+    assert bits_equal(res.grads["x"], g2["x"])
 
 
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
 @pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout", "tp"])
 def test_invariance_and_negative_control(name, direction, cases, grad_case):
-    fn = SPEC.transform(name)
-    assert callable(fn)
-    case = cases[2] if direction == "forward" else grad_case
-    impl = SPEC.impls["triton_cuda_bf16"]
-    pairs = fn(impl, case, direction, False)
-    assert pairs
-    for p in pairs:
-        assert _bits_equal(p.canonical, p.transformed), f"{name}/{direction}: {p.label}"
-    planted = fn(impl, case, direction, True)
-    assert any(not _bits_equal(p.canonical, p.transformed) for p in planted), f"{name}: control passed"
+    check_transform(SPEC, name, cases[2] if direction == "forward" else grad_case, direction)
 
 
 def test_packed_restart_case_invariance(cases):
     case = next(c for c in cases if "restart" in c.id)
     pairs = SPEC.transforms["batch"](SPEC.impls["triton_cuda_bf16"], case, "forward", False)
-    assert all(_bits_equal(p.canonical, p.transformed) for p in pairs)
+    assert not differing(pairs)
 
 
 def test_p3_cos_sin_fp32_angles(contract, device):
