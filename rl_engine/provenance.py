@@ -26,8 +26,10 @@ def git_state(start: Path | None = None) -> dict[str, Any]:
     commit = _git(["rev-parse", "HEAD"], here)
     commit = commit.strip() if commit else None
     status = _git(["status", "--porcelain", "--untracked-files=normal"], here)
+    tracked = _git(["status", "--porcelain", "--untracked-files=no"], here)
     state = {
         "git_commit": commit,
+        "git_dirty_tracked": None if tracked is None else sorted(line[3:] for line in tracked.splitlines()),
         "git_dirty": None if status is None else bool(status),
         "git_dirty_files": [] if not status else [line[3:] for line in status.splitlines()][:50],
         "git_commit_source": "git",

@@ -38,7 +38,8 @@ def availability(backend: str) -> tuple[bool, str]:
             return True, "CUDA GPU present"
         if env.triton_interpret():
             return True, "Triton CPU interpreter (TRITON_INTERPRET=1)"
-        return False, "no CUDA GPU and TRITON_INTERPRET is not set"
+        return False, ("no CUDA GPU and TRITON_INTERPRET is not set (the gate, bench --dry-run and the tests "
+                       "turn the CPU interpreter on by themselves when no GPU is present)")
     if backend == "cuda_bf16":
         if not _cuda_available():
             return False, "no CUDA GPU on this machine (the CUDA sources are compile-checked by the tests)"

@@ -11,8 +11,8 @@ import sys
 
 def register(sub) -> None:
     p = sub.add_parser("compare", help="compare two saved tensors (.pt, .npy, .safetensors)")
-    p.add_argument("a", help="candidate tensor file")
-    p.add_argument("b", help="reference (accuracy) or canonical (bitwise) tensor file")
+    p.add_argument("a", help="candidate tensor file (A)")
+    p.add_argument("b", help="reference (accuracy) or canonical (bitwise) tensor file (B)")
     p.add_argument("--mode", choices=("bitwise", "accuracy"), required=True)
     p.add_argument("--op-class", default="elementwise", choices=("elementwise", "reduction", "attention", "logprob"),
                    help="contract row for accuracy mode (default: elementwise)")
@@ -33,13 +33,17 @@ def run(args) -> int:
     a, b = load_tensor(args.a, args.key), load_tensor(args.b, args.key)
     if tuple(a.shape) != tuple(b.shape):
         raise InputError(f"shapes differ: {args.a} is {list(a.shape)}, {args.b} is {list(b.shape)}")
+    if args.mode == "bitwise" and a.dtype != b.dtype:
+        raise InputError(f"dtypes differ: {args.a} is {a.dtype}, {args.b} is {b.dtype}; a bitwise comparison needs one dtype")
+    if a.numel() == 0:
+        raise InputError(f"nothing to compare: {args.a} and {args.b} hold 0 elements")
     if args.mode == "bitwise":
-        rep = compare_bitwise("a", b, a, contract.nan_policy)
+        rep = compare_bitwise("A", a, b, contract.nan_policy)  # bits shown as A then B
     else:
         if not a.is_floating_point() or not b.is_floating_point():
             raise InputError("accuracy mode needs floating-point tensors")
         row = args.dtype_row or {"torch.bfloat16": "bfloat16", "torch.float16": "float16"}.get(str(a.dtype), "float32")
-        rep = compare_accuracy("a", a, b, contract.tolerance(args.direction, args.op_class, row))
+        rep = compare_accuracy("A", a, b, contract.tolerance(args.direction, args.op_class, row))
     if args.json:
         print(json.dumps(rep.as_dict(), indent=1, default=str))
     else:

@@ -28,4 +28,7 @@ def run(args) -> int:
     print(f"contract: {info['contract']['contract_version']} ({info['contract']['path']})")
     for b, v in info["backends"].items():
         print(f"backend {b:18s} {'available' if v['available'] else 'unavailable'}: {v['reason']}")
+    from rl_engine.backends.plugins import plugin_names
+
+    print(f"plugin backends (adapters load on request): {', '.join(plugin_names())}")
     return 0

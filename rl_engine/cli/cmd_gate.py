@@ -17,11 +17,24 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, help="output folder (created if missing); required unless --resume")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="finish an interrupted run in DIR: only its missing cells run, against the same commit, contract and workload")
-    p.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--cell-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
                    help="mark a cell that runs longer red with reason 'timeout' (default: no limit)")
     p.add_argument("--seed", type=int, default=0, help="base seed of every input builder (default 0)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
+
+
+def _positive_seconds(text: str) -> float:
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds, got {text!r}")
+    return value
 
 
 def _check_out(out: Path) -> None:
@@ -33,6 +46,10 @@ def _check_out(out: Path) -> None:
         raise RLEngineError(f"cannot create output folder {out}: {exc.strerror}") from exc
     if not os.access(out, os.W_OK):
         raise RLEngineError(f"output folder {out} is not writable")
+    for name, kind in (("evidence.json", "file"), ("report.md", "file"), ("report.html", "file"), ("plots", "folder")):
+        p = out / name
+        if p.exists() and (p.is_dir() if kind == "file" else not p.is_dir()):
+            raise RLEngineError(f"{p} exists and is not a {kind}; the gate writes a {kind} there")
 
 
 def run(args) -> int:
@@ -53,6 +70,11 @@ def run(args) -> int:
     if args.resume:
         from rl_engine.gate import evidence as evidence_io
 
+        given = [flag for flag, value in (("--ops", args.ops), ("--judgments", args.judgments), ("--workload", args.workload),
+                                          ("--backend", None if args.backend == "all" else args.backend),
+                                          ("--seed", None if args.seed == 0 else args.seed)) if value]
+        if given:
+            raise RLEngineError(f"--resume takes the matrix from the interrupted run; drop {', '.join(given)}")
         resume = evidence_io.load(Path(args.resume) / "evidence.json")
         if resume.get("complete"):
             raise RLEngineError(f"{args.resume}/evidence.json is already complete; nothing to resume")
@@ -67,12 +89,17 @@ def run(args) -> int:
     if not args.out:
         raise RLEngineError("--out DIR is required (or --resume DIR)")
     workload_name = args.workload or ("qwen3-8b" if gpu else "smoke")
+    if workload_name == "qwen3-8b" and not gpu:
+        raise RLEngineError("workload qwen3-8b needs a CUDA GPU (its shapes are far too large for the CPU interpreter); "
+                            "use --workload smoke here")
     workload = get_workload(workload_name)
-    ops = args.ops or list(OPS)
+    ops = list(dict.fromkeys(args.ops)) if args.ops else list(OPS)
     bad = [o for o in ops if o not in OPS]
     if bad:
         raise RLEngineError(f"unknown op(s) {bad}; valid: {', '.join(OPS)}")
-    judgments = args.judgments or [j for j in JUDGMENTS if j != "chain_parity" or _chain_available()]
+    # the chain is a model, not an op: by default it joins only a run over every op
+    judgments = (list(dict.fromkeys(args.judgments)) if args.judgments else
+                 [j for j in JUDGMENTS if j != "chain_parity" or (_chain_available() and not args.ops)])
     badj = [j for j in judgments if j not in JUDGMENTS]
     if badj:
         raise RLEngineError(f"unknown judgment(s) {badj}; valid: {', '.join(JUDGMENTS)}")
@@ -80,7 +107,8 @@ def run(args) -> int:
     out = Path(args.out)
     _check_out(out)
     contract = load_contract()
-    why = "GPU present" if gpu else "no GPU: Triton kernels run in the CPU interpreter"
+    kernels = [b for b in backends if b in ("triton_cuda_bf16", "cuda_bf16")]
+    why = "GPU present" if gpu else ("no GPU: Triton kernels run in the CPU interpreter" if kernels else "no GPU")
     chosen = "chosen by default" if args.workload is None else "requested"
     print(f"rl-engine gate: workload {workload_name} ({chosen}; {why}); backends {', '.join(backends)}; "
           f"{len(ops)} ops; judgments {', '.join(judgments)}", file=sys.stderr)
@@ -103,6 +131,10 @@ def run(args) -> int:
               f"({evidence['wall_time_s']:.1f} s) -> {out / 'evidence.json'}, {md}, {html}")
         if evidence["root_cause"]:
             print(f"root-cause hint: {evidence['root_cause']['op']}")
+    if s.get("green", 0) + s.get("red", 0) == 0:
+        print("rl-engine gate: nothing was judged (every cell is n/a or not provided); check --ops, --judgments and "
+              "--backend", file=sys.stderr)
+        return 2
     return 0 if s.get("red", 0) == 0 else 1
 
 
@@ -137,7 +169,10 @@ def _run_with_progress(config, contract):
     if env.rich_disabled() or not sys.stderr.isatty():
         def on_cell(cell, i, n):
             tag = f"{cell['op']}/{cell['backend']}/{cell['judgment']}" + (f"/{cell['transform']}" if cell["transform"] else "")
-            print(f"[{i}/{n}] {cell['status']:5s} {tag} ({cell['duration_s']:.1f}s)", file=sys.stderr, flush=True)
+            try:
+                print(f"[{i}/{n}] {cell['status']:5s} {tag} ({cell['duration_s']:.1f}s)", file=sys.stderr, flush=True)
+            except BrokenPipeError:  # nobody reads the progress any more; the run goes on
+                pass
         return run_gate(config, contract, on_cell=on_cell)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

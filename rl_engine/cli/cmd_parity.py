@@ -150,6 +150,14 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise RLEngineError(f"--out {out} exists and is not a directory")
+    try:  # fail before minutes of compute, not after
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RLEngineError(f"cannot create output folder {out}: {exc.strerror}") from exc
+    import os
+
+    if not os.access(out, os.W_OK):
+        raise RLEngineError(f"output folder {out} is not writable")
     runs: list[dict[str, Any]] = []
     fixtures = []
     train_all, roll_all = [], []
@@ -264,6 +272,8 @@ def load_logps(path: str | Path, key: str | None = None):
             raise InputError(f"{p}: no such file")
         coords, vals = _load_jsonl(p)
         return torch.tensor(vals, dtype=torch.float64), coords
+    if p.suffix.lower() not in (".pt", ".pth", ".npy", ".safetensors"):
+        raise InputError(f"{p}: unknown file kind {p.suffix!r}; use .pt, .npy, .safetensors or .jsonl")
     t = load_tensor(p, key)
     if not t.is_floating_point():
         raise InputError(f"{p}: logprobs must be floating point, got {t.dtype}")
@@ -304,6 +314,10 @@ def run_report(args) -> int:
     contract = load_contract()
     lhs, lc = load_logps(args.lhs, args.key)
     rhs, rc = load_logps(args.rhs, args.key)
+    if lhs.numel() == 0 or rhs.numel() == 0:
+        from rl_engine.errors import InputError
+
+        raise InputError(f"nothing to compare: {args.lhs} has {lhs.numel()} logprobs, {args.rhs} has {rhs.numel()}")
     aligned = check_alignment(args.lhs, lc, lhs.numel(), args.rhs, rc, rhs.numel())
     notes = []
     for name, t in ((args.lhs, lhs), (args.rhs, rhs)):

@@ -14,6 +14,7 @@ def register(sub) -> None:
     d.add_argument("old", help="evidence.json or its folder")
     d.add_argument("new", help="evidence.json or its folder")
     d.add_argument("--json", action="store_true")
+    d.add_argument("--allow-different", action="store_true", help="diff artifacts of different workloads or contracts")
     d.set_defaults(func=run_diff)
 
 
@@ -26,7 +27,9 @@ def run_report(args) -> int:
     from rl_engine.gate import evidence as evidence_io
     from rl_engine.gate.report import write_reports
 
-    ev = evidence_io.load(_path(args.dir))
+    from rl_engine.gate.report import recount
+
+    ev = recount(evidence_io.load(_path(args.dir)))
     md, html = write_reports(ev, _path(args.dir).parent)
     print(f"wrote {md} and {html}")
     return 0 if ev["summary"].get("red", 0) == 0 else 1
@@ -46,6 +49,14 @@ def run_diff(args) -> int:
     from rl_engine.gate import evidence as evidence_io
 
     old, new = evidence_io.load(_path(args.old)), evidence_io.load(_path(args.new))
+    differs = [k for k in ("workload", "contract_version") if
+               (old[k]["name"] if k == "workload" else old[k]) != (new[k]["name"] if k == "workload" else new[k])]
+    if differs and not args.allow_different:
+        from rl_engine.errors import RLEngineError
+
+        raise RLEngineError("the two artifacts differ in " + ", ".join(
+            f"{k} ({old[k]['name'] if k == 'workload' else old[k]} vs {new[k]['name'] if k == 'workload' else new[k]})"
+            for k in differs) + "; cell-by-cell deltas would compare unlike runs (pass --allow-different to force)")
     o, n = {_key(c): c for c in old["cells"]}, {_key(c): c for c in new["cells"]}
     changes = []
     for k in sorted(set(o) | set(n), key=lambda k: tuple(str(x) for x in k)):

@@ -16,6 +16,8 @@ def load_tensor(path: str | Path, key: str | None = None) -> torch.Tensor:
     is not plain tensor data, or holds several tensors and no ``key`` picks one.
     """
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{p}: is a directory, not a tensor file")
     if not p.is_file():
         raise InputError(f"{p}: no such file")
     suffix = p.suffix.lower()
@@ -47,6 +49,8 @@ def load_tensor(path: str | Path, key: str | None = None) -> torch.Tensor:
 
 def _pick(p: Path, obj: object, key: str | None) -> torch.Tensor:
     if isinstance(obj, torch.Tensor):
+        if key is not None:
+            raise InputError(f"{p}: holds a single tensor, so --key {key!r} cannot pick one; drop --key")
         return obj
     if isinstance(obj, dict):
         tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}

@@ -44,8 +44,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rl-engine {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"rl-engine {args.command}: interrupted", file=sys.stderr)
+        hint = ""
+        if args.command == "gate" and getattr(args, "out", None):
+            hint = f"; the cells finished so far are in {args.out}/evidence.json — finish with: rl-engine gate --resume {args.out}"
+        print(f"rl-engine {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `rl-engine diff A B | head`: the reader went away
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":  # pragma: no cover

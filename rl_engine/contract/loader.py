@@ -196,10 +196,14 @@ def _semantic_checks(data: dict[str, Any]) -> None:
             )
 
 
+def _reject_constant(name: str):
+    raise ContractError(f"{name} is not allowed in a contract (thresholds are finite numbers)")
+
+
 def parse_contract(text: str, path: Path) -> Contract:
     """Validate contract text; raise ContractError naming the field on any problem."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise ContractError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
     schema = json.loads(schema_path().read_text())
@@ -216,9 +220,15 @@ def parse_contract(text: str, path: Path) -> Contract:
 @functools.lru_cache(maxsize=8)
 def _load_cached(path: str) -> Contract:
     p = Path(path)
+    if p.is_dir():
+        raise ContractError(f"{p} is a directory, not a contract file")
     if not p.is_file():
         raise ContractError(f"contract file not found: {p}")
-    return parse_contract(p.read_text(), p)
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ContractError(f"{p}: not UTF-8 text (byte {exc.start}): not a contract file") from exc
+    return parse_contract(text, p)
 
 
 def load_contract(path: str | Path | None = None) -> Contract:

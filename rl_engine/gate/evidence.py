@@ -66,10 +66,14 @@ def write_atomic(path: Path, evidence: dict[str, Any]) -> None:
 
 def load(path: Path) -> dict[str, Any]:
     """Read and validate an evidence file; errors name the file and the line or field."""
+    if path.is_dir():
+        raise RLEngineError(f"{path} is a directory, not an evidence file")
     if not path.is_file():
         raise RLEngineError(f"evidence file not found: {path}")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise RLEngineError(f"{path}: not UTF-8 text (byte {exc.start}): not an evidence file") from exc
     except json.JSONDecodeError as exc:
         raise RLEngineError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
     validate(data)

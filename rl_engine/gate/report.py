@@ -143,6 +143,8 @@ def render_markdown(ev: dict[str, Any]) -> str:
 
 
 def _nan_policy(ev: dict[str, Any]) -> str:
+    if ev.get("nan_policy"):
+        return ev["nan_policy"]
     for c in ev["cells"]:
         p = c.get("details", {}).get("nan_policy")
         if p:
@@ -263,7 +265,19 @@ def write_plots(ev: dict[str, Any], out_dir: Path) -> list[tuple[str, str, str]]
     return plots
 
 
+def recount(ev: dict[str, Any]) -> dict[str, Any]:
+    """The evidence with its summary and root cause recomputed from its cells (a report never
+    trusts a stored summary: a hand-edited file could disagree with its own cells)."""
+    from rl_engine.gate.runner import root_cause
+
+    summary = {"green": 0, "red": 0, "n/a": 0, "not provided": 0}
+    for c in ev["cells"]:
+        summary[c["status"]] = summary.get(c["status"], 0) + 1
+    return {**ev, "summary": summary, "root_cause": root_cause(ev["cells"])}
+
+
 def write_reports(ev: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    ev = recount(ev)
     plots = write_plots(ev, out_dir)
     md = render_markdown(ev)
     if plots:

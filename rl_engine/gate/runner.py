@@ -71,8 +71,13 @@ def resolve_backends(requested: str | None) -> tuple[list[str], list[dict[str, s
             raise RLEngineError("no kernel backend can run on this machine: "
                                 + "; ".join(f"{d['backend']}: {d['reason']}" for d in left))
         return judged, left
-    names = [n.strip() for n in requested.split(",") if n.strip()]
+    names = list(dict.fromkeys(n.strip() for n in requested.split(",") if n.strip()))
+    if not names:
+        raise RLEngineError(f"--backend {requested!r} names no backend; give a backend name or 'all'")
     for n in names:
+        if n in ("reference_fp32", "torch_bf16"):
+            raise RLEngineError(f"{n} is the gate's {'gold reference' if n == 'reference_fp32' else 'relative-criterion baseline'}, "
+                                "not a backend it judges; judge triton_cuda_bf16, cuda_bf16 or a plugin")
         check_backend(n)
     return names, []
 
@@ -316,7 +321,10 @@ def _time_limit(seconds: float | None):
 
 def resume_identity(evidence: dict[str, Any]) -> dict[str, Any]:
     """What must not change between a run and its resumption."""
-    return {"git_commit": evidence["provenance"].get("git_commit"), "git_dirty": evidence["provenance"].get("git_dirty"),
+    prov = evidence["provenance"]
+    # modified tracked files, not untracked ones: the run's own output folder may sit in the checkout
+    dirty = prov.get("git_dirty_tracked") if "git_dirty_tracked" in prov else prov.get("git_dirty")
+    return {"git_commit": prov.get("git_commit"), "modified_tracked_files": dirty,
             "contract_sha256": evidence["contract"]["sha256"], "workload": evidence["workload"]["name"],
             "ops": list(evidence["ops"]), "judgments": list(evidence["judgments"]),
             "backends": list(evidence["backends"]["judged"]), "seed": evidence.get("seed")}
@@ -342,6 +350,7 @@ def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str
         "ops": config.ops,
         "judgments": config.judgments,
         "transforms": list(TRANSFORMS),
+        "nan_policy": contract.nan_policy,
         "cells": [],
         "summary": {"green": 0, "red": 0, "n/a": 0, NOT_PROVIDED: 0},
         "root_cause": None,
