@@ -10,23 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from rl_engine.errors import RLEngineError
+from rl_engine.jsonio import strict_json, write_text_atomic
 
 SCHEMA = Path(__file__).resolve().parent / "bench.schema.json"
 
 
 def _clean(obj: Any) -> Any:
     """Strict JSON: NaN / inf become strings (never expected, but never a torn or invalid file)."""
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return "nan"
-        if math.isinf(obj):
-            return "inf" if obj > 0 else "-inf"
-        return obj
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
+    return strict_json(obj)
 
 
 def validate(doc: dict[str, Any]) -> None:
@@ -42,21 +33,7 @@ def validate(doc: dict[str, Any]) -> None:
 
 
 def _atomic_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text_atomic(path, text)
 
 
 def write_json(path: Path, doc: dict[str, Any], *, check: bool = True) -> None:

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -65,21 +63,9 @@ def register(sub) -> None:
 # -- helpers ---------------------------------------------------------------------------------------
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write strict JSON (inf/NaN as strings) through a temporary file and ``os.replace``."""
-    from rl_engine.gate.evidence import _clean
+    from rl_engine.jsonio import write_json_atomic as _write
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".parity-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(_clean(data), f, indent=1, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    _write(path, data, prefix=".parity-")
 
 
 def _strip(obj: Any) -> Any:

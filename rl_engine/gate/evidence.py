@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+
+from rl_engine.jsonio import strict_json, write_json_atomic
 
 from rl_engine.errors import RLEngineError
 
@@ -19,17 +18,7 @@ _SCHEMA = Path(__file__).resolve().parent / "evidence.schema.json"
 
 def _clean(obj: Any) -> Any:
     """JSON has no inf/NaN: encode them as strings so the file stays strict JSON."""
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return "nan"
-        if math.isinf(obj):
-            return "inf" if obj > 0 else "-inf"
-        return obj
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
+    return strict_json(obj)
 
 
 def validate(evidence: dict[str, Any]) -> None:
@@ -46,22 +35,7 @@ def write_atomic(path: Path, evidence: dict[str, Any]) -> None:
     """Validate, then write through a temporary file and ``os.replace`` (never a torn file)."""
     data = _clean(evidence)
     validate(data)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".evidence-", suffix=".json", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; evidence is read by others, like the reports
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=False, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_json_atomic(path, data, prefix=".evidence-")
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -40,10 +40,7 @@ import argparse
 import datetime
 import hashlib
 import json
-import math
-import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,6 +48,7 @@ from typing import Any
 
 import torch
 
+from rl_engine.jsonio import strict_json, write_json_atomic
 from rl_engine.errors import RLEngineError
 from rl_engine.tp.launch import (NCCL_ENV, RankContext, apply_nccl_env, check_launch, finish_rank, init_from_env,
                                  launch, launched_by_torchrun)
@@ -104,40 +102,12 @@ def _gather(ctx: RankContext, obj: Any) -> list[Any]:
 
 def _jsonable(obj: Any) -> Any:
     """Strict JSON: inf / NaN as strings, tuples as lists, tensors refused."""
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return "nan"
-        if math.isinf(obj):
-            return "inf" if obj > 0 else "-inf"
-        return obj
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, torch.Tensor):
-        raise TypeError("tensors do not go into tp.json")
-    return obj
+    return strict_json(obj)
 
 
 def write_atomic(path: Path, doc: dict[str, Any]) -> None:
     """Write ``doc`` as JSON through a temporary file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = _jsonable(doc)
-    fd, tmp = tempfile.mkstemp(prefix=".tp-", suffix=".json", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_json_atomic(path, doc, prefix=".tp-")
 
 
 def _cell(op: str, backend: str, judgment: str, status: str, reason: str, details: dict[str, Any],

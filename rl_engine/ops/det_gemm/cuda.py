@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 
 from rl_engine.backends.cuda_launch import check_cuda_device, launch
-from rl_engine.contract import load_contract
-from rl_engine.errors import ContractError, InputError
+from rl_engine.errors import InputError
+from rl_engine.ops.det_gemm.topology import check_contract_topology as _check_topology
 from rl_engine.ops._validate import check_same_device, check_tensor
 from rl_engine.ops.det_gemm.api import mid_split_bounds
 
@@ -66,15 +66,7 @@ class _DetGemmCuda(torch.autograd.Function):
 
 def check_contract_topology() -> None:
     """Raise ContractError when this module's tree differs from the contract's declaration."""
-    declared = load_contract().det_gemm
-    expected = {"tree_depth": TREE_DEPTH, "split_topology": "mid_split", "leaf_accumulation": "float32",
-                "merge_dtype": "bfloat16", "output_dtype": "bfloat16"}
-    for key, value in expected.items():
-        if declared.get(key) != value:
-            raise ContractError(
-                f"declared_exceptions/det_gemm/{key}: the contract says {declared.get(key)!r}, "
-                f"the CUDA det_gemm kernel implements {value!r}"
-            )
+    _check_topology(TREE_DEPTH, "the CUDA det_gemm kernel")
 
 
 def det_gemm_cuda(a: torch.Tensor, b: torch.Tensor, *, tree_depth: int = TREE_DEPTH) -> torch.Tensor:
