@@ -104,3 +104,18 @@ def test_hf_transformers_adapter_gate(tmp_path, capsys):
     statuses = {(c["op"], c["judgment"]): c["status"] for c in ev["cells"]}
     assert statuses[("embedding", "forward_accuracy")] == "not provided"
     assert statuses[("rms_norm", "forward_accuracy")] in ("green", "red")
+
+
+def test_cross_backend_table_when_two_backends_are_judged(tmp_path):
+    pytest.importorskip("transformers", reason="transformers is not installed: needed for a second CPU backend")
+    cfg = GateConfig(ops=["silu", "embedding"], backends=["triton_cuda_bf16", "hf_transformers"],
+                     judgments=["forward_accuracy"], workload=get_workload("smoke"), out_dir=tmp_path)
+    ev = run_gate(cfg, load_contract())
+    rows = {r["op"]: r for r in ev["cross_backend"]}
+    assert set(rows) == {"silu"}  # embedding is not provided by the second backend
+    assert rows["silu"]["backends"] == ["triton_cuda_bf16", "hf_transformers"]
+    assert isinstance(rows["silu"]["bitwise_equal"], bool) and rows["silu"]["max_abs_difference"] >= 0
+    from rl_engine.gate.report import write_reports
+
+    md, _ = write_reports(ev, tmp_path)
+    assert "Cross-backend comparison" in md.read_text()

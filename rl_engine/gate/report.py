@@ -129,6 +129,17 @@ def render_markdown(ev: dict[str, Any]) -> str:
                          f"{_fmt(r['p999'])} | {r['atol']:g} / {r['rtol']:g} | {_fmt(r['baseline_max_abs'])} | "
                          f"{'yes' if r['passed'] and r['rel_ok'] is not False else 'NO'} |")
         lines.append("")
+    cross = ev.get("cross_backend")
+    if cross:
+        lines += ["## Cross-backend comparison (informational, not a judgment)", "",
+                  "| op | case | output | backends | max abs difference | bitwise equal |", "|---|---|---|---|---|---|"]
+        for r in cross:
+            if "error" in r:
+                lines.append(f"| {r['op']} | — | — | — | {r['error']} | — |")
+            else:
+                lines.append(f"| {r['op']} | {r['case']} | {r['output']} | {' vs '.join(r['backends'])} | "
+                             f"{_fmt(r['max_abs_difference'])} | {'yes' if r['bitwise_equal'] else 'no'} |")
+        lines.append("")
     audit = ev.get("audit")
     if audit:
         lines += ["## Conformance audit (`rl-engine audit`)", "",

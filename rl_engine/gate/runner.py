@@ -319,6 +319,45 @@ def _time_limit(seconds: float | None):
         signal.signal(signal.SIGALRM, old)
 
 
+def cross_backend(config: GateConfig, device: torch.device) -> list[dict[str, Any]]:
+    """Informational: per op, the largest difference between each judged backend and the first one
+    on the same inputs (the op's first case), and whether they are bitwise equal. Not a judgment:
+    the two backends are not required to agree bit for bit."""
+    from rl_engine.gate.compare import compare_bitwise
+    from rl_engine.ops.execute import run_forward
+
+    rows = []
+    first = config.backends[0]
+    for op in config.ops:
+        spec = get_spec(op)
+        try:
+            case = spec.build_cases(config.workload, config.seed, device)[0]
+            impls = {}
+            for b in config.backends:
+                plugin = _plugin(b)
+                impl = spec.impls.get(b) if plugin is None else plugin.ops.get(op)
+                if impl is not None:
+                    impls[b] = impl
+            if first not in impls:
+                continue
+            base = run_forward(impls[first], case.inputs)
+            for b, impl in impls.items():
+                if b == first:
+                    continue
+                other = run_forward(impl, case.inputs)
+                for i, (x, y) in enumerate(zip(base, other)):
+                    diff = float((x.float() - y.float()).abs().max()) if x.numel() else 0.0
+                    same = compare_bitwise(f"{op}.out{i}", x, y, "bitwise_equal").passed
+                    rows.append({"op": op, "case": case.id, "output": i, "backends": [first, b],
+                                 "max_abs_difference": diff, "bitwise_equal": same})
+        except Exception as exc:  # informational: a failure here is recorded, never fatal
+            rows.append({"op": op, "error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
 def resume_identity(evidence: dict[str, Any]) -> dict[str, Any]:
     """What must not change between a run and its resumption."""
     prov = evidence["provenance"]
@@ -408,6 +447,8 @@ def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str
         evidence_io.write_atomic(path, evidence)
         if on_cell is not None:
             on_cell(cell, i + 1, len(keys))
+    if len(config.backends) >= 2 and not config.resume:
+        evidence["cross_backend"] = cross_backend(config, device)
     evidence["complete"] = True
     evidence["wall_time_s"] = round(time.perf_counter() - t0, 3)
     evidence_io.write_atomic(path, evidence)
