@@ -77,7 +77,12 @@ def render_markdown(ev: dict[str, Any]) -> str:
               f"| device | {prov['device'].get('name')} (cc {prov['device'].get('compute_capability')}, SMs {prov['device'].get('sm_count')}) |",
               f"| software | python {prov['software']['python']}, torch {prov['software']['torch']}, triton {prov['software']['triton']}, CUDA {prov['software'].get('torch_cuda')} |",
               f"| backends judged | {', '.join(ev['backends']['judged'])} |",
-              f"| wall time | {ev['wall_time_s']:.1f} s |", ""]
+              f"| wall time | {ev['wall_time_s']:.1f} s |"]
+    for name, b in sorted(ev["backends"].get("builds", {}).items()):
+        how = (f"error: {b['error']}" if "error" in b else
+               f"{'loaded from cache; built' if b.get('cached') else 'cold build'} in {b.get('build_seconds', 0.0):.1f} s")
+        lines.append(f"| {name} library | {how} |")
+    lines.append("")
     for lo in ev["backends"]["left_out"]:
         lines.append(f"- backend **{lo['backend']}** left out: {lo['reason']} — the verdict covers only what ran.")
     if ev["backends"]["left_out"]:

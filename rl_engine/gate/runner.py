@@ -358,6 +358,21 @@ def cross_backend(config: GateConfig, device: torch.device) -> list[dict[str, An
     return rows
 
 
+def _builds(config: GateConfig, device: torch.device) -> dict[str, Any]:
+    """Build (or find in the cache) each compiled backend before the first cell, so that no cell's
+    duration holds a compile, and record how: ``cached`` false means a cold build in this run, and
+    ``build_seconds`` is the wall time of the build that produced the library."""
+    builds: dict[str, Any] = {}
+    if "cuda_bf16" in config.backends and device.type == "cuda":
+        try:
+            from rl_engine.backends.cuda_build import load_library
+
+            builds["cuda_bf16"] = load_library().build.as_dict()
+        except Exception as exc:  # the cells that need it turn red with their own error
+            builds["cuda_bf16"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return builds
+
+
 def resume_identity(evidence: dict[str, Any]) -> dict[str, Any]:
     """What must not change between a run and its resumption."""
     prov = evidence["provenance"]
@@ -402,6 +417,7 @@ def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str
         evidence["audit"] = {"conformant": all(r.status == "conformant" for r in rows), "rows": [r.as_dict() for r in rows]}
     except Exception as exc:  # the audit must not cost the run; its failure is recorded
         evidence["audit"] = {"conformant": False, "rows": [], "error": f"{type(exc).__name__}: {exc}"}
+    evidence["backends"]["builds"] = _builds(config, device)
     path = config.out_dir / "evidence.json"
     states: dict[str, _OpState] = {}
     fresh = _FreshRuns(config.ops, config.workload, config.seed, config.out_dir)
@@ -447,7 +463,7 @@ def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str
         evidence_io.write_atomic(path, evidence)
         if on_cell is not None:
             on_cell(cell, i + 1, len(keys))
-    if len(config.backends) >= 2 and not config.resume:
+    if len(config.backends) >= 2:
         evidence["cross_backend"] = cross_backend(config, device)
     evidence["complete"] = True
     evidence["wall_time_s"] = round(time.perf_counter() - t0, 3)
