@@ -97,7 +97,9 @@ def test_report_recounts_a_hand_edited_summary(tmp_path, capsys):
 def test_diff_refuses_unlike_runs(tmp_path, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
-        assert _run(["gate", "--ops", "silu", "--judgments", "forward_accuracy", "--out", str(d)], capsys)[0] == 0
+        # smoke on every machine (the default is qwen3-8b with a GPU), so the edit below makes the runs unlike
+        assert _run(["gate", "--ops", "silu", "--judgments", "forward_accuracy", "--workload", "smoke",
+                     "--out", str(d)], capsys)[0] == 0
     ev = json.loads((b / "evidence.json").read_text())
     ev["workload"]["name"] = "qwen3-8b"
     (b / "evidence.json").write_text(json.dumps(ev))
