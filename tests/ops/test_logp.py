@@ -15,6 +15,7 @@ from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 from rl_engine.ops.logp import logp
 from rl_engine.ops.logp.spec import SPEC
 from rl_engine.ops.logp.triton import logp_triton, logp_triton_size_dependent
+from rl_engine.ops.transforms import _row_subsets
 from rl_engine.ops.spec import WORKLOADS
 
 P4_VOCAB = 151936
@@ -122,25 +123,27 @@ def test_invariance_bitwise_and_negative_control(device, name, direction):
 
 def test_size_dependent_control_is_caught(device):
     """The T-dependent V tile changes the sum-exp grouping. The forward logprob often absorbs the
-    change in its final rounding (its magnitude is ~10, log(s) moves by ~1e-7), so the forward
-    check must be caught exactly when the control really changes the bits of a row the transform
-    visits; the gradient (exp((z - m) - log s) per entry) exposes it reliably."""
+    change in its final rounding (its magnitude is ~10, log(s) moves by ~1e-7), so the check is
+    caught exactly when the control really changes the bits of a row the transform visits; the
+    control's tile rule regroups every visited subset, so the gate's case (T = the gradient token
+    count) has enough changed rows to catch it."""
     assert SPEC.controls["batch"] is logp_triton_size_dependent
     fn = SPEC.transforms["batch"]
     case = _case(_cases(device), "T33-V1000")
     x, t = case.inputs["logits"], case.inputs["targets"]
     full = logp_triton_size_dependent(x, t)
-    visited = [0, 32, 16]
-    changed = any(not bits_equal(logp_triton_size_dependent(x[r:r + 1], t[r:r + 1]), full[r:r + 1])
-                  for r in visited)
+    changed = False
+    for _, rows in _row_subsets(x.shape[0]):  # the subsets the batch transform scores
+        idx = torch.tensor(rows, device=x.device)
+        changed |= not bits_equal(logp_triton_size_dependent(x[idx], t[idx]), full[idx])
     pairs = fn(logp_triton_size_dependent, case, "forward", False)
     caught = any(not bits_equal(p.canonical, p.transformed) for p in pairs)
     assert caught == changed
-    # the gradient check catches it for sure
+    # the gate's own cell (forward, on the op's invariance case = first gradient case) catches it
     gcase = _grad_cases(device)[0]
-    gpairs = fn(logp_triton_size_dependent, gcase, "gradient", False)
-    assert control_caught(gpairs), "size-dependent tile not caught"
-    # and the real kernel passes the same check
+    assert control_caught(fn(logp_triton_size_dependent, gcase, "forward", False)), "size-dependent tile not caught"
+    # and the real kernel passes the same checks
+    assert not differing(fn(logp_triton, gcase, "forward", False))
     assert not differing(fn(logp_triton, gcase, "gradient", False))
 
 

@@ -279,20 +279,32 @@ def logp_triton(logits: torch.Tensor, targets: torch.Tensor, temperature: float 
     return _LogpTriton.apply(logits, targets, tau, BLOCK_V)
 
 
+DECODE_ROWS = 8
+"""The negative control's "decode-sized batch": at most this many rows take its BF16-logits path."""
+
+
 def _size_dependent_block_v(t: int) -> int:
-    # "constant work per launch": 4096 for one row, halved per doubling of T, at least 256.
+    # The V tile picked from the row count: 4096 for one row, halved per doubling of T, at least 256.
     return max(256, BLOCK_V >> max(t - 1, 0).bit_length())
 
 
 def logp_triton_size_dependent(logits: torch.Tensor, targets: torch.Tensor,
                                temperature: float = 1.0) -> torch.Tensor:
-    """NEGATIVE CONTROL, never use: :func:`logp_triton` with the V tile chosen from T.
+    """NEGATIVE CONTROL, never use: :func:`logp_triton` with two choices made from the row count T.
 
-    The V tile is 4096 for one row and halves with every doubling of T down to 256 ("constant work
-    per launch"), so the FP32 sum-exp of a row is grouped differently when the row is scored alone
-    than inside a batch: the ``batch`` invariance transform must catch it wherever this changes
-    bits. Same signature and dtypes as :func:`logp_triton`.
+    * The V tile follows T (4096 for one row, halved per doubling of T, at least 256), so a row's
+      FP32 sum-exp is grouped differently alone than inside a batch. The logprob often absorbs that
+      (log() of a sum moved by one ulp rarely moves), so on its own this was seen to slip through
+      the gate's check on the H200 at T = 1027.
+    * Batches of at most :data:`DECODE_ROWS` rows take a "decode fast path" that rounds the logits
+      to BF16 first (pitfall P5's train/inference mismatch, made size dependent), which moves
+      nearly every logprob.
+
+    The ``batch`` invariance transform must catch it. Same signature and dtypes as
+    :func:`logp_triton`.
     """
     tau = _check_logp_inputs(logits, targets, temperature)
     check_triton_device(logits, targets)
+    if logits.shape[0] <= DECODE_ROWS:
+        logits = logits.to(torch.bfloat16).to(torch.float32)
     return _LogpTriton.apply(logits, targets, tau, _size_dependent_block_v(logits.shape[0]))
