@@ -34,10 +34,14 @@ def git_state(start: Path | None = None) -> dict[str, Any]:
         "git_dirty_files": [] if not status else [line[3:] for line in status.splitlines()][:50],
         "git_commit_source": "git",
     }
-    if commit is None:
-        env_commit, env_dirty = env.source_commit_override()
-        if env_commit is not None:
-            state.update(git_commit=env_commit, git_dirty=env_dirty, git_commit_source="environment (RL_ENGINE_SOURCE_COMMIT)")
+    env_commit, env_dirty = env.source_commit_override()
+    if env_commit is not None:
+        # Set by whoever copied the tree (e.g. to a lent GPU machine): it wins over what a git
+        # directory found there says, which may be an older checkout under the copied files. What
+        # git saw is kept beside it.
+        state.update(git_commit=env_commit, git_dirty=env_dirty, git_commit_source="environment (RL_ENGINE_SOURCE_COMMIT)",
+                     git_seen={"commit": commit, "dirty_tracked": state["git_dirty_tracked"]})
+        state.pop("git_dirty_tracked")
     return state
 
 

@@ -16,14 +16,19 @@ Forward, two kernels:
 
 Backward, per V chunk in increasing order (only a ``[T, CHUNK_V]`` FP32 buffer, never ``[T, V]``):
 
-A. ``_bwd_dlogits_kernel``: recompute the logits tile exactly as forward and write
-   ``dlogits = (g * onehot - g * exp((z - m) - log s)) / temperature`` (FP32) for the chunk;
-B. ``_bwd_dhidden_kernel``, one program per (row block, E tile): ``dhidden += dlogits_chunk @
-   weight_chunk`` through ``mma`` with FP32 operands (IEEE), V in increasing order, accumulated in
-   an FP32 ``[T, E]`` buffer across chunks and rounded to BF16 once after the last chunk;
+A. ``_bwd_dlogits_kernel``: recompute the logits tile exactly as forward, form
+   ``dlogits = (g * onehot - g * exp((z - m) - log s)) / temperature`` in FP32 and store it for the
+   chunk as a BF16 pair ``hi = bf16(dlogits)``, ``lo = bf16(dlogits - hi)`` (``hi + lo`` keeps 16
+   significant bits, about 2^-17 relative; the BF16 outputs keep 8);
+B. ``_bwd_dhidden_kernel``, one program per (row block, E tile): ``dhidden += hi @ weight_chunk +
+   lo @ weight_chunk`` through ``mma`` with BF16 operands (exact products, FP32 accumulation, so
+   tensor cores do the work), V in increasing order, accumulated in an FP32 ``[T, E]`` buffer across
+   chunks and rounded to BF16 once after the last chunk;
 C. ``_bwd_dweight_kernel``, one program per (V tile, E tile) of the chunk: ``dweight_chunk =
-   dlogits_chunk^T @ hidden`` over ALL row blocks in increasing order, FP32 operands, rounded to
-   BF16 once.
+   hi^T @ hidden + lo^T @ hidden`` over ALL row blocks in increasing order, rounded to BF16 once.
+
+(The first version ran B and C on FP32 operands with IEEE precision, i.e. on CUDA cores: 10.35 s
+for T = 8192 at Qwen3-8B shapes on the H200, 182x the unfused PyTorch path.)
 
 No atomics; every output element is written by one program. Each row's logprob and dhidden depend
 only on that row (rows are independent in the math and the tile sizes are constants), so they do
@@ -141,7 +146,7 @@ def _fwd_combine_kernel(pmax_ptr, psum_ptr, ptgt_ptr, out_ptr, rmax_ptr, rlog_pt
 
 @triton.jit
 def _bwd_dlogits_kernel(
-    h_ptr, w_ptr, tgt_ptr, g_ptr, rmax_ptr, rlog_ptr, buf_ptr,
+    h_ptr, w_ptr, tgt_ptr, g_ptr, rmax_ptr, rlog_ptr, hi_ptr, lo_ptr,
     T, V, E, v_base, stride_h, stride_w, stride_t, temperature,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_V: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -159,13 +164,19 @@ def _bwd_dlogits_kernel(
     p = tl.exp((z - m[:, None]) - ls[:, None])
     hit = cols[None, :] == tgt[:, None]
     d = (tl.where(hit, g[:, None], 0.0) - p * g[:, None]) / temperature
-    tl.store(buf_ptr + rows[:, None] * CHUNK_V + local[None, :], d,
-             mask=row_ok[:, None] & (cols < V)[None, :])
+    # FP32 dlogits as an exact-enough BF16 pair: hi = bf16(d), lo = bf16(d - hi) (d - hi is exact
+    # in FP32), so hi + lo carries 16 significant bits and the GEMMs below run on tensor cores.
+    hi = d.to(tl.bfloat16)
+    lo = (d - hi.to(tl.float32)).to(tl.bfloat16)
+    offs = rows[:, None] * CHUNK_V + local[None, :]
+    ok = row_ok[:, None] & (cols < V)[None, :]
+    tl.store(hi_ptr + offs, hi, mask=ok)
+    tl.store(lo_ptr + offs, lo, mask=ok)
 
 
 @triton.jit
 def _bwd_dhidden_kernel(
-    buf_ptr, w_ptr, acc_ptr, dh_ptr,
+    hi_ptr, lo_ptr, w_ptr, acc_ptr, dh_ptr,
     T, E, v_base, n_local, stride_w,
     FIRST: tl.constexpr, LAST: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -183,11 +194,14 @@ def _bwd_dhidden_kernel(
     for j in range(0, n_local, BLOCK):
         local = j + vs
         v_ok = local < n_local
-        d = tl.load(buf_ptr + rows[:, None] * CHUNK_V + local[None, :],
-                    mask=row_ok[:, None] & v_ok[None, :], other=0.0)
+        offs = rows[:, None] * CHUNK_V + local[None, :]
+        d_ok = row_ok[:, None] & v_ok[None, :]
+        d_hi = tl.load(hi_ptr + offs, mask=d_ok, other=0.0)
+        d_lo = tl.load(lo_ptr + offs, mask=d_ok, other=0.0)
         w = tl.load(w_ptr + (v_base + local)[:, None].to(tl.int64) * stride_w + ecols[None, :],
-                    mask=v_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
-        acc = mma(d, w, acc, UPCAST)
+                    mask=v_ok[:, None] & e_ok[None, :], other=0.0)
+        acc = mma(d_hi, w, acc, UPCAST)
+        acc = mma(d_lo, w, acc, UPCAST)
     if LAST:
         tl.store(dh_ptr + rows[:, None] * E + ecols[None, :], acc.to(tl.bfloat16), mask=out_mask)
     else:
@@ -196,7 +210,7 @@ def _bwd_dhidden_kernel(
 
 @triton.jit
 def _bwd_dweight_kernel(
-    buf_ptr, h_ptr, dw_ptr,
+    hi_ptr, lo_ptr, h_ptr, dw_ptr,
     T, E, v_base, n_local, stride_h,
     CHUNK_V: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr,
 ):
@@ -209,11 +223,14 @@ def _bwd_dweight_kernel(
     for r0 in range(0, T, BLOCK):
         rows = (r0 + rs).to(tl.int64)
         row_ok = rows < T
-        d_t = tl.load(buf_ptr + rows[None, :] * CHUNK_V + local[:, None],
-                      mask=v_ok[:, None] & row_ok[None, :], other=0.0)
+        offs = rows[None, :] * CHUNK_V + local[:, None]
+        d_ok = v_ok[:, None] & row_ok[None, :]
+        d_hi = tl.load(hi_ptr + offs, mask=d_ok, other=0.0)
+        d_lo = tl.load(lo_ptr + offs, mask=d_ok, other=0.0)
         h = tl.load(h_ptr + rows[:, None] * stride_h + ecols[None, :],
-                    mask=row_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
-        acc = mma(d_t, h, acc, UPCAST)
+                    mask=row_ok[:, None] & e_ok[None, :], other=0.0)
+        acc = mma(d_hi, h, acc, UPCAST)
+        acc = mma(d_lo, h, acc, UPCAST)
     out_rows = (v_base + local).to(tl.int64)
     tl.store(dw_ptr + out_rows[:, None] * E + ecols[None, :], acc.to(tl.bfloat16),
              mask=v_ok[:, None] & e_ok[None, :])
@@ -260,29 +277,31 @@ def _backward(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need
             dw.zero_()
         return dh, dw
     g = g.reshape(t).to(torch.float32).contiguous()
-    buf = torch.empty((t, CHUNK_V), dtype=torch.float32, device=dev)
+    d_hi = torch.empty((t, CHUNK_V), dtype=torch.bfloat16, device=dev)
+    d_lo = torch.empty_like(d_hi)
     n_chunks = triton.cdiv(v, CHUNK_V)
-    dh_acc = torch.empty((t, e), dtype=torch.float32, device=dev) if (need_dh and n_chunks > 1) else buf
+    # FP32 dhidden accumulator across chunks (unused when one chunk covers V: FIRST and LAST)
+    dh_acc = torch.empty((t, e) if (need_dh and n_chunks > 1) else (1,), dtype=torch.float32, device=dev)
     up = upcast_dots()
     for c in range(n_chunks):
         v_base = c * CHUNK_V
         n_local = min(CHUNK_V, v - v_base)
         _bwd_dlogits_kernel[(triton.cdiv(t, BLOCK_M), triton.cdiv(n_local, BLOCK_V))](
-            hidden, weight, targets, g, rmax, rlog, buf,
+            hidden, weight, targets, g, rmax, rlog, d_hi, d_lo,
             t, v, e, v_base, hidden.stride(0), weight.stride(0), targets.stride(0), temperature,
             BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up,
             num_warps=NUM_WARPS,
         )
         if need_dh:
             _bwd_dhidden_kernel[(triton.cdiv(t, GRAD_BLOCK), triton.cdiv(e, GRAD_BLOCK))](
-                buf, weight, dh_acc, dh,
+                d_hi, d_lo, weight, dh_acc, dh,
                 t, e, v_base, n_local, weight.stride(0),
                 FIRST=c == 0, LAST=c == n_chunks - 1, CHUNK_V=CHUNK_V, BLOCK=GRAD_BLOCK, UPCAST=up,
                 num_warps=NUM_WARPS,
             )
         if need_dw:
             _bwd_dweight_kernel[(triton.cdiv(n_local, GRAD_BLOCK), triton.cdiv(e, GRAD_BLOCK))](
-                buf, hidden, dw,
+                d_hi, d_lo, hidden, dw,
                 t, e, v_base, n_local, hidden.stride(0),
                 CHUNK_V=CHUNK_V, BLOCK=GRAD_BLOCK, UPCAST=up, num_warps=NUM_WARPS,
             )

@@ -1,0 +1,24 @@
+"""Provenance of a copied tree: the commit named by whoever copied it wins over a git directory there."""
+
+from __future__ import annotations
+
+from rl_engine import provenance
+
+
+def test_source_commit_from_the_environment_wins_over_git(monkeypatch):
+    seen = provenance.git_state()
+    monkeypatch.setenv("RL_ENGINE_SOURCE_COMMIT", "f" * 40)
+    monkeypatch.setenv("RL_ENGINE_SOURCE_DIRTY", "0")
+    state = provenance.git_state()
+    assert state["git_commit"] == "f" * 40
+    assert state["git_dirty"] is False
+    assert state["git_commit_source"].startswith("environment")
+    # what git itself saw stays visible beside it
+    assert state["git_seen"]["commit"] == seen["git_commit"]
+
+
+def test_without_the_variable_git_answers(monkeypatch):
+    monkeypatch.delenv("RL_ENGINE_SOURCE_COMMIT", raising=False)
+    state = provenance.git_state()
+    assert state["git_commit_source"] == "git"
+    assert "git_seen" not in state
