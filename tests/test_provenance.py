@@ -6,6 +6,7 @@ from rl_engine import provenance
 
 
 def test_source_commit_from_the_environment_wins_over_git(monkeypatch):
+    monkeypatch.delenv("RL_ENGINE_SOURCE_COMMIT", raising=False)  # the caller may have set it (GPU runs do)
     seen = provenance.git_state()
     monkeypatch.setenv("RL_ENGINE_SOURCE_COMMIT", "f" * 40)
     monkeypatch.setenv("RL_ENGINE_SOURCE_DIRTY", "0")

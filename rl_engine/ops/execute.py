@@ -53,7 +53,8 @@ def run_gradient(
     """Forward with ``grad_inputs`` as leaves, then backward with the upstream gradients.
 
     ``upstream`` (if given) is cast to each output's dtype, so the reference sees the same
-    values in FP32. Returns ``(outputs, grads_by_input_name, upstream_used)``.
+    values in FP32, and copied, so an implementation that writes its incoming gradient in place
+    cannot change the caller's tensor. Returns ``(outputs, grads_by_input_name, upstream_used)``.
     """
     leaves = {}
     call = dict(inputs)
@@ -68,7 +69,10 @@ def run_gradient(
         used = []
         pairs_o, pairs_g = [], []
         for o, g in zip(outs, upstream):
-            g = g.to(o.dtype) if o.is_floating_point() else g
+            # A private copy per call: some backends write their input gradient in place (Liger's
+            # RoPE backward rotates dy where it lies), which would corrupt the caller's upstream for
+            # every later run that shares it (seen on the H200 as false gradient_invariance reds).
+            g = g.to(o.dtype, copy=True) if o.is_floating_point() else g.clone()
             used.append(g)
             if o.requires_grad:
                 pairs_o.append(o)
