@@ -335,9 +335,10 @@ def linear_logp_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: torc
     FP32 accumulator of BF16 x BF16 ``mma`` (IEEE input precision), never rounded to BF16; max,
     sum-exp and the output are FP32 (contract ``declared_exceptions.logits_for_scoring``; pitfalls
     P4, P5, P11). Backward: dhidden [T, E] bfloat16 and dweight [V, E] bfloat16 from FP32 dlogits
-    tiles ``g * (onehot - softmax) / temperature`` through FP32-operand ``mma``, accumulated in
-    FP32 in a fixed order and rounded once; the scratch memory is a [T, 4096] FP32 dlogits chunk
-    (plus [T, E] FP32 when V > 4096). Deterministic, no atomics.
+    tiles ``g * (onehot - softmax) / temperature``, each stored as a BF16 pair ``hi + lo`` (16
+    significant bits) and multiplied through BF16-operand ``mma`` (tensor cores), accumulated in
+    FP32 in a fixed order and rounded once; the scratch memory is two [T, 4096] BF16 dlogits
+    chunks (plus [T, E] FP32 when V > 4096). Deterministic, no atomics.
 
     Raises
     ------
