@@ -88,6 +88,22 @@ def test_smoke_gate_cell_is_green_in_strict_profile(contract):
     assert kid.startswith(f"chain/{TRITON}/")
 
 
+def test_second_backend_reuses_the_reference_and_baseline_runs(contract):
+    """Two chain cells in one process (two backends, same seed and workload): the second reuses
+    the FP32 reference and torch_bf16 baseline results and reports the same baseline numbers."""
+    from rl_engine.chain import gate as chain_gate
+
+    chain_gate._SHARED_RUNS.clear()
+    _, _, first, _ = chain_gate.chain_parity_cell("torch_bf16", "smoke", contract, 7)
+    _, _, second, _ = chain_gate.chain_parity_cell(TRITON, "smoke", contract, 7)
+    assert [r["reference_and_baseline"] for r in first["per_run"]] == ["computed"]
+    assert [r["reference_and_baseline"] for r in second["per_run"]] == ["reused from an earlier cell in this process"]
+    assert second["baseline_torch_bf16"] == first["baseline_torch_bf16"]
+    # a different seed is a different run: computed again
+    _, _, third, _ = chain_gate.chain_parity_cell("torch_bf16", "smoke", contract, 8)
+    assert [r["reference_and_baseline"] for r in third["per_run"]] == ["computed"]
+
+
 # ---------------------------------------------------------------- reference vs torch_bf16 sanity
 def test_reference_and_torch_bf16_chains_agree(tiny_weights, triton_model, contract):
     """The three chains compute one model: the FP32 chain agrees with itself across styles (FP32
