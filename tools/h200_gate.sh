@@ -22,4 +22,6 @@ rl-engine gate --out "$OUT/gate" "$@" 2>"$OUT/gate-progress.log"
 rc=$?
 tail -n 30 "$OUT/gate-progress.log"
 echo "gate exit code $rc"
+# the device tool returns at most 8 files: pack the gate folder (evidence, reports, plots)
+tar czf "$OUT/gate.tgz" -C "$OUT" gate && rm -rf "$OUT/gate"
 exit 0
