@@ -344,6 +344,7 @@ def test_diff_lists_changed_cells(capsys, gate_dir, tmp_path):
     assert rc == 1
     assert "silu/triton_cuda_bf16/forward_invariance/batch: green -> red" in stdout
     assert "silu/triton_cuda_bf16/forward_accuracy: green -> green" in stdout and "max_abs" in stdout
+    assert stdout.strip().splitlines()[-1] == "2 cells differ: 1 changed status (1 green -> red), 1 changed only their max_abs_error"
     rc, stdout, _ = run(capsys, "diff", out, tmp_path / "new", "--json")
     d = json.loads(stdout)
     assert d["status_changes"] == 1 and len(d["changes"]) == 2

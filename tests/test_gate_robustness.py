@@ -143,3 +143,29 @@ def test_report_writes_plots_inside_the_folder(tmp_path):
     assert main(["report", str(tmp_path)]) == 0
     assert (tmp_path / "plots" / "silu-triton_cuda_bf16.png").is_file()
     assert "plots/silu-triton_cuda_bf16.png" in (tmp_path / "report.md").read_text()
+
+
+def test_ctrl_c_while_reports_are_written_says_to_run_report_not_resume(tmp_path, monkeypatch, capsys):
+    """Every cell done, then Ctrl-C in the report writer: --resume would refuse (nothing missing),
+    so the message must point at `rl-engine report`; mid-run it must point at --resume."""
+    import rl_engine.gate.report as report_mod
+    import rl_engine.gate.runner as runner_mod
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report_mod, "write_reports", interrupted)
+    out = tmp_path / "g"
+    assert main(["gate", "--workload", "smoke", "--ops", "silu", "--judgments", "forward_accuracy",
+                 "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert f"rl-engine report {out}" in err and "--resume" not in err
+    monkeypatch.undo()
+    assert main(["report", str(out)]) == 0
+    monkeypatch.setattr(runner_mod, "run_gate", interrupted)
+
+    ev = evidence_io.load(out / "evidence.json")
+    ev["complete"] = False
+    (out / "evidence.json").write_text(__import__("json").dumps(ev))
+    assert main(["gate", "--workload", "smoke", "--ops", "silu", "--out", str(out)]) == 130
+    assert f"rl-engine gate --resume {out}" in capsys.readouterr().err

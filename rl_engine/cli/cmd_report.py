@@ -46,6 +46,8 @@ def _max_err(c):
 
 
 def run_diff(args) -> int:
+    from collections import Counter
+
     from rl_engine.gate import evidence as evidence_io
 
     old, new = evidence_io.load(_path(args.old)), evidence_io.load(_path(args.new))
@@ -76,4 +78,9 @@ def run_diff(args) -> int:
         for c in changes:
             delta = f"  max_abs {c['old_max_abs_error']} -> {c['new_max_abs_error']}" if c["delta"] is not None else ""
             print(f"{c['cell']}: {c['old']} -> {c['new']}{delta}")
+        if changes:
+            kinds = Counter(f"{c['old']} -> {c['new']}" for c in status_changes)
+            print(f"{len(changes)} cells differ: {len(status_changes)} changed status"
+                  + (f" ({', '.join(f'{v} {k}' for k, v in sorted(kinds.items()))})" if kinds else "")
+                  + f", {len(changes) - len(status_changes)} changed only their max_abs_error")
     return 1 if any(c["new"] == "red" and c["old"] != "red" for c in status_changes) else 0

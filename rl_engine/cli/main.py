@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from rl_engine.errors import RLEngineError
 
@@ -35,6 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupted_gate_hint(out: Path) -> str:
+    """What to run after a Ctrl-C: resume missing cells, or only re-render the reports when every
+    cell had finished (the interrupt came while the reports were written)."""
+    import json
+
+    try:
+        complete = bool(json.loads((out / "evidence.json").read_text()).get("complete"))
+    except (OSError, ValueError, AttributeError):
+        return f"; no readable {out}/evidence.json yet — run the gate again"
+    if complete:
+        return f"; every cell had finished ({out}/evidence.json is complete) — write the reports with: rl-engine report {out}"
+    return f"; the cells finished so far are in {out}/evidence.json — finish with: rl-engine gate --resume {out}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -45,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         hint = ""
-        if args.command == "gate" and getattr(args, "out", None):
-            hint = f"; the cells finished so far are in {args.out}/evidence.json — finish with: rl-engine gate --resume {args.out}"
+        out = getattr(args, "out", None) or getattr(args, "resume", None)
+        if args.command == "gate" and out:
+            hint = _interrupted_gate_hint(Path(out))
         print(f"rl-engine {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `rl-engine diff A B | head`: the reader went away

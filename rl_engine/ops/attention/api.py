@@ -28,8 +28,9 @@ def attention(
     ``h // (H / Hkv)``. Softmax in FP32; a row with no visible key is exactly 0. Differentiable in
     q, k, v.
 
-    ``backend`` is explicit; an unavailable backend raises BackendUnavailable naming why. Bad
-    input raises InputError before any launch.
+    ``backend`` is explicit; an unavailable backend raises BackendUnavailable naming why. On the kernel
+    backends, bad input raises InputError before any launch (``torch_bf16`` and
+    ``reference_fp32`` are unvalidated comparison paths, docs/ops-api.md).
     """
     return resolve_impl("attention", backend)(
         q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, scale=scale

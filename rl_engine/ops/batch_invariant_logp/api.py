@@ -20,7 +20,9 @@ def batch_invariant_logp(
     logits: [B, S, V] float32, targets: [B, S] int64, mask: [B, S] bool -> [B, S] float32,
     0 where mask is False (targets there are not validated or used). FP32 logits, max, sum-exp and
     output; each row bitwise equal to ``logp`` on that row, independent of B, S and padding.
-    Gradient: logits. ``backend`` is explicit; bad inputs raise InputError before any launch.
+    Gradient: logits. ``backend`` is explicit; on the kernel backends,
+    bad inputs raise InputError before any launch (``torch_bf16`` and ``reference_fp32`` are
+    unvalidated comparison paths, docs/ops-api.md).
     """
     return resolve_impl("batch_invariant_logp", backend)(
         logits=logits, targets=targets, mask=mask, temperature=temperature

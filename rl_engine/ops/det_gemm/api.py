@@ -28,8 +28,9 @@ def det_gemm(a: torch.Tensor, b: torch.Tensor, *, backend: str = "triton_cuda_bf
 
     Leaves accumulate in FP32, merges round to BF16 (contract ``declared_exceptions.det_gemm``).
     Gradients: da [M, K] and db [K, N], bfloat16, computed by the same tree on transposed views.
-    ``backend`` is explicit; an unavailable backend raises BackendUnavailable naming why; bad inputs
-    raise InputError before any launch.
+    ``backend`` is explicit; an unavailable backend raises BackendUnavailable naming why; on the kernel
+    backends, bad inputs raise InputError before any launch (``torch_bf16`` and
+    ``reference_fp32`` are unvalidated comparison paths, docs/ops-api.md).
     """
     return resolve_impl("det_gemm", backend)(a=a, b=b)
 

@@ -20,7 +20,9 @@ def linear_logp(
     hidden: [T, E] bfloat16, weight: [V, E] bfloat16, targets: [T] int64 in [0, V),
     temperature: finite float > 0 -> [T] float32. FP32 logits (never rounded to BF16), FP32
     max / sum-exp / output, no [T, V] buffer (pitfall P5). Gradients: hidden, weight (BF16).
-    ``backend`` is explicit; bad inputs raise InputError before any launch.
+    ``backend`` is explicit; on the kernel backends, bad inputs
+    raise InputError before any launch (``torch_bf16`` and ``reference_fp32`` are unvalidated
+    comparison paths, docs/ops-api.md).
     """
     return resolve_impl("linear_logp", backend)(
         hidden=hidden, weight=weight, targets=targets, temperature=temperature

@@ -14,7 +14,8 @@ def lm_head(hidden: torch.Tensor, weight: torch.Tensor, *, backend: str = "trito
     FP32 accumulation over the whole E axis, written as FP32: logits are never rounded to BF16
     (contract ``declared_exceptions.logits_for_scoring``, pitfall P5). Gradients (upstream FP32):
     dhidden [T, E] and dweight [V, E], bfloat16, computed in FP32. ``backend`` is explicit; an
-    unavailable backend raises BackendUnavailable naming why; bad inputs raise InputError before
-    any launch.
+    unavailable backend raises BackendUnavailable naming why; on the kernel backends, bad
+    inputs raise InputError before any launch (``torch_bf16`` and ``reference_fp32`` are
+    unvalidated comparison paths, docs/ops-api.md).
     """
     return resolve_impl("lm_head", backend)(hidden=hidden, weight=weight)

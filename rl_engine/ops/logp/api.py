@@ -19,6 +19,8 @@ def logp(
     logits: [T, V] float32 (never rounded to BF16), targets: [T] int64 in [0, V),
     temperature: finite float > 0 -> [T] float32. FP32 max, sum-exp and output (pitfalls P4, P11).
     Gradient: logits. ``backend`` is explicit; an unavailable backend raises BackendUnavailable
-    naming why. Bad inputs raise InputError before any launch.
+    naming why. On the kernel backends, bad inputs raise InputError
+    before any launch (``torch_bf16`` and ``reference_fp32`` are unvalidated comparison paths,
+    docs/ops-api.md).
     """
     return resolve_impl("logp", backend)(logits=logits, targets=targets, temperature=temperature)
