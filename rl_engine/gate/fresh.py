@@ -15,7 +15,14 @@ from typing import Any
 import torch
 
 
-def outputs_for(op: str, backend: str, workload_name: str, seed: int, device: torch.device) -> dict[str, torch.Tensor]:
+def outputs_for(op: str, backend: str, workload_name: str, seed: int, device: torch.device,
+                prebuilt: tuple[Any, Any] | None = None) -> dict[str, torch.Tensor]:
+    """Forward outputs of the op's first case and gradients of its first gradient case, on CPU.
+
+    ``prebuilt`` = (first case, first gradient case or None) already built from the same workload
+    and seeds (the gate's own), to skip rebuilding every case of the op; a fresh process builds its
+    own.
+    """
     from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
     from rl_engine.ops.registry import get_spec
     from rl_engine.ops.spec import get_workload
@@ -24,12 +31,13 @@ def outputs_for(op: str, backend: str, workload_name: str, seed: int, device: to
 
     spec = get_spec(op)
     impl = spec.impls.get(backend) or resolve_impl(op, backend)
-    case = spec.build_cases(get_workload(workload_name), seed, device)[0]
+    case = prebuilt[0] if prebuilt is not None else spec.build_cases(get_workload(workload_name), seed, device)[0]
     result: dict[str, torch.Tensor] = {}
     for i, o in enumerate(run_forward(impl, case.inputs)):
         result[f"{op}.fwd.{i}"] = o.detach().cpu()
     if spec.grad_inputs and spec.build_grad_cases is not None and _has_backward(op, backend):
-        gcase = spec.build_grad_cases(get_workload(workload_name), seed + 500, device)[0]
+        gcase = prebuilt[1] if prebuilt is not None and prebuilt[1] is not None else \
+            spec.build_grad_cases(get_workload(workload_name), seed + 500, device)[0]
         probe = run_forward(spec.impls["torch_bf16"], gcase.inputs)
         up = make_upstream(probe, gcase.seed + 1000)
         _, grads, _ = run_gradient(impl, gcase.inputs, spec.grad_inputs, upstream=up)

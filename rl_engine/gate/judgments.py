@@ -193,7 +193,8 @@ def invariance(spec: OpSpec, impl, transform: str, case: Case, direction: str,
 
 
 def repeat(spec: OpSpec, backend: str, fresh: dict[str, torch.Tensor] | None, fresh_error: str | None, workload,
-           seed: int, device: torch.device, contract: Contract) -> tuple[str, str, dict[str, Any]]:
+           seed: int, device: torch.device, contract: Contract,
+           prebuilt: tuple[Any, Any] | None = None) -> tuple[str, str, dict[str, Any]]:
     """The same cell twice in this process and once in a fresh process: identical bits.
 
     ``fresh=None`` skips the fresh-process comparison (a backend registered from Python in this
@@ -203,8 +204,8 @@ def repeat(spec: OpSpec, backend: str, fresh: dict[str, torch.Tensor] | None, fr
     from rl_engine.gate.fresh import outputs_for
     from rl_engine.ops.transforms import plant_ulp
 
-    first = outputs_for(spec.name, backend, workload.name, seed, device)
-    second = outputs_for(spec.name, backend, workload.name, seed, device)
+    first = outputs_for(spec.name, backend, workload.name, seed, device, prebuilt)
+    second = outputs_for(spec.name, backend, workload.name, seed, device, prebuilt)
     reps, failures = [], []
     for name, a in first.items():
         r = compare_bitwise(f"{name} (run 1 vs run 2)", a, second[name], contract.nan_policy)

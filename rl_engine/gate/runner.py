@@ -261,7 +261,9 @@ def run_cell(state: _OpState, key: CellKey, contract: Contract) -> tuple[str, st
             fresh, error = None, None  # registered in this process only: a fresh process cannot rebuild it
         else:
             fresh, error = state.fresh(key.backend)
-        return (*J.repeat(spec, key.backend, fresh, error, state.workload, state.seed, state.device, contract), kid)
+        prebuilt = (state.cases()[0], state.grad_cases()[0] if spec.build_grad_cases is not None else None)
+        return (*J.repeat(spec, key.backend, fresh, error, state.workload, state.seed, state.device, contract, prebuilt),
+                kid)
     if key.judgment == "gradient_accuracy":
         if not spec.grad_inputs:
             return J.NA, spec.no_grad_reason or "no input of this op takes a gradient", {}, kid
