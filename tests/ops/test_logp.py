@@ -197,6 +197,35 @@ def test_pitfall_p4_vocab_151936(device, contract):
     assert (base - expected).abs().max().item() > tol.atol
 
 
+def test_pitfall_p4_references_are_correctly_rounded(device, contract):
+    """The FP32 golds themselves at P4's inputs (torch.log_softmax on the CPU was 4.9e-5 off the
+    third value); the batched reference too, on the same rows as one [1, 3, V] batch."""
+    from rl_engine.ops.batch_invariant_logp.reference import batch_invariant_logp_reference
+    from rl_engine.ops.logp.reference import logp_reference
+
+    tol = contract.tolerance("forward", "logprob", "float32")
+    x = torch.zeros((3, P4_VOCAB), dtype=torch.float32, device=device)
+    x[1, 5] = -20.0
+    x[2, P4_VOCAB - 1] = 10.0
+    t = torch.tensor([P4_VOCAB - 1, 5, P4_VOCAB - 1], device=device)
+    expected = torch.tensor([-11.931215, -31.931208, -2.0665891], device=device)
+    assert_within(logp_reference(x, t), expected, tol)
+    mask = torch.ones((1, 3), dtype=torch.bool, device=device)
+    assert_within(batch_invariant_logp_reference(x[None], t[None], mask)[0], expected, tol)
+
+
+def test_reference_log_softmax_gradient_is_onehot_minus_softmax(device, contract):
+    from rl_engine.ops.logp.reference import logp_reference
+
+    tol = contract.tolerance("forward", "logprob", "float32")
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn((4, 50), generator=g) * 3).to(device).requires_grad_(True)
+    t = torch.tensor([0, 7, 49, 3], device=device)
+    logp_reference(x, t).sum().backward()
+    expected = torch.nn.functional.one_hot(t, 50).float() - torch.softmax(x.detach().double(), -1).float()
+    assert_within(x.grad, expected, tol)
+
+
 def test_pitfall_p5_unfused(device, contract):
     """Hidden size 2, h = [1, 1]; LM-head rows A = [40, 40.25], B = [40, 40], the rest 0. FP32
     logits (A = 80.25, B = 80.0) scored by logp give -0.5759394 and -0.8259394 (BF16 logits would

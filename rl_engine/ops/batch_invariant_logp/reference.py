@@ -6,6 +6,7 @@ gradient) and their output is 0; their targets are replaced by 0 before the gath
 
 import torch
 
+from rl_engine.ops.logp.reference import fp32_log_softmax
 from rl_engine.ops.reference_guard import fp32_reference_guard, require_fp32
 
 
@@ -17,6 +18,6 @@ def batch_invariant_logp_reference(
     with fp32_reference_guard():
         safe_logits = torch.where(mask.unsqueeze(-1), logits, torch.zeros((), dtype=logits.dtype, device=logits.device))
         safe_targets = torch.where(mask, targets, torch.zeros_like(targets))
-        logprobs = torch.log_softmax(safe_logits / temperature, dim=-1)
+        logprobs = fp32_log_softmax(safe_logits / temperature)
         picked = logprobs.gather(-1, safe_targets.unsqueeze(-1)).squeeze(-1)
         return torch.where(mask, picked, torch.zeros((), dtype=picked.dtype, device=picked.device))
