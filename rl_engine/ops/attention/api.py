@@ -25,8 +25,10 @@ def attention(
     (``Lq`` queries, ``Lk >= Lq`` keys) sits at position ``Lk - Lq + i`` and sees keys
     ``0 .. Lk - Lq + i``: ``Lq == Lk`` is packed prefill / teacher forcing, ``Lq < Lk`` a chunk of
     queries against a longer prefix, ``Lq == 1`` a decode step. Query head ``h`` uses KV head
-    ``h // (H / Hkv)``. Softmax in FP32; a row with no visible key is exactly 0. Differentiable in
-    q, k, v.
+    ``h // (H / Hkv)``. Scores, row max, sum-exp and the output accumulator in FP32; the Triton
+    kernel rounds the probabilities to BF16 for the P·V tensor-core product (as FlashAttention
+    does), the CUDA kernel keeps them FP32. A row with no visible key is exactly 0.
+    Differentiable in q, k, v.
 
     ``backend`` is explicit; an unavailable backend raises BackendUnavailable naming why. On the kernel
     backends, bad input raises InputError before any launch (``torch_bf16`` and
