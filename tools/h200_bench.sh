@@ -13,15 +13,10 @@
 # Usage: bash tools/h200_bench.sh [extra rl-engine bench args]
 #   env: OUT (default /tmp/out), QUICK=1, BUDGET_S (400), HARD_TIMEOUT_S (540)
 set -uo pipefail
-# The caller passes RL_ENGINE_SOURCE_COMMIT / RL_ENGINE_SOURCE_DIRTY: the copied tree has no git history.
-export PYTHONUNBUFFERED=1 CI=1
+# The caller passes RL_ENGINE_SOURCE_COMMIT / RL_ENGINE_SOURCE_DIRTY (they win over any git directory in the copy).
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site || exit 2
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 2; }
+. tools/device_setup.sh "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >"$OUT/gpu-before.txt" 2>&1
 python3 -c "import liger_kernel" 2>/dev/null && echo "liger_kernel: importable" || echo "liger_kernel: not installed (Liger rows will say so)"
 ARGS=(--out "$OUT/bench" --time-budget "${BUDGET_S:-400}")

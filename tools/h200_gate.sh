@@ -3,15 +3,10 @@
 # tests and the full qwen3-8b gate, and leave everything under $OUT.
 # Usage: bash tools/h200_gate.sh [extra rl-engine gate args]
 set -uo pipefail
-# The caller passes RL_ENGINE_SOURCE_COMMIT / RL_ENGINE_SOURCE_DIRTY: the copied tree has no git history.
-export PYTHONUNBUFFERED=1 CI=1
+# The caller passes RL_ENGINE_SOURCE_COMMIT / RL_ENGINE_SOURCE_DIRTY (they win over any git directory in the copy).
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site || exit 2
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 2; }
+. tools/device_setup.sh "$OUT"
 rl-engine env --json >"$OUT/env.json"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/env.json.txt" 2>&1
 if [ "${SKIP_TESTS:-0}" != "1" ]; then

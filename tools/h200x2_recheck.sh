@@ -9,18 +9,12 @@
 #   PART_TIMEOUT=200            seconds before each part is stopped
 set -uo pipefail
 # The caller passes RL_ENGINE_SOURCE_COMMIT / RL_ENGINE_SOURCE_DIRTY (see tools/README.md).
-export PYTHONUNBUFFERED=1 CI=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}
 R="$OUT/results"
 T=${PART_TIMEOUT:-200}
 B=${BACKENDS:-triton_cuda_bf16}
 mkdir -p "$R"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site || exit 2
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$R/install.log" 2>&1 || { cat "$R/install.log"; exit 2; }
+. tools/device_setup.sh "$R"
 rl-engine env --json >"$R/env.json"
 (
   export CUDA_VISIBLE_DEVICES=0

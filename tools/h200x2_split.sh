@@ -8,17 +8,11 @@
 #   GATE_TIMEOUT=480 TEST_TIMEOUT=420 TP_TIMEOUT=420   seconds before each part is stopped
 #   TESTS=1 / TP=0 / CHAIN=0                           add the tests, leave TP or the chain out
 set -uo pipefail
-# The caller passes RL_ENGINE_SOURCE_COMMIT / RL_ENGINE_SOURCE_DIRTY: the copied tree has no git history.
-export PYTHONUNBUFFERED=1 CI=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The caller passes RL_ENGINE_SOURCE_COMMIT / RL_ENGINE_SOURCE_DIRTY (they win over any git directory in the copy).
 OUT=${OUT:-/tmp/out}
 R="$OUT/results"
 mkdir -p "$R/tp"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site || exit 2
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$R/install.log" 2>&1 || { cat "$R/install.log"; exit 2; }
+. tools/device_setup.sh "$R"
 rl-engine env --json >"$R/env.json"
 { nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv; nvidia-smi topo -m; } \
   >"$R/gpus.txt" 2>&1

@@ -8,16 +8,10 @@
 #   KERNEL_BACKENDS=triton_cuda_bf16,cuda_bf16   also check the CUDA C++ det_gemm (builds it first)
 #   TP_TIMEOUT=540                               seconds before the run is stopped
 set -uo pipefail
-# The caller passes RL_ENGINE_SOURCE_COMMIT / RL_ENGINE_SOURCE_DIRTY: the copied tree has no git history.
-export PYTHONUNBUFFERED=1 CI=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The caller passes RL_ENGINE_SOURCE_COMMIT / RL_ENGINE_SOURCE_DIRTY (they win over any git directory in the copy).
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/tp"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site || exit 2
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 2; }
+. tools/device_setup.sh "$OUT"
 { nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv; nvidia-smi topo -m; } \
   >"$OUT/tp/gpus.txt" 2>&1
 python3 -c "import torch; print(torch.__version__, torch.cuda.device_count(), torch.cuda.nccl.version())" >>"$OUT/tp/gpus.txt" 2>&1
