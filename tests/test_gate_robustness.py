@@ -169,3 +169,30 @@ def test_ctrl_c_while_reports_are_written_says_to_run_report_not_resume(tmp_path
     (out / "evidence.json").write_text(__import__("json").dumps(ev))
     assert main(["gate", "--workload", "smoke", "--ops", "silu", "--out", str(out)]) == 130
     assert f"rl-engine gate --resume {out}" in capsys.readouterr().err
+
+
+def test_fresh_process_starts_with_the_run_and_is_cleaned_up(tmp_path):
+    """The repeat judgment's fresh process runs beside the first cells (not after them), and an
+    interrupted run kills it and leaves no temporary folder behind."""
+    seen = {}
+
+    def at_first_cell(cell, i, n):
+        if i == 1:
+            seen["dirs"] = [p.name for p in tmp_path.joinpath("ok").glob(".repeat-*")]
+
+    ev = run_gate(_config(tmp_path / "ok", judgments=["forward_accuracy", "repeat"]), load_contract(),
+                  on_cell=at_first_cell)
+    assert ev["cells"][0]["judgment"] == "forward_accuracy"
+    assert len(seen["dirs"]) == 1, "the fresh process was not launched before the first cell ran"
+    assert ev["cells"][-1]["status"] == "green", ev["cells"][-1].get("reason")
+    assert not list((tmp_path / "ok").glob(".repeat-*"))
+
+    class Stop(BaseException):
+        pass
+
+    def stop(cell, i, n):
+        raise Stop()
+
+    with pytest.raises(Stop):
+        run_gate(_config(tmp_path / "stopped", judgments=["forward_accuracy", "repeat"]), load_contract(), on_cell=stop)
+    assert not list((tmp_path / "stopped").glob(".repeat-*")), "an interrupted run left its fresh process's files"

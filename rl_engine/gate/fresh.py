@@ -16,12 +16,14 @@ import torch
 
 
 def outputs_for(op: str, backend: str, workload_name: str, seed: int, device: torch.device,
-                prebuilt: tuple[Any, Any] | None = None) -> dict[str, torch.Tensor]:
-    """Forward outputs of the op's first case and gradients of its first gradient case, on CPU.
+                prebuilt: tuple[Any, Any] | None = None, *, to_cpu: bool = True) -> dict[str, torch.Tensor]:
+    """Forward outputs of the op's first case and gradients of its first gradient case.
 
     ``prebuilt`` = (first case, first gradient case or None) already built from the same workload
     and seeds (the gate's own), to skip rebuilding every case of the op; a fresh process builds its
-    own.
+    own. ``to_cpu`` copies the results to the CPU (what a fresh process saves); the gate's own
+    runs keep them on ``device`` and compare them there (an embedding or lm_head weight gradient
+    at Qwen3-8B size is 1.2 GB: compared on the CPU, one repeat cell took 30-110 s on the H200).
     """
     from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
     from rl_engine.ops.registry import get_spec
@@ -34,7 +36,7 @@ def outputs_for(op: str, backend: str, workload_name: str, seed: int, device: to
     case = prebuilt[0] if prebuilt is not None else spec.build_cases(get_workload(workload_name), seed, device)[0]
     result: dict[str, torch.Tensor] = {}
     for i, o in enumerate(run_forward(impl, case.inputs)):
-        result[f"{op}.fwd.{i}"] = o.detach().cpu()
+        result[f"{op}.fwd.{i}"] = o.detach().cpu() if to_cpu else o.detach()
     if spec.grad_inputs and spec.build_grad_cases is not None and _has_backward(op, backend):
         gcase = prebuilt[1] if prebuilt is not None and prebuilt[1] is not None else \
             spec.build_grad_cases(get_workload(workload_name), seed + 500, device)[0]
@@ -42,7 +44,7 @@ def outputs_for(op: str, backend: str, workload_name: str, seed: int, device: to
         up = make_upstream(probe, gcase.seed + 1000)
         _, grads, _ = run_gradient(impl, gcase.inputs, spec.grad_inputs, upstream=up)
         for name, g in grads.items():
-            result[f"{op}.bwd.d{name}"] = g.detach().cpu()
+            result[f"{op}.bwd.d{name}"] = g.detach().cpu() if to_cpu else g.detach()
     return result
 
 

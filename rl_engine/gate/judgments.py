@@ -204,8 +204,8 @@ def repeat(spec: OpSpec, backend: str, fresh: dict[str, torch.Tensor] | None, fr
     from rl_engine.gate.fresh import outputs_for
     from rl_engine.ops.transforms import plant_ulp
 
-    first = outputs_for(spec.name, backend, workload.name, seed, device, prebuilt)
-    second = outputs_for(spec.name, backend, workload.name, seed, device, prebuilt)
+    first = outputs_for(spec.name, backend, workload.name, seed, device, prebuilt, to_cpu=False)
+    second = outputs_for(spec.name, backend, workload.name, seed, device, prebuilt, to_cpu=False)
     reps, failures = [], []
     for name, a in first.items():
         r = compare_bitwise(f"{name} (run 1 vs run 2)", a, second[name], contract.nan_policy)

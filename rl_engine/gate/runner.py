@@ -135,35 +135,73 @@ def root_cause(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 class _FreshRuns:
-    """One fresh Python process per backend computes every op's repeat outputs (lazily, once)."""
+    """One fresh Python process per backend computes every op's repeat outputs.
+
+    :meth:`start` launches the processes in the background when the run begins, so their imports,
+    case building and kernel runs overlap the in-process cells; :meth:`get` waits for a backend's
+    process the first time one of its repeat cells needs it (launching it then if :meth:`start`
+    was not called). :meth:`close` stops any process still running and removes its files.
+    """
 
     def __init__(self, ops: list[str], workload: Workload, seed: int, out_dir: Path):
         self.ops, self.workload, self.seed, self.out_dir = ops, workload, seed, out_dir
         self._done: dict[str, tuple[dict[str, torch.Tensor], dict[str, str], str | None]] = {}
+        self._running: dict[str, tuple[Any, Path]] = {}
+
+    def start(self, backends: list[str]) -> None:
+        for b in backends:
+            if b not in self._done and b not in self._running:
+                self._running[b] = self._launch(b)
 
     def get(self, op: str, backend: str) -> tuple[dict[str, torch.Tensor], str | None]:
         if backend not in self._done:
-            self._done[backend] = self._run(backend)
+            if backend not in self._running:
+                self._running[backend] = self._launch(backend)
+            # a cell timeout may interrupt the wait: the process then stays listed (and running)
+            self._done[backend] = self._collect(*self._running[backend])
+            del self._running[backend]
         tensors, errors, failure = self._done[backend]
         if failure:
             return {}, failure
         return {k: v for k, v in tensors.items() if k.startswith(op + ".")}, errors.get(op)
 
-    def _run(self, backend: str):
+    def close(self) -> None:
+        import shutil
+
+        for proc, tmp in self._running.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._running.clear()
+
+    def _launch(self, backend: str) -> tuple[Any, Path]:
         import subprocess
         import sys
         import tempfile
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.out_dir, prefix=".repeat-") as tmp:
-            target = Path(tmp) / "fresh.pt"
-            cmd = [sys.executable, "-m", "rl_engine.gate.fresh", "--backend", backend, "--workload", self.workload.name,
-                   "--seed", str(self.seed), "--ops", *self.ops, "--out", str(target)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)  # inherits the environment
-            if proc.returncode != 0 or not target.exists():
-                return {}, {}, f"fresh process exited {proc.returncode}: {proc.stderr.strip()[-500:]}"
+        tmp = Path(tempfile.mkdtemp(dir=self.out_dir, prefix=".repeat-"))
+        cmd = [sys.executable, "-m", "rl_engine.gate.fresh", "--backend", backend, "--workload", self.workload.name,
+               "--seed", str(self.seed), "--ops", *self.ops, "--out", str(tmp / "fresh.pt")]
+        # inherits the environment; stderr goes to a file so a chatty child cannot block on a full pipe
+        with open(tmp / "stderr.txt", "w") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        return proc, tmp
+
+    def _collect(self, proc: Any, tmp: Path):
+        import shutil
+
+        code = proc.wait()
+        try:
+            target = tmp / "fresh.pt"
+            if code != 0 or not target.exists():
+                err = (tmp / "stderr.txt").read_text(errors="replace").strip()[-500:]
+                return {}, {}, f"fresh process exited {code}: {err}"
             data = torch.load(target, map_location="cpu", weights_only=True)
-        return data["tensors"], data["errors"], None
+            return data["tensors"], data["errors"], None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 class _OpState:
@@ -420,14 +458,38 @@ def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str
     except Exception as exc:  # the audit must not cost the run; its failure is recorded
         evidence["audit"] = {"conformant": False, "rows": [], "error": f"{type(exc).__name__}: {exc}"}
     evidence["backends"]["builds"] = _builds(config, device)
-    path = config.out_dir / "evidence.json"
-    states: dict[str, _OpState] = {}
     fresh = _FreshRuns(config.ops, config.workload, config.seed, config.out_dir)
     done: dict[tuple[Any, ...], dict[str, Any]] = {}
     if config.resume is not None:
         for c in config.resume["cells"]:
             done[(c["op"], c["backend"], c["judgment"], c.get("transform"))] = c
         evidence["resumed_from"] = {"cells_kept": len(done), "wall_time_s": config.resume.get("wall_time_s")}
+    # the fresh processes of the repeat cells still to run start now and overlap the other cells
+    fresh.start(sorted({k.backend for k in keys if k.judgment == "repeat" and _fresh_process_can_rebuild(k.backend)
+                        and (k.op, k.backend, k.judgment, k.transform) not in done}))
+    try:
+        _run_cells(config, contract, keys, evidence, done, fresh, device, t0, on_cell)
+    finally:
+        fresh.close()
+    if len(config.backends) >= 2:
+        evidence["cross_backend"] = cross_backend(config, device)
+    evidence["complete"] = True
+    evidence["wall_time_s"] = round(time.perf_counter() - t0, 3)
+    evidence_io.write_atomic(config.out_dir / "evidence.json", evidence)
+    return evidence
+
+
+def _fresh_process_can_rebuild(backend: str) -> bool:
+    """False for a plugin registered from Python in this process only (a new process cannot load it)."""
+    plugin = _plugin(backend)
+    return plugin is None or plugin.origin != "python"
+
+
+def _run_cells(config: GateConfig, contract: Contract, keys: list[CellKey], evidence: dict[str, Any],
+               done: dict[tuple[Any, ...], dict[str, Any]], fresh: _FreshRuns, device: torch.device, t0: float,
+               on_cell: Callable[[dict[str, Any], int, int], None] | None) -> None:
+    path = config.out_dir / "evidence.json"
+    states: dict[str, _OpState] = {}
     for i, key in enumerate(keys):
         previous = done.get((key.op, key.backend, key.judgment, key.transform))
         if previous is not None:
@@ -465,9 +527,3 @@ def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str
         evidence_io.write_atomic(path, evidence)
         if on_cell is not None:
             on_cell(cell, i + 1, len(keys))
-    if len(config.backends) >= 2:
-        evidence["cross_backend"] = cross_backend(config, device)
-    evidence["complete"] = True
-    evidence["wall_time_s"] = round(time.perf_counter() - t0, 3)
-    evidence_io.write_atomic(path, evidence)
-    return evidence
