@@ -99,6 +99,38 @@ def test_tree_topology_exact(device, k):
         assert not bits_equal(fp32, out), "integer case too easy: BF16 merges changed nothing"
 
 
+@pytest.mark.parametrize("leaf_split", [False, True], ids=["fused", "leaf-parallel"])
+@pytest.mark.parametrize("depth", [1, 2])
+def test_both_forms_compute_the_declared_tree(device, depth, leaf_split):
+    """Each form of the Triton kernel, forced, equals the emulated tree on exact integer inputs."""
+    a = _ints((5, 97), -16, 16, 3, device)
+    b = _ints((97, 20), -16, 16, 4, device)
+    out = dg_triton._launch(a, b, depth, False, leaf_split=leaf_split)
+    assert bits_equal(out, _emulate_tree(a, b, depth, True))
+
+
+@pytest.mark.parametrize("m,k,n,transposed", [(1, 300, 200, True), (5, 257, 130, False), (130, 96, 129, True)])
+@pytest.mark.parametrize("depth", [1, 2])
+def test_leaf_parallel_form_equals_fused_form(device, m, k, n, transposed, depth):
+    """The leaf-parallel form (decode-sized M) and the fused form give the same bits on random
+    inputs, where leaf roundings matter; the FP32-merge control differs from both, so the
+    comparison can fail."""
+    g = spec_mod.make_generator(m * 1000 + k)
+    a = spec_mod.randn((m, k), g, device=device)
+    b = spec_mod.randn((n, k), g, scale=k ** -0.5, device=device).t() if transposed else \
+        spec_mod.randn((k, n), g, scale=k ** -0.5, device=device)
+    fused = dg_triton._launch(a, b, depth, False, leaf_split=False)
+    split = dg_triton._launch(a, b, depth, False, leaf_split=True)
+    assert bits_equal(split, fused)
+    assert not bits_equal(split, dg_triton._launch(a, b, depth, True, leaf_split=False))
+
+
+def test_leaf_parallel_form_is_chosen_by_output_tiles_only():
+    assert dg_triton.use_leaf_split(1, 4096, 2) and dg_triton.use_leaf_split(257, 4096, 2)
+    assert not dg_triton.use_leaf_split(4096, 4096, 2)
+    assert not dg_triton.use_leaf_split(1, 4096, 0) and not dg_triton.use_leaf_split(1, 4096, 2, fp32_merge=True)
+
+
 def test_contract_depth_asserted(monkeypatch, device):
     assert dg_triton.TREE_DEPTH == load_contract().det_gemm["tree_depth"]
     a = _ints((2, 8), -2, 2, 1, device)

@@ -11,6 +11,12 @@ operand (``l0``, ``l2``) is parked in a BF16 workspace ``[M, N]`` and ``l0 + l1`
 buffer, so only one FP32 accumulator is live in registers during each leaf loop (holding the BF16
 partials in registers ran at 0.3x cuBLAS on H200; parking them, 0.63-0.77x at M = 4096).
 
+Leaf-parallel form (decode): when the output has fewer than ``LEAF_SPLIT_BELOW_TILES`` tiles (a
+decode step's GEMV has ``N / 128``), one program per (tile, leaf) runs the same leaf loop, stores
+the BF16 leaf in a workspace ``[2^depth, M, N]``, and a second kernel applies the same BF16 merges;
+``2^depth`` times as many programs stream the weight. Same instructions per leaf, same roundings,
+same bits as the fused form (tested on random inputs); the choice depends only on M and N.
+
 Tile configuration, fixed for every M, N and K (never derived from the problem size):
 ``BM = BN = 128``, ``BK = 64``, ``num_warps = 8``, ``num_stages = 4``, grouped program order with
 ``GROUP_M = 8`` (the order only changes which program computes a tile, not any tile's arithmetic).
@@ -153,13 +159,81 @@ def _det_gemm_kernel(a_ptr, b_ptr, c_ptr, w_ptr, s_ptr, M, N, K, k1, k2, k3,
     tl.store(c_ptrs, out.to(tl.bfloat16), mask=ok)
 
 
-def _launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool) -> torch.Tensor:
-    """C [M, N] bf16 = tree-reduced a [M, K] @ b [K, N]; any strides (no copies of a or b)."""
+@triton.jit
+def _det_gemm_leaves_kernel(a_ptr, b_ptr, w_ptr, M, N, K, k1, k2, k3,
+                            s_am, s_ak, s_bk, s_bn, a_step, b_step,
+                            DEPTH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                            UPCAST: tl.constexpr):
+    """Leaf-parallel form of the same tree: program ``(tile, leaf)`` computes one leaf of one
+    ``[BM, BN]`` tile with the very :func:`_leaf` loop the fused kernel runs, rounds it to BF16 and
+    stores it in ``w [2^DEPTH, M, N]``; :func:`_det_gemm_merge_kernel` then merges the leaves.
+    Tiles are taken in row-major order (a tile's arithmetic does not depend on its order)."""
+    pid = tl.program_id(0)
+    leaf = tl.program_id(1)
+    tiles_n = tl.cdiv(N, BN)
+    pid_m = pid // tiles_n
+    pid_n = pid % tiles_n
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    a_rows = a_ptr + (rows % M).to(tl.int64)[:, None] * s_am
+    b_cols = b_ptr + (cols % N).to(tl.int64)[None, :] * s_bn
+    ok = (rows < M)[:, None] & (cols < N)[None, :]
+    if DEPTH == 1:
+        lo = tl.where(leaf == 0, 0, k2)
+        hi = tl.where(leaf == 0, k2, K)
+    else:
+        lo = tl.where(leaf == 0, 0, tl.where(leaf == 1, k1, tl.where(leaf == 2, k2, k3)))
+        hi = tl.where(leaf == 0, k1, tl.where(leaf == 1, k2, tl.where(leaf == 2, k3, K)))
+    part = _leaf(a_rows, b_cols, lo, hi, s_ak, s_bk, a_step, b_step, BM, BN, BK, UPCAST).to(tl.bfloat16)
+    w_ptrs = w_ptr + leaf.to(tl.int64) * M * N + rows.to(tl.int64)[:, None] * N + cols.to(tl.int64)[None, :]
+    tl.store(w_ptrs, part, mask=ok)
+
+
+@triton.jit
+def _det_gemm_merge_kernel(w_ptr, c_ptr, M, N, s_cm, s_cn, DEPTH: tl.constexpr, BLOCK: tl.constexpr):
+    """c = the BF16 merges of the leaves in ``w``: ``l0 + l1`` (DEPTH 1) or ``(l0 + l1) + (l2 + l3)``."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < M * N
+    mn = M * N
+    l0 = tl.load(w_ptr + offs, mask=ok, other=0.0)
+    l1 = tl.load(w_ptr + mn + offs, mask=ok, other=0.0)
+    out = _merge(l0, l1, False)
+    if DEPTH == 2:
+        l2 = tl.load(w_ptr + 2 * mn + offs, mask=ok, other=0.0)
+        l3 = tl.load(w_ptr + 3 * mn + offs, mask=ok, other=0.0)
+        out = _merge(out, _merge(l2, l3, False), False)
+    r = offs // N
+    col = offs % N
+    tl.store(c_ptr + r * s_cm + col * s_cn, out, mask=ok)
+
+
+LEAF_SPLIT_BELOW_TILES = 264
+"""The leaf-parallel form runs when the fused kernel would have fewer ``[BM, BN]`` tiles than this
+(twice the H200's 132 SMs): decode-sized M (a GEMV per weight read) then gets ``2^depth`` times as
+many programs. Both forms run the same leaf loops and merges, so they give the same bits (tested);
+the choice is a speed decision only and depends on nothing but M and N."""
+
+MERGE_BLOCK = 1024
+
+
+def use_leaf_split(m: int, n: int, depth: int, fp32_merge: bool = False) -> bool:
+    """Whether :func:`_launch` takes the leaf-parallel form for an ``[m, n]`` output."""
+    return depth > 0 and not fp32_merge and triton.cdiv(m, BM) * triton.cdiv(n, BN) < LEAF_SPLIT_BELOW_TILES
+
+
+def _launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool, leaf_split: bool | None = None) -> torch.Tensor:
+    """C [M, N] bf16 = tree-reduced a [M, K] @ b [K, N]; any strides (no copies of a or b).
+
+    ``leaf_split`` forces the form (None: :func:`use_leaf_split`); tests compare the two."""
     m, k = a.shape
     n = b.shape[1]
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     if m == 0 or n == 0:
         return c
+    if leaf_split is None:
+        leaf_split = use_leaf_split(m, n, depth, fp32_merge)
+    if leaf_split and (depth == 0 or fp32_merge):
+        raise ValueError("the leaf-parallel form needs depth >= 1 and BF16 merges")
     bounds = mid_split_bounds(0, k, depth)
     if depth == 2:
         k1, k2, k3 = bounds[1], bounds[2], bounds[3]
@@ -167,6 +241,17 @@ def _launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool) -> t
         k1, k2, k3 = 0, bounds[1], 0
     else:
         k1, k2, k3 = 0, 0, 0
+    if leaf_split:
+        w = torch.empty((1 << depth, m, n), dtype=torch.bfloat16, device=a.device)
+        grid = (triton.cdiv(m, BM) * triton.cdiv(n, BN), 1 << depth)
+        _det_gemm_leaves_kernel[grid](
+            a, b, w, m, n, k, k1, k2, k3, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            BK * a.stride(1), BK * b.stride(0),
+            DEPTH=depth, BM=BM, BN=BN, BK=BK, UPCAST=upcast_dots(), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        )
+        _det_gemm_merge_kernel[(triton.cdiv(m * n, MERGE_BLOCK),)](
+            w, c, m, n, c.stride(0), c.stride(1), DEPTH=depth, BLOCK=MERGE_BLOCK, num_warps=4)
+        return c
     part_dtype = torch.float32 if fp32_merge else torch.bfloat16
     w = torch.empty((m, n) if depth else (1, 1), dtype=part_dtype, device=a.device)
     s = torch.empty((m, n), dtype=torch.float32, device=a.device) if fp32_merge and depth == 2 else c
