@@ -228,6 +228,23 @@ def test_det_gemm_tree_equals_explicit_leaves_and_bf16_merges(cuda_device):
     assert _bits_equal(det_gemm_cuda(a, b, tree_depth=0), gemm_f32_out(a, b).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("m,k,n,transposed", [(1, 300, 200, True), (37, 101, 131, False), (130, 96, 129, True)])
+def test_det_gemm_leaf_parallel_form_equals_fused_form(cuda_device, m, k, n, transposed):
+    """rl_det_gemm_leaves (decode-sized outputs) and rl_det_gemm give the same bits at depth 1 and
+    2; a different tree depth differs from both, so the comparison can fail."""
+    from rl_engine.ops.det_gemm import cuda as dg_cuda
+
+    a = _bf16((m, k), m + k, cuda_device)
+    b = _bf16((n, k), n, cuda_device, scale=k ** -0.5).t() if transposed else \
+        _bf16((k, n), n, cuda_device, scale=k ** -0.5)
+    for depth in (1, 2):
+        fused = dg_cuda._launch(a, b, depth, leaf_split=False)
+        split = dg_cuda._launch(a, b, depth, leaf_split=True)
+        assert _bits_equal(split, fused), f"depth {depth}"
+    assert not _bits_equal(dg_cuda._launch(a, b, 2, leaf_split=True), dg_cuda._launch(a, b, 1, leaf_split=False))
+    assert dg_cuda.use_leaf_split(1, 4096, 2) and not dg_cuda.use_leaf_split(4096, 4096, 2)
+
+
 def test_det_gemm_any_strides_and_unaligned_views(cuda_device):
     a = _bf16((29, 75), 3, cuda_device)
     b = _bf16((75, 40), 4, cuda_device, scale=75 ** -0.5)

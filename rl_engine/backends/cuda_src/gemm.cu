@@ -14,6 +14,9 @@
 //    the K range of one subtree (DEPTH - log2(parts)) computes that subtree with exactly the same
 //    instructions, so a BF16 merge of the ranks equals the unsplit product bit for bit.
 //    DEPTH 0 with OUT_F32 is a plain FP32-accumulated GEMM with FP32 output (lm_head logits).
+//    Leaf-parallel form (rl_det_gemm_leaves, for decode-sized outputs): one block per tile and
+//    leaf runs the same leaf loop, the leaves go through a BF16 workspace, and a second kernel
+//    applies the same merges: the same bits with 2^DEPTH times the blocks.
 //    Batch invariance: output (m, n) is produced from row m of A and column n of B by the same
 //    sequence of MMA instructions whatever M, the tile position of the row, or the strides (the
 //    loaders only change how values reach shared memory, never which values or in which order
@@ -269,6 +272,76 @@ __global__ void __launch_bounds__(TB_THREADS) tree_gemm_kernel(TreeArgs g) {
         }
 }
 
+// Leaf-parallel form of the same tree (decode-sized outputs): block (tile_m, tile_n, leaf) runs
+// tree_leaf over its leaf exactly as the fused kernel does, rounds it once to BF16 and stores it
+// in w [2^DEPTH, M, N] (row-major); leaf_merge_kernel applies the BF16 merges. Same instructions
+// per leaf and the same roundings as tree_gemm_kernel, so the same bits; 2^DEPTH times the blocks.
+__global__ void __launch_bounds__(TB_THREADS) tree_leaf_kernel(TreeArgs g, bf16* w) {
+    __shared__ TreeSmem sm;
+    const int warp = threadIdx.x >> 5;
+    const int wm = warp / 4;
+    const int wn = warp % 4;
+    const int64_t m0 = static_cast<int64_t>(blockIdx.x) * TB_M;
+    const int64_t n0 = static_cast<int64_t>(blockIdx.y) * TB_N;
+    const int leaf = static_cast<int>(blockIdx.z);
+    FragC acc[FM][FN];
+    tree_leaf(acc, sm, g, m0, n0, g.bounds[leaf], g.bounds[leaf + 1], wm, wn);
+    LeafBf16 res;
+    round_leaf(res, acc);
+    TreeArgs out = g;
+    out.c = w + static_cast<int64_t>(leaf) * g.M * g.N;
+    out.s_cm = g.N;
+    out.s_cn = 1;
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j) {
+            FragC frag;
+#pragma unroll
+            for (int e = 0; e < FRAG_ELEMS; ++e) frag.x[e] = f32(res.v[i][j][e]);
+            store_fragment<false>(sm, out, frag, m0 + wm * TB_WARP_M + i * 16, n0 + wn * TB_WARP_N + j * 16);
+        }
+}
+
+constexpr int MERGE_THREADS = 256;
+
+// c = l0 + l1 (DEPTH 1) or (l0 + l1) + (l2 + l3) (DEPTH 2), each addition bf16(fp32 + fp32).
+template <int DEPTH>
+__global__ void __launch_bounds__(MERGE_THREADS) leaf_merge_kernel(const bf16* __restrict__ w, bf16* c, int64_t M,
+                                                                    int64_t N, int64_t s_cm, int64_t s_cn) {
+    const int64_t mn = M * N;
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * MERGE_THREADS + threadIdx.x;
+    if (i >= mn) return;
+    bf16 s = to_bf16(f32(w[i]) + f32(w[mn + i]));
+    if (DEPTH == 2) {
+        const bf16 s23 = to_bf16(f32(w[2 * mn + i]) + f32(w[3 * mn + i]));
+        s = to_bf16(f32(s) + f32(s23));
+    }
+    c[(i / N) * s_cm + (i % N) * s_cn] = s;
+}
+
+int launch_tree_leaves(const TreeArgs& g, int depth, bf16* w, cudaStream_t st) {
+    if (g.M == 0 || g.N == 0) return 0;
+    const int64_t gm = cdiv(g.M, TB_M);
+    const int64_t gn = cdiv(g.N, TB_N);
+    if (depth < 1 || depth > 2 || gm > 65535 || gn > 65535) return static_cast<int>(cudaErrorInvalidValue);
+    const int leaves = 1 << depth;
+    if (g.bounds[0] != 0 || g.bounds[leaves] != g.K) return static_cast<int>(cudaErrorInvalidValue);
+    for (int i = 0; i < leaves; ++i)
+        if (g.bounds[i + 1] < g.bounds[i]) return static_cast<int>(cudaErrorInvalidValue);
+    dim3 grid(static_cast<unsigned>(gm), static_cast<unsigned>(gn), static_cast<unsigned>(leaves));
+    tree_leaf_kernel<<<grid, TB_THREADS, 0, st>>>(g, w);
+    const int64_t blocks = cdiv(g.M * g.N, MERGE_THREADS);
+    if (blocks >= 2147483647LL) return static_cast<int>(cudaErrorInvalidValue);
+    bf16* c = static_cast<bf16*>(g.c);
+    if (depth == 1) {
+        leaf_merge_kernel<1><<<static_cast<unsigned>(blocks), MERGE_THREADS, 0, st>>>(w, c, g.M, g.N, g.s_cm, g.s_cn);
+    } else {
+        leaf_merge_kernel<2><<<static_cast<unsigned>(blocks), MERGE_THREADS, 0, st>>>(w, c, g.M, g.N, g.s_cm, g.s_cn);
+    }
+    return launch_status();
+}
+
 int launch_tree(const TreeArgs& g, int depth, bool out_f32, cudaStream_t st) {
     if (g.M == 0 || g.N == 0) return 0;
     const int64_t gm = cdiv(g.M, TB_M);
@@ -389,6 +462,14 @@ RL_EXPORT int rl_det_gemm(const void* a, const void* b, void* c, int64_t M, int6
                {b0, b1, b2, b3, b4}};
     if (depth < 0 || depth > 2) return static_cast<int>(cudaErrorInvalidValue);
     return launch_tree(g, static_cast<int>(depth), false, static_cast<cudaStream_t>(stream));
+}
+
+// det_gemm, leaf-parallel form (same bits as rl_det_gemm): w is a [2^depth, M, N] bf16 workspace.
+// depth in {1, 2}.
+RL_EXPORT int rl_det_gemm_leaves(const void* a, const void* b, void* c, void* w, int64_t M, int64_t N, int64_t K, int64_t s_am, int64_t s_ak, int64_t s_bk, int64_t s_bn, int64_t s_cm, int64_t s_cn, int64_t depth, int64_t b0, int64_t b1, int64_t b2, int64_t b3, int64_t b4, void* stream) {
+    TreeArgs g{static_cast<const bf16*>(a), static_cast<const bf16*>(b), c, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
+               {b0, b1, b2, b3, b4}};
+    return launch_tree_leaves(g, static_cast<int>(depth), static_cast<bf16*>(w), static_cast<cudaStream_t>(stream));
 }
 
 // FP32-output GEMM: C [M, N] fp32 = A [M, K] @ B [K, N] (bf16 operands), one FP32 accumulator

@@ -14,6 +14,10 @@ index, in increasing k, and rounded to BF16; merges are ``bf16(fp32(l) + fp32(r)
 ``tree_depth = TREE_DEPTH - log2(parts)`` and runs exactly the same K steps, so a BF16 merge of the
 ranks equals the unsplit product bit for bit.
 
+Leaf-parallel form (``rl_det_gemm_leaves``): for outputs of fewer than ``LEAF_SPLIT_BELOW_TILES``
+tiles (decode), one block per (tile, leaf) runs the same leaf loop into a BF16 workspace and a
+second kernel applies the same merges; same bits, ``2^depth`` times the blocks.
+
 Batch invariance: output ``(m, n)`` is computed from row m of ``a`` and column n of ``b`` by the
 same MMA sequence whatever M, the row's position in its tile, or the operand strides.
 
@@ -35,8 +39,25 @@ TREE_DEPTH = 2
 """Depth of the K tree; must equal the contract's ``declared_exceptions.det_gemm.tree_depth``."""
 
 
-def _launch(a: torch.Tensor, b: torch.Tensor, depth: int) -> torch.Tensor:
-    """C [M, N] bf16 = tree-reduced a [M, K] @ b [K, N]; any strides (no copies)."""
+TILE = 128
+"""Output tile of the kernel (rows and columns)."""
+
+LEAF_SPLIT_BELOW_TILES = 264
+"""The leaf-parallel form (``rl_det_gemm_leaves``) runs when the output has fewer 128 x 128 tiles
+than this (twice the H200's 132 SMs), e.g. every decode-step projection. It runs the same leaf
+loops and merges as the fused kernel, so the bits are the same (tested); the choice depends only
+on M and N."""
+
+
+def use_leaf_split(m: int, n: int, depth: int) -> bool:
+    """Whether :func:`_launch` takes the leaf-parallel form for an ``[m, n]`` output."""
+    return depth > 0 and -(-m // TILE) * -(-n // TILE) < LEAF_SPLIT_BELOW_TILES
+
+
+def _launch(a: torch.Tensor, b: torch.Tensor, depth: int, leaf_split: bool | None = None) -> torch.Tensor:
+    """C [M, N] bf16 = tree-reduced a [M, K] @ b [K, N]; any strides (no copies).
+
+    ``leaf_split`` forces the form (None: :func:`use_leaf_split`); tests compare the two."""
     m, k = a.shape
     n = b.shape[1]
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
@@ -44,6 +65,15 @@ def _launch(a: torch.Tensor, b: torch.Tensor, depth: int) -> torch.Tensor:
         return c
     bounds = mid_split_bounds(0, k, depth)
     bounds = bounds + [k] * (5 - len(bounds))
+    if leaf_split is None:
+        leaf_split = use_leaf_split(m, n, depth)
+    if leaf_split:
+        if depth == 0:
+            raise ValueError("the leaf-parallel form needs depth >= 1")
+        w = torch.empty((1 << depth, m, n), dtype=torch.bfloat16, device=a.device)
+        launch(a.device, "rl_det_gemm_leaves", a, b, c, w, m, n, k, a.stride(0), a.stride(1), b.stride(0),
+               b.stride(1), c.stride(0), c.stride(1), depth, *bounds)
+        return c
     launch(a.device, "rl_det_gemm", a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
            c.stride(0), c.stride(1), depth, *bounds)
     return c
