@@ -38,8 +38,39 @@ __device__ __forceinline__ void copy_row_pair(bf16* dst, const bf16* src, int d,
 }
 
 // Rows [0, R) of a tile: row r comes from base + (row0 + r) * stride when row0 + r < limit.
+// When every row starts on a 16-byte boundary, each thread issues all of its 16-byte loads before
+// its first shared-memory store (one load at a time, each waiting on the store before it, left
+// the decode kernel bound by global-load latency); otherwise 4-byte pairs. Either way the same
+// bits land in the same places.
 template <int D, int R>
 __device__ __forceinline__ void load_rows(bf16* dst, const bf16* base, int64_t stride, int64_t row0, int64_t limit) {
+    constexpr int VEC = 8;
+    if (D % VEC == 0 && aligned16(base) && stride % VEC == 0) {
+        constexpr int VPR = D / VEC;
+        constexpr int TOTAL = R * VPR;
+        constexpr int PER = (TOTAL + AT_THREADS - 1) / AT_THREADS;
+        uint4 vals[PER];
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int e = threadIdx.x + i * AT_THREADS;
+            vals[i] = make_uint4(0u, 0u, 0u, 0u);
+            if (e < TOTAL && row0 + e / VPR < limit)
+                vals[i] = __ldg(reinterpret_cast<const uint4*>(base + (row0 + e / VPR) * stride + (e % VPR) * VEC));
+        }
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int e = threadIdx.x + i * AT_THREADS;
+            if (e < TOTAL) {
+                // smem rows are D + 2 elements long (4-byte aligned only): four 32-bit stores
+                uint32_t* p = reinterpret_cast<uint32_t*>(dst + (e / VPR) * Ld<D>::value + (e % VPR) * VEC);
+                p[0] = vals[i].x;
+                p[1] = vals[i].y;
+                p[2] = vals[i].z;
+                p[3] = vals[i].w;
+            }
+        }
+        return;
+    }
     constexpr int PAIRS = D / 2;
     for (int e = threadIdx.x; e < R * PAIRS; e += AT_THREADS) {
         const int r = e / PAIRS;
