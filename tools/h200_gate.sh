@@ -10,10 +10,13 @@ mkdir -p "$OUT"
 rl-engine env --json >"$OUT/env.json"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/env.json.txt" 2>&1
 if [ "${SKIP_TESTS:-0}" != "1" ]; then
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -x -m "${TEST_MARK:-gpu}" tests 2>&1 | tail -n 60 >"$OUT/gpu-tests.log"
+  # TEST_ARGS picks tests (default: every test marked gpu)
+  # shellcheck disable=SC2086
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q ${TEST_ARGS:--x -m gpu tests} 2>&1 | tail -n 60 >"$OUT/gpu-tests.log"
   tail -n 5 "$OUT/gpu-tests.log"
 fi
-rl-engine gate --out "$OUT/gate" "$@" 2>"$OUT/gate-progress.log"
+# GATE_TIMEOUT leaves time to pack a partial run (finish it later with --resume)
+timeout "${GATE_TIMEOUT:-570}" rl-engine gate --out "$OUT/gate" "$@" 2>"$OUT/gate-progress.log"
 rc=$?
 tail -n 30 "$OUT/gate-progress.log"
 echo "gate exit code $rc"
