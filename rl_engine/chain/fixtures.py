@@ -15,8 +15,11 @@ Layouts:
 * ``p8`` — pitfall P8: one sequence, a 16-token prompt and 9 completion tokens, i.e. a 16-token
   prefill + 8 decode steps against a 24-token teacher-forced pass (25 ids; the last one is only a
   target).
-* ``qwen3-8b`` — 4 sequences with 256+ completion tokens each (1110 active tokens), one of them
-  beyond 4096 positions (prompt 3963 + completion 300 = 4263).
+* ``qwen3-8b`` — 8 sequences with prompts of 7 to 3963 tokens and 128-150 completion tokens each
+  (1115 active tokens), one of them beyond 4096 positions (prompt 3963 + completion 150 = 4113).
+  Until 2026-11-30 it was 4 sequences with 256-300 completion tokens (1110 active tokens, the
+  layout of ``evidence/2026-11-29-*``): twice the decode steps for the same token count, and the
+  gate's rollout decode is bound by per-step launch overhead, not by the batch.
 * :func:`scaled_layout` — 4 sequences with about ``N`` active tokens (CLI ``--tokens``).
 """
 
@@ -35,7 +38,7 @@ LAYOUTS: dict[str, tuple[tuple[int, int], ...]] = {
     "smoke": ((5, 3), (8, 2), (3, 1)),
     "p1": tuple((1, n - 1) for n in range(5, 13)),
     "p8": ((16, 9),),
-    "qwen3-8b": ((3963, 300), (517, 256), (1031, 283), (64, 271)),
+    "qwen3-8b": ((3963, 150), (517, 128), (1031, 141), (64, 135), (255, 139), (130, 144), (7, 131), (700, 147)),
 }
 
 

@@ -14,8 +14,9 @@ reason says which failed. On a mismatch the first divergence (token, layer, op) 
 
 Workloads: ``smoke`` runs the ``tiny-smoke`` model (the tiny Qwen3 of pitfall P1 with a 5000-token
 vocabulary, so the Triton CPU interpreter finishes in well under a minute) on the ``smoke``
-fixture; ``qwen3-8b`` runs the Qwen3-8B architecture on the ``qwen3-8b`` fixture (1110 active
-tokens per run, one sequence beyond 4096 positions), three seeds with logit scales 1, 4 and 10.
+fixture; ``qwen3-8b`` runs the Qwen3-8B architecture on the ``qwen3-8b`` fixture (1115 active
+tokens in 8 sequences per run, one sequence beyond 4096 positions), three seeds with logit scales
+1, 4 and 10.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def register(sub) -> None:
                    help="reference_fp32, torch_bf16, triton_cuda_bf16 or cuda_bf16 (default: triton_cuda_bf16)")
     p.add_argument("--tokens", type=int, default=None,
                    help="about this many active (completion) tokens per run over 4 sequences "
-                        "(default: the model's standard fixture: qwen3-8b -> 1110 tokens, others -> smoke)")
+                        "(default: the model's standard fixture: qwen3-8b -> 1115 tokens, others -> smoke)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="one run per seed (weights and fixture)")
     p.add_argument("--logit-scale", type=float, nargs="+", default=[2.0],
                    help="logit standard deviation of the synthetic lm_head, cycled over the seeds (presets only)")
