@@ -38,9 +38,11 @@ def git_state(start: Path | None = None) -> dict[str, Any]:
     if env_commit is not None:
         # Set by whoever copied the tree (e.g. to a lent GPU machine): it wins over what a git
         # directory found there says, which may be an older checkout under the copied files. What
-        # git saw is kept beside it.
+        # git saw is kept beside it (its file list belongs to git's view, not to the declared commit).
         state.update(git_commit=env_commit, git_dirty=env_dirty, git_commit_source="environment (RL_ENGINE_SOURCE_COMMIT)",
-                     git_seen={"commit": commit, "dirty_tracked": state["git_dirty_tracked"]})
+                     git_seen={"commit": commit, "dirty_tracked": state["git_dirty_tracked"],
+                               "dirty_files": state["git_dirty_files"]},
+                     git_dirty_files=[])
         state.pop("git_dirty_tracked")
     return state
 

@@ -16,6 +16,9 @@ def test_source_commit_from_the_environment_wins_over_git(monkeypatch):
     assert state["git_commit_source"].startswith("environment")
     # what git itself saw stays visible beside it
     assert state["git_seen"]["commit"] == seen["git_commit"]
+    # git's file list describes git's view, not the declared commit (a GPU artifact once said
+    # git_dirty false beside a list of 16 "dirty" files)
+    assert state["git_dirty_files"] == [] and state["git_seen"]["dirty_files"] == seen["git_dirty_files"]
 
 
 def test_without_the_variable_git_answers(monkeypatch):
