@@ -196,3 +196,30 @@ def test_fresh_process_starts_with_the_run_and_is_cleaned_up(tmp_path):
     with pytest.raises(Stop):
         run_gate(_config(tmp_path / "stopped", judgments=["forward_accuracy", "repeat"]), load_contract(), on_cell=stop)
     assert not list((tmp_path / "stopped").glob(".repeat-*")), "an interrupted run left its fresh process's files"
+
+
+def test_sigterm_keeps_finished_cells_and_stops_the_fresh_process(tmp_path):
+    """`timeout` sends SIGTERM: the gate must behave as on Ctrl-C (exit 143, finished cells on disk,
+    the repeat judgment's fresh process stopped, no temporary folder left)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rl_engine.cli.main", "gate", "--ops", "silu", "rms_norm", "--workload", "smoke",
+           "--judgments", "forward_accuracy", "forward_invariance", "repeat", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "evidence.json").exists():
+        time.sleep(0.2)
+    while time.time() < deadline and not list(out.glob(".repeat-*")):
+        time.sleep(0.1)
+    assert list(out.glob(".repeat-*")), "the fresh process never started"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "terminated (SIGTERM)" in err and "--resume" in err
+    assert not list(out.glob(".repeat-*")) and not list(out.glob(".evidence-*"))
+    ev = evidence_io.load(out / "evidence.json")
+    assert ev["complete"] is False

@@ -1,6 +1,7 @@
 """``rl-engine``: the command-line entry point.
 
-Exit codes everywhere: 0 pass, 1 a judgment failed, 2 bad usage, bad input or environment.
+Exit codes everywhere: 0 pass, 1 a judgment failed, 2 bad usage, bad input or environment; 130 after
+Ctrl-C and 143 after SIGTERM (the gate keeps its finished cells for ``--resume`` in both).
 """
 
 from __future__ import annotations
@@ -50,27 +51,46 @@ def _interrupted_gate_hint(out: Path) -> str:
     return f"; the cells finished so far are in {out}/evidence.json — finish with: rl-engine gate --resume {out}"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (e.g. from ``timeout``), raised like Ctrl-C so that cleanup runs: the gate's fresh
+    subprocesses are stopped and the finished cells are written before the process exits 143."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return int(args.func(args))
     except RLEngineError as exc:
         print(f"rl-engine {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         hint = ""
         out = getattr(args, "out", None) or getattr(args, "resume", None)
         if args.command == "gate" and out:
             hint = _interrupted_gate_hint(Path(out))
-        print(f"rl-engine {args.command}: interrupted{hint}", file=sys.stderr)
-        return 130
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"rl-engine {args.command}: {what}{hint}", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
     except BrokenPipeError:  # e.g. `rl-engine diff A B | head`: the reader went away
         import os
 
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_USAGE
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

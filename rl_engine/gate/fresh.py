@@ -9,6 +9,7 @@ this new process, and saves the results with ``torch.save`` (read back with
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -74,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     saved: dict[str, Any] = {}
     errors: dict[str, str] = {}
+    parent = os.getppid()
     for op in args.ops:
+        if os.getppid() != parent:  # the gate that launched us is gone: nobody will read the result
+            return 3
         try:
             saved.update(outputs_for(op, args.backend, args.workload, args.seed, device))
         except Exception as exc:  # recorded per op; the gate turns it into a red cell
