@@ -219,7 +219,107 @@ def test_sigterm_keeps_finished_cells_and_stops_the_fresh_process(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
-    assert "terminated (SIGTERM)" in err and "--resume" in err
+    assert "terminated (SIGTERM" in err and "--resume" in err
     assert not list(out.glob(".repeat-*")) and not list(out.glob(".evidence-*"))
     ev = evidence_io.load(out / "evidence.json")
     assert ev["complete"] is False
+
+
+def test_a_second_gate_into_the_same_folder_is_refused(tmp_path):
+    from rl_engine.errors import RLEngineError
+    from rl_engine.gate.runner import _OutputLock
+
+    with _OutputLock(tmp_path):
+        with pytest.raises(RLEngineError, match="another rl-engine gate"):
+            run_gate(_config(tmp_path, judgments=["forward_accuracy"]), load_contract())
+    ev = run_gate(_config(tmp_path, judgments=["forward_accuracy"]), load_contract())  # free again
+    assert ev["complete"] and not (tmp_path / ".gate.lock").exists()
+
+
+def test_stale_fresh_folders_of_dead_gates_are_swept(tmp_path):
+    import os
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / ".repeat-dead").mkdir()
+    (tmp_path / ".repeat-dead" / "owner.pid").write_text(f"{dead.pid}\n")
+    (tmp_path / ".repeat-live").mkdir()
+    (tmp_path / ".repeat-live" / "owner.pid").write_text(f"{os.getppid()}\n")
+    run_gate(_config(tmp_path, judgments=["forward_accuracy"]), load_contract())
+    assert not (tmp_path / ".repeat-dead").exists()
+    assert (tmp_path / ".repeat-live").exists(), "a live gate's folder was removed"
+
+
+def test_the_fresh_process_runs_the_gates_own_package_whatever_the_working_directory(tmp_path, monkeypatch):
+    """`python -m` puts the working directory first on sys.path: a different rl_engine there must not
+    be what the fresh process imports."""
+    shadow = tmp_path / "cwd" / "rl_engine"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('the shadow copy was imported')\n")
+    monkeypatch.chdir(tmp_path / "cwd")
+    ev = run_gate(_config(tmp_path / "out", judgments=["repeat"]), load_contract())
+    (cell,) = ev["cells"]
+    assert cell["status"] == "green", cell.get("reason")
+
+
+def test_resume_refuses_cells_of_a_changed_kernel_source(tmp_path, capsys):
+    class Stop(BaseException):
+        pass
+
+    def stop(cell, i, n):
+        if i == 2:
+            raise Stop()
+
+    with pytest.raises(Stop):
+        run_gate(_config(tmp_path), load_contract(), on_cell=stop)
+    ev = json.loads((tmp_path / "evidence.json").read_text())
+    ev["cells"][0]["kernel_id"] = ev["cells"][0]["kernel_id"].rsplit("@", 1)[0] + "@000000000000"
+    evidence_io.write_atomic(tmp_path / "evidence.json", ev)
+    assert main(["gate", "--resume", str(tmp_path)]) == 2
+    assert "kernel source changed" in capsys.readouterr().err
+
+
+def test_resume_keeps_the_backends_the_first_run_left_out(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine no backend is left out")
+
+    class Stop(BaseException):
+        pass
+
+    from rl_engine.gate.runner import resolve_backends
+
+    backends, left_out = resolve_backends("all")
+    assert left_out, "expected cuda_bf16 to be left out without a GPU"
+
+    def stop(cell, i, n):
+        if i == 2:
+            raise Stop()
+
+    with pytest.raises(Stop):
+        run_gate(_config(tmp_path, backends=backends, requested_backends=["all"], left_out=left_out), load_contract(),
+                 on_cell=stop)
+    assert main(["gate", "--resume", str(tmp_path)]) == 0
+    ev = evidence_io.load(tmp_path / "evidence.json")
+    assert ev["backends"]["left_out"] == left_out and ev["backends"]["requested"] == ["all"]
+
+
+def test_out_of_range_seed_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["gate", "--ops", "silu", "--workload", "smoke", "--seed", "99999999999999999999", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "--seed" in capsys.readouterr().err
+
+
+def test_report_of_an_incomplete_run_is_not_a_pass(tmp_path, capsys):
+    class Stop(BaseException):
+        pass
+
+    def stop(cell, i, n):
+        if i == 2:
+            raise Stop()
+
+    with pytest.raises(Stop):
+        run_gate(_config(tmp_path), load_contract(), on_cell=stop)
+    assert main(["report", str(tmp_path)]) == 1
+    assert "INCOMPLETE" in capsys.readouterr().err

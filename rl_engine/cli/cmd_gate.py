@@ -19,7 +19,7 @@ def register(sub) -> None:
                    help="finish an interrupted run in DIR: only its missing cells run, against the same commit, contract and workload")
     p.add_argument("--cell-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
                    help="mark a cell that runs longer red with reason 'timeout' (default: no limit)")
-    p.add_argument("--seed", type=int, default=0, help="base seed of every input builder (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="base seed of every input builder (default 0)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
@@ -34,6 +34,19 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds, got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    # builders add offsets of a few thousand to the base seed; torch.Generator takes a signed 64-bit seed
+    if not 0 <= value < 2 ** 62:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**62), got {text}")
     return value
 
 
@@ -114,8 +127,11 @@ def run(args) -> int:
           f"{len(ops)} ops; judgments {', '.join(judgments)}", file=sys.stderr)
     for lo in left_out:
         print(f"rl-engine gate: backend {lo['backend']} left out: {lo['reason']}", file=sys.stderr)
+    requested = [args.backend]
+    if resume is not None:  # the first run's request and the backends it could not judge stay on record
+        requested, left_out = resume["backends"]["requested"], resume["backends"]["left_out"]
     config = GateConfig(ops=ops, backends=backends, judgments=judgments, workload=workload, out_dir=out,
-                        seed=args.seed, requested_backends=[args.backend], left_out=left_out,
+                        seed=args.seed, requested_backends=requested, left_out=left_out,
                         cell_timeout=args.cell_timeout, resume=resume)
     if resume is not None:
         _check_resume(resume, config, contract)
@@ -151,6 +167,30 @@ def _check_resume(old, config, contract) -> None:
     changed = [k for k in a if a[k] != b[k]]
     if changed:
         raise RLEngineError("cannot resume: " + "; ".join(f"{k} was {a[k]!r}, now {b[k]!r}" for k in changed))
+    stale = _stale_kernel_ids(old)
+    if stale:
+        raise RLEngineError("cannot resume: the kernel source changed since these cells ran: " + "; ".join(stale[:5])
+                            + (f" (+{len(stale) - 5} more)" if len(stale) > 5 else "") + "; start a new run")
+
+
+def _stale_kernel_ids(old) -> list[str]:
+    """Kept op cells whose recorded kernel id (it hashes the implementation's source file) differs
+    from the current source's: a modified file edited again between the run and its resumption."""
+    from rl_engine.backends.registry import BACKENDS
+    from rl_engine.gate.runner import kernel_id
+    from rl_engine.ops.registry import get_spec
+
+    stale, seen = [], {}
+    for c in old["cells"]:
+        kid, op, backend = c.get("kernel_id"), c["op"], c["backend"]
+        if not kid or op == "chain" or backend not in BACKENDS:
+            continue
+        if (op, backend) not in seen:
+            impl = get_spec(op).impls.get(backend)
+            seen[(op, backend)] = kernel_id(op, backend, impl) if impl is not None else None
+        if seen[(op, backend)] != kid:
+            stale.append(f"{op}/{backend}: {kid} then, {seen[(op, backend)]} now")
+    return list(dict.fromkeys(stale))
 
 
 def _chain_available() -> bool:

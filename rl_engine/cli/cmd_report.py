@@ -29,9 +29,19 @@ def run_report(args) -> int:
 
     from rl_engine.gate.report import recount
 
+    from rl_engine.errors import RLEngineError
+
     ev = recount(evidence_io.load(_path(args.dir)))
-    md, html = write_reports(ev, _path(args.dir).parent)
+    try:
+        md, html = write_reports(ev, _path(args.dir).parent)
+    except OSError as exc:
+        raise RLEngineError(f"cannot write the reports into {_path(args.dir).parent}: "
+                            f"{exc.strerror or exc} ({exc.filename or ''})") from exc
     print(f"wrote {md} and {html}")
+    if not ev.get("complete"):
+        print(f"rl-engine report: {_path(args.dir)} is an INCOMPLETE run (finish it with rl-engine gate --resume "
+              f"{_path(args.dir).parent}); not a pass", file=__import__("sys").stderr)
+        return 1
     return 0 if ev["summary"].get("red", 0) == 0 else 1
 
 
@@ -59,6 +69,12 @@ def run_diff(args) -> int:
         raise RLEngineError("the two artifacts differ in " + ", ".join(
             f"{k} ({old[k]['name'] if k == 'workload' else old[k]} vs {new[k]['name'] if k == 'workload' else new[k]})"
             for k in differs) + "; cell-by-cell deltas would compare unlike runs (pass --allow-different to force)")
+    import sys
+
+    for label, ev, path in (("old", old, args.old), ("new", new, args.new)):
+        if not ev.get("complete"):
+            print(f"rl-engine diff: warning: the {label} artifact ({path}) is an incomplete run; its missing cells "
+                  "show as 'absent'", file=sys.stderr)
     o, n = {_key(c): c for c in old["cells"]}, {_key(c): c for c in new["cells"]}
     changes = []
     for k in sorted(set(o) | set(n), key=lambda k: tuple(str(x) for x in k)):

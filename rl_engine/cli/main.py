@@ -1,7 +1,7 @@
 """``rl-engine``: the command-line entry point.
 
 Exit codes everywhere: 0 pass, 1 a judgment failed, 2 bad usage, bad input or environment; 130 after
-Ctrl-C and 143 after SIGTERM (the gate keeps its finished cells for ``--resume`` in both).
+Ctrl-C and 143 after SIGTERM or SIGHUP (the gate keeps its finished cells for ``--resume`` in both).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _interrupted_gate_hint(out: Path) -> str:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (e.g. from ``timeout``), raised like Ctrl-C so that cleanup runs: the gate's fresh
+    """SIGTERM (e.g. from ``timeout``) or SIGHUP (the terminal closed), raised like Ctrl-C so that cleanup runs: the gate's fresh
     subprocesses are stopped and the finished cells are written before the process exits 143."""
 
 
@@ -66,9 +66,14 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    previous = None
+    import torch  # noqa: F401  (imported before the handlers: an exception raised inside torch's own
+    # import of numpy is swallowed there and leaves numpy half-imported)
+
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is not None:
+                previous[sig] = signal.signal(sig, _on_sigterm)
     try:
         return int(args.func(args))
     except RLEngineError as exc:
@@ -79,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         out = getattr(args, "out", None) or getattr(args, "resume", None)
         if args.command == "gate" and out:
             hint = _interrupted_gate_hint(Path(out))
-        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        what = "terminated (SIGTERM/SIGHUP)" if isinstance(exc, Terminated) else "interrupted"
         print(f"rl-engine {args.command}: {what}{hint}", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
     except BrokenPipeError:  # e.g. `rl-engine diff A B | head`: the reader went away
@@ -89,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_USAGE
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":  # pragma: no cover

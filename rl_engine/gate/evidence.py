@@ -50,5 +50,8 @@ def load(path: Path) -> dict[str, Any]:
         raise RLEngineError(f"{path}: not UTF-8 text (byte {exc.start}): not an evidence file") from exc
     except json.JSONDecodeError as exc:
         raise RLEngineError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
-    validate(data)
+    try:
+        validate(data)
+    except RLEngineError as exc:
+        raise RLEngineError(f"{path}: {exc}") from exc
     return data

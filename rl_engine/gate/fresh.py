@@ -67,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--ops", nargs="+", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="the gate's pid: stop (exit 3) when it is gone, since nobody would read the result")
     args = p.parse_args(argv)
+    parent = args.parent_pid if args.parent_pid is not None else os.getppid()
     from rl_engine import env
 
     if not torch.cuda.is_available() and not env.triton_interpret():
@@ -75,7 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     saved: dict[str, Any] = {}
     errors: dict[str, str] = {}
-    parent = os.getppid()
     for op in args.ops:
         if os.getppid() != parent:  # the gate that launched us is gone: nobody will read the result
             return 3

@@ -138,12 +138,19 @@ def root_cause(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 class _FreshRuns:
-    """One fresh Python process per backend computes every op's repeat outputs.
+    """One fresh Python process per backend computes the repeat outputs of its ops.
 
     :meth:`start` launches the processes in the background when the run begins, so their imports,
-    case building and kernel runs overlap the in-process cells; :meth:`get` waits for a backend's
+    case building and kernel runs overlap the other cells; :meth:`get` waits for a backend's
     process the first time one of its repeat cells needs it (launching it then if :meth:`start`
-    was not called). :meth:`close` stops any process still running and removes its files.
+    did not). :meth:`close` stops any process still running and removes its files, finishing even
+    through a second Ctrl-C. A process that cannot start, or whose results cannot be read, turns
+    that backend's repeat cells red with the reason.
+
+    The child runs from the folder that holds this ``rl_engine`` package (so ``python -m`` imports
+    the same code as the gate, whatever the caller's working directory), gets the gate's pid and
+    stops when the gate is gone; its folder ``.repeat-*`` in the output folder names its owner's
+    pid, and :func:`sweep_stale_fresh_dirs` removes those of dead owners.
     """
 
     def __init__(self, ops: list[str], workload: Workload, seed: int, out_dir: Path):
@@ -151,51 +158,79 @@ class _FreshRuns:
         self._done: dict[str, tuple[dict[str, torch.Tensor], dict[str, str], str | None]] = {}
         self._running: dict[str, tuple[Any, Path]] = {}
 
-    def start(self, backends: list[str]) -> None:
-        for b in backends:
+    def start(self, ops_per_backend: dict[str, list[str]]) -> None:
+        for b, ops in ops_per_backend.items():
             if b not in self._done and b not in self._running:
-                self._running[b] = self._launch(b)
+                self._start_one(b, ops)
+
+    def _start_one(self, backend: str, ops: list[str]) -> None:
+        try:
+            self._running[backend] = self._launch(backend, ops)
+        except OSError as exc:
+            self._done[backend] = ({}, {}, f"the fresh process could not start: {type(exc).__name__}: {exc}")
 
     def get(self, op: str, backend: str) -> tuple[dict[str, torch.Tensor], str | None]:
+        if backend not in self._done and backend not in self._running:
+            self._start_one(backend, self.ops)
         if backend not in self._done:
-            if backend not in self._running:
-                self._running[backend] = self._launch(backend)
-            # a cell timeout may interrupt the wait: the process then stays listed (and running)
-            self._done[backend] = self._collect(*self._running[backend])
+            proc, tmp = self._running[backend]
+            code = proc.wait()  # a cell timeout may interrupt this: the process then stays listed
             del self._running[backend]
+            self._done[backend] = self._failed("reading its results was interrupted (cell timeout or signal)")
+            self._done[backend] = self._read(code, tmp)
         tensors, errors, failure = self._done[backend]
         if failure:
             return {}, failure
+        if not any(k.startswith(op + ".") for k in tensors) and op not in errors:
+            return {}, f"{op} was not in the fresh process's op list"
         return {k: v for k, v in tensors.items() if k.startswith(op + ".")}, errors.get(op)
+
+    @staticmethod
+    def _failed(why: str) -> tuple[dict[str, torch.Tensor], dict[str, str], str]:
+        return {}, {}, why
 
     def close(self) -> None:
         import shutil
 
-        for proc, tmp in self._running.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            shutil.rmtree(tmp, ignore_errors=True)
+        interrupted: BaseException | None = None
+        for proc, tmp in list(self._running.values()):
+            while True:
+                try:
+                    if proc.poll() is None:
+                        proc.kill()
+                    proc.wait()
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    break
+                except KeyboardInterrupt as exc:  # a second Ctrl-C: finish the cleanup, then stop
+                    interrupted = exc
         self._running.clear()
+        if interrupted is not None:
+            raise interrupted
 
-    def _launch(self, backend: str) -> tuple[Any, Path]:
+    def _launch(self, backend: str, ops: list[str]) -> tuple[Any, Path]:
+        import os
         import subprocess
         import sys
         import tempfile
 
+        import rl_engine
+
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=self.out_dir, prefix=".repeat-"))
+        tmp = Path(tempfile.mkdtemp(dir=self.out_dir.resolve(), prefix=".repeat-"))
+        (tmp / "owner.pid").write_text(f"{os.getpid()}\n")
         cmd = [sys.executable, "-m", "rl_engine.gate.fresh", "--backend", backend, "--workload", self.workload.name,
-               "--seed", str(self.seed), "--ops", *self.ops, "--out", str(tmp / "fresh.pt")]
+               "--seed", str(self.seed), "--ops", *ops, "--out", str(tmp / "fresh.pt"), "--parent-pid", str(os.getpid())]
+        package_root = Path(rl_engine.__file__).resolve().parent.parent
         # inherits the environment; stderr goes to a file so a chatty child cannot block on a full pipe
-        with open(tmp / "stderr.txt", "w") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            with open(tmp / "stderr.txt", "w") as err:
+                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=package_root)
+        except BaseException:
+            shutil_rmtree(tmp)
+            raise
         return proc, tmp
 
-    def _collect(self, proc: Any, tmp: Path):
-        import shutil
-
-        code = proc.wait()
+    def _read(self, code: int, tmp: Path):
         try:
             target = tmp / "fresh.pt"
             if code != 0 or not target.exists():
@@ -204,7 +239,39 @@ class _FreshRuns:
             data = torch.load(target, map_location="cpu", weights_only=True)
             return data["tensors"], data["errors"], None
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil_rmtree(tmp)
+
+
+def shutil_rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def sweep_stale_fresh_dirs(out_dir: Path) -> list[str]:
+    """Remove ``.repeat-*`` folders in ``out_dir`` whose owning gate process no longer runs (left by
+    a killed gate); return their names. Folders of a live owner are left alone."""
+    import os
+
+    removed = []
+    for d in sorted(out_dir.glob(".repeat-*")) if out_dir.is_dir() else []:
+        try:
+            owner = int((d / "owner.pid").read_text().strip())
+        except (OSError, ValueError):
+            owner = None
+        alive = False
+        if owner is not None:
+            try:
+                os.kill(owner, 0)
+                alive = True
+            except ProcessLookupError:
+                alive = False
+            except PermissionError:  # another user's live process
+                alive = True
+        if not alive:
+            shutil_rmtree(d)
+            removed.append(d.name)
+    return removed
 
 
 class _OpState:
@@ -335,8 +402,9 @@ def _chain_cells(config: GateConfig, contract: Contract, backend: str) -> tuple[
     return chain_parity_cell(backend, config.workload, contract, config.seed)
 
 
-class CellTimeout(Exception):
-    """A cell ran past ``--cell-timeout``."""
+class CellTimeout(BaseException):
+    """A cell ran past ``--cell-timeout``. A BaseException, so that code catching ``Exception``
+    (the Triton interpreter wraps those) cannot turn it into an ordinary error."""
 
 
 @contextlib.contextmanager
@@ -453,6 +521,55 @@ def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str
         "root_cause": None,
         "wall_time_s": 0.0,
     }
+    with _OutputLock(config.out_dir):
+        sweep_stale_fresh_dirs(config.out_dir)
+        if config.resume is None:  # at once: a folder never shows a finished older run while this one works
+            evidence_io.write_atomic(config.out_dir / "evidence.json", evidence)
+        return _run_gate_locked(config, contract, on_cell, device, t0, keys, evidence)
+
+
+class _OutputLock:
+    """An exclusive, non-blocking lock on ``DIR/.gate.lock`` for one run: a second gate writing
+    into the same folder stops with an error instead of overwriting the first one's evidence.
+    (No-op where ``fcntl`` is missing.)"""
+
+    def __init__(self, out_dir: Path):
+        self.path = out_dir / ".gate.lock"
+        self.handle = None
+
+    def __enter__(self) -> _OutputLock:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = open(self.path, "a+")
+        try:
+            fcntl.flock(self.handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.handle.seek(0)
+            owner = self.handle.read().strip() or "?"
+            self.handle.close()
+            self.handle = None
+            raise RLEngineError(f"another rl-engine gate (pid {owner}) is writing into {self.path.parent}; "
+                                "wait for it or choose another --out") from None
+        import os
+
+        self.handle.seek(0)
+        self.handle.truncate()
+        self.handle.write(f"{os.getpid()}\n")
+        self.handle.flush()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.handle is not None:
+            self.path.unlink(missing_ok=True)
+            self.handle.close()  # closing releases the lock
+            self.handle = None
+
+
+def _run_gate_locked(config: GateConfig, contract: Contract, on_cell, device: torch.device, t0: float,
+                     keys: list[CellKey], evidence: dict[str, Any]) -> dict[str, Any]:
     try:
         from rl_engine.audit import run_audit
 
@@ -468,9 +585,13 @@ def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str
             done[(c["op"], c["backend"], c["judgment"], c.get("transform"))] = c
         evidence["resumed_from"] = {"cells_kept": len(done), "wall_time_s": config.resume.get("wall_time_s")}
     # the fresh processes of the repeat cells still to run start now and overlap the other cells
-    fresh.start(sorted({k.backend for k in keys if k.judgment == "repeat" and _fresh_process_can_rebuild(k.backend)
-                        and (k.op, k.backend, k.judgment, k.transform) not in done}))
+    todo: dict[str, list[str]] = {}
+    for k in keys:
+        if k.judgment == "repeat" and _fresh_process_can_rebuild(k.backend) and \
+                (k.op, k.backend, k.judgment, k.transform) not in done:
+            todo.setdefault(k.backend, []).append(k.op)
     try:
+        fresh.start(todo)
         _run_cells(config, contract, keys, evidence, done, fresh, device, t0, on_cell)
     finally:
         fresh.close()
