@@ -348,3 +348,19 @@ def test_diff_lists_changed_cells(capsys, gate_dir, tmp_path):
     rc, stdout, _ = run(capsys, "diff", out, tmp_path / "new", "--json")
     d = json.loads(stdout)
     assert d["status_changes"] == 1 and len(d["changes"]) == 2
+
+
+def test_diff_counts_cells_outside_the_other_runs_matrix_instead_of_listing_them(capsys, gate_dir, tmp_path):
+    from rl_engine.gate import evidence as evidence_io
+
+    _, out = gate_dir
+    ev = json.loads((out / "evidence.json").read_text())
+    small = dict(ev, judgments=["forward_accuracy"], seed=ev["seed"] + 1,
+                 cells=[c for c in ev["cells"] if c["judgment"] == "forward_accuracy"])
+    (tmp_path / "small").mkdir()
+    evidence_io.write_atomic(tmp_path / "small" / "evidence.json", small)
+    rc, stdout, err = run(capsys, "diff", out, tmp_path / "small")
+    dropped = len(ev["cells"]) - len(small["cells"])
+    assert f"{dropped} cells only in OLD and 0 only in NEW" in stdout
+    assert "absent" not in stdout
+    assert "different seeds" in err

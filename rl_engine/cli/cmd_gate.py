@@ -123,8 +123,14 @@ def run(args) -> int:
     kernels = [b for b in backends if b in ("triton_cuda_bf16", "cuda_bf16")]
     why = "GPU present" if gpu else ("no GPU: Triton kernels run in the CPU interpreter" if kernels else "no GPU")
     chosen = "chosen by default" if args.workload is None else "requested"
+    if resume is not None:
+        chosen = "from the resumed run"
     print(f"rl-engine gate: workload {workload_name} ({chosen}; {why}); backends {', '.join(backends)}; "
-          f"{len(ops)} ops; judgments {', '.join(judgments)}", file=sys.stderr)
+          f"{len(ops)} op{'s' if len(ops) != 1 else ''}; judgments {', '.join(judgments)}", file=sys.stderr)
+    if resume is None and (out / "evidence.json").is_file():
+        print(f"rl-engine gate: {out} holds an earlier run; its evidence and reports are replaced", file=sys.stderr)
+    elif resume is not None:
+        print(f"rl-engine gate: resuming {out}: {len(resume['cells'])} finished cells kept", file=sys.stderr)
     for lo in left_out:
         print(f"rl-engine gate: backend {lo['backend']} left out: {lo['reason']}", file=sys.stderr)
     requested = [args.backend]

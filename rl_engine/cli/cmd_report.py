@@ -49,6 +49,13 @@ def _key(c):
     return (c["op"], c["backend"], c["judgment"], c.get("transform"))
 
 
+def _outside(k, ev) -> bool:
+    """Whether cell key ``k`` lies outside the matrix ``ev`` asked for (its ops, judgments, backends)."""
+    op, backend, judgment, _ = k
+    return ((op != "chain" and op not in ev["ops"]) or judgment not in ev["judgments"]
+            or backend not in ev["backends"]["judged"])
+
+
 def _max_err(c):
     errs = [r["accuracy"]["max_abs_error"] for r in c.get("details", {}).get("reports", []) if "accuracy" in r]
     errs = [e for e in errs if isinstance(e, (int, float))]
@@ -75,9 +82,16 @@ def run_diff(args) -> int:
         if not ev.get("complete"):
             print(f"rl-engine diff: warning: the {label} artifact ({path}) is an incomplete run; its missing cells "
                   "show as 'absent'", file=sys.stderr)
+    if old.get("seed") != new.get("seed"):
+        print(f"rl-engine diff: warning: the artifacts used different seeds ({old.get('seed')} vs {new.get('seed')}): "
+              "error deltas compare different inputs", file=sys.stderr)
     o, n = {_key(c): c for c in old["cells"]}, {_key(c): c for c in new["cells"]}
+    # cells of a matrix only one run asked for (other --ops / --judgments / backends) are counted, not listed
+    only_old = [k for k in o if k not in n and _outside(k, new)]
+    only_new = [k for k in n if k not in o and _outside(k, old)]
+    skip = set(only_old) | set(only_new)
     changes = []
-    for k in sorted(set(o) | set(n), key=lambda k: tuple(str(x) for x in k)):
+    for k in sorted((set(o) | set(n)) - skip, key=lambda k: tuple(str(x) for x in k)):
         a, b = o.get(k), n.get(k)
         sa, sb = (a or {}).get("status", "absent"), (b or {}).get("status", "absent")
         ea, eb = (_max_err(a) if a else None), (_max_err(b) if b else None)
@@ -87,16 +101,21 @@ def run_diff(args) -> int:
                             "delta": (eb - ea) if ea is not None and eb is not None else None})
     status_changes = [c for c in changes if c["old"] != c["new"]]
     if args.json:
-        print(json.dumps({"changes": changes, "status_changes": len(status_changes)}, indent=1))
+        print(json.dumps({"changes": changes, "status_changes": len(status_changes),
+                          "cells_only_in_old": len(only_old), "cells_only_in_new": len(only_new)}, indent=1))
     else:
+        if skip:
+            print(f"{len(only_old)} cell{'s' if len(only_old) != 1 else ''} only in OLD and {len(only_new)} only in NEW "
+                  "(ops or judgments the other run did not ask for; not listed)")
         if not changes:
-            print("no cell changed status or error")
+            print("no cell changed status or error" + (" among the cells both runs judged" if skip else ""))
         for c in changes:
             delta = f"  max_abs {c['old_max_abs_error']} -> {c['new_max_abs_error']}" if c["delta"] is not None else ""
             print(f"{c['cell']}: {c['old']} -> {c['new']}{delta}")
         if changes:
             kinds = Counter(f"{c['old']} -> {c['new']}" for c in status_changes)
-            print(f"{len(changes)} cells differ: {len(status_changes)} changed status"
+            print(f"{len(changes)} cell{'s' if len(changes) != 1 else ''} differ{'' if len(changes) != 1 else 's'}: "
+                  f"{len(status_changes)} changed status"
                   + (f" ({', '.join(f'{v} {k}' for k, v in sorted(kinds.items()))})" if kinds else "")
                   + f", {len(changes) - len(status_changes)} changed only their max_abs_error")
     return 1 if any(c["new"] == "red" and c["old"] != "red" for c in status_changes) else 0

@@ -63,6 +63,12 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _device_text(dev: dict[str, Any]) -> str:
+    if dev.get("kind") == "cuda":
+        return f"{dev.get('name')} (cc {dev.get('compute_capability')}, SMs {dev.get('sm_count')})"
+    return f"{dev.get('name')} (CPU; Triton kernels in the interpreter)"
+
+
 def render_markdown(ev: dict[str, Any]) -> str:
     prov = ev["provenance"]
     s = ev["summary"]
@@ -74,10 +80,15 @@ def render_markdown(ev: dict[str, Any]) -> str:
     lines += ["| field | value |", "|---|---|",
               f"| contract | `{ev['contract_version']}` sha256 `{ev['contract']['sha256'][:16]}…` |",
               f"| commit | `{prov.get('git_commit')}` dirty={prov.get('git_dirty')} |",
-              f"| device | {prov['device'].get('name')} (cc {prov['device'].get('compute_capability')}, SMs {prov['device'].get('sm_count')}) |",
-              f"| software | python {prov['software']['python']}, torch {prov['software']['torch']}, triton {prov['software']['triton']}, CUDA {prov['software'].get('torch_cuda')} |",
+              f"| device | {_device_text(prov['device'])} |",
+              f"| software | python {prov['software']['python']}, torch {prov['software']['torch']}, triton {prov['software']['triton']}, "
+              f"CUDA {prov['software'].get('torch_cuda') or 'none (CPU build of torch)'} |",
               f"| backends judged | {', '.join(ev['backends']['judged'])} |",
               f"| wall time | {ev['wall_time_s']:.1f} s |"]
+    resumed = ev.get("resumed_from")
+    if resumed:
+        lines.append(f"| resumed | {resumed.get('cells_kept')} cells kept from an interrupted run "
+                     f"(which had run {resumed.get('wall_time_s') or 0:.1f} s); the wall time above is this run's part |")
     for name, b in sorted(ev["backends"].get("builds", {}).items()):
         how = (f"error: {b['error']}" if "error" in b else
                f"{'loaded from cache; built' if b.get('cached') else 'cold build'} in {b.get('build_seconds', 0.0):.1f} s")
@@ -278,6 +289,11 @@ def write_plots(ev: dict[str, Any], out_dir: Path) -> list[tuple[str, str, str]]
             folder.mkdir(parents=True, exist_ok=True)
             target.write_bytes(base64.b64decode(img))
             plots.append((op, backend, f"plots/{target.name}"))
+    if folder.is_dir():  # plots of an earlier run in this folder would sit beside a report that no longer shows them
+        keep = {rel.split("/", 1)[1] for _, _, rel in plots}
+        for old in folder.glob("*.png"):
+            if old.name not in keep:
+                old.unlink()
     return plots
 
 
