@@ -34,6 +34,20 @@ def _comparable(cells):
     return out
 
 
+class _Stop(BaseException):
+    """Raised from on_cell to interrupt a run the way Ctrl-C would (not an Exception)."""
+
+
+def _interrupted_run(config: GateConfig, after: int = 2) -> None:
+    """Run the gate and interrupt it after ``after`` cells; its partial evidence stays on disk."""
+    def stop(cell, i, n):
+        if i == after:
+            raise _Stop()
+
+    with pytest.raises(_Stop):
+        run_gate(config, load_contract(), on_cell=stop)
+
+
 def test_cell_timeout_marks_the_cell_red_and_the_run_goes_on(tmp_path, monkeypatch):
     spec = get_spec("silu")
     real = spec.impls["triton_cuda_bf16"]
@@ -56,16 +70,8 @@ def test_cell_timeout_marks_the_cell_red_and_the_run_goes_on(tmp_path, monkeypat
 def test_interrupted_run_resumes_to_the_same_evidence(tmp_path, monkeypatch):
     full = run_gate(_config(tmp_path / "full"), load_contract())
 
-    class Stop(BaseException):
-        pass
-
-    def interrupt_after_two(cell, i, n):
-        if i == 2:
-            raise Stop()
-
     part_dir = tmp_path / "part"
-    with pytest.raises(Stop):
-        run_gate(_config(part_dir), load_contract(), on_cell=interrupt_after_two)
+    _interrupted_run(_config(part_dir))
     partial = evidence_io.load(part_dir / "evidence.json")
     assert partial["complete"] is False and len(partial["cells"]) == 2
     assert not list(part_dir.glob(".evidence-*")), "a temporary file was left behind"
@@ -187,14 +193,7 @@ def test_fresh_process_starts_with_the_run_and_is_cleaned_up(tmp_path):
     assert ev["cells"][-1]["status"] == "green", ev["cells"][-1].get("reason")
     assert not list((tmp_path / "ok").glob(".repeat-*"))
 
-    class Stop(BaseException):
-        pass
-
-    def stop(cell, i, n):
-        raise Stop()
-
-    with pytest.raises(Stop):
-        run_gate(_config(tmp_path / "stopped", judgments=["forward_accuracy", "repeat"]), load_contract(), on_cell=stop)
+    _interrupted_run(_config(tmp_path / "stopped", judgments=["forward_accuracy", "repeat"]), after=1)
     assert not list((tmp_path / "stopped").glob(".repeat-*")), "an interrupted run left its fresh process's files"
 
 
@@ -264,15 +263,7 @@ def test_the_fresh_process_runs_the_gates_own_package_whatever_the_working_direc
 
 
 def test_resume_refuses_cells_of_a_changed_kernel_source(tmp_path, capsys):
-    class Stop(BaseException):
-        pass
-
-    def stop(cell, i, n):
-        if i == 2:
-            raise Stop()
-
-    with pytest.raises(Stop):
-        run_gate(_config(tmp_path), load_contract(), on_cell=stop)
+    _interrupted_run(_config(tmp_path))
     ev = json.loads((tmp_path / "evidence.json").read_text())
     ev["cells"][0]["kernel_id"] = ev["cells"][0]["kernel_id"].rsplit("@", 1)[0] + "@000000000000"
     evidence_io.write_atomic(tmp_path / "evidence.json", ev)
@@ -284,21 +275,11 @@ def test_resume_keeps_the_backends_the_first_run_left_out(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("on a GPU machine no backend is left out")
 
-    class Stop(BaseException):
-        pass
-
     from rl_engine.gate.runner import resolve_backends
 
     backends, left_out = resolve_backends("all")
     assert left_out, "expected cuda_bf16 to be left out without a GPU"
-
-    def stop(cell, i, n):
-        if i == 2:
-            raise Stop()
-
-    with pytest.raises(Stop):
-        run_gate(_config(tmp_path, backends=backends, requested_backends=["all"], left_out=left_out), load_contract(),
-                 on_cell=stop)
+    _interrupted_run(_config(tmp_path, backends=backends, requested_backends=["all"], left_out=left_out))
     assert main(["gate", "--resume", str(tmp_path)]) == 0
     ev = evidence_io.load(tmp_path / "evidence.json")
     assert ev["backends"]["left_out"] == left_out and ev["backends"]["requested"] == ["all"]
@@ -312,14 +293,6 @@ def test_out_of_range_seed_is_a_usage_error(tmp_path, capsys):
 
 
 def test_report_of_an_incomplete_run_is_not_a_pass(tmp_path, capsys):
-    class Stop(BaseException):
-        pass
-
-    def stop(cell, i, n):
-        if i == 2:
-            raise Stop()
-
-    with pytest.raises(Stop):
-        run_gate(_config(tmp_path), load_contract(), on_cell=stop)
+    _interrupted_run(_config(tmp_path))
     assert main(["report", str(tmp_path)]) == 1
     assert "INCOMPLETE" in capsys.readouterr().err
