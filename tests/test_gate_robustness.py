@@ -64,6 +64,7 @@ def test_cell_timeout_marks_the_cell_red_and_the_run_goes_on(tmp_path, monkeypat
     assert first["reason"].startswith("timeout")
     assert first["duration_s"] < 10
     assert len(ev["cells"]) == 6 and ev["complete"]
+    assert ev["cell_timeout_s"] == 1.0  # the limit the cells ran under is on record
     assert any(c["status"] == "green" for c in ev["cells"][1:])
 
 

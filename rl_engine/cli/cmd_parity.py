@@ -168,11 +168,14 @@ def run(args) -> int:
         if args.baseline:
             base = run_styles(Qwen3Model(weights, "torch_bf16"), fixture.batch(), head=args.head,
                               temperature=args.temperature)
-            entry["baseline_torch_bf16"] = _strip(parity_report(base, contract, PROFILES, ref))
+            base_rep = parity_report(base, contract, PROFILES, ref)
+            entry["baseline_torch_bf16"] = _strip(base_rep)
         runs.append(entry)
         status = "bitwise equal" if rep["bitwise_equal"] else "DIFFERENT"
         print(f"seed {seed}: {fixture.active_tokens} active tokens, train vs rollout {status}; "
               f"{rep['profiles'][args.profile]['summary']}", file=sys.stderr)
+        if args.baseline:
+            print(f"  baseline torch_bf16: {base_rep['profiles'][args.profile]['summary']}", file=sys.stderr)
         fd = rep.get("first_divergence")
         if fd:
             print(f"  first divergence: layer {fd['layer']} op {fd['op']} at sequence {fd['token']['seq']} "

@@ -509,6 +509,7 @@ def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str
         "provenance": provenance.collect(contract),
         "workload": config.workload.as_dict(),
         "seed": config.seed,
+        "cell_timeout_s": config.cell_timeout,
         "complete": False,
         "backends": {"requested": config.requested_backends or config.backends, "judged": config.backends,
                      "left_out": config.left_out},

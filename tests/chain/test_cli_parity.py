@@ -135,3 +135,12 @@ def test_parity_usage_errors_exit_2(capsys, tmp_path, argv, word):
         pytest.skip("a GPU is present: cuda_bf16 may be available")
     rc, _, err = run(capsys, "parity", "--backend", "reference_fp32", *argv, "--out", tmp_path)
     assert rc == 2 and word in err
+
+
+def test_parity_baseline_is_printed_beside_ours(capsys, tmp_path):
+    rc, _, err = run(capsys, "parity", "--model", "tiny-smoke", "--backend", "reference_fp32", "--seeds", "0",
+                     "--profile", "ws1", "--no-reference", "--no-localize", "--baseline", "--out", tmp_path)
+    assert rc == 0
+    assert "baseline torch_bf16: chain[ws1]" in err
+    data = json.loads((tmp_path / "parity.json").read_text())
+    assert "baseline_torch_bf16" in data["runs"][0]
