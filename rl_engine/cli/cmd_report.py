@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 
@@ -40,7 +41,7 @@ def run_report(args) -> int:
     print(f"wrote {md} and {html}")
     if not ev.get("complete"):
         print(f"rl-engine report: {_path(args.dir)} is an INCOMPLETE run (finish it with rl-engine gate --resume "
-              f"{_path(args.dir).parent}); not a pass", file=__import__("sys").stderr)
+              f"{_path(args.dir).parent}); not a pass", file=sys.stderr)
         return 1
     return 0 if ev["summary"].get("red", 0) == 0 else 1
 
@@ -76,8 +77,6 @@ def run_diff(args) -> int:
         raise RLEngineError("the two artifacts differ in " + ", ".join(
             f"{k} ({old[k]['name'] if k == 'workload' else old[k]} vs {new[k]['name'] if k == 'workload' else new[k]})"
             for k in differs) + "; cell-by-cell deltas would compare unlike runs (pass --allow-different to force)")
-    import sys
-
     for label, ev, path in (("old", old, args.old), ("new", new, args.new)):
         if not ev.get("complete"):
             print(f"rl-engine diff: warning: the {label} artifact ({path}) is an incomplete run; its missing cells "

@@ -1,7 +1,8 @@
 """``rl-engine``: the command-line entry point.
 
 Exit codes everywhere: 0 pass, 1 a judgment failed, 2 bad usage, bad input or environment; 130 after
-Ctrl-C and 143 after SIGTERM or SIGHUP (the gate keeps its finished cells for ``--resume`` in both).
+Ctrl-C; the gate also exits 143 after SIGTERM or SIGHUP (keeping its finished cells for ``--resume``
+in both cases).
 """
 
 from __future__ import annotations
@@ -66,11 +67,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    import torch  # noqa: F401  (imported before the handlers: an exception raised inside torch's own
-    # import of numpy is swallowed there and leaves numpy half-imported)
-
     previous = {}
-    if threading.current_thread() is threading.main_thread():
+    # only the gate has helper processes and partial evidence to clean up; torch is imported first, as
+    # an exception raised inside torch's own import of numpy is swallowed there (numpy half-imported)
+    if args.command == "gate" and threading.current_thread() is threading.main_thread():
+        import torch  # noqa: F401
+
         for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
             if sig is not None:
                 previous[sig] = signal.signal(sig, _on_sigterm)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
+import shutil
 import signal
 import threading
 import time
@@ -176,8 +177,11 @@ class _FreshRuns:
             proc, tmp = self._running[backend]
             code = proc.wait()  # a cell timeout may interrupt this: the process then stays listed
             del self._running[backend]
-            self._done[backend] = self._failed("reading its results was interrupted (cell timeout or signal)")
-            self._done[backend] = self._read(code, tmp)
+            try:
+                self._done[backend] = self._read(code, tmp)
+            except BaseException:  # e.g. a cell timeout while loading: later cells must not wait again
+                self._done[backend] = ({}, {}, "reading its results was interrupted (cell timeout or signal)")
+                raise
         tensors, errors, failure = self._done[backend]
         if failure:
             return {}, failure
@@ -185,13 +189,7 @@ class _FreshRuns:
             return {}, f"{op} was not in the fresh process's op list"
         return {k: v for k, v in tensors.items() if k.startswith(op + ".")}, errors.get(op)
 
-    @staticmethod
-    def _failed(why: str) -> tuple[dict[str, torch.Tensor], dict[str, str], str]:
-        return {}, {}, why
-
     def close(self) -> None:
-        import shutil
-
         interrupted: BaseException | None = None
         for proc, tmp in list(self._running.values()):
             while True:
@@ -226,7 +224,7 @@ class _FreshRuns:
             with open(tmp / "stderr.txt", "w") as err:
                 proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=package_root)
         except BaseException:
-            shutil_rmtree(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
             raise
         return proc, tmp
 
@@ -239,21 +237,14 @@ class _FreshRuns:
             data = torch.load(target, map_location="cpu", weights_only=True)
             return data["tensors"], data["errors"], None
         finally:
-            shutil_rmtree(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
-def shutil_rmtree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def sweep_stale_fresh_dirs(out_dir: Path) -> list[str]:
+def sweep_stale_fresh_dirs(out_dir: Path) -> None:
     """Remove ``.repeat-*`` folders in ``out_dir`` whose owning gate process no longer runs (left by
-    a killed gate); return their names. Folders of a live owner are left alone."""
+    a killed gate). Folders of a live owner are left alone."""
     import os
 
-    removed = []
     for d in sorted(out_dir.glob(".repeat-*")) if out_dir.is_dir() else []:
         try:
             owner = int((d / "owner.pid").read_text().strip())
@@ -269,9 +260,7 @@ def sweep_stale_fresh_dirs(out_dir: Path) -> list[str]:
             except PermissionError:  # another user's live process
                 alive = True
         if not alive:
-            shutil_rmtree(d)
-            removed.append(d.name)
-    return removed
+            shutil.rmtree(d, ignore_errors=True)
 
 
 class _OpState:
@@ -591,16 +580,20 @@ def _run_gate_locked(config: GateConfig, contract: Contract, on_cell, device: to
         if k.judgment == "repeat" and _fresh_process_can_rebuild(k.backend) and \
                 (k.op, k.backend, k.judgment, k.transform) not in done:
             todo.setdefault(k.backend, []).append(k.op)
+    path = config.out_dir / "evidence.json"
     try:
         fresh.start(todo)
-        _run_cells(config, contract, keys, evidence, done, fresh, device, t0, on_cell)
-    finally:
-        fresh.close()
+        _cell_loop(config, contract, keys, evidence, done, fresh, device, t0, on_cell, path)
+    finally:  # an interrupted run keeps every cell it finished (the loop writes at most once a second)
+        try:
+            fresh.close()
+        finally:
+            evidence_io.write_atomic(path, evidence)
     if len(config.backends) >= 2:
         evidence["cross_backend"] = cross_backend(config, device)
     evidence["complete"] = True
     evidence["wall_time_s"] = round(time.perf_counter() - t0, 3)
-    evidence_io.write_atomic(config.out_dir / "evidence.json", evidence)
+    evidence_io.write_atomic(path, evidence)
     return evidence
 
 
@@ -608,18 +601,6 @@ def _fresh_process_can_rebuild(backend: str) -> bool:
     """False for a plugin registered from Python in this process only (a new process cannot load it)."""
     plugin = _plugin(backend)
     return plugin is None or plugin.origin != "python"
-
-
-def _run_cells(config: GateConfig, contract: Contract, keys: list[CellKey], evidence: dict[str, Any],
-               done: dict[tuple[Any, ...], dict[str, Any]], fresh: _FreshRuns, device: torch.device, t0: float,
-               on_cell: Callable[[dict[str, Any], int, int], None] | None) -> None:
-    path = config.out_dir / "evidence.json"
-    states: dict[str, _OpState] = {}
-    evidence_io.write_atomic(path, evidence)  # the file exists (complete: false) from the start
-    try:
-        _cell_loop(config, contract, keys, evidence, done, fresh, device, t0, on_cell, states, path)
-    finally:  # an interrupted run keeps every cell it finished (the loop writes at most once a second)
-        evidence_io.write_atomic(path, evidence)
 
 
 EVIDENCE_WRITE_INTERVAL_S = 1.0
@@ -631,8 +612,8 @@ took about 17 s."""
 
 def _cell_loop(config: GateConfig, contract: Contract, keys: list[CellKey], evidence: dict[str, Any],
                done: dict[tuple[Any, ...], dict[str, Any]], fresh: _FreshRuns, device: torch.device, t0: float,
-               on_cell: Callable[[dict[str, Any], int, int], None] | None, states: dict[str, _OpState],
-               path: Path) -> None:
+               on_cell: Callable[[dict[str, Any], int, int], None] | None, path: Path) -> None:
+    states: dict[str, _OpState] = {}  # one op's cases and results at a time
     last_write = time.perf_counter()
     for i, key in enumerate(keys):
         previous = done.get((key.op, key.backend, key.judgment, key.transform))
