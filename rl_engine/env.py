@@ -10,6 +10,9 @@ TRITON_INTERPRET
     ``1`` runs Triton kernels in Triton's CPU interpreter (tests and the ``smoke`` gate on a
     machine without a GPU). Kernels then upcast BF16 ``tl.dot`` operands to FP32 with IEEE input
     precision, because the interpreter does not support BF16 dots (triton-lang/triton#11584).
+OPENBLAS_*, MKL_*, OMP_*, NPY_*, ATEN_CPU_CAPABILITY, ...
+    Never read to switch behaviour; recorded in provenance because they choose the host's BLAS
+    kernel, SIMD target or thread count (see :data:`HOST_ARITHMETIC_PREFIXES`).
 RL_ENGINE_CACHE_DIR
     Where compiled CUDA extensions are cached (default ``~/.cache/rl_engine``).
 RL_ENGINE_SOURCE_COMMIT, RL_ENGINE_SOURCE_DIRTY
@@ -39,6 +42,16 @@ BEHAVIOUR_VARIABLES = (
     "WORLD_SIZE",
     "LOCAL_RANK",
 )
+
+
+HOST_ARITHMETIC_PREFIXES = ("OPENBLAS_", "GOTO", "MKL_", "OMP_", "NPY_", "ATEN_CPU_CAPABILITY", "KMP_")
+"""Variables that pick a host library's kernels or threads (BLAS core type, SIMD targets).
+Recorded in provenance (``host_arithmetic.variables``); the package never reads them itself."""
+
+
+def host_arithmetic_variables() -> dict[str, str]:
+    """Every set variable whose name starts with one of :data:`HOST_ARITHMETIC_PREFIXES`."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(HOST_ARITHMETIC_PREFIXES)}
 
 
 def triton_interpret() -> bool:

@@ -101,6 +101,42 @@ def software() -> dict[str, Any]:
         "triton": triton_version,
         "numpy": numpy.__version__,
         "platform": platform.platform(),
+        "host_arithmetic": host_arithmetic(),
+    }
+
+
+def host_arithmetic() -> dict[str, Any]:
+    """What on this host could change CPU-side bits: the BLAS libraries loaded in this process
+    (name, version, the kernel family in use, e.g. OpenBLAS ``Haswell``, threads), NumPy's SIMD
+    targets and PyTorch's CPU capability. Kernel bits under the Triton interpreter do not depend
+    on these (``rl_engine.ops._interpreter``); the FP32 references and input draws run through
+    PyTorch on the CPU, so the record lets ``rl-engine diff`` explain a difference between hosts."""
+    import numpy
+    import torch
+
+    blas: list[dict[str, Any]] = []
+    try:
+        import threadpoolctl
+
+        for lib in threadpoolctl.threadpool_info():
+            blas.append({"api": lib.get("user_api"), "name": lib.get("internal_api"), "version": lib.get("version"),
+                         "core_type": lib.get("architecture"), "threads": lib.get("num_threads"),
+                         "threading_layer": lib.get("threading_layer"),
+                         "library": Path(lib.get("filepath", "")).name})
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        blas.append({"error": "threadpoolctl is not installed"})
+    try:
+        from numpy._core._multiarray_umath import __cpu_baseline__, __cpu_dispatch__, __cpu_features__
+    except ImportError:  # pragma: no cover - NumPy < 2
+        from numpy.core._multiarray_umath import __cpu_baseline__, __cpu_dispatch__, __cpu_features__
+    simd = [f for f in __cpu_dispatch__ if __cpu_features__.get(f)]
+    return {
+        "blas": blas,
+        "numpy_simd_baseline": list(__cpu_baseline__),
+        "numpy_simd_dispatch_in_use": simd,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_num_threads": torch.get_num_threads(),
+        "variables": env.host_arithmetic_variables(),
     }
 
 

@@ -46,6 +46,28 @@ def test_planted_tf32_dot_and_tolerance_literal_are_named(tmp_path, capsys):
     assert "rl_engine/ops/silu/planted.py:6" in out
 
 
+def test_planted_launches_without_the_contracts_fp_fusion_are_named(tmp_path, capsys):
+    root = _copy_tree(tmp_path)
+    planted = root / "rl_engine" / "ops" / "silu" / "planted.py"
+    planted.write_text(
+        "import triton\n"                                         # 1
+        "\n"                                                       # 2
+        "@triton.jit\n"                                            # 3
+        "def _k(x):\n"                                             # 4
+        "    pass\n"                                               # 5
+        "\n"                                                       # 6
+        "def launch(x):\n"                                         # 7
+        "    _k[(1,)](x)\n"                                        # 8: Triton's default fusion
+        "    _k[(1,)](x, enable_fp_fusion=True)\n"                 # 9: not the contract's constant
+        "    TABLE[x](x)\n"                                        # 10: a dict lookup, not a launch
+    )
+    rc = main(["audit", "--static-only", "--root", str(root)])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "rl_engine/ops/silu/planted.py:8" in out and "rl_engine/ops/silu/planted.py:9" in out
+    assert "planted.py:10" not in out
+
+
 def test_reference_tf32_tripwire_catches_an_unguarded_matmul(monkeypatch):
     """Negative control of the runtime check: a reference that multiplies outside the guard."""
     import torch

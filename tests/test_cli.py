@@ -48,7 +48,7 @@ def test_contract_json(capsys):
     rc, out, _ = run(capsys, "contract", "--json")
     assert rc == 0
     data = json.loads(out)
-    assert data["contract_version"] == "ws1-c1-v3"
+    assert data["contract_version"] == "ws1-c1-v4"
     for table in ("forward_accuracy", "gradient_accuracy"):
         assert set(data[table]) == {"elementwise", "reduction", "logprob", "attention"}
         for row in data[table].values():
@@ -58,15 +58,15 @@ def test_contract_json(capsys):
     c = load_contract()
     assert data["forward_accuracy"] == c.data["forward_accuracy"]
     assert data["gradient_accuracy"] == c.data["gradient_accuracy"]
-    v3 = [e for e in data["changelog"] if e["version"] == "ws1-c1-v3"]
-    assert v3 and v3[0]["from"] == "ws1-c1-v2" and len(v3[0]["changes"]) == len(c.data["changelog"][0]["changes"])
+    v4 = [e for e in data["changelog"] if e["version"] == "ws1-c1-v4"]
+    assert v4 and v4[0]["from"] == "ws1-c1-v3" and len(v4[0]["changes"]) == len(c.data["changelog"][0]["changes"])
     assert data["_sha256"] == c.sha256
 
 
 def test_contract_text(capsys):
     rc, out, _ = run(capsys, "contract")
     assert rc == 0
-    assert "ws1-c1-v3" in out and "forward accuracy" in out and "gradient accuracy" in out and "clip_interval" in out
+    assert "ws1-c1-v4" in out and "forward accuracy" in out and "gradient accuracy" in out and "clip_interval" in out
 
 
 def test_contract_bad_path(capsys, tmp_path):
@@ -82,7 +82,7 @@ def test_env_json(capsys):
     assert info["device"]["name"]
     assert "torch" in info["software"] and "triton" in info["software"]
     assert set(info["backends"]) == {"reference_fp32", "torch_bf16", "triton_cuda_bf16", "cuda_bf16"}
-    assert info["contract"]["contract_version"] == "ws1-c1-v3"
+    assert info["contract"]["contract_version"] == "ws1-c1-v4"
 
 
 def test_console_script_works(tmp_path):
@@ -91,7 +91,7 @@ def test_console_script_works(tmp_path):
     res = subprocess.run([str(exe), "contract", "--json"], capture_output=True, text=True, timeout=120,
                          cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["contract_version"] == "ws1-c1-v3"
+    assert json.loads(res.stdout)["contract_version"] == "ws1-c1-v4"
     res = subprocess.run([str(exe), "compare", str(tmp_path / "nope.pt"), str(tmp_path / "nope.pt"),
                           "--mode", "bitwise"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert res.returncode == 2 and "nope.pt" in res.stderr
@@ -344,10 +344,33 @@ def test_diff_lists_changed_cells(capsys, gate_dir, tmp_path):
     assert rc == 1
     assert "silu/triton_cuda_bf16/forward_invariance/batch: green -> red" in stdout
     assert "silu/triton_cuda_bf16/forward_accuracy: green -> green" in stdout and "max_abs" in stdout
-    assert stdout.strip().splitlines()[-1] == "2 cells differ: 1 changed status (1 green -> red), 1 changed only their max_abs_error"
+    assert stdout.strip().splitlines()[-1] == ("2 cells differ: 1 changed status (1 green -> red), "
+                                               "1 changed only their max_abs_error or bits")
     rc, stdout, _ = run(capsys, "diff", out, tmp_path / "new", "--json")
     d = json.loads(stdout)
     assert d["status_changes"] == 1 and len(d["changes"]) == 2
+
+
+def test_diff_same_bits_compares_every_cells_digest(capsys, gate_dir, tmp_path):
+    _, out = gate_dir
+    ev = json.loads((out / "evidence.json").read_text())
+    assert all(c["details"].get("bits_digest") for c in ev["cells"] if c["status"] != "n/a")
+    rc, stdout, _ = run(capsys, "diff", out, out, "--same-bits")
+    assert rc == 0 and "same bits: yes" in stdout
+    new = json.loads(json.dumps(ev))
+    variables = new["provenance"]["software"]["host_arithmetic"]["variables"]
+    before = variables.get("OPENBLAS_CORETYPE")
+    variables["OPENBLAS_CORETYPE"] = "PlantedByTheTest"
+    cell = next(c for c in new["cells"] if c["judgment"] == "repeat")
+    cell["details"]["bits_digest"] = "0" * 32  # the status stays green: only the bits moved
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "evidence.json").write_text(json.dumps(new))
+    rc, stdout, _ = run(capsys, "diff", out, tmp_path / "new", "--same-bits")
+    assert rc == 1 and "same bits: NO" in stdout
+    assert "silu/triton_cuda_bf16/repeat: green -> green" in stdout and "bits differ" in stdout
+    assert f"OPENBLAS_CORETYPE: {before} -> PlantedByTheTest" in stdout
+    rc, stdout, _ = run(capsys, "diff", out, tmp_path / "new")
+    assert rc == 0, "without --same-bits a bit change alone is reported, not a failure"
 
 
 def test_diff_counts_cells_outside_the_other_runs_matrix_instead_of_listing_them(capsys, gate_dir, tmp_path):

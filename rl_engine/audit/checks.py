@@ -60,6 +60,37 @@ def check_tf32_dots(root: Path) -> AuditRow:
     return AuditRow(f"every tl.dot has input_precision='ieee' ({total} found)", status, basis, findings)
 
 
+def check_fp_contraction(root: Path) -> AuditRow:
+    """The contract's FP contraction policy, checked from the code: every Triton launch passes
+    ``enable_fp_fusion=FP_FUSION``, ``FP_FUSION`` equals the contract, and the CUDA flags carry
+    ``-fmad=false`` exactly when the contract says ``nvcc_fmad = false``."""
+    from rl_engine.backends.cuda_build import NVCC_FLAGS
+    from rl_engine.contract import load_contract
+    from rl_engine.ops._triton_common import FP_FUSION
+
+    c = load_contract()
+    findings, basis, total = [], [], 0
+    sources = {path: path.read_text() for path in scan.python_files(root)}
+    kernels = set().union(*(scan.jit_kernel_names(src, _rel(p, root)) for p, src in sources.items()))
+    for path, src in sources.items():
+        n, found = scan.launches_without_fp_fusion(src, _rel(path, root), kernels)
+        if n:
+            basis.append(f"{_rel(path, root)}: {n} launches")
+        total += n
+        findings += [f"{f}:{line}: {msg}" for f, line, msg in found]
+    if FP_FUSION != c.triton_fp_fusion:
+        findings.append(f"rl_engine/ops/_triton_common.py FP_FUSION={FP_FUSION} != contract triton_enable_fp_fusion={c.triton_fp_fusion}")
+    want = "-fmad=true" if c.nvcc_fmad else "-fmad=false"
+    basis.append(f"rl_engine/backends/cuda_build.py NVCC_FLAGS has {[f for f in NVCC_FLAGS if f.startswith('-fmad')]}")
+    if want not in NVCC_FLAGS or any(f.startswith("-fmad") and f != want for f in NVCC_FLAGS):
+        findings.append(f"CUDA flags {[f for f in NVCC_FLAGS if f.startswith('-fmad')]} do not match the contract's {want}")
+    if any("use_fast_math" in f for f in NVCC_FLAGS):
+        findings.append("CUDA flags use --use_fast_math (contracts FMAs and approximates division)")
+    status = CONFORMANT if not findings else NONCONFORMANT
+    return AuditRow(f"FP contraction as the contract declares: every Triton launch states enable_fp_fusion "
+                    f"({total} launches), nvcc {want}", status, basis, findings)
+
+
 def check_reference_guard(root: Path) -> AuditRow:
     """Run every reference (forward and backward, smoke shapes) with TF32 switched ON globally and
     every PyTorch matmul entry point wrapped: a matmul that runs while TF32 is allowed is a finding,
@@ -264,7 +295,7 @@ def check_gate_coverage(root: Path, backends: list[str]) -> AuditRow:
 def run_audit(root: Path | None = None, execute: bool = True) -> list[AuditRow]:
     """Run every check. ``execute=False`` skips the checks that run code (static scans only)."""
     root = root or PACKAGE_ROOT
-    rows = [check_tf32_dots(root), check_tolerance_literals(root)]
+    rows = [check_tf32_dots(root), check_tolerance_literals(root), check_fp_contraction(root)]
     if execute:
         rows.append(check_reference_guard(root))
         from rl_engine.backends.registry import availability

@@ -105,3 +105,42 @@ def unsafe_dots(source: str, filename: str) -> list[tuple[str, int, str]]:
 def dot_lines(source: str, filename: str) -> list[int]:
     """Line numbers of every ``tl.dot`` call."""
     return sorted(n.lineno for n in ast.walk(ast.parse(source, filename=filename)) if isinstance(n, ast.Call) and _is_tl_dot(n))
+
+
+def jit_kernel_names(source: str, filename: str) -> set[str]:
+    """Names of the functions decorated with ``triton.jit`` (or ``triton.jit(...)``) in ``source``."""
+    names = set()
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if isinstance(node, ast.FunctionDef):
+            for dec in node.decorator_list:
+                target = dec.func if isinstance(dec, ast.Call) else dec
+                if isinstance(target, ast.Attribute) and target.attr == "jit" and isinstance(target.value, ast.Name) \
+                        and target.value.id == "triton":
+                    names.add(node.name)
+    return names
+
+
+def _kernel_name(call: ast.Call) -> str | None:
+    """``kernel`` of a ``kernel[grid](...)`` launch (``mod.kernel`` too), else None."""
+    if not isinstance(call.func, ast.Subscript):
+        return None
+    v = call.func.value
+    return v.id if isinstance(v, ast.Name) else v.attr if isinstance(v, ast.Attribute) else None
+
+
+def launches_without_fp_fusion(source: str, filename: str, kernels: set[str],
+                               constant: str = "FP_FUSION") -> tuple[int, list[tuple[str, int, str]]]:
+    """``(launches, findings)`` over the launches of ``kernels`` (``triton.jit`` functions): each must
+    pass ``enable_fp_fusion=<constant>`` (the contract's FP contraction setting), never rely on
+    Triton's default (fusion on)."""
+    found, total = [], 0
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if isinstance(node, ast.Call) and _kernel_name(node) in kernels:
+            total += 1
+            kw = {k.arg: k.value for k in node.keywords}
+            value = kw.get("enable_fp_fusion")
+            if value is None:
+                found.append((filename, node.lineno, "Triton launch without enable_fp_fusion (Triton's default fuses a*b+c into an FMA)"))
+            elif not (isinstance(value, ast.Name) and value.id == constant):
+                found.append((filename, node.lineno, f"enable_fp_fusion={ast.unparse(value)} instead of the contract's {constant}"))
+    return total, found

@@ -38,6 +38,7 @@ from rl_engine.chain.weights import synthetic_weights
 from rl_engine.contract import Contract
 from rl_engine.errors import RLEngineError
 from rl_engine.gate.compare import chain_metrics
+from rl_engine.gate.digest import BitsDigest
 
 GREEN, RED = "green", "red"
 BASELINE = "torch_bf16"
@@ -143,6 +144,8 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
         del model, weights
         _free(device)
     lhs, rhs = torch.cat(ours_train), torch.cat(ours_roll)
+    digest = BitsDigest()
+    digest.add_all((("teacher_forcing_logprobs", lhs), ("rollout_logprobs", rhs)))
     reports = {p: chain_metrics(lhs, rhs, contract, p) for p in PROFILES}
     base_rep = chain_metrics(torch.cat(base_train), torch.cat(base_roll), contract, "ws1")
     ref_all = torch.cat(refs)
@@ -179,6 +182,7 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
         "sampling": dict(SAMPLING),
         "roles": dict(ws1.roles),
         "kernel_ids": kernel_ids,
+        "bits_digest": digest.hexdigest(),
         "wall_time_s": round(time.perf_counter() - t_start, 3),
     }
     problems = []

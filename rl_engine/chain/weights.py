@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from rl_engine.chain.config import Qwen3Config
+from rl_engine.ops.spec import standard_normal
 from rl_engine.errors import RLEngineError
 
 
@@ -197,7 +198,7 @@ SYNTHETIC_RECIPE = {
     "generator": "torch.Generator on the target device, one per tensor, seeded with "
                  "sha256(f'{seed}:{name}')[:8] (little endian, 63 bits): a tensor's values depend only on "
                  "the seed, its name, its shape and the device kind (CPU and CUDA generators differ)",
-    "draw": "torch.randn in float32, multiplied by std (and shifted for norms), rounded once to bfloat16",
+    "draw": "standard normal (a CPU generator draws in float64 and rounds to float32; CUDA draws float32), multiplied by std (and shifted for norms), rounded once to bfloat16",
     "std": {
         "model.embed_tokens.weight": "1.0 (untied) or logit_scale / sqrt(E) (tied)",
         "q_proj, k_proj, v_proj, gate_proj, up_proj": "1 / sqrt(E)",
@@ -257,7 +258,7 @@ def synthetic_weights(config: Qwen3Config, seed: int, *, logit_scale: float = 1.
         gen = torch.Generator(device=device)
         gen.manual_seed(tensor_seed(seed, name))
         mean, std = _std_for(config, name, float(logit_scale))
-        x = torch.randn(shape, generator=gen, dtype=torch.float32, device=device)
+        x = standard_normal(shape, gen)
         x.mul_(std)
         if mean:
             x.add_(mean)

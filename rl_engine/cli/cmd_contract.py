@@ -8,7 +8,7 @@ import json
 def register(sub) -> None:
     p = sub.add_parser("contract", help="validate and print the tolerance contract")
     p.add_argument("--json", action="store_true", help="print the whole contract as JSON")
-    p.add_argument("--path", default=None, help="a contract file to validate (default: the shipped ws1-c1-v3)")
+    p.add_argument("--path", default=None, help="a contract file to validate (default: the shipped ws1-c1-v4)")
     p.set_defaults(func=run)
 
 

@@ -24,6 +24,13 @@ def run(args) -> int:
     print(f"device:   {info['device']['name']} ({info['device']['kind']})")
     sw = info["software"]
     print(f"software: python {sw['python']}, torch {sw['torch']} (CUDA {sw['torch_cuda']}), triton {sw['triton']}")
+    ha = sw["host_arithmetic"]
+    libs = ", ".join(f"{b.get('name')} {b.get('version')} core type {b.get('core_type')} ({b.get('threads')} threads)"
+                     for b in ha["blas"] if b.get("api") == "blas") or "none loaded"
+    print(f"host:     numpy {sw['numpy']} BLAS {libs}; numpy SIMD {'/'.join(ha['numpy_simd_dispatch_in_use']) or 'baseline'}; "
+          f"torch CPU {ha['torch_cpu_capability']}")
+    if ha["variables"]:
+        print("          " + " ".join(f"{k}={v}" for k, v in ha["variables"].items()))
     print(f"commit:   {info['git_commit']} dirty={info['git_dirty']}")
     print(f"contract: {info['contract']['contract_version']} ({info['contract']['path']})")
     for b, v in info["backends"].items():

@@ -16,6 +16,9 @@ def register(sub) -> None:
     d.add_argument("new", help="evidence.json or its folder")
     d.add_argument("--json", action="store_true")
     d.add_argument("--allow-different", action="store_true", help="diff artifacts of different workloads or contracts")
+    d.add_argument("--same-bits", action="store_true",
+                   help="exit 1 unless every cell has the same status and the same digest of its judged outputs' bits "
+                        "(e.g. two hosts or two BLAS settings; see docs/cpu-interpreter.md)")
     d.set_defaults(func=run_diff)
 
 
@@ -63,6 +66,27 @@ def _max_err(c):
     return max(errs) if errs else None
 
 
+def _digest(c) -> str | None:
+    return (c or {}).get("details", {}).get("bits_digest")
+
+
+def _host(ev) -> dict:
+    sw = ev.get("provenance", {}).get("software", {})
+    ha = sw.get("host_arithmetic", {})
+    blas = "; ".join(f"{b.get('name')} {b.get('version')} {b.get('core_type')} x{b.get('threads')}"
+                     for b in ha.get("blas", []) if b.get("api") == "blas")
+    return {"numpy": sw.get("numpy"), "torch": sw.get("torch"), "triton": sw.get("triton"), "blas": blas or None,
+            "numpy_simd": "/".join(ha.get("numpy_simd_dispatch_in_use", [])) or None,
+            "torch_cpu_capability": ha.get("torch_cpu_capability"),
+            **{k: v for k, v in ha.get("variables", {}).items()},
+            "device": ev.get("provenance", {}).get("device", {}).get("name")}
+
+
+def _host_differences(old, new) -> list[str]:
+    a, b = _host(old), _host(new)
+    return [f"{k}: {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
 def run_diff(args) -> int:
     from collections import Counter
 
@@ -94,15 +118,27 @@ def run_diff(args) -> int:
         a, b = o.get(k), n.get(k)
         sa, sb = (a or {}).get("status", "absent"), (b or {}).get("status", "absent")
         ea, eb = (_max_err(a) if a else None), (_max_err(b) if b else None)
-        if sa != sb or (ea is not None and eb is not None and ea != eb):
+        da, db = _digest(a), _digest(b)
+        bits_changed = da is not None and db is not None and da != db
+        if sa != sb or (ea is not None and eb is not None and ea != eb) or bits_changed:
             changes.append({"cell": "/".join(str(x) for x in k if x), "old": sa, "new": sb,
                             "old_max_abs_error": ea, "new_max_abs_error": eb,
-                            "delta": (eb - ea) if ea is not None and eb is not None else None})
+                            "delta": (eb - ea) if ea is not None and eb is not None else None,
+                            "bits_changed": bits_changed})
     status_changes = [c for c in changes if c["old"] != c["new"]]
+    bit_changes = [c for c in changes if c["bits_changed"]]
+    judged = [k for k in (set(o) & set(n)) if o[k].get("status") in ("green", "red") or n[k].get("status") in ("green", "red")]
+    no_digest = [k for k in judged if _digest(o[k]) is None or _digest(n[k]) is None]
+    host_diffs = _host_differences(old, new)
     if args.json:
-        print(json.dumps({"changes": changes, "status_changes": len(status_changes),
+        print(json.dumps({"changes": changes, "status_changes": len(status_changes), "bit_changes": len(bit_changes),
+                          "cells_without_digest": len(no_digest), "host_differences": host_diffs,
                           "cells_only_in_old": len(only_old), "cells_only_in_new": len(only_new)}, indent=1))
     else:
+        if host_diffs:
+            print("host and software differences (what could explain a bit change):")
+            for line in host_diffs:
+                print(f"  {line}")
         if skip:
             print(f"{len(only_old)} cell{'s' if len(only_old) != 1 else ''} only in OLD and {len(only_new)} only in NEW "
                   "(ops or judgments the other run did not ask for; not listed)")
@@ -110,11 +146,21 @@ def run_diff(args) -> int:
             print("no cell changed status or error" + (" among the cells both runs judged" if skip else ""))
         for c in changes:
             delta = f"  max_abs {c['old_max_abs_error']} -> {c['new_max_abs_error']}" if c["delta"] is not None else ""
-            print(f"{c['cell']}: {c['old']} -> {c['new']}{delta}")
+            bits = "  bits differ" if c["bits_changed"] else ""
+            print(f"{c['cell']}: {c['old']} -> {c['new']}{delta}{bits}")
         if changes:
             kinds = Counter(f"{c['old']} -> {c['new']}" for c in status_changes)
             print(f"{len(changes)} cell{'s' if len(changes) != 1 else ''} differ{'' if len(changes) != 1 else 's'}: "
                   f"{len(status_changes)} changed status"
                   + (f" ({', '.join(f'{v} {k}' for k, v in sorted(kinds.items()))})" if kinds else "")
-                  + f", {len(changes) - len(status_changes)} changed only their max_abs_error")
+                  + f", {len(changes) - len(status_changes)} changed only their max_abs_error or bits"
+                  + (f" ({len(bit_changes)} changed the bits of their judged outputs)" if bit_changes else ""))
+    if args.same_bits:
+        if no_digest:
+            print(f"rl-engine diff: {len(no_digest)} cells have no bits digest (an artifact from before digests were "
+                  "recorded?): --same-bits cannot hold", file=sys.stderr)
+        same = bool(judged) and not status_changes and not bit_changes and not no_digest
+        print(f"same bits: {'yes' if same else 'NO'} ({len(judged)} judged cells compared"
+              + (f"; {len(skip)} cells outside the other run's matrix not compared" if skip else "") + ")")
+        return 0 if same else 1
     return 1 if any(c["new"] == "red" and c["old"] != "red" for c in status_changes) else 0

@@ -1,4 +1,4 @@
-"""Load, validate and query the tolerance contract (``ws1-c1-v3``).
+"""Load, validate and query the tolerance contract (``ws1-c1-v4``).
 
 The JSON file is validated against its JSON Schema; a malformed file raises
 :class:`~rl_engine.errors.ContractError` naming the offending field (for example
@@ -19,7 +19,7 @@ import jsonschema
 from rl_engine import OPS
 from rl_engine.errors import ContractError
 
-CONTRACT_VERSION = "ws1-c1-v3"
+CONTRACT_VERSION = "ws1-c1-v4"
 _HERE = Path(__file__).resolve().parent
 DIRECTIONS = ("forward", "gradient")
 OP_CLASSES = ("elementwise", "reduction", "attention", "logprob")
@@ -133,6 +133,17 @@ class Contract:
             raise ContractError(f"chain/profiles: unknown profile {name!r}; known: {sorted(profiles)}")
         return dict(profiles[name])
 
+    # -- FP contraction (precision_flags) ---------------------------------------------------------
+    @property
+    def triton_fp_fusion(self) -> bool:
+        """``enable_fp_fusion`` of every Triton launch (``precision_flags.triton_enable_fp_fusion``)."""
+        return bool(self.data["precision_flags"]["triton_enable_fp_fusion"])
+
+    @property
+    def nvcc_fmad(self) -> bool:
+        """Whether nvcc may contract multiplies and adds (``precision_flags.nvcc_fmad``)."""
+        return bool(self.data["precision_flags"]["nvcc_fmad"])
+
     # -- declared exceptions ------------------------------------------------------------------
     @property
     def det_gemm(self) -> dict[str, Any]:
@@ -232,7 +243,7 @@ def _load_cached(path: str) -> Contract:
 
 
 def load_contract(path: str | Path | None = None) -> Contract:
-    """Load and validate a contract (default: the ``ws1-c1-v3`` file shipped with the package).
+    """Load and validate a contract (default: the ``ws1-c1-v4`` file shipped with the package).
 
     Raises
     ------

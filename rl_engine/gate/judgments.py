@@ -18,6 +18,7 @@ from rl_engine.gate.compare import (
     compare_relative,
     gradient_norm_metrics,
 )
+from rl_engine.gate.digest import BitsDigest
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
 from rl_engine.ops.spec import Case, OpSpec
 
@@ -85,6 +86,7 @@ def forward_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: 
     factor = contract.relative_factor("forward", spec.name)
     reports, failures = [], []
     skipped = []
+    digest = BitsDigest()
     for pr in prepared:
         try:
             outs = run_forward(impl, pr.case.inputs)
@@ -97,6 +99,7 @@ def forward_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: 
         for i, (o, r, b) in enumerate(zip(outs, pr.reference, pr.baseline)):
             name = spec.outputs[i] if i < len(spec.outputs) else f"out{i}"
             path = f"{spec.name}.fwd.{name}"
+            digest.add(f"{pr.case.id}:{path}", o)
             if not o.is_floating_point():
                 eq = compare_bitwise(path, r, o, contract.nan_policy)
                 reports.append({"case": pr.case.id, "integer_output": eq.as_dict()})
@@ -119,7 +122,7 @@ def forward_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: 
         return NOT_PROVIDED, "no case provided: " + "; ".join(skipped[:3]), {"skipped_cases": skipped}
     status = GREEN if not failures else RED
     return status, "; ".join(failures[:5]), {"tolerance": tol.as_dict(), "relative_factor": factor, "reports": reports,
-                                              "skipped_cases": skipped}
+                                              "skipped_cases": skipped, "bits_digest": digest.hexdigest()}
 
 
 def gradient_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: Contract) -> tuple[str, str, dict[str, Any]]:
@@ -128,6 +131,7 @@ def gradient_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract:
     factor = contract.relative_factor("gradient", spec.name)
     reports, failures = [], []
     skipped = []
+    digest = BitsDigest()
     for pr in prepared:
         try:
             _, grads, _ = run_gradient(impl, pr.case.inputs, spec.grad_inputs, upstream=pr.upstream)
@@ -137,6 +141,7 @@ def gradient_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract:
         for name in spec.grad_inputs:
             path = f"{spec.name}.bwd.d{name}"
             g, r, b = grads[name], pr.ref_grads[name], pr.base_grads[name]
+            digest.add(f"{pr.case.id}:{path}", g)
             want = pr.case.inputs[name].dtype
             if g.dtype != want:
                 failures.append(f"{pr.case.id}: {path} is {_dtype_name(g)}, expected {_dtype_name(pr.case.inputs[name])}")
@@ -154,7 +159,7 @@ def gradient_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract:
         return NOT_PROVIDED, "no case provided: " + "; ".join(skipped[:3]), {"skipped_cases": skipped}
     status = GREEN if not failures else RED
     return status, "; ".join(failures[:5]), {"tolerance": tol.as_dict(), "relative_factor": factor, "reports": reports,
-                                              "skipped_cases": skipped}
+                                              "skipped_cases": skipped, "bits_digest": digest.hexdigest()}
 
 
 def invariance(spec: OpSpec, impl, transform: str, case: Case, direction: str,
@@ -170,6 +175,10 @@ def invariance(spec: OpSpec, impl, transform: str, case: Case, direction: str,
     reps = [compare_bitwise(f"{spec.name}.{'fwd' if direction == 'forward' else 'bwd'}.{transform}:{p.label}",
                             p.canonical, p.transformed, contract.nan_policy) for p in pairs]
     failures = [r.summary() for r in reps if not r.passed]
+    digest = BitsDigest()
+    for p in pairs:
+        digest.add(f"{p.label}:canonical", p.canonical)
+        digest.add(f"{p.label}:transformed", p.transformed)
     if not pairs:
         failures.append("the transform produced no comparisons")
     controls = []
@@ -188,7 +197,7 @@ def invariance(spec: OpSpec, impl, transform: str, case: Case, direction: str,
     status = GREEN if not failures else RED
     return status, "; ".join(failures[:5]), {
         "case": case.id, "nan_policy": contract.nan_policy,
-        "pairs": [r.as_dict() for r in reps], "controls": controls,
+        "pairs": [r.as_dict() for r in reps], "controls": controls, "bits_digest": digest.hexdigest(),
     }
 
 
@@ -207,7 +216,9 @@ def repeat(spec: OpSpec, backend: str, fresh: dict[str, torch.Tensor] | None, fr
     first = outputs_for(spec.name, backend, workload.name, seed, device, prebuilt, to_cpu=False)
     second = outputs_for(spec.name, backend, workload.name, seed, device, prebuilt, to_cpu=False)
     reps, failures = [], []
+    digest = BitsDigest()
     for name, a in first.items():
+        digest.add(name, a)
         r = compare_bitwise(f"{name} (run 1 vs run 2)", a, second[name], contract.nan_policy)
         reps.append(r.as_dict())
         if not r.passed:
@@ -229,6 +240,7 @@ def repeat(spec: OpSpec, backend: str, fresh: dict[str, torch.Tensor] | None, fr
         failures.append("negative control (planted one-ulp change) was not caught")
     status = GREEN if not failures else RED
     return status, "; ".join(failures[:5]), {"nan_policy": contract.nan_policy, "pairs": reps,
+                                              "bits_digest": digest.hexdigest(),
                                               "fresh_process": "skipped: backend registered in this process only" if fresh is None else "compared",
                                               "controls": [{"control": "planted one-ulp change on run 2", "caught": caught}]}
 

@@ -420,36 +420,45 @@ def _time_limit(seconds: float | None):
 
 
 def cross_backend(config: GateConfig, device: torch.device) -> list[dict[str, Any]]:
-    """Informational: per op, the largest difference between each judged backend and the first one
-    on the same inputs (the op's first case), and whether they are bitwise equal. Not a judgment:
-    the two backends are not required to agree bit for bit."""
+    """Informational: per op and case, the largest difference between each judged backend and the
+    first one on the same inputs, forward outputs and (for ops with gradients) input gradients,
+    and whether they are bitwise equal. Not a judgment: the contract pins each op's arithmetic so
+    that the backends can agree bit for bit (DESIGN row 16), and this table shows where they do."""
     from rl_engine.gate.compare import compare_bitwise
-    from rl_engine.ops.execute import run_forward
+    from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
+
+    def row(op, case, path, x, y, pair):
+        diff = float((x.float() - y.float()).abs().max()) if x.numel() else 0.0
+        return {"op": op, "case": case.id, "output": path, "backends": pair, "max_abs_difference": diff,
+                "bitwise_equal": compare_bitwise(f"{op}.{path}", x, y, "bitwise_equal").passed}
 
     rows = []
     first = config.backends[0]
     for op in config.ops:
         spec = get_spec(op)
         try:
-            case = spec.build_cases(config.workload, config.seed, device)[0]
             impls = {}
             for b in config.backends:
                 plugin = _plugin(b)
                 impl = spec.impls.get(b) if plugin is None else plugin.ops.get(op)
                 if impl is not None:
                     impls[b] = impl
-            if first not in impls:
+            if first not in impls or len(impls) < 2:
                 continue
-            base = run_forward(impls[first], case.inputs)
-            for b, impl in impls.items():
-                if b == first:
-                    continue
-                other = run_forward(impl, case.inputs)
-                for i, (x, y) in enumerate(zip(base, other)):
-                    diff = float((x.float() - y.float()).abs().max()) if x.numel() else 0.0
-                    same = compare_bitwise(f"{op}.out{i}", x, y, "bitwise_equal").passed
-                    rows.append({"op": op, "case": case.id, "output": i, "backends": [first, b],
-                                 "max_abs_difference": diff, "bitwise_equal": same})
+            for case in spec.build_cases(config.workload, config.seed, device):
+                base = run_forward(impls[first], case.inputs)
+                upstream = make_upstream(base, case.seed + 1000) if spec.grad_inputs else None
+                base_grads = (run_gradient(impls[first], case.inputs, spec.grad_inputs, upstream=upstream)[1]
+                              if upstream is not None else {})
+                for b, impl in impls.items():
+                    if b == first:
+                        continue
+                    for i, (x, y) in enumerate(zip(base, run_forward(impl, case.inputs))):
+                        rows.append(row(op, case, f"fwd.{spec.outputs[i] if i < len(spec.outputs) else i}", x, y, [first, b]))
+                    if upstream is not None:
+                        grads = run_gradient(impl, case.inputs, spec.grad_inputs, upstream=upstream)[1]
+                        for name in spec.grad_inputs:
+                            rows.append(row(op, case, f"bwd.d{name}", base_grads[name], grads[name], [first, b]))
         except Exception as exc:  # informational: a failure here is recorded, never fatal
             rows.append({"op": op, "error": f"{type(exc).__name__}: {exc}"})
         finally:

@@ -4,7 +4,9 @@ The one rule for matrix products: every ``tl.dot`` in the package goes through :
 passes ``input_precision="ieee"`` explicitly, so no FP32 dot can silently run in TF32 (WS1 §9.7,
 pitfall P6). Under the Triton CPU interpreter BF16 dots are not supported
 (triton-lang/triton#11584), so the operands are upcast to FP32 first; BF16 x BF16 products are
-exact in FP32, only the accumulation order can differ from the GPU's tensor cores.
+exact in FP32, only the accumulation order can differ from the GPU's tensor cores. The
+interpreter's own dot, exp/log and BF16 rounding are replaced by project-defined arithmetic on
+the first launch (:mod:`rl_engine.ops._interpreter`), so CPU bits do not depend on the host.
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ import triton
 import triton.language as tl
 
 from rl_engine import env
+from rl_engine.ops import _interpreter
 from rl_engine.errors import BackendUnavailable
+
+
+FP_FUSION = False
+"""``enable_fp_fusion`` passed to every Triton launch of the package: the contract's
+``precision_flags.triton_enable_fp_fusion`` (``ws1-c1-v4``). Triton's default (``True``) lets the
+compiler turn ``a*b - c*d`` into ``fma(a, b, -(c*d))``, a function the declared per-op FP32 math
+does not compute. ``rl-engine audit`` checks that every launch passes this constant and that it
+equals the contract."""
 
 
 @triton.jit
@@ -31,45 +42,11 @@ def upcast_dots() -> bool:
     return env.triton_interpret()
 
 
-_INTERPRETER_PATCHED = False
-
-
-def _patch_interpreter_rounding() -> None:
-    """Make the Triton CPU interpreter round FP32 -> BF16 to nearest even, as the GPU does.
-
-    The interpreter's ``_convert_float`` truncates FP32 -> BF16 by default (and its RTNE branch
-    rounds ties away and can overflow the mantissa), so kernels run in CI would not produce the
-    bits the GPU produces (``cvt.rn.bf16.f32``). This replaces that one conversion with PyTorch's
-    round-to-nearest-even cast. Applied on the first launch under ``TRITON_INTERPRET=1`` only;
-    compiled GPU kernels are untouched.
-    """
-    global _INTERPRETER_PATCHED
-    if _INTERPRETER_PATCHED:
-        return
-    import numpy as np
-    from triton.runtime import interpreter as _interp
-
-    original = getattr(_interp, "_convert_float", None)
-    if original is None:  # pragma: no cover - a Triton without this helper
-        raise BackendUnavailable("this Triton's interpreter has no _convert_float; cannot fix BF16 rounding")
-    rtz = getattr(_interp._ir.ROUNDING_MODE, "RTZ", None)
-
-    def convert(input, input_dtype, output_dtype, rounding_mode):
-        if input_dtype == tl.float32 and output_dtype == tl.bfloat16 and (rtz is None or rounding_mode != rtz):
-            arr = np.ascontiguousarray(input).view(np.float32).copy()
-            out = torch.from_numpy(arr).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-            return out.reshape(np.shape(input))
-        return original(input, input_dtype, output_dtype, rounding_mode)
-
-    _interp._convert_float = convert
-    _INTERPRETER_PATCHED = True
-
-
 def check_triton_device(*tensors: torch.Tensor) -> None:
     """Triton kernels need CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``."""
     interpret = env.triton_interpret()
     if interpret:
-        _patch_interpreter_rounding()
+        _interpreter.install()
     for t in tensors:
         if t.device.type == "cuda":
             continue

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from rl_engine.ops.spec import as_tuple, make_generator
+from rl_engine.ops.spec import as_tuple, make_generator, standard_normal
 
 
 def upcast_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def make_upstream(outputs: Sequence[torch.Tensor], seed: int) -> tuple[torch.Ten
         if not o.is_floating_point():
             grads.append(torch.zeros(0))
             continue
-        x = torch.randn(tuple(o.shape), generator=g, dtype=torch.float32)
+        x = standard_normal(tuple(o.shape), g)
         grads.append(x.to(o.dtype).to(o.device))
     return tuple(grads)
 

@@ -132,13 +132,26 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
     return g
 
 
+def standard_normal(shape: Sequence[int], generator: torch.Generator) -> torch.Tensor:
+    """Seeded standard normal FP32 values ``[*shape]`` on the generator's device, the same bits on
+    every host.
+
+    A CPU generator draws in FP64 and rounds once to FP32: PyTorch's FP32 CPU normal sampler has a
+    vectorised AVX2 path and a scalar one (DEFAULT and, by its source, AVX-512 builds) that give
+    different values for one seed, while its FP64 sampler is the same on both
+    (``docs/cpu-interpreter.md``). A CUDA generator (Philox) draws FP32 directly.
+    """
+    if generator.device.type == "cpu":
+        return torch.randn(tuple(shape), generator=generator, dtype=torch.float64).to(torch.float32)
+    return torch.randn(tuple(shape), generator=generator, dtype=torch.float32, device=generator.device)
+
+
 def randn(shape: Sequence[int], seed_gen: torch.Generator, *, scale: float = 1.0,
           dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Seeded normal values drawn on the CPU in FP32, scaled, rounded to ``dtype``, moved to device.
-
-    Drawing on the CPU keeps inputs identical on every machine for one seed.
+    """Seeded normal values drawn on the CPU (:func:`standard_normal`), scaled in FP32, rounded to
+    ``dtype``, moved to device. Drawing on the CPU keeps inputs identical on every machine for one seed.
     """
-    x = torch.randn(tuple(shape), generator=seed_gen, dtype=torch.float32) * scale
+    x = standard_normal(shape, seed_gen) * scale
     return x.to(dtype).to(device)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
-from rl_engine.ops.spec import Case, Pair, TransformFn
+from rl_engine.ops.spec import Case, Pair, TransformFn, standard_normal
 
 _INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
              torch.float64: torch.int64}
@@ -158,8 +158,8 @@ def rowwise_transforms(
         for n in row_inputs:
             x = case.inputs[n]
             if x.is_floating_point():
-                junk_l = torch.randn((left,) + tuple(x.shape[1:]), generator=gen).to(x.dtype).to(x.device)
-                junk_r = torch.randn((right,) + tuple(x.shape[1:]), generator=gen).to(x.dtype).to(x.device)
+                junk_l = standard_normal((left,) + tuple(x.shape[1:]), gen).to(x.dtype).to(x.device)
+                junk_r = standard_normal((right,) + tuple(x.shape[1:]), gen).to(x.dtype).to(x.device)
             else:
                 junk_l = x[:1].expand((left,) + tuple(x.shape[1:])).clone()
                 junk_r = x[-1:].expand((right,) + tuple(x.shape[1:])).clone()

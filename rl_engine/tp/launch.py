@@ -34,6 +34,7 @@ import torch
 from rl_engine import env
 
 from rl_engine.errors import RLEngineError
+from rl_engine.ops.spec import standard_normal
 
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 """Set (overriding any other value) for every rank before the process group is created."""
@@ -223,8 +224,8 @@ def probe_validation(ctx: RankContext) -> list[dict[str, str]]:
     dev = ctx.device
     g = torch.Generator(device="cpu").manual_seed(5)
     m, k, n = 3, 40, 16
-    x = torch.randn((m, k), generator=g).to(torch.bfloat16).to(dev)
-    b = (torch.randn((k, n), generator=g) * k ** -0.5).to(torch.bfloat16).to(dev)
+    x = standard_normal((m, k), g).to(torch.bfloat16).to(dev)
+    b = (standard_normal((k, n), g) * k ** -0.5).to(torch.bfloat16).to(dev)
     bounds = shard_bounds(k, ctx.world_size)
     lo, hi = bounds[ctx.rank], bounds[ctx.rank + 1]
     xr, br = x[:, lo:hi], b[lo:hi, :]
@@ -266,8 +267,8 @@ def probe_det_gemm(ctx: RankContext, m: int, k: int, n: int, seed: int,
     from rl_engine.tp.row_parallel import row_parallel_full
 
     g = torch.Generator(device="cpu").manual_seed(seed)
-    a = torch.randn((m, k), generator=g).to(torch.bfloat16).to(ctx.device)
-    b = (torch.randn((k, n), generator=g) * k ** -0.5).to(torch.bfloat16).to(ctx.device)
+    a = standard_normal((m, k), g).to(torch.bfloat16).to(ctx.device)
+    b = (standard_normal((k, n), g) * k ** -0.5).to(torch.bfloat16).to(ctx.device)
     iv = torch.int16
     out: dict[str, dict[str, bool]] = {}
     with torch.no_grad():

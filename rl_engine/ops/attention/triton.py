@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import check_triton_device, mma, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, mma, upcast_dots
 from rl_engine.ops.attention._checks import VarlenPlan, check_decode, check_varlen
 
 BLOCK_M = 64
@@ -319,6 +319,7 @@ def _forward(q, k, v, cu_q, cu_k, scale: float, plan: VarlenPlan, *, block_m: in
         out.stride(0), out.stride(1), lse.stride(0), float(scale),
         GROUP=h // hkv, D=d, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=upcast_dots(),
         num_warps=num_warps, num_stages=num_stages,
+        enable_fp_fusion=FP_FUSION,
     )
     return out, lse
 
@@ -338,6 +339,7 @@ def _decode(q, k_cache, v_cache, cache_seqlens, scale: float, *, block_m: int = 
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), float(scale),
         GROUP=group, D=d, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=upcast_dots(),
         num_warps=num_warps, num_stages=num_stages,
+        enable_fp_fusion=FP_FUSION,
     )
     return out
 
@@ -358,6 +360,7 @@ def _backward(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: VarlenPlan)
         _attn_bwd_delta_kernel[(triton.cdiv(tq, BLOCK_T_DELTA), h)](
             out, do, delta, tq, out.stride(0), out.stride(1), do.stride(0), do.stride(1), delta.stride(0),
             D=d, BLOCK_T=BLOCK_T_DELTA, num_warps=NUM_WARPS,
+            enable_fp_fusion=FP_FUSION,
         )
     n_nblocks = triton.cdiv(plan.max_lk, BLOCK_N_BWD)
     _attn_bwd_dkdv_kernel[(plan.batch * n_nblocks, hkv)](
@@ -366,6 +369,7 @@ def _backward(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: VarlenPlan)
         do.stride(0), do.stride(1), lse.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         float(scale), GROUP=group, D=d, BLOCK_M=BLOCK_M_BWD, BLOCK_N=BLOCK_N_BWD, UPCAST=up,
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        enable_fp_fusion=FP_FUSION,
     )
     if tq:
         n_mblocks = triton.cdiv(plan.max_lq, BLOCK_M)
@@ -375,6 +379,7 @@ def _backward(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: VarlenPlan)
             do.stride(0), do.stride(1), lse.stride(0), dq.stride(0), dq.stride(1), float(scale),
             GROUP=group, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N_BWD, UPCAST=up,
             num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            enable_fp_fusion=FP_FUSION,
         )
     return dq, dk, dv
 

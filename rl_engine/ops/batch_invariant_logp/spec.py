@@ -30,7 +30,7 @@ from rl_engine.ops.batch_invariant_logp.torch_bf16 import batch_invariant_logp_t
 from rl_engine.ops.batch_invariant_logp.triton import batch_invariant_logp_triton
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 from rl_engine.ops.logp.spec import draw_logits, draw_targets
-from rl_engine.ops.spec import Case, OpSpec, Pair, Workload, make_generator
+from rl_engine.ops.spec import Case, OpSpec, Pair, Workload, make_generator, standard_normal
 from rl_engine.ops.transforms import plant_ulp
 
 IGNORE_ID = -100
@@ -193,7 +193,7 @@ def _relayout(case: Case, up: torch.Tensor | None, side: str, extra_s: int, extr
     up2 = None
     if up is not None:
         gen = make_generator(case.seed + 99)
-        up2 = torch.randn((b2, s2), generator=gen).to(up.dtype).to(up.device)  # junk where masked
+        up2 = standard_normal((b2, s2), gen).to(up.dtype).to(up.device)  # junk where masked
         up2[bc, st] = up[bc, sc]
     inputs = dict(case.inputs, logits=x2, targets=t2, mask=m2)
     return inputs, up2, (bc, sc), (bc, st)

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import check_triton_device, mma, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, mma, upcast_dots
 from rl_engine.ops.det_gemm.topology import check_contract_topology as _check_topology
 from rl_engine.ops._validate import check_same_device, check_tensor
 from rl_engine.ops.det_gemm.api import mid_split_bounds
@@ -248,9 +248,10 @@ def _launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool, leaf
             a, b, w, m, n, k, k1, k2, k3, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             BK * a.stride(1), BK * b.stride(0),
             DEPTH=depth, BM=BM, BN=BN, BK=BK, UPCAST=upcast_dots(), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            enable_fp_fusion=FP_FUSION,
         )
         _det_gemm_merge_kernel[(triton.cdiv(m * n, MERGE_BLOCK),)](
-            w, c, m, n, c.stride(0), c.stride(1), DEPTH=depth, BLOCK=MERGE_BLOCK, num_warps=4)
+            w, c, m, n, c.stride(0), c.stride(1), DEPTH=depth, BLOCK=MERGE_BLOCK, num_warps=4, enable_fp_fusion=FP_FUSION)
         return c
     part_dtype = torch.float32 if fp32_merge else torch.bfloat16
     w = torch.empty((m, n) if depth else (1, 1), dtype=part_dtype, device=a.device)
@@ -262,6 +263,7 @@ def _launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool, leaf
         BK * a.stride(1), BK * b.stride(0),
         DEPTH=depth, FP32_MERGE=fp32_merge, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, UPCAST=upcast_dots(),
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        enable_fp_fusion=FP_FUSION,
     )
     return c
 

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import check_triton_device
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device
 from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
 
 BLOCK = 1024
@@ -56,7 +56,8 @@ def _launch_fwd(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty((t, e), dtype=torch.bfloat16, device=weight.device)
     if t and e:
         _embedding_fwd_kernel[(t, triton.cdiv(e, BLOCK))](
-            ids, weight, out, e, ids.stride(0), weight.stride(0), out.stride(0), BLOCK=BLOCK
+            ids, weight, out, e, ids.stride(0), weight.stride(0), out.stride(0), BLOCK=BLOCK,
+            enable_fp_fusion=FP_FUSION,
         )
     return out
 
@@ -76,7 +77,8 @@ def _launch_bwd(ids: torch.Tensor, dy: torch.Tensor, v: int) -> torch.Tensor:
     if t and e:
         seg_ids, starts, ends, order = _segments(ids)
         _embedding_bwd_kernel[(seg_ids.shape[0], triton.cdiv(e, BLOCK))](
-            seg_ids, starts, ends, order, dy, dw, e, dy.stride(0), dw.stride(0), BLOCK=BLOCK
+            seg_ids, starts, ends, order, dy, dw, e, dy.stride(0), dw.stride(0), BLOCK=BLOCK,
+            enable_fp_fusion=FP_FUSION,
         )
     return dw
 

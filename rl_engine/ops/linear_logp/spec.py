@@ -10,7 +10,7 @@ from rl_engine.ops.linear_logp.reference import linear_logp_reference
 from rl_engine.ops.linear_logp.torch_bf16 import linear_logp_torch_bf16
 from rl_engine.ops.linear_logp.triton import linear_logp_triton
 from rl_engine.ops.logp.spec import token_counts
-from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator
+from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, standard_normal
 from rl_engine.ops.transforms import rowwise_transforms
 
 LOGIT_STD = 3.0
@@ -28,7 +28,7 @@ def draw_weight(w: Workload, seed: int) -> torch.Tensor:
     N(0, 1) * LOGIT_STD / (HIDDEN_STD * sqrt(E)), so that a typical row's logits have std LOGIT_STD."""
     g = make_generator(seed)
     scale = LOGIT_STD / (HIDDEN_STD * w.hidden ** 0.5)
-    x = torch.randn((w.vocab, w.hidden), generator=g, dtype=torch.float32) * scale
+    x = standard_normal((w.vocab, w.hidden), g) * scale
     return x.to(torch.bfloat16)
 
 
@@ -41,7 +41,7 @@ def draw_hidden_targets(t: int, weight: torch.Tensor, g: torch.Generator) -> tup
     no [T, V] product is formed.
     """
     v, e = weight.shape
-    h = torch.randn((t, e), generator=g, dtype=torch.float32) * HIDDEN_STD
+    h = standard_normal((t, e), g) * HIDDEN_STD
     h[torch.arange(t) % 4 == 3] *= 2.0
     targets = torch.randint(0, v, (t,), generator=g, dtype=torch.int64)
     likely = torch.nonzero(torch.arange(t) % 3 == 1).flatten()

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import check_triton_device, mma, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, mma, upcast_dots
 from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
 from rl_engine.ops.logp.triton import check_temperature
 
@@ -259,9 +259,11 @@ def _forward(hidden, weight, targets, temperature):
         t, v, e, n_chunks, hidden.stride(0), weight.stride(0), targets.stride(0), temperature,
         BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up,
         num_warps=NUM_WARPS,
+        enable_fp_fusion=FP_FUSION,
     )
     _fwd_combine_kernel[(triton.cdiv(t, COMBINE_BLOCK),)](
         pmax, psum, ptgt, out, rmax, rlog, t, n_chunks, BLOCK=COMBINE_BLOCK, num_warps=NUM_WARPS,
+        enable_fp_fusion=FP_FUSION,
     )
     return out, rmax, rlog
 
@@ -291,6 +293,7 @@ def _backward(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need
             t, v, e, v_base, hidden.stride(0), weight.stride(0), targets.stride(0), temperature,
             BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up,
             num_warps=NUM_WARPS,
+            enable_fp_fusion=FP_FUSION,
         )
         if need_dh:
             _bwd_dhidden_kernel[(triton.cdiv(t, GRAD_BLOCK), triton.cdiv(e, GRAD_BLOCK))](
@@ -298,12 +301,14 @@ def _backward(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need
                 t, e, v_base, n_local, weight.stride(0),
                 FIRST=c == 0, LAST=c == n_chunks - 1, CHUNK_V=CHUNK_V, BLOCK=GRAD_BLOCK, UPCAST=up,
                 num_warps=NUM_WARPS,
+                enable_fp_fusion=FP_FUSION,
             )
         if need_dw:
             _bwd_dweight_kernel[(triton.cdiv(n_local, GRAD_BLOCK), triton.cdiv(e, GRAD_BLOCK))](
                 d_hi, d_lo, hidden, dw,
                 t, e, v_base, n_local, hidden.stride(0),
                 CHUNK_V=CHUNK_V, BLOCK=GRAD_BLOCK, UPCAST=up, num_warps=NUM_WARPS,
+                enable_fp_fusion=FP_FUSION,
             )
     return dh, dw
 

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import check_triton_device, mma, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, mma, upcast_dots
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 GROUP_M = 8
@@ -100,6 +100,7 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, fp32_operand
         bk * a.stride(1), bk * b.stride(0),
         FP32_OPERANDS=fp32_operands, BM=bm, BN=bn, BK=bk, GROUP_M=GROUP_M, UPCAST=upcast_dots(),
         num_warps=warps, num_stages=stages,
+        enable_fp_fusion=FP_FUSION,
     )
     return c
 

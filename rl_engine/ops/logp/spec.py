@@ -8,7 +8,7 @@ from rl_engine.ops.logp.cuda import logp_cuda
 from rl_engine.ops.logp.reference import logp_reference
 from rl_engine.ops.logp.torch_bf16 import logp_torch_bf16
 from rl_engine.ops.logp.triton import logp_triton, logp_triton_size_dependent
-from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator
+from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, standard_normal
 from rl_engine.ops.transforms import rowwise_transforms
 
 MAX_LOGIT_ELEMENTS = 1 << 28
@@ -31,7 +31,7 @@ def draw_logits(rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
     |z| up to ~100); every 4th row (r % 4 == 2) also gets +25 on one random column (a confident,
     peaked distribution).
     """
-    x = torch.randn((rows, vocab), generator=g, dtype=torch.float32) * 3.0
+    x = standard_normal((rows, vocab), g) * 3.0
     big = torch.arange(rows) % 4 == 3
     x[big] *= 20.0 / 3.0
     peaked = torch.nonzero(torch.arange(rows) % 4 == 2).flatten()

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import check_triton_device
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device
 from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
 
 BLOCK_V = 4096
@@ -170,6 +170,7 @@ def forward_rows(
             logits3.stride(0), logits3.stride(1), targets2.stride(0), targets2.stride(1), smo, smi,
             float(temperature),
             HAS_MASK=mask2 is not None, BLOCK_V=block_v, num_warps=NUM_WARPS,
+            enable_fp_fusion=FP_FUSION,
         )
     return out, rmax, rlog
 
@@ -199,6 +200,7 @@ def backward_rows(
             dx.stride(0), dx.stride(1),
             float(temperature),
             HAS_MASK=mask2 is not None, BLOCK_V=block_v, num_warps=NUM_WARPS,
+            enable_fp_fusion=FP_FUSION,
         )
     return dx
 

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import check_triton_device
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device
 from rl_engine.ops._validate import check_cu_seqlens, check_same_device, check_tensor
 
 BLOCK = 1024
@@ -58,7 +58,8 @@ def _launch_pack(x: torch.Tensor, cu: torch.Tensor, lengths: list[int]) -> torch
             torch.arange(len(lengths), dtype=torch.int32), torch.tensor(lengths, dtype=torch.int64)
         ).to(x.device)
         _pack_kernel[(total, triton.cdiv(e, BLOCK))](
-            x, cu, seq, y, e, x.stride(0), x.stride(1), y.stride(0), BLOCK=BLOCK
+            x, cu, seq, y, e, x.stride(0), x.stride(1), y.stride(0), BLOCK=BLOCK,
+            enable_fp_fusion=FP_FUSION,
         )
     return y
 
@@ -68,7 +69,8 @@ def _launch_unpack(x: torch.Tensor, cu: torch.Tensor, n_seqs: int, seq_len: int)
     y = torch.empty((n_seqs, seq_len, e), dtype=torch.bfloat16, device=x.device)
     if n_seqs and seq_len and e:
         _unpack_kernel[(n_seqs * seq_len, triton.cdiv(e, BLOCK))](
-            x, cu, y, e, seq_len, x.stride(0), y.stride(0), y.stride(1), BLOCK=BLOCK
+            x, cu, y, e, seq_len, x.stride(0), y.stride(0), y.stride(1), BLOCK=BLOCK,
+            enable_fp_fusion=FP_FUSION,
         )
     return y
 

@@ -17,13 +17,13 @@ from rl_engine.ops.rms_norm.cuda import rms_norm_cuda
 from rl_engine.ops.rms_norm.reference import rms_norm_reference
 from rl_engine.ops.rms_norm.torch_bf16 import rms_norm_torch_bf16
 from rl_engine.ops.rms_norm.triton import rms_norm_size_dependent_control, rms_norm_triton
-from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, randn
+from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, randn, standard_normal
 from rl_engine.ops.transforms import rowwise_transforms
 
 
 def norm_weight(n: int, g: torch.Generator, device) -> torch.Tensor:
     """A BF16 norm weight near 1: ``1 + 0.25 * N(0, 1)``, drawn in FP32 on the CPU."""
-    return (1.0 + 0.25 * torch.randn((n,), generator=g, dtype=torch.float32)).to(torch.bfloat16).to(device)
+    return (1.0 + 0.25 * standard_normal((n,), g)).to(torch.bfloat16).to(device)
 
 
 def _case(w: Workload, t: int, order: str, seed: int, device) -> Case:

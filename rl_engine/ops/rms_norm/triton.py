@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import check_triton_device
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 ORDERS = ("hf", "fused")
@@ -157,11 +157,13 @@ def _launch_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool, spl
             _rms_fwd_split_control_kernel[(n_rows,)](
                 x, weight, y, rstd, e, h, eps, sxt, sxh, syt, syh,
                 PART=part, SPLIT=triton.cdiv(e, part), HF_ORDER=hf, num_warps=_warps(block),
+                enable_fp_fusion=FP_FUSION,
             )
         else:
             _rms_fwd_kernel[(n_rows,)](
                 x, weight, y, rstd, e, h, eps, sxt, sxh, syt, syh,
                 BLOCK=block, HF_ORDER=hf, num_warps=_warps(block),
+                enable_fp_fusion=FP_FUSION,
             )
     return y, rstd
 
@@ -184,8 +186,9 @@ def _launch_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: t
     _rms_bwd_kernel[(n_parts,)](
         x, weight, dy, rstd, dx, parts, n_rows, e, h, sxt, sxh, sdyt, sdyh, sdxt, sdxh,
         BLOCK=block, ROWS=ROWS_PER_PROGRAM, num_warps=_warps(block),
+        enable_fp_fusion=FP_FUSION,
     )
-    _dw_reduce_kernel[(triton.cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK)
+    _dw_reduce_kernel[(triton.cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK, enable_fp_fusion=FP_FUSION)
     return dx, dw
 
 

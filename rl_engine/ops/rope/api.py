@@ -10,11 +10,13 @@ from rl_engine.ops._validate import check_tensor
 
 
 def inv_freq(theta: float, head_dim: int) -> torch.Tensor:
-    """Inverse frequencies [D/2] float32, exactly as Hugging Face Qwen3 computes them.
+    """Inverse frequencies [D/2] float32: ``1 / theta ** (2i / D)``, i = 0 .. D/2 - 1.
 
-    ``1.0 / theta ** (arange(0, D, 2, int64).float() / D)`` in FP32 on the CPU (Hugging Face
-    builds the buffer on the CPU at model init and moves it), so every device gets the same bits.
-    Source: ``transformers`` ``_compute_default_rope_parameters``.
+    The formula of Hugging Face Qwen3 (``transformers`` ``_compute_default_rope_parameters``),
+    evaluated in FP64 on the CPU and rounded once to FP32. Hugging Face evaluates it in FP32, and
+    PyTorch's FP32 CPU ``pow`` gives different bits on hosts with and without AVX2 (measured:
+    ``docs/cpu-interpreter.md``); the FP64 result rounded once is the same on every host and
+    device, and within half an FP32 ulp of the exact value.
 
     Raises
     ------
@@ -25,8 +27,8 @@ def inv_freq(theta: float, head_dim: int) -> torch.Tensor:
         raise InputError(f"head_dim: expected a positive even int, got {head_dim!r}")
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
         raise InputError(f"theta: expected a positive number, got {theta!r}")
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    return 1.0 / (float(theta) ** exponent)
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+    return (1.0 / (float(theta) ** exponent)).to(torch.float32)
 
 
 def cos_sin(positions: torch.Tensor, theta: float, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

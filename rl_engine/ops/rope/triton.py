@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import check_triton_device
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 BLOCK_H = 8
@@ -53,6 +53,7 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neg_sin: bool
             x, cos, sin, y, h, half,
             x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), y.stride(0), y.stride(1),
             BLOCK_H=BLOCK_H, BLOCK_HALF=triton.next_power_of_2(half), NEG_SIN=neg_sin,
+            enable_fp_fusion=FP_FUSION,
         )
     return y
 

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import check_triton_device
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device
 from rl_engine.ops._validate import check_tensor
 
 BLOCK = 1024
@@ -43,7 +43,7 @@ def _launch_fwd(x: torch.Tensor) -> torch.Tensor:
     t, f = x.shape
     y = torch.empty((t, f), dtype=torch.bfloat16, device=x.device)
     if t and f:
-        _silu_fwd_kernel[(t, triton.cdiv(f, BLOCK))](x, y, f, x.stride(0), y.stride(0), BLOCK=BLOCK)
+        _silu_fwd_kernel[(t, triton.cdiv(f, BLOCK))](x, y, f, x.stride(0), y.stride(0), BLOCK=BLOCK, enable_fp_fusion=FP_FUSION)
     return y
 
 
@@ -52,7 +52,8 @@ def _launch_bwd(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     dx = torch.empty((t, f), dtype=torch.bfloat16, device=x.device)
     if t and f:
         _silu_bwd_kernel[(t, triton.cdiv(f, BLOCK))](
-            x, dy, dx, f, x.stride(0), dy.stride(0), dx.stride(0), BLOCK=BLOCK
+            x, dy, dx, f, x.stride(0), dy.stride(0), dx.stride(0), BLOCK=BLOCK,
+            enable_fp_fusion=FP_FUSION,
         )
     return dx
 

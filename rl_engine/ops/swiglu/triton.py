@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import check_triton_device
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 BLOCK = 1024
@@ -54,7 +54,8 @@ def _launch_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     y = torch.empty((t, f), dtype=torch.bfloat16, device=gate.device)
     if t and f:
         _swiglu_fwd_kernel[(t, triton.cdiv(f, BLOCK))](
-            gate, up, y, f, gate.stride(0), up.stride(0), y.stride(0), BLOCK=BLOCK
+            gate, up, y, f, gate.stride(0), up.stride(0), y.stride(0), BLOCK=BLOCK,
+            enable_fp_fusion=FP_FUSION,
         )
     return y
 
@@ -67,6 +68,7 @@ def _launch_bwd(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> tuple
         _swiglu_bwd_kernel[(t, triton.cdiv(f, BLOCK))](
             gate, up, dy, dg, du, f, gate.stride(0), up.stride(0), dy.stride(0), dg.stride(0), du.stride(0),
             BLOCK=BLOCK,
+            enable_fp_fusion=FP_FUSION,
         )
     return dg, du
 

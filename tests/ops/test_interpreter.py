@@ -1,0 +1,177 @@
+"""The CPU interpreter's arithmetic is the project's, not the host's (docs/cpu-interpreter.md).
+
+The witness of the fault: OpenBLAS's Haswell SGEMM gives a row of ``A @ B`` a different result
+depending on the row's position in ``A``, and the Triton interpreter's ``tl.dot`` was ``np.matmul``.
+CI runs this file under several BLAS core types and thread counts (``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from rl_engine.audit import scan
+from rl_engine.ops import _interpreter
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, mma
+
+ROOT = Path(__file__).resolve().parents[2]
+BM, BK, BN = 64, 64, 32
+
+
+@triton.jit
+def _block_dot_kernel(a_ptr, b_ptr, c_ptr, BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr):
+    rm, rk, rn = tl.arange(0, BM), tl.arange(0, BK), tl.arange(0, BN)
+    a = tl.load(a_ptr + rm[:, None] * BK + rk[None, :])
+    b = tl.load(b_ptr + rk[:, None] * BN + rn[None, :])
+    c = mma(a, b, tl.zeros((BM, BN), dtype=tl.float32), False)
+    tl.store(c_ptr + rm[:, None] * BN + rn[None, :], c)
+
+
+def _kernel_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    c = torch.empty((BM, BN), dtype=torch.float32, device=a.device)
+    check_triton_device(a, b, c)
+    _block_dot_kernel[(1,)](a, b, c, BM=BM, BK=BK, BN=BN, enable_fp_fusion=FP_FUSION)
+    return c
+
+
+def _operands(device, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn((BM, BK), generator=g, dtype=torch.float64).to(dtype).to(device)
+    b = torch.randn((BK, BN), generator=g, dtype=torch.float64).to(dtype).to(device)
+    return a, b
+
+
+def _rows_moved(dot, a, b) -> list[int]:
+    """For every shift s, how many rows of ``dot(roll(a, s))`` rolled back differ from ``dot(a)``."""
+    ref = dot(a, b)
+    moved = []
+    for s in range(1, BM):
+        out = torch.roll(dot(torch.roll(a, s, 0), b), -s, 0)
+        moved.append(int((out.view(torch.int32) != ref.view(torch.int32)).any(dim=1).sum()))
+    return moved
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_a_row_gets_the_same_bits_at_every_position_of_the_block(device, dtype):
+    a, b = _operands(device, dtype)
+    moved = _rows_moved(_kernel_dot, a, b)
+    assert moved == [0] * (BM - 1), f"rows whose bits depend on their position, per shift: {moved}"
+
+
+def test_position_check_catches_a_position_dependent_dot(device):
+    """Negative control: a dot whose summation order depends on the row index must be caught."""
+
+    def rowwise_order(a, b):
+        prods = a.float()[:, :, None] * b.float()[None, :, :]
+        out = torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32)
+        for i in range(a.shape[0]):  # row i starts its sum at k = i mod K
+            order = (torch.arange(BK) + i) % BK
+            acc = torch.zeros(b.shape[1], dtype=torch.float32)
+            for k in order:
+                acc = acc + prods[i, k].cpu()
+            out[i] = acc
+        return out
+
+    a, b = _operands("cpu", torch.float32)
+    assert sum(_rows_moved(rowwise_order, a, b)) > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's dot is what this checks")
+def test_interpreter_dot_is_the_documented_sequential_order():
+    a, b = _operands("cpu", torch.bfloat16)
+    got = _kernel_dot(a, b)
+    acc = torch.zeros((BM, BN), dtype=torch.float32)
+    af, bf = a.float(), b.float()
+    for k in range(BK):
+        acc = acc + af[:, k:k + 1] * bf[k:k + 1, :]
+    assert torch.equal(got.view(torch.int32), acc.view(torch.int32))
+
+
+def test_dot_fixed_order_adds_the_accumulator_first():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((5, 7)).astype(np.float32)
+    b = rng.standard_normal((7, 3)).astype(np.float32)
+    acc = rng.standard_normal((5, 3)).astype(np.float32)
+    want = acc.copy()
+    for k in range(7):
+        want = (want + (a[:, k:k + 1] * b[k:k + 1, :]).astype(np.float32)).astype(np.float32)
+    assert np.array_equal(_interpreter.dot_fixed_order(a, b, acc).view(np.int32), want.view(np.int32))
+
+
+def _fp32_sample() -> np.ndarray:
+    rng = np.random.default_rng(5)
+    return np.concatenate([rng.standard_normal(1 << 16) * 30, rng.uniform(-110, 90, 1 << 14)]).astype(np.float32)
+
+
+@pytest.mark.parametrize("name, fn, exact", [
+    ("exp", _interpreter.exp_fp32, np.exp), ("exp2", _interpreter.exp2_fp32, np.exp2),
+])
+def test_exp_is_the_fp64_value_rounded_once(name, fn, exact):
+    x = _fp32_sample()
+    with np.errstate(over="ignore", under="ignore"):
+        want = exact(x.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(fn(x).view(np.int32), want.view(np.int32)), name
+
+
+@pytest.mark.parametrize("name, fn, exact", [
+    ("log", _interpreter.log_fp32, np.log), ("log2", _interpreter.log2_fp32, np.log2),
+])
+def test_log_is_the_fp64_value_rounded_once(name, fn, exact):
+    x = np.abs(_fp32_sample()) + np.float32(1e-30)
+    x = np.concatenate([x, np.array([1e-45, 1.1754942e-38, 3.4e38], dtype=np.float32)])
+    want = exact(x.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(fn(x).view(np.int32), want.view(np.int32)), name
+
+
+def test_specials():
+    f32 = np.float32
+    inf, nan = f32(np.inf), f32(np.nan)
+    e = _interpreter.exp_fp32(np.array([0.0, -0.0, inf, -inf, nan, 89.0, -104.0], dtype=f32))
+    assert e[0] == 1 and e[1] == 1 and e[2] == inf and e[3] == 0 and np.isnan(e[4]) and e[5] == inf and e[6] == 0
+    lg = _interpreter.log_fp32(np.array([0.0, -0.0, 1.0, inf, -1.0, nan], dtype=f32))
+    assert lg[0] == -inf and lg[1] == -inf and lg[2] == 0 and lg[3] == inf and np.isnan(lg[4]) and np.isnan(lg[5])
+    powers = np.array([2.0 ** k for k in range(-149, 128, 7)], dtype=f32)
+    assert np.array_equal(_interpreter.log2_fp32(powers), np.arange(-149, 128, 7, dtype=f32))
+
+
+def test_bf16_bits_decode_exactly():
+    x = torch.tensor([1.0, -2.5, 3.0e38, 1e-40, 0.0, -0.0], dtype=torch.bfloat16)
+    got = _interpreter.bf16_bits_to_fp32(x.view(torch.int16).numpy())
+    assert np.array_equal(got.view(np.int32), x.float().numpy().view(np.int32))
+
+
+# The interpreter defines these; any other transcendental would come from the host's NumPy.
+DEFINED_MATH = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "div_rn", "sqrt_rn"}
+HOST_MATH = {"sin", "cos", "tan", "tanh", "erf", "sigmoid", "softmax", "log1p", "expm1", "pow", "fma", "cdiv_rn"}
+
+
+def _math_calls(src: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            f = node.func
+            base = f.value
+            if (isinstance(base, ast.Name) and base.id == "tl") or (
+                    isinstance(base, ast.Attribute) and base.attr in ("math", "libdevice")):
+                names.add(f.attr)
+    return names
+
+
+def test_kernels_use_only_math_the_interpreter_defines():
+    used = set()
+    for path in scan.python_files(ROOT):
+        if scan.jit_kernel_names(path.read_text(), str(path)):
+            used |= _math_calls(path.read_text())
+    assert used & DEFINED_MATH, "the scan found no math call at all: it is looking in the wrong place"
+    assert not used & HOST_MATH, f"kernels call {sorted(used & HOST_MATH)}, which the interpreter takes from the host"
+
+
+def test_math_scan_catches_a_host_function():
+    assert "sin" in _math_calls("import triton.language as tl\ndef k(x):\n    return tl.sin(x)\n")
+    assert "tanh" in _math_calls("def k(x):\n    return tl.math.tanh(x)\n")
