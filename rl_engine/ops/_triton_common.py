@@ -37,6 +37,24 @@ def mma(a, b, acc, UPCAST: tl.constexpr):
         return tl.dot(a, b, acc, input_precision="ieee")
 
 
+@triton.jit
+def row_sum_fixed(lanes, LANES: tl.constexpr):
+    """Sum of ``lanes`` [LANES] (LANES = 128, four groups of 32) in the declared fixed order:
+    within each group of 32, ``v[j] + v[j + 16]``, then ``+ 8``, ``+ 4``, ``+ 2``, ``+ 1`` (the
+    CUDA backend's ``__shfl_xor`` butterfly); then the four group sums as ``(s0 + s1) + (s2 + s3)``.
+    Every step sums an axis of size 2, i.e. exactly one IEEE addition, so the order is the
+    program's, not the compiler's layout (``docs/declared-arithmetic.md``)."""
+    tl.static_assert(LANES == 128, "row_sum_fixed is declared for 128 lanes")
+    x = tl.sum(tl.reshape(lanes, (4, 2, 16)), axis=1)
+    x = tl.sum(tl.reshape(x, (4, 2, 8)), axis=1)
+    x = tl.sum(tl.reshape(x, (4, 2, 4)), axis=1)
+    x = tl.sum(tl.reshape(x, (4, 2, 2)), axis=1)
+    x = tl.sum(tl.reshape(x, (4, 2, 1)), axis=1)
+    x = tl.sum(tl.reshape(x, (2, 2)), axis=1)
+    x = tl.sum(tl.reshape(x, (1, 2)), axis=1)
+    return tl.sum(x, axis=0)
+
+
 def upcast_dots() -> bool:
     """True under the interpreter: BF16 ``tl.dot`` operands are upcast to FP32 (see module doc)."""
     return env.triton_interpret()

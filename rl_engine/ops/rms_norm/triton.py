@@ -5,18 +5,22 @@ Rows: a row is ``x[t]`` ([T, E] input, H = 1) or ``x[t, h]`` ([T, H, D] input); 
 ``r = t * H + h`` and addressed through the strides, so any layout with unit stride on the last
 axis works without a copy.
 
-Forward: one program per row; the whole row sits in one block of ``next_power_of_2(E)`` lanes
-(a function of E only) and ``mean(x^2)`` is one ``tl.sum`` over that block in FP32, so the
-reduction order of a row never depends on T, on its neighbours or on its position. The FP32
-``rstd`` of each row is kept for the backward.
+The arithmetic is the declared one of ``docs/declared-arithmetic.md`` (the CUDA backend computes
+the same function, so the two backends give the same bits):
 
-Backward (from the FP32 definition ``y = w * x * r``, ``r = (mean(x^2) + eps)^-1/2``; the
-rounding order does not change it):
-
-* ``dx = r * (g - x * r^2 * mean(g * x))`` with ``g = dy * w`` (FP32, rounded once);
-* ``dweight = sum over rows of dy * x * r``: stage 1, each program walks a fixed chunk of
-  ``ROWS_PER_PROGRAM`` rows in order and writes one FP32 partial [E]; stage 2 adds the partials
-  in chunk order and rounds once. No atomics; the chunk size is a constant, never chosen from T.
+* row sums (``sum(x^2)`` forward, ``sum(g * x)`` backward) in the fixed order of
+  :func:`row_sum_fixed`: ``LANES`` = 128 lane sums, lane ``i`` adding columns ``i, i + 128, ...`` in
+  increasing order, then a fixed pairwise tree over the lanes. The order depends only on E, never
+  on T, on the row's neighbours or on its position;
+* ``r = 1 / sqrt(sum(x^2) / E + eps)`` with IEEE division and square root (``div_rn``,
+  ``sqrt_rn``; Triton's ``/`` and ``rsqrt`` are approximate on the GPU). The FP32 ``r`` of each
+  row is kept for the backward;
+* backward, from the FP32 definition ``y = w * x * r`` (the rounding order does not change it):
+  ``g = dy * w``, ``dx = r * (g - x * ((sum(g * x) / E) * (r * r)))`` (FP32, rounded once);
+  ``dweight = sum over rows of dy * (x * r)``: stage 1, each program walks a fixed chunk of
+  ``ROWS_PER_PROGRAM`` = 64 rows in order and writes one FP32 partial [E]; stage 2 adds the
+  partials in chunk order and rounds once. No atomics; the chunk size is a constant, never chosen
+  from T.
 """
 
 from __future__ import annotations
@@ -28,12 +32,15 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import FP_FUSION, check_triton_device
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, row_sum_fixed
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 ORDERS = ("hf", "fused")
-ROWS_PER_PROGRAM = 32
-"""Rows per backward stage-1 program (fixed; sets the dweight partial-sum tree)."""
+ROWS_PER_PROGRAM = 64
+"""Rows per backward stage-1 program (fixed; sets the dweight partial-sum tree; the CUDA
+backend's ``NORM_DW_ROWS``)."""
+LANES = 128
+"""Lane sums of the fixed row-sum order (the CUDA backend's ``NORM_THREADS``)."""
 REDUCE_BLOCK = 256
 """Columns per dweight stage-2 program (fixed)."""
 
@@ -47,18 +54,24 @@ def _warps(block: int) -> int:
 
 
 @triton.jit
-def _rms_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, n_heads, eps,
+def _rms_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, n_heads, eps, n_float,
                     stride_xt, stride_xh, stride_yt, stride_yh,
-                    BLOCK: tl.constexpr, HF_ORDER: tl.constexpr):
+                    BLOCK: tl.constexpr, HF_ORDER: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr):
     r = tl.program_id(0)
     t = (r // n_heads).to(tl.int64)
     h = (r % n_heads).to(tl.int64)
+    base = x_ptr + t * stride_xt + h * stride_xh
+    lanes = tl.zeros((LANES,), dtype=tl.float32)
+    for c in tl.static_range(CHUNKS):  # lane i adds columns i, i + LANES, ... in order
+        lc = c * LANES + tl.arange(0, LANES)
+        xc = tl.load(base + lc, mask=lc < n_cols, other=0.0).to(tl.float32)
+        lanes += xc * xc
+    ss = row_sum_fixed(lanes, LANES)
+    rstd = tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.math.sqrt_rn(tl.math.div_rn(ss, n_float) + eps))
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    ms = tl.sum(x * x, axis=0) / n_cols
-    rstd = tl.rsqrt(ms + eps)
     normed = x * rstd
     if HF_ORDER:
         y = normed.to(tl.bfloat16).to(tl.float32) * w
@@ -69,9 +82,9 @@ def _rms_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, n_heads, eps,
 
 
 @triton.jit
-def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, n_rows, n_cols, n_heads,
+def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, n_rows, n_cols, n_heads, n_float,
                     stride_xt, stride_xh, stride_dyt, stride_dyh, stride_dxt, stride_dxh,
-                    BLOCK: tl.constexpr, ROWS: tl.constexpr):
+                    BLOCK: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -86,9 +99,17 @@ def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, n_rows, n_
         x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + t * stride_dyt + h * stride_dyh + cols, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(rstd_ptr + rr)
+        lanes = tl.zeros((LANES,), dtype=tl.float32)
+        for c in tl.static_range(CHUNKS):  # the forward's fixed order, over g * x
+            lc = c * LANES + tl.arange(0, LANES)
+            lm = lc < n_cols
+            xc = tl.load(x_ptr + t * stride_xt + h * stride_xh + lc, mask=lm, other=0.0).to(tl.float32)
+            dyc = tl.load(dy_ptr + t * stride_dyt + h * stride_dyh + lc, mask=lm, other=0.0).to(tl.float32)
+            wc = tl.load(w_ptr + lc, mask=lm, other=0.0).to(tl.float32)
+            lanes += (dyc * wc) * xc
+        k = tl.math.div_rn(row_sum_fixed(lanes, LANES), n_float) * (rstd * rstd)
         g = dy * w
-        mean_gx = tl.sum(g * x, axis=0) / n_cols
-        dx = rstd * (g - x * (rstd * rstd * mean_gx))
+        dx = rstd * (g - x * k)
         tl.store(dx_ptr + t * stride_dxt + h * stride_dxh + cols, dx.to(tl.bfloat16), mask=mask & live)
         part += tl.where(live, dy * (x * rstd), 0.0)
     tl.store(part_ptr + pid.to(tl.int64) * n_cols + cols, part, mask=mask)
@@ -161,8 +182,8 @@ def _launch_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool, spl
             )
         else:
             _rms_fwd_kernel[(n_rows,)](
-                x, weight, y, rstd, e, h, eps, sxt, sxh, syt, syh,
-                BLOCK=block, HF_ORDER=hf, num_warps=_warps(block),
+                x, weight, y, rstd, e, h, eps, float(e), sxt, sxh, syt, syh,
+                BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=triton.cdiv(e, LANES), num_warps=_warps(block),
                 enable_fp_fusion=FP_FUSION,
             )
     return y, rstd
@@ -184,8 +205,8 @@ def _launch_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: t
     parts = torch.empty((n_parts, e), dtype=torch.float32, device=x.device)
     block = _block(e)
     _rms_bwd_kernel[(n_parts,)](
-        x, weight, dy, rstd, dx, parts, n_rows, e, h, sxt, sxh, sdyt, sdyh, sdxt, sdxh,
-        BLOCK=block, ROWS=ROWS_PER_PROGRAM, num_warps=_warps(block),
+        x, weight, dy, rstd, dx, parts, n_rows, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh,
+        BLOCK=block, ROWS=ROWS_PER_PROGRAM, LANES=LANES, CHUNKS=triton.cdiv(e, LANES), num_warps=_warps(block),
         enable_fp_fusion=FP_FUSION,
     )
     _dw_reduce_kernel[(triton.cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK, enable_fp_fusion=FP_FUSION)
@@ -225,7 +246,7 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str,
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str = "hf") -> torch.Tensor:
     """RMSNorm with Triton kernels. x: [T, E] bfloat16, weight: [E] bfloat16 -> [T, E] bfloat16.
 
-    FP32 statistics (one fixed-order ``tl.sum`` per row), then ``order="hf"``:
+    FP32 statistics (one fixed-order row sum, :func:`row_sum_fixed`), then ``order="hf"``:
     ``bf16(weight * bf16(x * rstd))`` (Hugging Face Qwen3RMSNorm) or ``order="fused"``:
     ``bf16(x * rstd * weight)``. ``eps`` has no default (pitfall P12). Backward: dx [T, E] and
     dweight [E] bfloat16, FP32 math, dweight reduced over T in fixed chunks without atomics.
