@@ -21,7 +21,7 @@ in the interpreter (compiled GPU kernels never see it):
     accumulator one at a time in increasing ``k``: ``acc = fl32(acc + p_0)``, then ``+ p_1``, ...
     Each element's order depends only on ``K``: not on the row's position in the block, the other
     rows, the BLAS or the thread count (:func:`dot_fixed_order`).
-``tl.exp``, ``tl.exp2``, ``tl.log``, ``tl.log2`` on FP32
+``tl.exp``, ``tl.exp2``, ``tl.log``, ``tl.log2`` on FP32 (and libdevice ``exp``/``exp2``/``log``/``log2``)
     Evaluated in FP64 with basic IEEE operations only (exact range reduction by powers of two, a
     fixed polynomial, ``ldexp``/``frexp``), then rounded once to FP32. IEEE basic operations are
     correctly rounded on every host, so the result is the same everywhere; it is within one FP32
@@ -181,6 +181,15 @@ def install() -> None:
             return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         return interp.TensorHandle(dot_fixed_order(a_data, b_data, d.data), d.dtype.scalar)
 
+    from triton.language.extra import libdevice
+
+    def libdevice_fp32(name, fn):
+        def call(arg0, *args, **kwargs):  # the interpreter runs kernels as Python: the stub is replaced
+            if args or not isinstance(arg0, tl.tensor) or arg0.dtype != tl.float32:
+                raise NotImplementedError(f"libdevice.{name} is defined in rl_engine's interpreter for one FP32 tensor only")
+            return tl.tensor(interp.TensorHandle(fn(arg0.handle.data), tl.float32), arg0.type)
+        return call
+
     def unary_fp32(fn, original):
         def create(self, arg):
             if arg.dtype.scalar == tl.float32:
@@ -194,4 +203,8 @@ def install() -> None:
     builder.create_exp2 = unary_fp32(exp2_fp32, builder.create_exp2)
     builder.create_log = unary_fp32(log_fp32, builder.create_log)
     builder.create_log2 = unary_fp32(log2_fp32, builder.create_log2)
+    # libdevice's Python functions are stubs that only the GPU compiler resolves; in an interpreter
+    # process (TRITON_INTERPRET=1, every kernel interpreted) they get the same definitions.
+    for name, fn in (("exp", exp_fp32), ("exp2", exp2_fp32), ("log", log_fp32), ("log2", log2_fp32)):
+        setattr(libdevice, name, libdevice_fp32(name, fn))
     _INSTALLED = True

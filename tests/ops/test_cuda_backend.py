@@ -527,3 +527,53 @@ def test_exact_copy_ops_equal_triton_bitwise(cuda_device, op):
     for case in spec.build_cases(SMOKE, SEED, cuda_device):
         with torch.no_grad():
             assert _bits_equal(CUDA_IMPLS[op](**case.inputs), spec.impls["triton_cuda_bf16"](**case.inputs))
+
+
+# ----------------------------------------------------------------------- cross-backend bits
+# The contract pins the elementwise ops' arithmetic (docs/declared-arithmetic.md) so that the two
+# backends give the same bits. On the GPU: every op below on the qwen3-8b gate cases. In the host
+# emulation: the ops whose declared math uses no exp (the emulation's expf is the host's libm, the
+# interpreter's the project's correctly rounded one, and the GPU's is CUDA's: three functions).
+CROSS_BACKEND_OPS = ("rope", "silu", "swiglu", "rms_norm", "qk_norm")
+NO_EXP = ("rope", "rms_norm", "qk_norm")
+
+
+@pytest.mark.parametrize("op", CROSS_BACKEND_OPS)
+def test_triton_and_cuda_give_the_same_bits(cuda_device, op):
+    from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
+
+    if cuda_device.type != "cuda" and op not in NO_EXP:
+        pytest.skip(f"{op} uses exp, which the host emulation takes from the host's libm")
+    spec = get_spec(op)
+    workload = spec_mod.WORKLOADS["qwen3-8b" if cuda_device.type == "cuda" else "smoke"]
+    triton_impl, cuda_impl = spec.impls["triton_cuda_bf16"], CUDA_IMPLS[op]
+    mismatches = []
+    for case in spec.build_cases(workload, SEED, cuda_device):
+        a, b = run_forward(triton_impl, case.inputs), run_forward(cuda_impl, case.inputs)
+        pairs = [(f"{case.id}:fwd{i}", x, y) for i, (x, y) in enumerate(zip(a, b))]
+        up = make_upstream(a, case.seed + 1000)
+        ga = run_gradient(triton_impl, case.inputs, spec.grad_inputs, upstream=up)[1]
+        gb = run_gradient(cuda_impl, case.inputs, spec.grad_inputs, upstream=up)[1]
+        pairs += [(f"{case.id}:d{n}", ga[n], gb[n]) for n in spec.grad_inputs]
+        for path, x, y in pairs:
+            rep = compare_bitwise(f"{op}.{path}", x, y, load_contract().nan_policy)
+            if not rep.passed:
+                mismatches.append(rep.summary())
+    assert not mismatches, f"{op}: triton_cuda_bf16 and cuda_bf16 differ: " + "; ".join(mismatches[:4])
+
+
+def test_cross_backend_check_catches_another_reduction_order(cuda_device):
+    """Negative control: RMSNorm whose mean of squares is summed in another order (the control
+    kernel: tl.sum over 4 parts, BF16-rounded partials, tl.rsqrt) must be caught by the same
+    bitwise comparison against the CUDA backend."""
+    from rl_engine.ops.rms_norm.triton import rms_norm_rows
+
+    spec = get_spec("rms_norm")
+    workload = spec_mod.WORKLOADS["qwen3-8b" if cuda_device.type == "cuda" else "smoke"]
+    caught = []
+    for case in spec.build_cases(workload, SEED, cuda_device):
+        inp = case.inputs
+        a = rms_norm_rows(inp["x"], inp["weight"], inp["eps"], inp["order"], split=4)
+        b = CUDA_IMPLS["rms_norm"](**inp)
+        caught.append(not compare_bitwise("control", a, b, load_contract().nan_policy).passed)
+    assert any(caught)

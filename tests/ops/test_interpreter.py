@@ -157,7 +157,7 @@ def _math_calls(src: str) -> set[str]:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             f = node.func
             base = f.value
-            if (isinstance(base, ast.Name) and base.id == "tl") or (
+            if (isinstance(base, ast.Name) and base.id in ("tl", "libdevice")) or (
                     isinstance(base, ast.Attribute) and base.attr in ("math", "libdevice")):
                 names.add(f.attr)
     return names
@@ -175,3 +175,17 @@ def test_kernels_use_only_math_the_interpreter_defines():
 def test_math_scan_catches_a_host_function():
     assert "sin" in _math_calls("import triton.language as tl\ndef k(x):\n    return tl.sin(x)\n")
     assert "tanh" in _math_calls("def k(x):\n    return tl.math.tanh(x)\n")
+    assert "sin" in _math_calls("def k(x):\n    return libdevice.sin(x)\n")
+
+
+def test_libdevice_exp_is_the_interpreters_exp(device):
+    """The elementwise ops' exp is libdevice's on the GPU; the interpreter defines it as exp_fp32."""
+    if device.type == "cuda":
+        pytest.skip("on the GPU libdevice.exp is CUDA's expf")
+    from rl_engine.ops.silu.triton import silu_triton
+
+    x = torch.linspace(-20, 20, 4096, dtype=torch.float64).to(torch.bfloat16).reshape(4, 1024)
+    xf = x.float().numpy()
+    e = _interpreter.exp_fp32(-xf)
+    want = torch.from_numpy((xf / (np.float32(1.0) + e)).astype(np.float32)).to(torch.bfloat16)
+    assert torch.equal(silu_triton(x).view(torch.int16), want.view(torch.int16))

@@ -1,7 +1,9 @@
 """Triton SiLU, forward and backward.
 
 Each program handles a fixed block of ``BLOCK`` elements of one row; the math is FP32 and the
-output is rounded to BF16 once. There is no reduction, so every element's bits depend only on
+output is rounded to BF16 once. ``exp`` is CUDA's ``expf`` (libdevice) and division is IEEE
+(``div_rn``), as the contract declares, so the CUDA backend gives the same bits
+(``docs/declared-arithmetic.md``). There is no reduction, so every element's bits depend only on
 that element: batch invariance holds by construction.
 """
 
@@ -11,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, check_triton_device
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, div_ieee, exp_ieee
 from rl_engine.ops._validate import check_tensor
 
 BLOCK = 1024
@@ -23,7 +25,7 @@ def _silu_fwd_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constex
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    y = x / (1.0 + tl.exp(-x))
+    y = div_ieee(x, 1.0 + exp_ieee(-x))
     tl.store(y_ptr + row * stride_y + cols, y.to(tl.bfloat16), mask=mask)
 
 
@@ -34,7 +36,7 @@ def _silu_bwd_kernel(x_ptr, dy_ptr, dx_ptr, n_cols, stride_x, stride_dy, stride_
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-    s = 1.0 / (1.0 + tl.exp(-x))
+    s = div_ieee(tl.full(x.shape, 1.0, tl.float32), 1.0 + exp_ieee(-x))
     dx = dy * s * (1.0 + x * (1.0 - s))
     tl.store(dx_ptr + row * stride_dx + cols, dx.to(tl.bfloat16), mask=mask)
 

@@ -5,8 +5,10 @@ computed in FP32 and rounded to BF16 once (Hugging Face rounds silu(gate) to BF1
 reduction: every element depends only on its own gate and up, so batch invariance holds by
 construction.
 
-Backward, with ``s = sigmoid(g)``: ``dgate = dy * up * s * (1 + g * (1 - s))`` and
-``dup = dy * g * s``, FP32, each rounded once.
+Backward, with ``s = 1 / (1 + exp(-g))``: ``dgate = dy * up * s * (1 + g * (1 - s))`` and
+``dup = dy * g * s``, FP32, each rounded once. ``exp`` is CUDA's ``expf`` (libdevice) and division
+is IEEE (``div_rn``), as the contract declares, so the CUDA backend gives the same bits
+(``docs/declared-arithmetic.md``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import FP_FUSION, check_triton_device
+from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, div_ieee, exp_ieee
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 BLOCK = 1024
@@ -29,7 +31,7 @@ def _swiglu_fwd_kernel(g_ptr, u_ptr, y_ptr, n_cols, stride_g, stride_u, stride_y
     mask = cols < n_cols
     g = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
-    y = g / (1.0 + tl.exp(-g)) * u
+    y = div_ieee(g, 1.0 + exp_ieee(-g)) * u
     tl.store(y_ptr + row * stride_y + cols, y.to(tl.bfloat16), mask=mask)
 
 
@@ -42,7 +44,7 @@ def _swiglu_bwd_kernel(g_ptr, u_ptr, dy_ptr, dg_ptr, du_ptr, n_cols, stride_g, s
     g = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-    s = 1.0 / (1.0 + tl.exp(-g))
+    s = div_ieee(tl.full(g.shape, 1.0, tl.float32), 1.0 + exp_ieee(-g))
     dg = dy * u * s * (1.0 + g * (1.0 - s))
     du = dy * g * s
     tl.store(dg_ptr + row * stride_dg + cols, dg.to(tl.bfloat16), mask=mask)
