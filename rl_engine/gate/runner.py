@@ -419,11 +419,16 @@ def _time_limit(seconds: float | None):
         signal.signal(signal.SIGALRM, old)
 
 
+CROSS_BACKEND_DECLARED = ("embedding", "rope", "silu", "swiglu", "pack", "rms_norm", "qk_norm")
+"""Ops whose declared arithmetic is the same function on both kernel backends."""
+
+
 def cross_backend(config: GateConfig, device: torch.device) -> list[dict[str, Any]]:
-    """Informational: per op and case, the largest difference between each judged backend and the
-    first one on the same inputs, forward outputs and (for ops with gradients) input gradients,
-    and whether they are bitwise equal. Not a judgment: the contract pins each op's arithmetic so
-    that the backends can agree bit for bit (DESIGN row 16), and this table shows where they do."""
+    """Informational: the largest difference between each judged backend and the first one on the
+    same inputs, and whether they are bitwise equal. For the ops whose arithmetic the contract
+    declares identical on both backends (:data:`CROSS_BACKEND_DECLARED`,
+    ``docs/declared-arithmetic.md``) every case, forward outputs and input gradients; for the
+    others the first case's forward outputs. Not a judgment (DESIGN row 16 is a target)."""
     from rl_engine.gate.compare import compare_bitwise
     from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 
@@ -445,9 +450,11 @@ def cross_backend(config: GateConfig, device: torch.device) -> list[dict[str, An
                     impls[b] = impl
             if first not in impls or len(impls) < 2:
                 continue
-            for case in spec.build_cases(config.workload, config.seed, device):
+            declared = op in CROSS_BACKEND_DECLARED
+            cases = spec.build_cases(config.workload, config.seed, device)
+            for case in cases if declared else cases[:1]:
                 base = run_forward(impls[first], case.inputs)
-                upstream = make_upstream(base, case.seed + 1000) if spec.grad_inputs else None
+                upstream = make_upstream(base, case.seed + 1000) if spec.grad_inputs and declared else None
                 base_grads = (run_gradient(impls[first], case.inputs, spec.grad_inputs, upstream=upstream)[1]
                               if upstream is not None else {})
                 for b, impl in impls.items():
