@@ -71,7 +71,7 @@ __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs,
             for (int jj = 0; jj < AT_CPT; ++jj) {
                 const int c = cs + AT_LANES * jj;
                 const float dot = dot_row<D>(qs + r * LD, ks + c * LD);
-                s[jj] = (kv0 + c <= lim[i]) ? dot * scale : -INFINITY;
+                s[jj] = visible_score(dot * scale, kv0 + c <= lim[i]);
             }
             float bm = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
             bm = half_warp_max(bm);
@@ -94,11 +94,22 @@ __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs,
             const int r = rg + AT_GROUPS * i;
 #pragma unroll
             for (int dj = 0; dj < DPT; ++dj) o[i][dj] = o[i][dj] * alpha[i];
-            for (int j = 0; j < AT_BKV; ++j) {
-                const float pj = ps[r * AT_PS_LD + j];
-                const bf16* vr = vs + j * LD + cs;
+            if (kv0 + AT_BKV - 1 <= lim[i]) {  // the row sees the whole block
+                for (int j = 0; j < AT_BKV; ++j) {
+                    const float pj = ps[r * AT_PS_LD + j];
+                    const bf16* vr = vs + j * LD + cs;
 #pragma unroll
-                for (int dj = 0; dj < DPT; ++dj) o[i][dj] = __fmaf_rn(pj, f32(vr[AT_LANES * dj]), o[i][dj]);
+                    for (int dj = 0; dj < DPT; ++dj) o[i][dj] = __fmaf_rn(pj, f32(vr[AT_LANES * dj]), o[i][dj]);
+                }
+            } else {  // masked keys (p = 0): their values are absent, not 0 * v
+                for (int j = 0; j < AT_BKV; ++j) {
+                    const float pj = ps[r * AT_PS_LD + j];
+                    const bool vis = kv0 + j <= lim[i];
+                    const bf16* vr = vs + j * LD + cs;
+#pragma unroll
+                    for (int dj = 0; dj < DPT; ++dj)
+                        o[i][dj] = __fmaf_rn(pj, absent_if_masked(f32(vr[AT_LANES * dj]), vis), o[i][dj]);
+                }
             }
         }
     }
@@ -154,7 +165,7 @@ attn_fwd_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf
     for (int i = 0; i < RPT; ++i) {
         const int64_t qi = q0 + rg + AT_GROUPS * i;
         if (qi >= q_len) continue;
-        const bool has = l[i] > 0.0f;
+        const bool has = l[i] != 0.0f;  // 0: no visible key (exact 0); NaN: a visible non-finite value
         bf16* orow = out + (q_start + qi) * s_ot + h * s_oh;
 #pragma unroll
         for (int dj = 0; dj < DPT; ++dj) orow[cs + AT_LANES * dj] = to_bf16(has ? o[i][dj] / l[i] : 0.0f);
@@ -198,7 +209,7 @@ attn_decode_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, cons
     for (int i = 0; i < RPT; ++i) {
         const int64_t g = g0 + rg + AT_GROUPS * i;
         if (g >= group) continue;
-        const bool has = l[i] > 0.0f;
+        const bool has = l[i] != 0.0f;
         bf16* orow = out + b * s_ob + (kvh * group + g) * s_oh;
 #pragma unroll
         for (int dj = 0; dj < DPT; ++dj) orow[cs + AT_LANES * dj] = to_bf16(has ? o[i][dj] / l[i] : 0.0f);
