@@ -29,6 +29,11 @@
 //   dK/dV kernel: one block per 64 keys of one KV head; query heads of the group in order, and for
 //     each head the queries in increasing order: dv_d = fma(p, dO[d], dv_d), dk_d = fma(ds, q[d],
 //     dk_d); dk = dk * scale; each rounded once.
+// Masked means absent (docs/declared-semantics.md): in blocks that hold masked entries, a masked
+// weight (p or ds = 0) never meets a NaN / inf operand: absent_if_masked() selects a masked
+// non-finite v / k / q / dO to 0 (finite values pass unchanged, so finite inputs give the old
+// bits); fully visible blocks run the plain loop. A visible score of -inf becomes NaN, and a row
+// whose sum l is NaN is written as NaN, not as the no-key 0.
 // Every accumulation is a sequential FMA chain per output element, so the bits depend only on the
 // ordered set of contributing rows, never on the batch, padding or tiling.
 #include "attention.cuh"

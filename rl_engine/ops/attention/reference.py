@@ -133,6 +133,11 @@ def attention_reference(
     q [Tq, H, D], k/v [Tk, Hkv, D] float32 (upcast BF16 values); cu_seqlens_q / cu_seqlens_k int32
     [B+1] -> [Tq, H, D] float32. Per sequence: FP32 scores ``q kᵀ * scale``, causal mask
     (bottom-right aligned), FP32 softmax, FP32 ``P V``. Differentiable in q, k, v (autograd).
+    Masked means absent (docs/declared-semantics.md): k / v of keys a query cannot see (future
+    keys, other sequences) and q / dO of queries that cannot see a key take no part in that
+    query's output or that key's gradients, so NaN / inf there changes nothing (bitwise). A
+    non-finite q or visible k makes the row NaN, a visible non-finite v component makes that
+    output component non-finite (NaN or inf).
 
     Raises
     ------

@@ -23,6 +23,15 @@ unchanged: its row max is ``-inf`` so ``m`` is unchanged, the rescale factor is 
 ``exp(-inf) = 0`` so ``l`` and ``acc`` get exact zeros added. Rows that never see a key keep
 ``l = 0`` and are written as exact zeros (pitfall P10). Keys past the sequence's end (or past
 ``cache_seqlens``) are never loaded (masked loads), so junk there cannot leak in.
+Masked means absent (issue #17, docs/declared-semantics.md). ``0 * NaN = NaN``, so a masked
+probability of exactly 0 is not enough when the value at a masked key is NaN / inf. Each loop is
+split: the blocks every real row of the tile sees whole run the plain step (no extra cost); the
+blocks that hold masked entries (the causal diagonal, keys past a length, and in the dK/dV kernel
+the query blocks on the diagonal) select masked ``P`` / ``dS`` to exactly 0 and run their MMA
+through ``_absent_mma``: the other operand (``V``, ``K``, ``Q`` or ``dO``) with non-finite values
+replaced by 0 (the identity on finite values, so finite inputs give the old bits) and an exact 0/1
+count product that turns the outputs a *visible* non-finite value reaches into NaN. A visible
+score of -inf becomes NaN, and a row whose sum ``l`` is NaN is written as NaN (not as the no-key 0).
 Decode packs the ``H / Hkv`` query heads that share one KV head into the rows of one program;
 per-row math is the same code as prefill (``_kv_loop``), with the same ``BLOCK_N``, warps, stages
 and the same 64-row tile (``BLOCK_M_DECODE = BLOCK_M``): on the H200 a 16- or 32-row tile is
@@ -512,6 +521,11 @@ def attention_triton(
     softmax and accumulation, one rounding to BF16 (see the module's Design notes). Backward:
     dq [Tq, H, D], dk / dv [Tk, Hkv, D] bfloat16, deterministic (no atomics).
     Math: Vaswani et al. 2017; online softmax and backward of FlashAttention-2 (Dao 2023).
+    Masked means absent (docs/declared-semantics.md): k / v of keys a query cannot see (future
+    keys, other sequences) and q / dO of queries that cannot see a key take no part in that
+    query's output or that key's gradients, so NaN / inf there changes nothing (bitwise). A
+    non-finite q or visible k makes the row NaN, a visible non-finite v component makes that
+    output component non-finite (NaN or inf).
 
     Raises
     ------
@@ -538,7 +552,8 @@ def attention_decode_triton(
     slots ``0 .. cache_seqlens[b] - 1`` (the caller has written the current token's k/v at slot
     ``cache_seqlens[b] - 1``); slots past it are never read. ``cache_seqlens[b] == 0`` gives 0.
     Bitwise equal to the same query's row of :func:`attention_triton` in a full prefill (same
-    ``BLOCK_N``, same KV block order, same per-row code).
+    ``BLOCK_N``, same KV block order, same per-row code). Masked means absent: NaN / inf in the slots past ``cache_seqlens[b]`` changes nothing; a
+    visible one makes the outputs it reaches non-finite (docs/declared-semantics.md).
 
     Raises
     ------
