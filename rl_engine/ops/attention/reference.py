@@ -27,7 +27,8 @@ def causal_mask(lq: int, lk: int, device: torch.device) -> torch.Tensor:
     return j <= (lk - lq + i)
 
 
-def _absent_matmul(a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor, *, as_transpose: bool = False) -> torch.Tensor:
+def _absent_matmul(a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor, *, as_transpose: bool = False,
+                   a_masked: bool = False) -> torch.Tensor:
     """``sum over k with keep[i, k]`` of ``a[..., i, k] * b[..., k, n]``: the other terms are absent.
 
     a [..., M, K], b [..., K, N] (same floating dtype), keep [M, K] bool -> [..., M, N] in that
@@ -38,16 +39,19 @@ def _absent_matmul(a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor, *, as_t
     element that a *kept* non-finite ``b`` reaches NaN (declared semantics,
     docs/declared-semantics.md). ``as_transpose`` computes the same sum as ``(bᵀ @ aᵀ)ᵀ``, the
     arrangement autograd uses for the second operand of a matmul, so finite inputs give the very
-    bits the plain autograd formulation gave.
+    bits the plain autograd formulation gave. ``a_masked`` says ``a`` is already exactly 0 where
+    ``keep`` is False (saves a copy of ``a``).
     """
     b_ok = torch.isfinite(b)
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
+    a_kept = a if a_masked else torch.where(keep, a, zero)
     if as_transpose:
-        out = torch.matmul(torch.where(b_ok, b, zero).transpose(-1, -2),
-                           torch.where(keep.transpose(0, 1), a.transpose(-1, -2), zero)).transpose(-1, -2)
+        out = torch.matmul(torch.where(b_ok, b, zero).transpose(-1, -2), a_kept.transpose(-1, -2)).transpose(-1, -2)
     else:
-        out = torch.matmul(torch.where(keep, a, zero), torch.where(b_ok, b, zero))
-    count = torch.matmul(keep.to(a.dtype), (~b_ok).to(a.dtype))
+        out = torch.matmul(a_kept, torch.where(b_ok, b, zero))
+    # (nonfinite(b)ᵀ @ keepᵀ)ᵀ: a batched [..., N, K] times a 2-D [K, M] folds the batch into rows,
+    # so the [M, K] mask is never expanded to [..., M, K].
+    count = torch.matmul((~b_ok).to(a.dtype).transpose(-1, -2), keep.transpose(0, 1).to(a.dtype)).transpose(-1, -2)
     return torch.where(count > 0, torch.full((), float("nan"), dtype=out.dtype, device=out.device), out)
 
 
@@ -75,26 +79,34 @@ class MaskedProduct(torch.autograd.Function):
 
 
 class MaskedScores(torch.autograd.Function):
-    """``where(keep, q @ kᵀ, 0)`` whose gradients ignore the masked entries completely.
+    """Causal attention scores ``q kᵀ * scale`` with the masked entries absent.
 
-    q [..., M, D], k [..., N, D], keep [M, N] bool -> [..., M, N]. ``dq = _absent_matmul(g, k,
-    keep)`` and ``dk = _absent_matmul(gᵀ, q, keepᵀ)``: a key a query cannot see never meets that
-    query's gradient, and a masked NaN/inf key or query never reaches anyone's gradient.
+    q [..., M, D], k [..., N, D], keep [M, N] bool, scale float -> [..., M, N]: ``-inf`` where
+    ``keep`` is False; where it is True the FP32 score, except that a score of ``-inf`` (only a
+    non-finite q or k, or an FP32 overflow, makes one) is NaN, so a non-finite key cannot silently
+    get weight 0 (docs/declared-semantics.md). Backward, with ``gs = g * scale`` zeroed where
+    ``keep`` is False: ``dq = _absent_matmul(gs, k, keep)`` and ``dk = (qᵀ gs)ᵀ`` with the same
+    rule, so a key a query cannot see never meets that query's gradient and a masked NaN/inf key
+    or query reaches no one's gradient. In-place on its own temporaries: the memory of the plain
+    ``masked_fill(q @ kᵀ * scale, -inf)``.
     """
 
     @staticmethod
-    def forward(ctx, q, k, keep):
+    def forward(ctx, q, k, keep, scale):
         ctx.save_for_backward(q, k, keep)
-        zero = torch.zeros((), dtype=q.dtype, device=q.device)
-        return torch.where(keep, torch.matmul(q, k.transpose(-1, -2)), zero)
+        ctx.scale = scale
+        s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+        s.masked_fill_(s == float("-inf"), float("nan"))
+        return s.masked_fill_(~keep, float("-inf"))
 
     @staticmethod
     def backward(ctx, g):
         q, k, keep = ctx.saved_tensors
-        dq = _absent_matmul(g, k, keep) if ctx.needs_input_grad[0] else None
-        dk = (_absent_matmul(g.transpose(-1, -2), q, keep.transpose(0, 1), as_transpose=True)
+        gs = (g * ctx.scale).masked_fill_(~keep, 0.0)
+        dq = _absent_matmul(gs, k, keep, a_masked=True) if ctx.needs_input_grad[0] else None
+        dk = (_absent_matmul(gs.transpose(-1, -2), q, keep.transpose(0, 1), as_transpose=True, a_masked=True)
               if ctx.needs_input_grad[1] else None)
-        return dq, dk, None
+        return dq, dk, None, None
 
 
 def _one_sequence(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, scale: float) -> torch.Tensor:
@@ -110,13 +122,14 @@ def _one_sequence(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, scale: f
     kh = kb.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, Lk, D]
     vh = vb.repeat_interleave(group, dim=1).transpose(0, 1)
     mask = causal_mask(lq, lk, qb.device)
-    scores = MaskedScores.apply(qh, kh, mask) * scale  # [H, Lq, Lk] FP32
-    scores = torch.where(scores == float("-inf"), torch.full_like(scores, float("nan")), scores)
+    scores = MaskedScores.apply(qh, kh, mask, scale)  # [H, Lq, Lk] FP32, -inf where masked
     has_key = mask.any(dim=1)  # [Lq]
-    # Rows with no visible key get finite dummy scores (so no NaN reaches autograd) and are zeroed.
-    scores = scores.masked_fill(~mask, float("-inf"))
-    scores = torch.where(has_key[None, :, None], scores, torch.zeros_like(scores))
-    probs = torch.softmax(scores, dim=-1) * has_key[None, :, None]
+    if bool(has_key.all()):  # always so when Lq <= Lk; skipping the identities below saves memory
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        # Rows with no visible key get finite dummy scores (so no NaN reaches autograd) and are zeroed.
+        scores = torch.where(has_key[None, :, None], scores, torch.zeros_like(scores))
+        probs = torch.softmax(scores, dim=-1) * has_key[None, :, None]
     return MaskedProduct.apply(probs, vh, mask).transpose(0, 1)  # [Lq, H, D]
 
 

@@ -29,7 +29,7 @@ def _one_sequence(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, scale: f
     mask = causal_mask(lq, lk, qb.device)
     # HF's matmul(query, keyᵀ) and matmul(attn_weights, value), with masked terms absent
     # (bitwise the same products on finite inputs; docs/declared-semantics.md).
-    attn_weights = MaskedScores.apply(query, key, mask) * scale
+    attn_weights = MaskedScores.apply(query, key, mask, scale)  # -inf where masked (+ min below stays -inf)
     additive = torch.zeros((lq, lk), dtype=attn_weights.dtype, device=qb.device)
     additive = additive.masked_fill(~mask, torch.finfo(attn_weights.dtype).min)
     attn_weights = attn_weights + additive
