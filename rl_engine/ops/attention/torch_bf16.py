@@ -7,7 +7,8 @@ causal mask of ``finfo(bf16).min``, ``softmax(attn_weights, dim=-1, dtype=torch.
 no visible key returns exactly 0 (the op's declared policy, pitfall P10) instead of a uniform
 average; such rows only occur in decode with ``cache_seqlens == 0``. A second: the two matmuls
 keep masked terms absent (a NaN/inf at a key a query cannot see does not reach it, forward or
-backward; docs/declared-semantics.md); on finite inputs they are the same BF16 products.
+backward; docs/declared-semantics.md), and a visible score of -inf is NaN (a non-finite key is not
+silently dropped); on finite inputs they are the same BF16 products and give the same bits.
 """
 
 from __future__ import annotations
