@@ -14,6 +14,8 @@ absent (``MaskedScores``, ``MaskedProduct``); no [T, T, D] tensor is formed.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from rl_engine.ops.attention._checks import check_decode, check_varlen
@@ -55,13 +57,21 @@ def _absent_matmul(a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor, *, as_t
     return torch.where(count > 0, torch.full((), float("nan"), dtype=out.dtype, device=out.device), out)
 
 
+def _backward_guard(dtype: torch.dtype):
+    """The FP32 guard for a backward (autograd runs it after the forward's guard has closed):
+    TF32 and autocast off for FP32; nothing to change for the BF16 path of ``torch_bf16``."""
+    return fp32_reference_guard() if dtype == torch.float32 else contextlib.nullcontext()
+
+
 class MaskedProduct(torch.autograd.Function):
     """``a @ b`` with the terms ``keep[i, k] == False`` absent, forward and backward.
 
     a [..., M, K], b [..., K, N], keep [M, K] bool -> [..., M, N]. Gradients: ``da = where(keep,
     g @ bᵀ, 0)`` (masked entries of ``a`` get exactly 0) and ``db = _absent_matmul(aᵀ, g, keepᵀ)``
     (the upstream gradient of a row that does not keep ``k`` is absent from ``db[k]``). On finite
-    inputs this is the autograd of ``where(keep, a, 0) @ b`` up to the sign of exact zeros.
+    inputs this is the autograd of ``where(keep, a, 0) @ b`` up to the sign of exact zeros. The
+    backward of FP32 inputs runs under :func:`fp32_reference_guard` (autograd calls it after the
+    forward's guard has closed).
     """
 
     @staticmethod
@@ -73,8 +83,9 @@ class MaskedProduct(torch.autograd.Function):
     def backward(ctx, g):
         a, b, keep = ctx.saved_tensors
         zero = torch.zeros((), dtype=g.dtype, device=g.device)
-        da = torch.where(keep, torch.matmul(g, b.transpose(-1, -2)), zero) if ctx.needs_input_grad[0] else None
-        db = _absent_matmul(a.transpose(-1, -2), g, keep.transpose(0, 1)) if ctx.needs_input_grad[1] else None
+        with _backward_guard(g.dtype):
+            da = torch.where(keep, torch.matmul(g, b.transpose(-1, -2)), zero) if ctx.needs_input_grad[0] else None
+            db = _absent_matmul(a.transpose(-1, -2), g, keep.transpose(0, 1)) if ctx.needs_input_grad[1] else None
         return da, db, None
 
 
@@ -103,9 +114,10 @@ class MaskedScores(torch.autograd.Function):
     def backward(ctx, g):
         q, k, keep = ctx.saved_tensors
         gs = (g * ctx.scale).masked_fill_(~keep, 0.0)
-        dq = _absent_matmul(gs, k, keep, a_masked=True) if ctx.needs_input_grad[0] else None
-        dk = (_absent_matmul(gs.transpose(-1, -2), q, keep.transpose(0, 1), as_transpose=True, a_masked=True)
-              if ctx.needs_input_grad[1] else None)
+        with _backward_guard(g.dtype):
+            dq = _absent_matmul(gs, k, keep, a_masked=True) if ctx.needs_input_grad[0] else None
+            dk = (_absent_matmul(gs.transpose(-1, -2), q, keep.transpose(0, 1), as_transpose=True, a_masked=True)
+                  if ctx.needs_input_grad[1] else None)
         return dq, dk, None, None
 
 
