@@ -249,3 +249,28 @@ def check_pack_padding(pack_fn, unpack_fn, dtype, poison: float, *, device=torch
         return pp.grad
 
     assert_same_bits(run_unpack(g), run_unpack(g2), "unpack dx with NaN/inf upstream gradient in the padding")
+
+
+def check_prefill_rows_equal_decode(varlen_impl, decode_impl, shape: Shape, length: int, poison: float, *,
+                                    device, queries, seed=4):
+    """Issue #17 as reported: with ``poison`` in k and v at the last key of a ``length``-token
+    prefill, each earlier query's prefill row equals, bitwise, its own decode step (which never
+    loads that slot), and the prefill rows equal those of the all-finite prefill."""
+    g = torch.Generator().manual_seed(seed)
+    h, hkv, d = shape.heads, shape.kv_heads, shape.head_dim
+    q = _rand((length, h, d), g, torch.bfloat16, device)
+    k, v = _rand((length, hkv, d), g, torch.bfloat16, device), _rand((length, hkv, d), g, torch.bfloat16, device)
+    cu = _cu([length], device)
+    k2, v2 = k.clone(), v.clone()
+    k2[length - 1] = poison
+    v2[length - 1] = poison
+    scale = d ** -0.5
+    with torch.no_grad():
+        clean = varlen_impl(q, k, v, cu, cu, scale)
+        dirty = varlen_impl(q, k2, v2, cu, cu, scale)
+        rows = torch.tensor(list(queries), device=q.device)
+        assert_same_bits(clean[rows], dirty[rows], "prefill rows before the NaN/inf key")
+        for i in queries:
+            lens = torch.tensor([i + 1], dtype=torch.int32, device=device)
+            step = decode_impl(q[i:i + 1], k2[None], v2[None], lens, scale)
+            assert_same_bits(step[0], dirty[i], f"decode step of query {i} vs its prefill row")

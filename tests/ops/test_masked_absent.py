@@ -29,7 +29,8 @@ import pytest
 import torch
 
 from _masked import (POISONS, Shape, assert_same_bits, check_blind_queries, check_decode_past_length,
-                     check_future_keys, check_logp_mask, check_other_sequences, check_pack_padding)
+                     check_future_keys, check_logp_mask, check_other_sequences, check_pack_padding,
+                     check_prefill_rows_equal_decode)
 from rl_engine import env
 from rl_engine.ops.attention.reference import attention_decode_reference, attention_reference, causal_mask
 from rl_engine.ops.attention.torch_bf16 import attention_decode_torch_bf16, attention_torch_bf16
@@ -158,6 +159,22 @@ def test_attention_decode_past_length_absent(backend, poison, request):
     _, impl, dtype, ctx = _impls(backend, request)
     with ctx:
         check_decode_past_length(impl, SHAPE, DECODE_LENS, S_MAX, POISONS[poison], dtype=dtype, device=CPU)
+
+
+@pytest.mark.parametrize("poison", POISON_IDS)
+@pytest.mark.parametrize("backend", ["triton_cuda_bf16", "cuda_bf16"])
+def test_issue17_prefill_row_equals_decode_step_with_nan_in_future(backend, poison, request):
+    varlen, decode, _, ctx = _impls(backend, request)
+    with ctx:
+        check_prefill_rows_equal_decode(varlen, decode, SHAPE, 70, POISONS[poison], device=CPU,
+                                        queries=(0, 31, 63, 64, 68))
+
+
+@pytest.mark.parametrize("poison", ["nan", "+inf"])
+def test_negative_control_issue17_old_triton_prefill_differs_from_decode(poison, legacy_triton):
+    assert _caught(lambda: check_prefill_rows_equal_decode(
+        legacy_triton.attention_triton, legacy_triton.attention_decode_triton, SHAPE, 70, POISONS[poison],
+        device=CPU, queries=(0, 64, 68)))  # 64..68 share the query block and KV block of key 69
 
 
 # --------------------------------------------------------------------------- negative controls

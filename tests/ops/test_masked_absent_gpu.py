@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from _masked import (POISONS, Shape, assert_same_bits, check_blind_queries, check_decode_past_length,
-                     check_future_keys, check_logp_mask, check_other_sequences, check_pack_padding)
+                     check_future_keys, check_logp_mask, check_other_sequences, check_pack_padding,
+                     check_prefill_rows_equal_decode)
 
 pytestmark = pytest.mark.gpu
 
@@ -93,6 +94,14 @@ def test_gpu_varlen_other_sequences_absent(backend, poison, gpu):
 def test_gpu_decode_past_length_absent(backend, poison, gpu):
     _, impl, dtype = _impls(backend)
     check_decode_past_length(impl, QWEN3_8B, DECODE_LENS, S_MAX, POISONS[poison], dtype=dtype, device=gpu)
+
+
+@pytest.mark.parametrize("poison", POISON_IDS)
+@pytest.mark.parametrize("backend", ["triton_cuda_bf16", "cuda_bf16"])
+def test_gpu_issue17_prefill_row_equals_decode_step_with_nan_in_future(backend, poison, gpu):
+    varlen, decode, _ = _impls(backend)
+    check_prefill_rows_equal_decode(varlen, decode, QWEN3_8B, 2817, POISONS[poison], device=gpu,
+                                    queries=(0, 1, 63, 64, 1000, 2752, 2790, 2815))
 
 
 @pytest.fixture(scope="module")
