@@ -40,13 +40,17 @@ def rewrite(text: str) -> str:
     return LAUNCH.sub(r"emu_launch(\1, emu_cfg(\2), ", text)
 
 
-def build(out_root: Path) -> Path:
-    """Compile the emulated library under ``out_root`` (cached by a hash of its inputs)."""
+def build(out_root: Path, src_dir: Path | None = None) -> Path:
+    """Compile the emulated library under ``out_root`` (cached by a hash of its inputs).
+
+    ``src_dir`` replaces the package's ``cuda_src`` (tests build a frozen copy of earlier kernels
+    to compare against); the default is the package's own sources.
+    """
     gxx = shutil.which("g++")
     if gxx is None:
         raise FileNotFoundError("g++ is not on PATH")
     inc = cuda_include_dir()
-    sources = cuda_build.source_files()
+    sources = cuda_build.source_files() if src_dir is None else cuda_build.source_files(Path(src_dir))
     h = hashlib.sha256()
     for p in [*sources, HERE / "emu.h", HERE / "emu.cpp", Path(__file__)]:
         h.update(p.name.encode() + p.read_bytes())

@@ -29,6 +29,11 @@
 //   dK/dV kernel: one block per 64 keys of one KV head; query heads of the group in order, and for
 //     each head the queries in increasing order: dv_d = fma(p, dO[d], dv_d), dk_d = fma(ds, q[d],
 //     dk_d); dk = dk * scale; each rounded once.
+// Masked means absent (docs/declared-semantics.md): in blocks that hold masked entries, a masked
+// weight (p or ds = 0) never meets a NaN / inf operand: absent_if_masked() selects a masked
+// non-finite v / k / q / dO to 0 (finite values pass unchanged, so finite inputs give the old
+// bits); fully visible blocks run the plain loop. A visible score of -inf becomes NaN, and a row
+// whose sum l is NaN is written as NaN, not as the no-key 0.
 // Every accumulation is a sequential FMA chain per output element, so the bits depend only on the
 // ordered set of contributing rows, never on the batch, padding or tiling.
 #include "attention.cuh"
@@ -71,7 +76,7 @@ __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs,
             for (int jj = 0; jj < AT_CPT; ++jj) {
                 const int c = cs + AT_LANES * jj;
                 const float dot = dot_row<D>(qs + r * LD, ks + c * LD);
-                s[jj] = (kv0 + c <= lim[i]) ? dot * scale : -INFINITY;
+                s[jj] = visible_score(dot * scale, kv0 + c <= lim[i]);
             }
             float bm = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
             bm = half_warp_max(bm);
@@ -94,11 +99,22 @@ __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs,
             const int r = rg + AT_GROUPS * i;
 #pragma unroll
             for (int dj = 0; dj < DPT; ++dj) o[i][dj] = o[i][dj] * alpha[i];
-            for (int j = 0; j < AT_BKV; ++j) {
-                const float pj = ps[r * AT_PS_LD + j];
-                const bf16* vr = vs + j * LD + cs;
+            if (kv0 + AT_BKV - 1 <= lim[i]) {  // the row sees the whole block
+                for (int j = 0; j < AT_BKV; ++j) {
+                    const float pj = ps[r * AT_PS_LD + j];
+                    const bf16* vr = vs + j * LD + cs;
 #pragma unroll
-                for (int dj = 0; dj < DPT; ++dj) o[i][dj] = __fmaf_rn(pj, f32(vr[AT_LANES * dj]), o[i][dj]);
+                    for (int dj = 0; dj < DPT; ++dj) o[i][dj] = __fmaf_rn(pj, f32(vr[AT_LANES * dj]), o[i][dj]);
+                }
+            } else {  // masked keys (p = 0): their values are absent, not 0 * v
+                for (int j = 0; j < AT_BKV; ++j) {
+                    const float pj = ps[r * AT_PS_LD + j];
+                    const bool vis = kv0 + j <= lim[i];
+                    const bf16* vr = vs + j * LD + cs;
+#pragma unroll
+                    for (int dj = 0; dj < DPT; ++dj)
+                        o[i][dj] = __fmaf_rn(pj, absent_if_masked(f32(vr[AT_LANES * dj]), vis), o[i][dj]);
+                }
             }
         }
     }
@@ -154,7 +170,7 @@ attn_fwd_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf
     for (int i = 0; i < RPT; ++i) {
         const int64_t qi = q0 + rg + AT_GROUPS * i;
         if (qi >= q_len) continue;
-        const bool has = l[i] > 0.0f;
+        const bool has = l[i] != 0.0f;  // 0: no visible key (exact 0); NaN: a visible non-finite value
         bf16* orow = out + (q_start + qi) * s_ot + h * s_oh;
 #pragma unroll
         for (int dj = 0; dj < DPT; ++dj) orow[cs + AT_LANES * dj] = to_bf16(has ? o[i][dj] / l[i] : 0.0f);
@@ -198,7 +214,7 @@ attn_decode_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, cons
     for (int i = 0; i < RPT; ++i) {
         const int64_t g = g0 + rg + AT_GROUPS * i;
         if (g >= group) continue;
-        const bool has = l[i] > 0.0f;
+        const bool has = l[i] != 0.0f;
         bf16* orow = out + b * s_ob + (kvh * group + g) * s_oh;
 #pragma unroll
         for (int dj = 0; dj < DPT; ++dj) orow[cs + AT_LANES * dj] = to_bf16(has ? o[i][dj] / l[i] : 0.0f);

@@ -81,6 +81,21 @@ __device__ __forceinline__ void load_rows(bf16* dst, const bf16* base, int64_t s
     }
 }
 
+// Finite (not NaN, not +-inf). A compare, so it means the same under every compiler flag.
+__device__ __forceinline__ bool finite(float x) { return fabsf(x) < INFINITY; }
+
+// "Masked means absent" (docs/declared-semantics.md): the other operand of a product whose
+// masked weight is 0. Masked non-finite values become 0 (so 0 * NaN never happens); every finite
+// value and every visible value is returned unchanged (the identity on finite inputs, and a
+// visible NaN / inf still reaches the sum).
+__device__ __forceinline__ float absent_if_masked(float x, bool visible) { return (visible || finite(x)) ? x : 0.0f; }
+
+// A visible score of -inf (only a non-finite q or k makes one) becomes NaN, so it cannot silently
+// give its key weight 0; masked scores are -inf.
+__device__ __forceinline__ float visible_score(float s, bool visible) {
+    return visible ? (s == -INFINITY ? NAN : s) : -INFINITY;
+}
+
 // FP32 dot product of two BF16 smem rows, FMA chain in increasing d.
 template <int D>
 __device__ __forceinline__ float dot_row(const bf16* a, const bf16* b) {

@@ -97,19 +97,31 @@ attn_bwd_dq_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const
                 const int c = cs + AT_LANES * jj;
                 const float s = dot_row<D>(qs + r * LD, ks + c * LD) * scale;
                 const float dp = dot_row<D>(dos + r * LD, vs + c * LD);
-                const float p = (kv0 + c <= lim[i]) ? expf(s - lse_r[i]) : 0.0f;
-                dss[r * AT_PS_LD + c] = p * (dp - delta_r[i]);
+                const bool vis = kv0 + c <= lim[i];
+                const float p = vis ? expf(s - lse_r[i]) : 0.0f;
+                dss[r * AT_PS_LD + c] = absent_if_masked(p * (dp - delta_r[i]), vis);
             }
         }
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < RPT; ++i) {
             const int r = rg + AT_GROUPS * i;
-            for (int j = 0; j < AT_BKV; ++j) {
-                const float ds = dss[r * AT_PS_LD + j];
-                const bf16* kr = ks + j * LD + cs;
+            if (kv0 + AT_BKV - 1 <= lim[i]) {  // the row sees the whole block
+                for (int j = 0; j < AT_BKV; ++j) {
+                    const float ds = dss[r * AT_PS_LD + j];
+                    const bf16* kr = ks + j * LD + cs;
 #pragma unroll
-                for (int dj = 0; dj < DPT; ++dj) acc[i][dj] = __fmaf_rn(ds, f32(kr[AT_LANES * dj]), acc[i][dj]);
+                    for (int dj = 0; dj < DPT; ++dj) acc[i][dj] = __fmaf_rn(ds, f32(kr[AT_LANES * dj]), acc[i][dj]);
+                }
+            } else {  // masked keys (ds = 0): their k is absent, not 0 * k
+                for (int j = 0; j < AT_BKV; ++j) {
+                    const float ds = dss[r * AT_PS_LD + j];
+                    const bool vis = kv0 + j <= lim[i];
+                    const bf16* kr = ks + j * LD + cs;
+#pragma unroll
+                    for (int dj = 0; dj < DPT; ++dj)
+                        acc[i][dj] = __fmaf_rn(ds, absent_if_masked(f32(kr[AT_LANES * dj]), vis), acc[i][dj]);
+                }
             }
         }
     }
@@ -201,22 +213,36 @@ attn_bwd_dkdv_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, con
                     const bool visible = key < k_len && qi < q_len && key <= offset + qi;
                     const float p = visible ? expf(s - lse_s[ic]) : 0.0f;
                     pts[jr * AT_PS_LD + ic] = p;
-                    dsts[jr * AT_PS_LD + ic] = p * (dp - delta_s[ic]);
+                    dsts[jr * AT_PS_LD + ic] = absent_if_masked(p * (dp - delta_s[ic]), visible);
                 }
             }
             __syncthreads();
+            // Every query of the step sees every key of the block when its first query does
+            // (and all of them are real): the plain loop. Otherwise (causal diagonal, padding
+            // queries) the q / dO of queries that cannot see a key are absent, not 0 * q.
+            const bool whole = m0 + AT_BQ_BWD <= q_len && kv0 + AT_BKV - 1 <= offset + m0;
 #pragma unroll
             for (int i = 0; i < RPT; ++i) {
                 const int jr = rg + AT_GROUPS * i;
+                const int64_t key = kv0 + jr;
                 for (int qq = 0; qq < AT_BQ_BWD; ++qq) {
                     const float p = pts[jr * AT_PS_LD + qq];
                     const float ds = dsts[jr * AT_PS_LD + qq];
                     const bf16* dor = dos + qq * LD + cs;
                     const bf16* qr = qs + qq * LD + cs;
+                    if (whole) {
 #pragma unroll
-                    for (int dj = 0; dj < DPT; ++dj) {
-                        gv[i][dj] = __fmaf_rn(p, f32(dor[AT_LANES * dj]), gv[i][dj]);
-                        gk[i][dj] = __fmaf_rn(ds, f32(qr[AT_LANES * dj]), gk[i][dj]);
+                        for (int dj = 0; dj < DPT; ++dj) {
+                            gv[i][dj] = __fmaf_rn(p, f32(dor[AT_LANES * dj]), gv[i][dj]);
+                            gk[i][dj] = __fmaf_rn(ds, f32(qr[AT_LANES * dj]), gk[i][dj]);
+                        }
+                    } else {
+                        const bool vis = key < k_len && m0 + qq < q_len && key <= offset + m0 + qq;
+#pragma unroll
+                        for (int dj = 0; dj < DPT; ++dj) {
+                            gv[i][dj] = __fmaf_rn(p, absent_if_masked(f32(dor[AT_LANES * dj]), vis), gv[i][dj]);
+                            gk[i][dj] = __fmaf_rn(ds, absent_if_masked(f32(qr[AT_LANES * dj]), vis), gk[i][dj]);
+                        }
                     }
                 }
             }

@@ -28,7 +28,11 @@ def attention(
     ``h // (H / Hkv)``. Scores, row max, sum-exp and the output accumulator in FP32; the Triton
     kernel rounds the probabilities to BF16 for the P·V tensor-core product (as FlashAttention
     does), the CUDA kernel keeps them FP32. A row with no visible key is exactly 0.
-    Differentiable in q, k, v.
+    Differentiable in q, k, v. Masked means absent (docs/declared-semantics.md): k / v of keys a query cannot see (future
+    keys, other sequences) and q / dO of queries that cannot see a key take no part in that
+    query's output or that key's gradients, so NaN / inf there changes nothing (bitwise). A
+    non-finite q or visible k makes the row NaN, a visible non-finite v component makes that
+    output component non-finite (NaN or inf).
 
     ``backend`` is explicit; an unavailable backend raises BackendUnavailable naming why. On the kernel
     backends, bad input raises InputError before any launch (``torch_bf16`` and
@@ -55,6 +59,8 @@ def attention_decode(
     ``0 .. cache_seqlens[b] - 1`` (the current token's k/v already written at slot
     ``cache_seqlens[b] - 1``); ``cache_seqlens[b] == 0`` gives exactly 0. On
     ``triton_cuda_bf16`` the result is bitwise equal to the same query's row of :func:`attention`.
+    Masked means absent: NaN / inf in the slots past ``cache_seqlens[b]`` changes nothing; a
+    visible one makes the outputs it reaches non-finite (docs/declared-semantics.md).
     """
     from rl_engine.ops.attention.spec import DECODE_IMPLS
 

@@ -115,7 +115,11 @@ def attention_cuda(
     head ``h`` uses KV head ``h // (H / Hkv)``. FP32 scores, softmax and accumulation, one rounding
     to BF16 (see the module notes). Backward: dq [Tq, H, D], dk / dv [Tk, Hkv, D] bfloat16,
     deterministic (no atomics). Math: Vaswani et al. 2017; online softmax and backward of
-    FlashAttention-2 (Dao 2023).
+    FlashAttention-2 (Dao 2023). Masked means absent (docs/declared-semantics.md): k / v of keys a query cannot see (future
+    keys, other sequences) and q / dO of queries that cannot see a key take no part in that
+    query's output or that key's gradients, so NaN / inf there changes nothing (bitwise). A
+    non-finite q or visible k makes the row NaN, a visible non-finite v component makes that
+    output component non-finite (NaN or inf).
 
     Raises
     ------
@@ -144,7 +148,8 @@ def attention_decode_cuda(
     free), cache_seqlens int32 [B] in [0, S_max] -> [B, H, D] bfloat16. Query ``b`` sees cache
     slots ``0 .. cache_seqlens[b] - 1``; slots past it are never read; ``cache_seqlens[b] == 0``
     gives 0. Bitwise equal to the same query's row of :func:`attention_cuda` in a full prefill
-    (same KV block size and order, same per-row code).
+    (same KV block size and order, same per-row code). Masked means absent: NaN / inf in the slots past ``cache_seqlens[b]`` changes nothing; a
+    visible one makes the outputs it reaches non-finite (docs/declared-semantics.md).
 
     Raises
     ------

@@ -4,10 +4,17 @@ Math: scaled dot-product attention (Vaswani et al. 2017, eq. 1) with a causal ma
 attention (Ainslie et al. 2023) as Hugging Face Qwen3 ``repeat_kv`` does it (query head ``h`` uses
 KV head ``h // (H / Hkv)``). Query ``i`` of a sequence with ``Lq`` queries and ``Lk`` keys sits at
 position ``Lk - Lq + i`` and sees keys ``0 .. Lk - Lq + i``. A row with no visible key is exactly 0
-(pitfall P10). Gradients come from autograd through this FP32 definition.
+(pitfall P10). Masked means absent (docs/declared-semantics.md): a value at a position a query
+cannot see (a future key, another sequence, a cache slot past the length) enters no product of
+that query, forward or backward, so a NaN/inf there changes nothing; a visible NaN/inf makes the
+outputs it reaches NaN. Gradients come from autograd through this FP32 definition, with the two
+masked products (scores and ``P V``) given explicit backward formulas that keep masked terms
+absent (``MaskedScores``, ``MaskedProduct``); no [T, T, D] tensor is formed.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -22,22 +29,120 @@ def causal_mask(lq: int, lk: int, device: torch.device) -> torch.Tensor:
     return j <= (lk - lq + i)
 
 
+def _absent_matmul(a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor, *, as_transpose: bool = False,
+                   a_masked: bool = False) -> torch.Tensor:
+    """``sum over k with keep[i, k]`` of ``a[..., i, k] * b[..., k, n]``: the other terms are absent.
+
+    a [..., M, K], b [..., K, N] (same floating dtype), keep [M, K] bool -> [..., M, N] in that
+    dtype. Not ``where(keep, a, 0) @ b``: that is ``0 * NaN = NaN`` for a non-finite ``b`` at a
+    masked ``k``. ``b``'s non-finite values are replaced by 0 for the product (the identity on
+    finite values, so finite inputs give exactly ``where(keep, a, 0) @ b``), and an exact 0/1 count
+    ``keep @ nonfinite(b)`` (a [..., M, N] matmul, never a [M, K, N] tensor) makes every output
+    element that a *kept* non-finite ``b`` reaches NaN (declared semantics,
+    docs/declared-semantics.md). ``as_transpose`` computes the same sum as ``(bᵀ @ aᵀ)ᵀ``, the
+    arrangement autograd uses for the second operand of a matmul, so finite inputs give the very
+    bits the plain autograd formulation gave. ``a_masked`` says ``a`` is already exactly 0 where
+    ``keep`` is False (saves a copy of ``a``).
+    """
+    b_ok = torch.isfinite(b)
+    zero = torch.zeros((), dtype=a.dtype, device=a.device)
+    a_kept = a if a_masked else torch.where(keep, a, zero)
+    if as_transpose:
+        out = torch.matmul(torch.where(b_ok, b, zero).transpose(-1, -2), a_kept.transpose(-1, -2)).transpose(-1, -2)
+    else:
+        out = torch.matmul(a_kept, torch.where(b_ok, b, zero))
+    # (nonfinite(b)ᵀ @ keepᵀ)ᵀ: a batched [..., N, K] times a 2-D [K, M] folds the batch into rows,
+    # so the [M, K] mask is never expanded to [..., M, K].
+    count = torch.matmul((~b_ok).to(a.dtype).transpose(-1, -2), keep.transpose(0, 1).to(a.dtype)).transpose(-1, -2)
+    return torch.where(count > 0, torch.full((), float("nan"), dtype=out.dtype, device=out.device), out)
+
+
+def _backward_guard(dtype: torch.dtype):
+    """The FP32 guard for a backward (autograd runs it after the forward's guard has closed):
+    TF32 and autocast off for FP32; nothing to change for the BF16 path of ``torch_bf16``."""
+    return fp32_reference_guard() if dtype == torch.float32 else contextlib.nullcontext()
+
+
+class MaskedProduct(torch.autograd.Function):
+    """``a @ b`` with the terms ``keep[i, k] == False`` absent, forward and backward.
+
+    a [..., M, K], b [..., K, N], keep [M, K] bool -> [..., M, N]. Gradients: ``da = where(keep,
+    g @ bᵀ, 0)`` (masked entries of ``a`` get exactly 0) and ``db = _absent_matmul(aᵀ, g, keepᵀ)``
+    (the upstream gradient of a row that does not keep ``k`` is absent from ``db[k]``). On finite
+    inputs this is the autograd of ``where(keep, a, 0) @ b`` up to the sign of exact zeros. The
+    backward of FP32 inputs runs under :func:`fp32_reference_guard` (autograd calls it after the
+    forward's guard has closed).
+    """
+
+    @staticmethod
+    def forward(ctx, a, b, keep):
+        ctx.save_for_backward(a, b, keep)
+        return _absent_matmul(a, b, keep)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b, keep = ctx.saved_tensors
+        zero = torch.zeros((), dtype=g.dtype, device=g.device)
+        with _backward_guard(g.dtype):
+            da = torch.where(keep, torch.matmul(g, b.transpose(-1, -2)), zero) if ctx.needs_input_grad[0] else None
+            db = _absent_matmul(a.transpose(-1, -2), g, keep.transpose(0, 1)) if ctx.needs_input_grad[1] else None
+        return da, db, None
+
+
+class MaskedScores(torch.autograd.Function):
+    """Causal attention scores ``q kᵀ * scale`` with the masked entries absent.
+
+    q [..., M, D], k [..., N, D], keep [M, N] bool, scale float -> [..., M, N]: ``-inf`` where
+    ``keep`` is False; where it is True the FP32 score, except that a score of ``-inf`` (only a
+    non-finite q or k, or an FP32 overflow, makes one) is NaN, so a non-finite key cannot silently
+    get weight 0 (docs/declared-semantics.md). Backward, with ``gs = g * scale`` zeroed where
+    ``keep`` is False: ``dq = _absent_matmul(gs, k, keep)`` and ``dk = (qᵀ gs)ᵀ`` with the same
+    rule, so a key a query cannot see never meets that query's gradient and a masked NaN/inf key
+    or query reaches no one's gradient. In-place on its own temporaries: the memory of the plain
+    ``masked_fill(q @ kᵀ * scale, -inf)``.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, keep, scale):
+        ctx.save_for_backward(q, k, keep)
+        ctx.scale = scale
+        s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+        s.masked_fill_(s == float("-inf"), float("nan"))
+        return s.masked_fill_(~keep, float("-inf"))
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, keep = ctx.saved_tensors
+        gs = (g * ctx.scale).masked_fill_(~keep, 0.0)
+        with _backward_guard(g.dtype):
+            dq = _absent_matmul(gs, k, keep, a_masked=True) if ctx.needs_input_grad[0] else None
+            dk = (_absent_matmul(gs.transpose(-1, -2), q, keep.transpose(0, 1), as_transpose=True, a_masked=True)
+                  if ctx.needs_input_grad[1] else None)
+        return dq, dk, None, None
+
+
 def _one_sequence(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, scale: float) -> torch.Tensor:
-    """qb [Lq, H, D], kb/vb [Lk, Hkv, D] float32 -> [Lq, H, D] float32."""
+    """qb [Lq, H, D], kb/vb [Lk, Hkv, D] float32 -> [Lq, H, D] float32.
+
+    Masked (future) keys are absent from every product, forward and backward (MaskedScores,
+    MaskedProduct); a visible score of -inf (only a non-finite q or k makes one) is NaN.
+    """
     lq, h, _ = qb.shape
     lk, hkv, _ = kb.shape
     group = h // hkv
     qh = qb.transpose(0, 1)  # [H, Lq, D]
     kh = kb.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, Lk, D]
     vh = vb.repeat_interleave(group, dim=1).transpose(0, 1)
-    scores = torch.matmul(qh, kh.transpose(1, 2)) * scale  # [H, Lq, Lk] FP32
     mask = causal_mask(lq, lk, qb.device)
+    scores = MaskedScores.apply(qh, kh, mask, scale)  # [H, Lq, Lk] FP32, -inf where masked
     has_key = mask.any(dim=1)  # [Lq]
-    # Rows with no visible key get finite dummy scores (so no NaN reaches autograd) and are zeroed.
-    scores = scores.masked_fill(~mask, float("-inf"))
-    scores = torch.where(has_key[None, :, None], scores, torch.zeros_like(scores))
-    probs = torch.softmax(scores, dim=-1) * has_key[None, :, None]
-    return torch.matmul(probs, vh).transpose(0, 1)  # [Lq, H, D]
+    if bool(has_key.all()):  # always so when Lq <= Lk; skipping the identities below saves memory
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        # Rows with no visible key get finite dummy scores (so no NaN reaches autograd) and are zeroed.
+        scores = torch.where(has_key[None, :, None], scores, torch.zeros_like(scores))
+        probs = torch.softmax(scores, dim=-1) * has_key[None, :, None]
+    return MaskedProduct.apply(probs, vh, mask).transpose(0, 1)  # [Lq, H, D]
 
 
 def attention_reference(
@@ -53,6 +158,11 @@ def attention_reference(
     q [Tq, H, D], k/v [Tk, Hkv, D] float32 (upcast BF16 values); cu_seqlens_q / cu_seqlens_k int32
     [B+1] -> [Tq, H, D] float32. Per sequence: FP32 scores ``q kᵀ * scale``, causal mask
     (bottom-right aligned), FP32 softmax, FP32 ``P V``. Differentiable in q, k, v (autograd).
+    Masked means absent (docs/declared-semantics.md): k / v of keys a query cannot see (future
+    keys, other sequences) and q / dO of queries that cannot see a key take no part in that
+    query's output or that key's gradients, so NaN / inf there changes nothing (bitwise). A
+    non-finite q or visible k makes the row NaN, a visible non-finite v component makes that
+    output component non-finite (NaN or inf).
 
     Raises
     ------

@@ -5,7 +5,10 @@ Per sequence, as ``transformers.models.qwen3.modeling_qwen3.eager_attention_forw
 causal mask of ``finfo(bf16).min``, ``softmax(attn_weights, dim=-1, dtype=torch.float32)
 .to(query.dtype)``, then ``matmul(attn_weights, value)`` in BF16. One deviation from HF: a row with
 no visible key returns exactly 0 (the op's declared policy, pitfall P10) instead of a uniform
-average; such rows only occur in decode with ``cache_seqlens == 0``.
+average; such rows only occur in decode with ``cache_seqlens == 0``. A second: the two matmuls
+keep masked terms absent (a NaN/inf at a key a query cannot see does not reach it, forward or
+backward; docs/declared-semantics.md), and a visible score of -inf is NaN (a non-finite key is not
+silently dropped); on finite inputs they are the same BF16 products and give the same bits.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.ops.attention._checks import check_decode, check_varlen
-from rl_engine.ops.attention.reference import causal_mask
+from rl_engine.ops.attention.reference import MaskedProduct, MaskedScores, causal_mask
 
 
 def _one_sequence(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, scale: float) -> torch.Tensor:
@@ -24,13 +27,15 @@ def _one_sequence(qb: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, scale: f
     query = qb.transpose(0, 1)  # [H, Lq, D]
     key = kb.repeat_interleave(group, dim=1).transpose(0, 1)  # repeat_kv: [H, Lk, D]
     value = vb.repeat_interleave(group, dim=1).transpose(0, 1)
-    attn_weights = torch.matmul(query, key.transpose(1, 2)) * scale
     mask = causal_mask(lq, lk, qb.device)
+    # HF's matmul(query, keyᵀ) and matmul(attn_weights, value), with masked terms absent
+    # (bitwise the same products on finite inputs; docs/declared-semantics.md).
+    attn_weights = MaskedScores.apply(query, key, mask, scale)  # -inf where masked (+ min below stays -inf)
     additive = torch.zeros((lq, lk), dtype=attn_weights.dtype, device=qb.device)
     additive = additive.masked_fill(~mask, torch.finfo(attn_weights.dtype).min)
     attn_weights = attn_weights + additive
     attn_weights = torch.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
-    out = torch.matmul(attn_weights, value).transpose(0, 1)  # [Lq, H, D]
+    out = MaskedProduct.apply(attn_weights, value, mask).transpose(0, 1)  # [Lq, H, D]
     has_key = mask.any(dim=1)
     return out * has_key[:, None, None].to(out.dtype)
 

@@ -23,6 +23,15 @@ unchanged: its row max is ``-inf`` so ``m`` is unchanged, the rescale factor is 
 ``exp(-inf) = 0`` so ``l`` and ``acc`` get exact zeros added. Rows that never see a key keep
 ``l = 0`` and are written as exact zeros (pitfall P10). Keys past the sequence's end (or past
 ``cache_seqlens``) are never loaded (masked loads), so junk there cannot leak in.
+Masked means absent (issue #17, docs/declared-semantics.md). ``0 * NaN = NaN``, so a masked
+probability of exactly 0 is not enough when the value at a masked key is NaN / inf. Each loop is
+split: the blocks every real row of the tile sees whole run the plain step (no extra cost); the
+blocks that hold masked entries (the causal diagonal, keys past a length, and in the dK/dV kernel
+the query blocks on the diagonal) select masked ``P`` / ``dS`` to exactly 0 and run their MMA
+through ``_absent_mma``: the other operand (``V``, ``K``, ``Q`` or ``dO``) with non-finite values
+replaced by 0 (the identity on finite values, so finite inputs give the old bits) and an exact 0/1
+count product that turns the outputs a *visible* non-finite value reaches into NaN. A visible
+score of -inf becomes NaN, and a row whose sum ``l`` is NaN is written as NaN (not as the no-key 0).
 Decode packs the ``H / Hkv`` query heads that share one KV head into the rows of one program;
 per-row math is the same code as prefill (``_kv_loop``), with the same ``BLOCK_N``, warps, stages
 and the same 64-row tile (``BLOCK_M_DECODE = BLOCK_M``): on the H200 a 16- or 32-row tile is
@@ -79,28 +88,82 @@ NUM_STAGES = 2
 # Forward
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kn, stride_vn, kv_len, n_stop, scale,
+def _finite(x):
+    """True where ``x`` is finite (False for NaN and +-inf), as FP32 compares."""
+    return tl.abs(x.to(tl.float32)) < float("inf")
+
+
+@triton.jit
+def _absent_mma(a, b, acc, keep, UPCAST: tl.constexpr):
+    """``acc + a @ b`` where the entries of ``a`` outside ``keep`` are *absent* (not ``0 * b``).
+
+    ``a`` [M, K] holds exact zeros where ``keep`` [M, K] (bool) is False; ``b`` [K, N]. ``b`` is
+    sanitised (non-finite -> 0, the identity on finite values), so a masked zero never meets a
+    NaN/inf; an exact 0/1 count ``keep @ nonfinite(b)`` (integers <= K, exact in FP32) then puts NaN
+    in every output element that a *kept* non-finite ``b`` value reaches, so a visible NaN/inf
+    stays non-finite. For finite ``b`` the result is bitwise ``acc + a @ b`` (the same operands
+    reach the same product; the count is 0). Only tiles holding masked entries call this.
+    """
+    b_ok = _finite(b)
+    b_safe = tl.where(b_ok, b, 0.0).to(b.dtype)
+    out = mma(a, b_safe, acc, UPCAST)
+    count = mma(tl.where(keep, 1.0, 0.0).to(tl.bfloat16), tl.where(b_ok, 0.0, 1.0).to(tl.bfloat16),
+                tl.zeros(acc.shape, dtype=tl.float32), UPCAST)
+    return tl.where(count > 0.0, float("nan"), out)
+
+
+@triton.jit
+def _online_update(l_i, m_i, s):
+    """Online-softmax bookkeeping for one KV block of scores ``s`` (masked entries -inf).
+
+    Returns ``(p, alpha, l_new, m_new)``; see the module's Design notes for why a block that is
+    wholly masked for a row leaves that row's state bitwise unchanged.
+    """
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.where(m_new == m_i, 1.0, tl.exp(m_i - m_ref))
+    p = tl.exp(s - m_ref[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
+def _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kn, stride_vn, kv_len, n_full, n_stop, scale,
              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
-    """Online softmax over KV blocks ``[0, n_stop)`` in increasing order (rows see keys <= limit)."""
+    """Online softmax over KV blocks ``[0, n_stop)`` in increasing order (rows see keys <= limit).
+
+    Blocks ``[0, n_full)`` are visible to every real row of the tile (no masked entry; padding rows
+    are never stored): the plain FlashAttention step. Blocks ``[n_full, n_stop)`` hold masked
+    entries (causal diagonal, keys past ``kv_len``): there masked scores are -inf, masked
+    probabilities exact zeros, and ``P @ V`` runs through :func:`_absent_mma`, so a NaN/inf value
+    at a masked key cannot reach the row ("masked means absent", docs/declared-semantics.md).
+    In both, a *visible* score of -inf (a non-finite q or k) becomes NaN, so it cannot silently
+    drop the key.
+    """
     offs_d = tl.arange(0, D)
     offs_j = tl.arange(0, BLOCK_N)
-    for start_n in range(0, n_stop, BLOCK_N):
+    for start_n in range(0, n_full, BLOCK_N):
+        offs_n = start_n + offs_j
+        kt = tl.load(k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_d[:, None])  # [D, BLOCK_N]
+        s = mma(q, kt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
+        s = s * scale
+        s = tl.where(s == float("-inf"), float("nan"), s)
+        p, alpha, l_i, m_i = _online_update(l_i, m_i, s)
+        v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :])  # [BLOCK_N, D]
+        acc = mma(p.to(tl.bfloat16), v, acc * alpha[:, None], UPCAST)
+    for start_n in range(n_full, n_stop, BLOCK_N):
         offs_n = start_n + offs_j
         in_kv = offs_n < kv_len
         kt = tl.load(k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_d[:, None],
                      mask=in_kv[None, :], other=0.0)  # [D, BLOCK_N]
         s = mma(q, kt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
         s = s * scale
-        s = tl.where(offs_n[None, :] <= limit[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.where(m_new == m_i, 1.0, tl.exp(m_i - m_ref))
-        p = tl.exp(s - m_ref[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        keep = offs_n[None, :] <= limit[:, None]
+        s = tl.where(keep, tl.where(s == float("-inf"), float("nan"), s), float("-inf"))
+        p, alpha, l_i, m_i = _online_update(l_i, m_i, s)
         v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :],
                     mask=in_kv[:, None], other=0.0)  # [BLOCK_N, D]
-        acc = mma(p.to(tl.bfloat16), v, acc * alpha[:, None], UPCAST)
-        m_i = m_new
+        acc = _absent_mma(p.to(tl.bfloat16), v, acc * alpha[:, None], keep, UPCAST)
     return acc, l_i, m_i
 
 
@@ -130,12 +193,14 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, n_
         k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kvh * stride_kh
         v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kvh * stride_vh
         n_stop = tl.minimum(k_len - q_len + m0 + BLOCK_M, k_len)
+        # KV blocks every real row of the tile sees whole: those below the first row's causal limit.
+        n_full = ((k_len - q_len + m0 + 1) // BLOCK_N) * BLOCK_N
         acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
         acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kt, stride_vt, k_len,
-                                 n_stop, scale, D, BLOCK_M, BLOCK_N, UPCAST)
-        has = l_i > 0.0
+                                 n_full, n_stop, scale, D, BLOCK_M, BLOCK_N, UPCAST)
+        has = l_i != 0.0  # l = 0: no visible key (exact 0 out); l = NaN: a visible non-finite value
         out = tl.math.div_rn(acc, tl.where(has, l_i, 1.0)[:, None])
         tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(tl.bfloat16),
                  mask=row_ok[:, None])
@@ -165,9 +230,9 @@ def _attn_decode_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, seqlens_ptr,
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kt, stride_vt, n, n, scale,
-                             D, BLOCK_M, BLOCK_N, UPCAST)
-    out = tl.math.div_rn(acc, tl.where(l_i > 0.0, l_i, 1.0)[:, None])
+    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kt, stride_vt, n, (n // BLOCK_N) * BLOCK_N,
+                             n, scale, D, BLOCK_M, BLOCK_N, UPCAST)
+    out = tl.math.div_rn(acc, tl.where(l_i != 0.0, l_i, 1.0)[:, None])
     tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(tl.bfloat16),
              mask=row_ok[:, None])
 
@@ -217,9 +282,31 @@ def _attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_pt
         dv = tl.zeros((BLOCK_N, D), dtype=tl.float32)
         # First query that sees key n0 is i = n0 - offset; start at the (sequence-aligned) block holding it.
         m_begin = (tl.maximum(n0 - offset, 0) // BLOCK_M) * BLOCK_M
+        # Query blocks [m_begin, m_full) hold rows that cannot see some keys of this block (the
+        # causal diagonal): there the masked terms are made absent. From m_full on, every row of a
+        # query block sees every key of the block: the plain FlashAttention-2 step.
+        first_full = tl.maximum(n0 + BLOCK_N - 1 - offset, 0)  # first query that sees the whole block
+        m_full = tl.minimum(tl.maximum(((first_full + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, m_begin), q_len)
         for g in range(GROUP):
             h = kvh * GROUP + g
-            for m0 in range(m_begin, q_len, BLOCK_M):
+            for m0 in range(m_begin, m_full, BLOCK_M):
+                offs_m = m0 + tl.arange(0, BLOCK_M)
+                m_ok = offs_m < q_len
+                qrows = (q_start + offs_m).to(tl.int64)
+                q = tl.load(q_ptr + qrows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                            mask=m_ok[:, None], other=0.0)
+                do = tl.load(do_ptr + qrows[:, None] * stride_dot + h * stride_doh + offs_d[None, :],
+                             mask=m_ok[:, None], other=0.0)
+                lse = tl.load(lse_ptr + h * stride_lh + qrows, mask=m_ok, other=0.0)
+                delta = tl.load(delta_ptr + h * stride_lh + qrows, mask=m_ok, other=0.0)
+                st = mma(k, tl.trans(q), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), UPCAST) * scale
+                visible = (offs_n[:, None] <= (offset + offs_m)[None, :]) & m_ok[None, :] & n_ok[:, None]
+                pt = tl.where(visible, tl.exp(st - lse[None, :]), 0.0)
+                dv = _absent_mma(pt.to(tl.bfloat16), do, dv, visible, UPCAST)
+                dpt = mma(v, tl.trans(do), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), UPCAST)
+                dst = tl.where(visible, pt * (dpt - delta[None, :]), 0.0)
+                dk = _absent_mma(dst.to(tl.bfloat16), q, dk, visible, UPCAST)
+            for m0 in range(m_full, q_len, BLOCK_M):
                 offs_m = m0 + tl.arange(0, BLOCK_M)
                 m_ok = offs_m < q_len
                 qrows = (q_start + offs_m).to(tl.int64)
@@ -275,8 +362,21 @@ def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
         k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kvh * stride_kh
         v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kvh * stride_vh
         n_stop = tl.minimum(offset + m0 + BLOCK_M, k_len)
+        # KV blocks [0, n_full) are seen whole by every real row (plain step); [n_full, n_stop)
+        # hold masked keys (causal diagonal, keys past k_len), whose terms are made absent.
+        n_full = ((offset + m0 + 1) // BLOCK_N) * BLOCK_N
         dq = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-        for start_n in range(0, n_stop, BLOCK_N):
+        for start_n in range(0, n_full, BLOCK_N):
+            offs_n = start_n + offs_j
+            k = tl.load(k_base + offs_n[:, None].to(tl.int64) * stride_kt + offs_d[None, :])  # [BLOCK_N, D]
+            v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vt + offs_d[None, :])
+            s = mma(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST) * scale
+            visible = offs_n[None, :] <= limit[:, None]
+            p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+            dp = mma(do, tl.trans(v), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
+            ds = p * (dp - delta[:, None])
+            dq = mma(ds.to(tl.bfloat16), k, dq, UPCAST)
+        for start_n in range(n_full, n_stop, BLOCK_N):
             offs_n = start_n + offs_j
             in_kv = offs_n < k_len
             k = tl.load(k_base + offs_n[:, None].to(tl.int64) * stride_kt + offs_d[None, :],
@@ -287,8 +387,8 @@ def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
             visible = offs_n[None, :] <= limit[:, None]
             p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
             dp = mma(do, tl.trans(v), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
-            ds = p * (dp - delta[:, None])
-            dq = mma(ds.to(tl.bfloat16), k, dq, UPCAST)
+            ds = tl.where(visible, p * (dp - delta[:, None]), 0.0)
+            dq = _absent_mma(ds.to(tl.bfloat16), k, dq, visible, UPCAST)
         dq = dq * scale
         tl.store(dq_ptr + qrows[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :], dq.to(tl.bfloat16),
                  mask=m_ok[:, None])
@@ -426,6 +526,11 @@ def attention_triton(
     softmax and accumulation, one rounding to BF16 (see the module's Design notes). Backward:
     dq [Tq, H, D], dk / dv [Tk, Hkv, D] bfloat16, deterministic (no atomics).
     Math: Vaswani et al. 2017; online softmax and backward of FlashAttention-2 (Dao 2023).
+    Masked means absent (docs/declared-semantics.md): k / v of keys a query cannot see (future
+    keys, other sequences) and q / dO of queries that cannot see a key take no part in that
+    query's output or that key's gradients, so NaN / inf there changes nothing (bitwise). A
+    non-finite q or visible k makes the row NaN, a visible non-finite v component makes that
+    output component non-finite (NaN or inf).
 
     Raises
     ------
@@ -452,7 +557,8 @@ def attention_decode_triton(
     slots ``0 .. cache_seqlens[b] - 1`` (the caller has written the current token's k/v at slot
     ``cache_seqlens[b] - 1``); slots past it are never read. ``cache_seqlens[b] == 0`` gives 0.
     Bitwise equal to the same query's row of :func:`attention_triton` in a full prefill (same
-    ``BLOCK_N``, same KV block order, same per-row code).
+    ``BLOCK_N``, same KV block order, same per-row code). Masked means absent: NaN / inf in the slots past ``cache_seqlens[b]`` changes nothing; a
+    visible one makes the outputs it reaches non-finite (docs/declared-semantics.md).
 
     Raises
     ------

@@ -18,7 +18,9 @@ def batch_invariant_logp(
     """Target logprobs in the padded layout: ``log_softmax(logits / temperature)[targets]``.
 
     logits: [B, S, V] float32, targets: [B, S] int64, mask: [B, S] bool -> [B, S] float32,
-    0 where mask is False (targets there are not validated or used). FP32 logits, max, sum-exp and
+    0 where mask is False (targets there are not validated or used). Masked rows are absent
+    (docs/declared-semantics.md): NaN / inf in their logits or their upstream gradient changes no
+    output and no gradient; their dlogits are exactly 0. FP32 logits, max, sum-exp and
     output; each row bitwise equal to ``logp`` on that row, independent of B, S and padding.
     Gradient: logits. ``backend`` is explicit; on the kernel backends,
     bad inputs raise InputError before any launch (``torch_bf16`` and ``reference_fp32`` are

@@ -13,7 +13,8 @@ def pack(x: torch.Tensor, cu_seqlens: torch.Tensor, *, backend: str = "triton_cu
 
     Row ``cu_seqlens[b] + s`` of the output is ``x[b, s]`` for ``s < L_b``; rows are exact copies.
     Every ``L_b <= S`` (validated). Backward: ``dx = unpack(dy, cu_seqlens, S)`` (zeros in the
-    padding). ``backend`` is explicit; an unavailable backend raises BackendUnavailable naming why.
+    padding). The padding ``x[b, L_b:]`` is never read: NaN / inf there changes nothing
+    (masked means absent, docs/declared-semantics.md). ``backend`` is explicit; an unavailable backend raises BackendUnavailable naming why.
     """
     return resolve_impl("pack", backend)(x=x, cu_seqlens=cu_seqlens)
 
@@ -22,7 +23,8 @@ def unpack(x: torch.Tensor, cu_seqlens: torch.Tensor, S: int, *, backend: str = 
     """Packed -> padded. x: [T, E] bfloat16, cu_seqlens: [B+1] int32, S: int -> [B, S, E] bfloat16.
 
     ``out[b, s] = x[cu_seqlens[b] + s]`` for ``s < L_b`` and exactly 0 in the padding; exact
-    copies. Backward: ``dx = pack(dy, cu_seqlens)``. ``backend`` is explicit (the same names as
+    copies. The backward never reads the upstream gradient in the padding (NaN / inf there
+    changes nothing; docs/declared-semantics.md). Backward: ``dx = pack(dy, cu_seqlens)``. ``backend`` is explicit (the same names as
     :func:`pack`).
     """
     from rl_engine.ops.pack.reference import unpack_reference

@@ -1,0 +1,112 @@
+// Shared pieces of the attention kernels (attention.cu: forward and decode; attention_bwd.cu:
+// backward). See attention.cu for the arithmetic and the invariance argument.
+#pragma once
+
+#include "common.cuh"
+
+namespace rl {
+namespace attn {
+
+constexpr int AT_THREADS = 256;
+constexpr int AT_BKV = 64;                 // keys per KV block, every path
+constexpr int AT_LANES = 16;               // lanes that share one row
+constexpr int AT_GROUPS = AT_THREADS / AT_LANES;  // 16 row groups
+constexpr int AT_CPT = AT_BKV / AT_LANES;  // 4 key columns per lane
+constexpr int AT_PS_LD = AT_BKV + 1;       // FP32 score tile row stride
+constexpr int AT_RPT_PREFILL = 4;          // prefill / dQ: 64 query rows per block
+constexpr int AT_RPT_DECODE = 1;           // decode: 16 query heads per block
+constexpr int AT_BQ_BWD = 64;              // queries per step of the dK/dV kernel
+
+template <int D>
+struct Ld {
+    static constexpr int value = D + 2;  // bf16 smem row stride: 4-byte aligned rows, no bank conflicts
+};
+
+// Copy D BF16 values from global src (unit stride) to shared dst, or zeros when !valid.
+template <int D>
+__device__ __forceinline__ void copy_row_pair(bf16* dst, const bf16* src, int d, bool valid) {
+    __nv_bfloat162 v;
+    if (!valid) {
+        v = __floats2bfloat162_rn(0.0f, 0.0f);
+    } else if (aligned4(src + d)) {
+        v = *reinterpret_cast<const __nv_bfloat162*>(src + d);
+    } else {
+        v.x = src[d];
+        v.y = src[d + 1];
+    }
+    *reinterpret_cast<__nv_bfloat162*>(dst + d) = v;
+}
+
+// Rows [0, R) of a tile: row r comes from base + (row0 + r) * stride when row0 + r < limit.
+// When every row starts on a 16-byte boundary, each thread issues all of its 16-byte loads before
+// its first shared-memory store (one load at a time, each waiting on the store before it, left
+// the decode kernel bound by global-load latency); otherwise 4-byte pairs. Either way the same
+// bits land in the same places.
+template <int D, int R>
+__device__ __forceinline__ void load_rows(bf16* dst, const bf16* base, int64_t stride, int64_t row0, int64_t limit) {
+    constexpr int VEC = 8;
+    if (D % VEC == 0 && aligned16(base) && stride % VEC == 0) {
+        constexpr int VPR = D / VEC;
+        constexpr int TOTAL = R * VPR;
+        constexpr int PER = (TOTAL + AT_THREADS - 1) / AT_THREADS;
+        uint4 vals[PER];
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int e = threadIdx.x + i * AT_THREADS;
+            vals[i] = make_uint4(0u, 0u, 0u, 0u);
+            if (e < TOTAL && row0 + e / VPR < limit)
+                vals[i] = __ldg(reinterpret_cast<const uint4*>(base + (row0 + e / VPR) * stride + (e % VPR) * VEC));
+        }
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int e = threadIdx.x + i * AT_THREADS;
+            if (e < TOTAL) {
+                // smem rows are D + 2 elements long (4-byte aligned only): four 32-bit stores
+                uint32_t* p = reinterpret_cast<uint32_t*>(dst + (e / VPR) * Ld<D>::value + (e % VPR) * VEC);
+                p[0] = vals[i].x;
+                p[1] = vals[i].y;
+                p[2] = vals[i].z;
+                p[3] = vals[i].w;
+            }
+        }
+        return;
+    }
+    constexpr int PAIRS = D / 2;
+    for (int e = threadIdx.x; e < R * PAIRS; e += AT_THREADS) {
+        const int r = e / PAIRS;
+        const int d = (e % PAIRS) * 2;
+        const int64_t gr = row0 + r;
+        const bool valid = gr < limit;
+        copy_row_pair<D>(dst + r * Ld<D>::value, valid ? base + gr * stride : base, d, valid);
+    }
+}
+
+// FP32 dot product of two BF16 smem rows, FMA chain in increasing d.
+template <int D>
+__device__ __forceinline__ float dot_row(const bf16* a, const bf16* b) {
+    float s = 0.0f;
+#pragma unroll 8
+    for (int d = 0; d < D; d += 2) {
+        const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(a + d));
+        const float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(b + d));
+        s = __fmaf_rn(x.x, y.x, s);
+        s = __fmaf_rn(x.y, y.y, s);
+    }
+    return s;
+}
+
+
+template <typename K>
+inline int prepare(K kernel, size_t smem) {
+    if (smem > 48 * 1024) {
+        const cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        if (e != cudaSuccess) return static_cast<int>(e);
+    }
+    return 0;
+}
+
+inline bool grid_fits(int64_t x, int64_t y) { return x >= 0 && x < 2147483647LL && y >= 0 && y <= 65535; }
+
+}  // namespace attn
+}  // namespace rl

@@ -1,0 +1,305 @@
+// Backward of the causal varlen GQA attention (see attention.cu for the design notes):
+// delta = rowsum(dO * O); dQ per 64 queries of one head; dK / dV per 64 keys of one KV head.
+// Deterministic: every gradient element is a sequential FP32 FMA chain in a fixed order, no atomics.
+#include "attention.cuh"
+
+using namespace rl;
+using namespace rl::attn;
+
+namespace {
+
+// delta[h, t] = sum_d dO[t, h, d] * O[t, h, d]: one warp per (t, h), lanes over d in order, butterfly.
+__global__ void __launch_bounds__(AT_THREADS)
+attn_delta_kernel(const bf16* __restrict__ o, const bf16* __restrict__ dout, float* __restrict__ delta, int64_t tq,
+                  int64_t heads, int64_t d_size, int64_t s_ot, int64_t s_oh, int64_t s_dt, int64_t s_dh, int64_t s_lh) {
+    const int64_t idx = static_cast<int64_t>(blockIdx.x) * (AT_THREADS / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (idx >= tq * heads) return;  // uniform over the warp
+    const int64_t t = idx / heads;
+    const int64_t h = idx % heads;
+    const bf16* orow = o + t * s_ot + h * s_oh;
+    const bf16* drow = dout + t * s_dt + h * s_dh;
+    float acc = 0.0f;
+    for (int64_t d = lane; d < d_size; d += 32) acc += f32(orow[d]) * f32(drow[d]);
+    acc = warp_sum(acc);
+    if (lane == 0) delta[h * s_lh + t] = acc;
+}
+
+template <int D>
+constexpr size_t dq_smem() {
+    return static_cast<size_t>(2 * AT_GROUPS * AT_RPT_PREFILL + 2 * AT_BKV) * Ld<D>::value * sizeof(bf16) +
+           static_cast<size_t>(AT_GROUPS * AT_RPT_PREFILL) * AT_PS_LD * sizeof(float);
+}
+
+template <int D>
+__global__ void __launch_bounds__(AT_THREADS)
+attn_bwd_dq_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                   const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                   bf16* __restrict__ dq, const int32_t* __restrict__ cu_q, const int32_t* __restrict__ cu_k,
+                   int64_t n_mblocks, int64_t group, int64_t s_qt, int64_t s_qh, int64_t s_kt, int64_t s_kh,
+                   int64_t s_vt, int64_t s_vh, int64_t s_dt, int64_t s_dh, int64_t s_lh, int64_t s_gt, int64_t s_gh,
+                   float scale) {
+    constexpr int RPT = AT_RPT_PREFILL;
+    constexpr int BQ = AT_GROUPS * RPT;
+    constexpr int LD = Ld<D>::value;
+    constexpr int DPT = D / AT_LANES;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* qs = reinterpret_cast<bf16*>(smem_raw);
+    bf16* dos = qs + BQ * LD;
+    bf16* ks = dos + BQ * LD;
+    bf16* vs = ks + AT_BKV * LD;
+    float* dss = reinterpret_cast<float*>(vs + AT_BKV * LD);
+
+    const int64_t b = blockIdx.x / n_mblocks;
+    const int64_t q0 = (blockIdx.x % n_mblocks) * BQ;
+    const int64_t h = blockIdx.y;
+    const int64_t q_start = cu_q[b];
+    const int64_t q_len = static_cast<int64_t>(cu_q[b + 1]) - q_start;
+    if (q0 >= q_len) return;
+    const int64_t k_start = cu_k[b];
+    const int64_t k_len = static_cast<int64_t>(cu_k[b + 1]) - k_start;
+    const int64_t offset = k_len - q_len;
+    const int64_t kvh = h / group;
+    const int rg = threadIdx.x / AT_LANES;
+    const int cs = threadIdx.x % AT_LANES;
+
+    load_rows<D, BQ>(qs, q + q_start * s_qt + h * s_qh, s_qt, q0, q_len);
+    load_rows<D, BQ>(dos, dout + q_start * s_dt + h * s_dh, s_dt, q0, q_len);
+    int64_t lim[RPT];
+    float lse_r[RPT], delta_r[RPT];
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+        const int64_t qi = q0 + rg + AT_GROUPS * i;
+        const bool ok = qi < q_len;
+        lim[i] = ok ? offset + qi : -1;
+        lse_r[i] = ok ? lse[h * s_lh + q_start + qi] : 0.0f;
+        delta_r[i] = ok ? delta[h * s_lh + q_start + qi] : 0.0f;
+    }
+    const bf16* k_base = k + k_start * s_kt + kvh * s_kh;
+    const bf16* v_base = v + k_start * s_vt + kvh * s_vh;
+    const int64_t n_stop = (offset + q0 + BQ) < k_len ? (offset + q0 + BQ) : k_len;
+    float acc[RPT][DPT];
+#pragma unroll
+    for (int i = 0; i < RPT; ++i)
+#pragma unroll
+        for (int dj = 0; dj < DPT; ++dj) acc[i][dj] = 0.0f;
+
+    for (int64_t kv0 = 0; kv0 < n_stop; kv0 += AT_BKV) {
+        __syncthreads();
+        load_rows<D, AT_BKV>(ks, k_base, s_kt, kv0, k_len);
+        load_rows<D, AT_BKV>(vs, v_base, s_vt, kv0, k_len);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            const int r = rg + AT_GROUPS * i;
+#pragma unroll
+            for (int jj = 0; jj < AT_CPT; ++jj) {
+                const int c = cs + AT_LANES * jj;
+                const float s = dot_row<D>(qs + r * LD, ks + c * LD) * scale;
+                const float dp = dot_row<D>(dos + r * LD, vs + c * LD);
+                const float p = (kv0 + c <= lim[i]) ? expf(s - lse_r[i]) : 0.0f;
+                dss[r * AT_PS_LD + c] = p * (dp - delta_r[i]);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            const int r = rg + AT_GROUPS * i;
+            for (int j = 0; j < AT_BKV; ++j) {
+                const float ds = dss[r * AT_PS_LD + j];
+                const bf16* kr = ks + j * LD + cs;
+#pragma unroll
+                for (int dj = 0; dj < DPT; ++dj) acc[i][dj] = __fmaf_rn(ds, f32(kr[AT_LANES * dj]), acc[i][dj]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+        const int64_t qi = q0 + rg + AT_GROUPS * i;
+        if (qi >= q_len) continue;
+        bf16* grow = dq + (q_start + qi) * s_gt + h * s_gh;
+#pragma unroll
+        for (int dj = 0; dj < DPT; ++dj) grow[cs + AT_LANES * dj] = to_bf16(acc[i][dj] * scale);
+    }
+}
+
+template <int D>
+constexpr size_t dkdv_smem() {
+    return static_cast<size_t>(2 * AT_BKV + 2 * AT_BQ_BWD) * Ld<D>::value * sizeof(bf16) +
+           static_cast<size_t>(2 * AT_BQ_BWD) * sizeof(float) + static_cast<size_t>(2 * AT_BKV) * AT_PS_LD * sizeof(float);
+}
+
+template <int D>
+__global__ void __launch_bounds__(AT_THREADS)
+attn_bwd_dkdv_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                     const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                     bf16* __restrict__ dk, bf16* __restrict__ dv, const int32_t* __restrict__ cu_q,
+                     const int32_t* __restrict__ cu_k, int64_t n_nblocks, int64_t group, int64_t s_qt, int64_t s_qh,
+                     int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_dt, int64_t s_dh, int64_t s_lh,
+                     int64_t s_dkt, int64_t s_dkh, int64_t s_dvt, int64_t s_dvh, float scale) {
+    constexpr int RPT = AT_BKV / AT_GROUPS;  // 4 keys per thread
+    constexpr int LD = Ld<D>::value;
+    constexpr int DPT = D / AT_LANES;
+    constexpr int QPT = AT_BQ_BWD / AT_LANES;  // 4 queries per lane
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* ks = reinterpret_cast<bf16*>(smem_raw);
+    bf16* vs = ks + AT_BKV * LD;
+    bf16* qs = vs + AT_BKV * LD;
+    bf16* dos = qs + AT_BQ_BWD * LD;
+    float* lse_s = reinterpret_cast<float*>(dos + AT_BQ_BWD * LD);
+    float* delta_s = lse_s + AT_BQ_BWD;
+    float* pts = delta_s + AT_BQ_BWD;
+    float* dsts = pts + AT_BKV * AT_PS_LD;
+
+    const int64_t b = blockIdx.x / n_nblocks;
+    const int64_t kv0 = (blockIdx.x % n_nblocks) * AT_BKV;
+    const int64_t kvh = blockIdx.y;
+    const int64_t k_start = cu_k[b];
+    const int64_t k_len = static_cast<int64_t>(cu_k[b + 1]) - k_start;
+    if (kv0 >= k_len) return;
+    const int64_t q_start = cu_q[b];
+    const int64_t q_len = static_cast<int64_t>(cu_q[b + 1]) - q_start;
+    const int64_t offset = k_len - q_len;  // position of query 0
+    const int rg = threadIdx.x / AT_LANES;
+    const int cs = threadIdx.x % AT_LANES;
+
+    load_rows<D, AT_BKV>(ks, k + k_start * s_kt + kvh * s_kh, s_kt, kv0, k_len);
+    load_rows<D, AT_BKV>(vs, v + k_start * s_vt + kvh * s_vh, s_vt, kv0, k_len);
+    float gk[RPT][DPT], gv[RPT][DPT];
+#pragma unroll
+    for (int i = 0; i < RPT; ++i)
+#pragma unroll
+        for (int dj = 0; dj < DPT; ++dj) {
+            gk[i][dj] = 0.0f;
+            gv[i][dj] = 0.0f;
+        }
+    // The first query that sees key kv0 is kv0 - offset; start at the sequence-aligned block holding it.
+    const int64_t first = (kv0 - offset) > 0 ? (kv0 - offset) : 0;
+    const int64_t m_begin = (first / AT_BQ_BWD) * AT_BQ_BWD;
+    for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = kvh * group + g;
+        for (int64_t m0 = m_begin; m0 < q_len; m0 += AT_BQ_BWD) {
+            __syncthreads();  // previous step's tiles are no longer read
+            load_rows<D, AT_BQ_BWD>(qs, q + q_start * s_qt + h * s_qh, s_qt, m0, q_len);
+            load_rows<D, AT_BQ_BWD>(dos, dout + q_start * s_dt + h * s_dh, s_dt, m0, q_len);
+            for (int r = threadIdx.x; r < AT_BQ_BWD; r += AT_THREADS) {
+                const bool ok = m0 + r < q_len;
+                lse_s[r] = ok ? lse[h * s_lh + q_start + m0 + r] : 0.0f;
+                delta_s[r] = ok ? delta[h * s_lh + q_start + m0 + r] : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) {
+                const int jr = rg + AT_GROUPS * i;
+                const int64_t key = kv0 + jr;
+#pragma unroll
+                for (int jj = 0; jj < QPT; ++jj) {
+                    const int ic = cs + AT_LANES * jj;
+                    const int64_t qi = m0 + ic;
+                    const float s = dot_row<D>(ks + jr * LD, qs + ic * LD) * scale;
+                    const float dp = dot_row<D>(vs + jr * LD, dos + ic * LD);
+                    const bool visible = key < k_len && qi < q_len && key <= offset + qi;
+                    const float p = visible ? expf(s - lse_s[ic]) : 0.0f;
+                    pts[jr * AT_PS_LD + ic] = p;
+                    dsts[jr * AT_PS_LD + ic] = p * (dp - delta_s[ic]);
+                }
+            }
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < RPT; ++i) {
+                const int jr = rg + AT_GROUPS * i;
+                for (int qq = 0; qq < AT_BQ_BWD; ++qq) {
+                    const float p = pts[jr * AT_PS_LD + qq];
+                    const float ds = dsts[jr * AT_PS_LD + qq];
+                    const bf16* dor = dos + qq * LD + cs;
+                    const bf16* qr = qs + qq * LD + cs;
+#pragma unroll
+                    for (int dj = 0; dj < DPT; ++dj) {
+                        gv[i][dj] = __fmaf_rn(p, f32(dor[AT_LANES * dj]), gv[i][dj]);
+                        gk[i][dj] = __fmaf_rn(ds, f32(qr[AT_LANES * dj]), gk[i][dj]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+        const int64_t key = kv0 + rg + AT_GROUPS * i;
+        if (key >= k_len) continue;
+        bf16* dkr = dk + (k_start + key) * s_dkt + kvh * s_dkh;
+        bf16* dvr = dv + (k_start + key) * s_dvt + kvh * s_dvh;
+#pragma unroll
+        for (int dj = 0; dj < DPT; ++dj) {
+            dkr[cs + AT_LANES * dj] = to_bf16(gk[i][dj] * scale);
+            dvr[cs + AT_LANES * dj] = to_bf16(gv[i][dj]);
+        }
+    }
+}
+
+template <int D>
+int launch_bwd(const void* q, const void* k, const void* v, const void* dout, const void* lse, const void* delta,
+               void* dq, void* dk, void* dv, const void* cu_q, const void* cu_k, int64_t batch, int64_t n_mblocks,
+               int64_t n_nblocks, int64_t heads, int64_t kv_heads, int64_t group, int64_t s_qt, int64_t s_qh,
+               int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_dt, int64_t s_dh, int64_t s_lh,
+               int64_t s_gqt, int64_t s_gqh, int64_t s_gkt, int64_t s_gkh, int64_t s_gvt, int64_t s_gvh, float scale,
+               cudaStream_t st) {
+    if (n_nblocks > 0) {
+        constexpr size_t smem = dkdv_smem<D>();
+        if (int e = prepare(attn_bwd_dkdv_kernel<D>, smem)) return e;
+        dim3 grid(static_cast<unsigned>(batch * n_nblocks), static_cast<unsigned>(kv_heads));
+        attn_bwd_dkdv_kernel<D><<<grid, AT_THREADS, smem, st>>>(
+            static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
+            static_cast<const bf16*>(dout), static_cast<const float*>(lse), static_cast<const float*>(delta),
+            static_cast<bf16*>(dk), static_cast<bf16*>(dv), static_cast<const int32_t*>(cu_q),
+            static_cast<const int32_t*>(cu_k), n_nblocks, group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh,
+            s_gkt, s_gkh, s_gvt, s_gvh, scale);
+        if (int e = launch_status()) return e;
+    }
+    if (n_mblocks > 0) {
+        constexpr size_t smem = dq_smem<D>();
+        if (int e = prepare(attn_bwd_dq_kernel<D>, smem)) return e;
+        dim3 grid(static_cast<unsigned>(batch * n_mblocks), static_cast<unsigned>(heads));
+        attn_bwd_dq_kernel<D><<<grid, AT_THREADS, smem, st>>>(
+            static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
+            static_cast<const bf16*>(dout), static_cast<const float*>(lse), static_cast<const float*>(delta),
+            static_cast<bf16*>(dq), static_cast<const int32_t*>(cu_q), static_cast<const int32_t*>(cu_k), n_mblocks, group,
+            s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh, s_gqt, s_gqh, scale);
+        if (int e = launch_status()) return e;
+    }
+    return 0;
+}
+
+}  // namespace
+
+// delta [H, Tq] (row stride s_lh) = rowsum(dO * O).
+RL_EXPORT int rl_attention_bwd_delta(const void* o, const void* dout, void* delta, int64_t tq, int64_t heads, int64_t head_dim, int64_t s_ot, int64_t s_oh, int64_t s_dt, int64_t s_dh, int64_t s_lh, void* stream) {
+    if (tq == 0 || heads == 0) return 0;
+    const int64_t blocks = cdiv(tq * heads, AT_THREADS / 32);
+    if (blocks >= 2147483647LL) return static_cast<int>(cudaErrorInvalidValue);
+    attn_delta_kernel<<<static_cast<unsigned>(blocks), AT_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const bf16*>(o), static_cast<const bf16*>(dout), static_cast<float*>(delta), tq, heads, head_dim,
+        s_ot, s_oh, s_dt, s_dh, s_lh);
+    return launch_status();
+}
+
+// dq [Tq, H, D], dk / dv [Tk, Hkv, D] (bf16, every row written). n_mblocks = ceil(max Lq / 64),
+// n_nblocks = ceil(max Lk / 64).
+RL_EXPORT int rl_attention_bwd(const void* q, const void* k, const void* v, const void* dout, const void* lse, const void* delta, void* dq, void* dk, void* dv, const void* cu_q, const void* cu_k, int64_t batch, int64_t n_mblocks, int64_t n_nblocks, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t s_qt, int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_dt, int64_t s_dh, int64_t s_lh, int64_t s_gqt, int64_t s_gqh, int64_t s_gkt, int64_t s_gkh, int64_t s_gvt, int64_t s_gvh, float scale, void* stream) {
+    if (batch == 0 || heads == 0) return 0;
+    if (kv_heads <= 0 || heads % kv_heads || !grid_fits(batch * n_mblocks, heads) || !grid_fits(batch * n_nblocks, kv_heads))
+        return static_cast<int>(cudaErrorInvalidValue);
+    const int64_t group = heads / kv_heads;
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+#define RL_ATT_BWD(DD) \
+    launch_bwd<DD>(q, k, v, dout, lse, delta, dq, dk, dv, cu_q, cu_k, batch, n_mblocks, n_nblocks, heads, kv_heads, group, \
+                   s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh, s_gqt, s_gqh, s_gkt, s_gkh, s_gvt, s_gvh, scale, st)
+    switch (head_dim) {
+        case 16: return RL_ATT_BWD(16);
+        case 32: return RL_ATT_BWD(32);
+        case 64: return RL_ATT_BWD(64);
+        case 128: return RL_ATT_BWD(128);
+        case 256: return RL_ATT_BWD(256);
+        default: return static_cast<int>(cudaErrorInvalidValue);
+    }
+#undef RL_ATT_BWD
+}

@@ -1,0 +1,92 @@
+// Shared pieces of the cuda_bf16 backend. Framework-free: CUDA runtime + cuda_bf16.h only.
+//
+// Conventions of every file in this folder
+// -----------------------------------------
+// * Host entry points are `RL_EXPORT int rl_<name>(...)`: raw device pointers (`const void*` /
+//   `void*`), sizes and strides in elements as `int64_t`, scalars as `float`, and the stream as the
+//   last argument (`void*`, a `cudaStream_t`). They return the `cudaError_t` of the launch (0 on
+//   success); the Python side turns a non-zero value into an exception with
+//   `rl_cuda_error_string`. The Python loader parses these prototypes (one per line, in the form
+//   `RL_EXPORT int rl_name(type name, ...)`) to set the ctypes argument types, so keep them on one
+//   line each.
+// * BF16 in, BF16 out (FP32 where the op says so), FP32 math, one rounding at the end
+//   (`__float2bfloat16_rn`, round to nearest even, the same as PyTorch's cast).
+// * No atomics. Every reduction has a fixed order that depends only on the length of the reduced
+//   axis, never on the number of rows, the batch or the strides. Launch configurations (threads,
+//   tiles) are compile-time constants.
+// * The library is built with `-fmad=false`: the compiler never contracts a*b+c into an FMA on its
+//   own, so the same source expression rounds the same way in every kernel and template instance
+//   (this is what makes attention prefill and decode bitwise equal). Where an FMA is wanted it is
+//   written as `__fmaf_rn`. IEEE division and square root (no --use_fast_math).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#define RL_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace rl {
+
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ float f32(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float f32(float v) { return v; }
+__device__ __forceinline__ bf16 to_bf16(float v) { return __float2bfloat16_rn(v); }
+
+// Typed store of an FP32 value: rounds once for BF16, stores as is for FP32.
+__device__ __forceinline__ void store_as(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
+
+// Raw 16-bit copies (no conversion: embedding / pack move BF16 bits unchanged).
+__device__ __forceinline__ unsigned short bits(const bf16* p) {
+    return *reinterpret_cast<const unsigned short*>(p);
+}
+__device__ __forceinline__ void put_bits(bf16* p, unsigned short v) {
+    *reinterpret_cast<unsigned short*>(p) = v;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+__device__ __forceinline__ bool aligned4(const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) & 3u) == 0;
+}
+
+// Sum of one value per lane over a full warp with a fixed xor butterfly. Every lane ends with the
+// same bits (each step adds the same two operands, and FP32 addition is commutative).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+// The same butterfly over aligned groups of 16 lanes (half warps).
+__device__ __forceinline__ float half_warp_sum(float v) {
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+__device__ __forceinline__ float half_warp_max(float v) {
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+// Combine two (running max, running sum of exp(z - max)) pairs of an online log-sum-exp.
+// Symmetric in its two arguments (bitwise), so a butterfly leaves every lane with the same bits.
+// A pair that is still (-inf, 0) contributes exactly 0; +inf maxima give NaN, as log_softmax does.
+__device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float s2) {
+    const float mn = fmaxf(m, m2);
+    const float ref = (mn == -INFINITY) ? 0.0f : mn;
+    s = s * expf(m - ref) + s2 * expf(m2 - ref);
+    m = mn;
+}
+
+__host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The status of the launches just issued (0 = cudaSuccess).
+inline int launch_status() { return static_cast<int>(cudaGetLastError()); }
+
+}  // namespace rl

@@ -1,0 +1,506 @@
+// GEMMs of the cuda_bf16 backend.
+//
+// 1. Tensor-core tree GEMM (det_gemm, lm_head forward, linear_logp logits):
+//    C [M, N] = A [M, K] @ B [K, N], BF16 operands with any strides, FP32 accumulation through
+//    WMMA 16x16x16 BF16 tiles (HMMA). One block owns one 128 x 128 output tile and walks the K
+//    range in the contract's Option B tree (declared_exceptions.det_gemm):
+//      * the K axis is split by mid = lo + (hi - lo) / 2, DEPTH times (the host passes the leaf
+//        bounds, computed by rl_engine.ops.det_gemm.api.mid_split_bounds);
+//      * each leaf is accumulated in FP32 over 32-wide K steps that start at the leaf's own first
+//        index and run in increasing k (the tail step is zero-padded past the leaf's end), then
+//        rounded once to BF16;
+//      * merges are bf16(fp32(l) + fp32(r)), ((l0 + l1) + (l2 + l3)) for DEPTH 2.
+//    Because every leaf starts its K steps at its own first index, a tensor-parallel rank holding
+//    the K range of one subtree (DEPTH - log2(parts)) computes that subtree with exactly the same
+//    instructions, so a BF16 merge of the ranks equals the unsplit product bit for bit.
+//    DEPTH 0 with OUT_F32 is a plain FP32-accumulated GEMM with FP32 output (lm_head logits).
+//    Leaf-parallel form (rl_det_gemm_leaves, for decode-sized outputs): one block per tile and
+//    leaf runs the same leaf loop, the leaves go through a BF16 workspace, and a second kernel
+//    applies the same merges: the same bits with 2^DEPTH times the blocks.
+//    Batch invariance: output (m, n) is produced from row m of A and column n of B by the same
+//    sequence of MMA instructions whatever M, the tile position of the row, or the strides (the
+//    loaders only change how values reach shared memory, never which values or in which order
+//    they are reduced).
+//
+// 2. CUDA-core FP32 GEMM (lm_head / linear_logp backward, FP32 upstream gradients):
+//    C [M, N] (=, or +=) A [M, K] @ B [K, N] with FP32 or BF16 operands upcast to FP32, one FP32
+//    accumulator per output element updated with __fmaf_rn in increasing k, stored once (rounded
+//    to BF16, or FP32; with ACCUM the finished FP32 sum is added to C with one FP32 addition).
+#include <mma.h>
+
+#include "common.cuh"
+
+using namespace rl;
+using namespace nvcuda;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core tree GEMM
+// ---------------------------------------------------------------------------------------------
+constexpr int TB_M = 128;
+constexpr int TB_N = 128;
+constexpr int TB_K = 32;
+constexpr int TB_LD = TB_K + 8;  // smem row stride (elements): 80 bytes, a multiple of 16
+constexpr int TB_THREADS = 256;  // 8 warps: 2 along M (64 rows each) x 4 along N (32 cols each)
+constexpr int TB_WARP_M = 64;
+constexpr int TB_WARP_N = 32;
+constexpr int FM = TB_WARP_M / 16;  // 4 fragments along M per warp
+constexpr int FN = TB_WARP_N / 16;  // 2 fragments along N per warp
+
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragB;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
+constexpr int FRAG_ELEMS = sizeof(FragC::x) / sizeof(float);
+
+struct TreeArgs {
+    const bf16* a;
+    const bf16* b;
+    void* c;
+    int64_t M, N, K;
+    int64_t s_am, s_ak, s_bk, s_bn, s_cm, s_cn;
+    int64_t bounds[5];  // leaf bounds: 2^DEPTH + 1 entries used
+};
+
+struct __align__(128) TreeSmem {
+    bf16 a[TB_M][TB_LD];          // A tile, row major: a[m][k]
+    bf16 b[TB_N][TB_LD];          // B tile, transposed: b[n][k] (col-major K x N for WMMA)
+    float stage[8][16 * 16];      // per-warp staging of one output fragment
+};
+
+// Load rows [r0, r0 + R) x k in [k0, k0 + TB_K) of an operand addressed as src[r * s_r + k * s_k]
+// into dst[r][k]; entries with r >= r_lim or k >= k_lim are zero. The path (16-byte vectors along
+// k, along r, or scalars) is chosen from strides and alignment; it never changes the values.
+template <int R>
+__device__ __forceinline__ void load_tile(bf16 (*dst)[TB_LD], const bf16* __restrict__ src, int64_t s_r, int64_t s_k,
+                                          int64_t r0, int64_t r_lim, int64_t k0, int64_t k_lim) {
+    const unsigned short* s16 = reinterpret_cast<const unsigned short*>(src);
+    const int tid = threadIdx.x;
+    if (s_k == 1) {
+        constexpr int VPR = TB_K / 8;
+        for (int v = tid; v < R * VPR; v += TB_THREADS) {
+            const int r = v / VPR;
+            const int kc = (v % VPR) * 8;
+            const int64_t gr = r0 + r;
+            const int64_t gk = k0 + kc;
+            uint4 val = make_uint4(0u, 0u, 0u, 0u);
+            if (gr < r_lim && gk < k_lim) {
+                const bf16* p = src + gr * s_r + gk;
+                if (gk + 8 <= k_lim && aligned16(p)) {
+                    val = __ldg(reinterpret_cast<const uint4*>(p));
+                } else {
+                    unsigned short t[8];
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) t[i] = (gk + i < k_lim) ? s16[gr * s_r + gk + i] : 0;
+                    val.x = t[0] | (static_cast<unsigned>(t[1]) << 16);
+                    val.y = t[2] | (static_cast<unsigned>(t[3]) << 16);
+                    val.z = t[4] | (static_cast<unsigned>(t[5]) << 16);
+                    val.w = t[6] | (static_cast<unsigned>(t[7]) << 16);
+                }
+            }
+            *reinterpret_cast<uint4*>(&dst[r][kc]) = val;
+        }
+    } else if (s_r == 1) {
+        constexpr int VPK = R / 8;
+        for (int v = tid; v < TB_K * VPK; v += TB_THREADS) {
+            const int k = v / VPK;
+            const int rc = (v % VPK) * 8;
+            const int64_t gr = r0 + rc;
+            const int64_t gk = k0 + k;
+            unsigned short t[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) t[i] = 0;
+            if (gk < k_lim && gr < r_lim) {
+                const bf16* p = src + gk * s_k + gr;
+                if (gr + 8 <= r_lim && aligned16(p)) {
+                    const uint4 val = __ldg(reinterpret_cast<const uint4*>(p));
+                    t[0] = val.x & 0xffffu; t[1] = val.x >> 16;
+                    t[2] = val.y & 0xffffu; t[3] = val.y >> 16;
+                    t[4] = val.z & 0xffffu; t[5] = val.z >> 16;
+                    t[6] = val.w & 0xffffu; t[7] = val.w >> 16;
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) t[i] = (gr + i < r_lim) ? s16[gk * s_k + gr + i] : 0;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 8; ++i) put_bits(&dst[rc + i][k], t[i]);
+        }
+    } else {
+        for (int e = tid; e < R * TB_K; e += TB_THREADS) {
+            const int r = e / TB_K;
+            const int k = e % TB_K;
+            const int64_t gr = r0 + r;
+            const int64_t gk = k0 + k;
+            const unsigned short v = (gr < r_lim && gk < k_lim) ? s16[gr * s_r + gk * s_k] : 0;
+            put_bits(&dst[r][k], v);
+        }
+    }
+}
+
+// FP32 accumulation of one leaf [lo, hi) of the K axis for this warp's 64 x 32 sub-tile.
+__device__ __forceinline__ void tree_leaf(FragC (&acc)[FM][FN], TreeSmem& sm, const TreeArgs& g, int64_t m0,
+                                          int64_t n0, int64_t lo, int64_t hi, int wm, int wn) {
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int64_t k0 = lo; k0 < hi; k0 += TB_K) {
+        __syncthreads();  // the previous step's fragments have been read
+        load_tile<TB_M>(sm.a, g.a, g.s_am, g.s_ak, m0, g.M, k0, hi);
+        load_tile<TB_N>(sm.b, g.b, g.s_bn, g.s_bk, n0, g.N, k0, hi);
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < TB_K; kk += 16) {
+            FragA fa[FM];
+            FragB fb[FN];
+#pragma unroll
+            for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(fa[i], &sm.a[wm * TB_WARP_M + i * 16][kk], TB_LD);
+#pragma unroll
+            for (int j = 0; j < FN; ++j) wmma::load_matrix_sync(fb[j], &sm.b[wn * TB_WARP_N + j * 16][kk], TB_LD);
+#pragma unroll
+            for (int i = 0; i < FM; ++i)
+#pragma unroll
+                for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+    }
+}
+
+struct LeafBf16 {
+    bf16 v[FM][FN][FRAG_ELEMS];
+};
+
+__device__ __forceinline__ void round_leaf(LeafBf16& out, const FragC (&acc)[FM][FN]) {
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j)
+#pragma unroll
+            for (int e = 0; e < FRAG_ELEMS; ++e) out.v[i][j][e] = to_bf16(acc[i][j].x[e]);
+}
+
+// left = bf16(fp32(left) + fp32(right)). Accumulator fragments of one type share one element
+// mapping, so element e of two fragments is the same (row, col).
+__device__ __forceinline__ void merge_into(LeafBf16& left, const LeafBf16& right) {
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j)
+#pragma unroll
+            for (int e = 0; e < FRAG_ELEMS; ++e)
+                left.v[i][j][e] = to_bf16(f32(left.v[i][j][e]) + f32(right.v[i][j][e]));
+}
+
+template <bool OUT_F32>
+__device__ __forceinline__ void store_fragment(TreeSmem& sm, const TreeArgs& g, const FragC& frag, int64_t r0,
+                                               int64_t c0) {
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    float* st = sm.stage[warp];
+    wmma::store_matrix_sync(st, frag, 16, wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 256; e += 32) {
+        const int64_t r = r0 + e / 16;
+        const int64_t c = c0 + e % 16;
+        if (r < g.M && c < g.N) {
+            const int64_t off = r * g.s_cm + c * g.s_cn;
+            if (OUT_F32) {
+                static_cast<float*>(g.c)[off] = st[e];
+            } else {
+                // The value is already a BF16 number held in FP32: the conversion is exact.
+                static_cast<bf16*>(g.c)[off] = to_bf16(st[e]);
+            }
+        }
+    }
+    __syncwarp();
+}
+
+template <int DEPTH, bool OUT_F32>
+__global__ void __launch_bounds__(TB_THREADS) tree_gemm_kernel(TreeArgs g) {
+    __shared__ TreeSmem sm;
+    const int warp = threadIdx.x >> 5;
+    const int wm = warp / 4;
+    const int wn = warp % 4;
+    const int64_t m0 = static_cast<int64_t>(blockIdx.x) * TB_M;
+    const int64_t n0 = static_cast<int64_t>(blockIdx.y) * TB_N;
+    FragC acc[FM][FN];
+
+    if (OUT_F32) {
+        static_assert(!OUT_F32 || DEPTH == 0, "FP32 output is the untreed FP32 GEMM");
+        tree_leaf(acc, sm, g, m0, n0, g.bounds[0], g.bounds[1], wm, wn);
+#pragma unroll
+        for (int i = 0; i < FM; ++i)
+#pragma unroll
+            for (int j = 0; j < FN; ++j)
+                store_fragment<true>(sm, g, acc[i][j], m0 + wm * TB_WARP_M + i * 16, n0 + wn * TB_WARP_N + j * 16);
+        return;
+    }
+
+    LeafBf16 res;
+    if (DEPTH == 0) {
+        tree_leaf(acc, sm, g, m0, n0, g.bounds[0], g.bounds[1], wm, wn);
+        round_leaf(res, acc);
+    } else if (DEPTH == 1) {
+        LeafBf16 right;
+        tree_leaf(acc, sm, g, m0, n0, g.bounds[0], g.bounds[1], wm, wn);
+        round_leaf(res, acc);
+        tree_leaf(acc, sm, g, m0, n0, g.bounds[1], g.bounds[2], wm, wn);
+        round_leaf(right, acc);
+        merge_into(res, right);
+    } else {
+        LeafBf16 tmp, s23;
+        tree_leaf(acc, sm, g, m0, n0, g.bounds[0], g.bounds[1], wm, wn);
+        round_leaf(res, acc);  // l0
+        tree_leaf(acc, sm, g, m0, n0, g.bounds[1], g.bounds[2], wm, wn);
+        round_leaf(tmp, acc);  // l1
+        merge_into(res, tmp);  // l0 + l1
+        tree_leaf(acc, sm, g, m0, n0, g.bounds[2], g.bounds[3], wm, wn);
+        round_leaf(s23, acc);  // l2
+        tree_leaf(acc, sm, g, m0, n0, g.bounds[3], g.bounds[4], wm, wn);
+        round_leaf(tmp, acc);  // l3
+        merge_into(s23, tmp);  // l2 + l3
+        merge_into(res, s23);  // (l0 + l1) + (l2 + l3)
+    }
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j) {
+            FragC out;
+#pragma unroll
+            for (int e = 0; e < FRAG_ELEMS; ++e) out.x[e] = f32(res.v[i][j][e]);
+            store_fragment<false>(sm, g, out, m0 + wm * TB_WARP_M + i * 16, n0 + wn * TB_WARP_N + j * 16);
+        }
+}
+
+// Leaf-parallel form of the same tree (decode-sized outputs): block (tile_m, tile_n, leaf) runs
+// tree_leaf over its leaf exactly as the fused kernel does, rounds it once to BF16 and stores it
+// in w [2^DEPTH, M, N] (row-major); leaf_merge_kernel applies the BF16 merges. Same instructions
+// per leaf and the same roundings as tree_gemm_kernel, so the same bits; 2^DEPTH times the blocks.
+__global__ void __launch_bounds__(TB_THREADS) tree_leaf_kernel(TreeArgs g, bf16* w) {
+    __shared__ TreeSmem sm;
+    const int warp = threadIdx.x >> 5;
+    const int wm = warp / 4;
+    const int wn = warp % 4;
+    const int64_t m0 = static_cast<int64_t>(blockIdx.x) * TB_M;
+    const int64_t n0 = static_cast<int64_t>(blockIdx.y) * TB_N;
+    const int leaf = static_cast<int>(blockIdx.z);
+    FragC acc[FM][FN];
+    tree_leaf(acc, sm, g, m0, n0, g.bounds[leaf], g.bounds[leaf + 1], wm, wn);
+    LeafBf16 res;
+    round_leaf(res, acc);
+    TreeArgs out = g;
+    out.c = w + static_cast<int64_t>(leaf) * g.M * g.N;
+    out.s_cm = g.N;
+    out.s_cn = 1;
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j) {
+            FragC frag;
+#pragma unroll
+            for (int e = 0; e < FRAG_ELEMS; ++e) frag.x[e] = f32(res.v[i][j][e]);
+            store_fragment<false>(sm, out, frag, m0 + wm * TB_WARP_M + i * 16, n0 + wn * TB_WARP_N + j * 16);
+        }
+}
+
+constexpr int MERGE_THREADS = 256;
+
+// c = l0 + l1 (DEPTH 1) or (l0 + l1) + (l2 + l3) (DEPTH 2), each addition bf16(fp32 + fp32).
+template <int DEPTH>
+__global__ void __launch_bounds__(MERGE_THREADS) leaf_merge_kernel(const bf16* __restrict__ w, bf16* c, int64_t M,
+                                                                    int64_t N, int64_t s_cm, int64_t s_cn) {
+    const int64_t mn = M * N;
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * MERGE_THREADS + threadIdx.x;
+    if (i >= mn) return;
+    bf16 s = to_bf16(f32(w[i]) + f32(w[mn + i]));
+    if (DEPTH == 2) {
+        const bf16 s23 = to_bf16(f32(w[2 * mn + i]) + f32(w[3 * mn + i]));
+        s = to_bf16(f32(s) + f32(s23));
+    }
+    c[(i / N) * s_cm + (i % N) * s_cn] = s;
+}
+
+int launch_tree_leaves(const TreeArgs& g, int depth, bf16* w, cudaStream_t st) {
+    if (g.M == 0 || g.N == 0) return 0;
+    const int64_t gm = cdiv(g.M, TB_M);
+    const int64_t gn = cdiv(g.N, TB_N);
+    if (depth < 1 || depth > 2 || gm > 65535 || gn > 65535) return static_cast<int>(cudaErrorInvalidValue);
+    const int leaves = 1 << depth;
+    if (g.bounds[0] != 0 || g.bounds[leaves] != g.K) return static_cast<int>(cudaErrorInvalidValue);
+    for (int i = 0; i < leaves; ++i)
+        if (g.bounds[i + 1] < g.bounds[i]) return static_cast<int>(cudaErrorInvalidValue);
+    dim3 grid(static_cast<unsigned>(gm), static_cast<unsigned>(gn), static_cast<unsigned>(leaves));
+    tree_leaf_kernel<<<grid, TB_THREADS, 0, st>>>(g, w);
+    const int64_t blocks = cdiv(g.M * g.N, MERGE_THREADS);
+    if (blocks >= 2147483647LL) return static_cast<int>(cudaErrorInvalidValue);
+    bf16* c = static_cast<bf16*>(g.c);
+    if (depth == 1) {
+        leaf_merge_kernel<1><<<static_cast<unsigned>(blocks), MERGE_THREADS, 0, st>>>(w, c, g.M, g.N, g.s_cm, g.s_cn);
+    } else {
+        leaf_merge_kernel<2><<<static_cast<unsigned>(blocks), MERGE_THREADS, 0, st>>>(w, c, g.M, g.N, g.s_cm, g.s_cn);
+    }
+    return launch_status();
+}
+
+int launch_tree(const TreeArgs& g, int depth, bool out_f32, cudaStream_t st) {
+    if (g.M == 0 || g.N == 0) return 0;
+    const int64_t gm = cdiv(g.M, TB_M);
+    const int64_t gn = cdiv(g.N, TB_N);
+    if (gm >= 2147483647LL || gn > 65535) return static_cast<int>(cudaErrorInvalidValue);
+    const int leaves = 1 << depth;
+    if (g.bounds[0] != 0 || g.bounds[leaves] != g.K) return static_cast<int>(cudaErrorInvalidValue);
+    for (int i = 0; i < leaves; ++i)
+        if (g.bounds[i + 1] < g.bounds[i]) return static_cast<int>(cudaErrorInvalidValue);
+    dim3 grid(static_cast<unsigned>(gm), static_cast<unsigned>(gn));
+    if (out_f32) {
+        if (depth != 0) return static_cast<int>(cudaErrorInvalidValue);
+        tree_gemm_kernel<0, true><<<grid, TB_THREADS, 0, st>>>(g);
+    } else if (depth == 0) {
+        tree_gemm_kernel<0, false><<<grid, TB_THREADS, 0, st>>>(g);
+    } else if (depth == 1) {
+        tree_gemm_kernel<1, false><<<grid, TB_THREADS, 0, st>>>(g);
+    } else if (depth == 2) {
+        tree_gemm_kernel<2, false><<<grid, TB_THREADS, 0, st>>>(g);
+    } else {
+        return static_cast<int>(cudaErrorInvalidValue);
+    }
+    return launch_status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA-core FP32 GEMM
+// ---------------------------------------------------------------------------------------------
+constexpr int SG_M = 64;
+constexpr int SG_N = 64;
+constexpr int SG_K = 16;
+constexpr int SG_THREADS = 256;  // 16 x 16 threads, 4 x 4 outputs each (rows ty + 16 i, cols tx + 16 j)
+
+struct SimtArgs {
+    const void* a;
+    const void* b;
+    void* c;
+    int64_t M, N, K;
+    int64_t s_am, s_ak, s_bk, s_bn, s_cm, s_cn;
+};
+
+template <typename T>
+__device__ __forceinline__ float load_f32(const void* p, int64_t off) {
+    return f32(static_cast<const T*>(p)[off]);
+}
+
+template <typename TA, typename TB, typename TC, bool ACCUM>
+__global__ void __launch_bounds__(SG_THREADS) simt_gemm_kernel(SimtArgs g) {
+    __shared__ float as[SG_K][SG_M + 4];
+    __shared__ float bs[SG_K][SG_N + 4];
+    const int tid = threadIdx.x;
+    const int tx = tid % 16;
+    const int ty = tid / 16;
+    const int64_t m0 = static_cast<int64_t>(blockIdx.x) * SG_M;
+    const int64_t n0 = static_cast<int64_t>(blockIdx.y) * SG_N;
+    const bool a_k_contig = (g.s_ak == 1);
+    const bool b_n_contig = (g.s_bn == 1);
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    for (int64_t k0 = 0; k0 < g.K; k0 += SG_K) {
+        __syncthreads();
+        for (int e = tid; e < SG_M * SG_K; e += SG_THREADS) {
+            const int m = a_k_contig ? e / SG_K : e % SG_M;
+            const int k = a_k_contig ? e % SG_K : e / SG_M;
+            const int64_t gm = m0 + m;
+            const int64_t gk = k0 + k;
+            as[k][m] = (gm < g.M && gk < g.K) ? load_f32<TA>(g.a, gm * g.s_am + gk * g.s_ak) : 0.0f;
+        }
+        for (int e = tid; e < SG_N * SG_K; e += SG_THREADS) {
+            const int n = b_n_contig ? e % SG_N : e / SG_K;
+            const int k = b_n_contig ? e / SG_N : e % SG_K;
+            const int64_t gn = n0 + n;
+            const int64_t gk = k0 + k;
+            bs[k][n] = (gn < g.N && gk < g.K) ? load_f32<TB>(g.b, gk * g.s_bk + gn * g.s_bn) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < SG_K; ++k) {
+            float av[4], bv[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) av[i] = as[k][ty + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) bv[j] = bs[k][tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] = __fmaf_rn(av[i], bv[j], acc[i][j]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int64_t gm = m0 + ty + 16 * i;
+        if (gm >= g.M) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int64_t gn = n0 + tx + 16 * j;
+            if (gn >= g.N) continue;
+            TC* p = static_cast<TC*>(g.c) + gm * g.s_cm + gn * g.s_cn;
+            if (ACCUM) {
+                store_as(p, f32(*p) + acc[i][j]);
+            } else {
+                store_as(p, acc[i][j]);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+// det_gemm: C [M, N] bf16 = tree(A [M, K] @ B [K, N]); bounds b0..b4 of the 2^depth leaves
+// (unused entries ignored). depth in {0, 1, 2}.
+RL_EXPORT int rl_det_gemm(const void* a, const void* b, void* c, int64_t M, int64_t N, int64_t K, int64_t s_am, int64_t s_ak, int64_t s_bk, int64_t s_bn, int64_t s_cm, int64_t s_cn, int64_t depth, int64_t b0, int64_t b1, int64_t b2, int64_t b3, int64_t b4, void* stream) {
+    TreeArgs g{static_cast<const bf16*>(a), static_cast<const bf16*>(b), c, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
+               {b0, b1, b2, b3, b4}};
+    if (depth < 0 || depth > 2) return static_cast<int>(cudaErrorInvalidValue);
+    return launch_tree(g, static_cast<int>(depth), false, static_cast<cudaStream_t>(stream));
+}
+
+// det_gemm, leaf-parallel form (same bits as rl_det_gemm): w is a [2^depth, M, N] bf16 workspace.
+// depth in {1, 2}.
+RL_EXPORT int rl_det_gemm_leaves(const void* a, const void* b, void* c, void* w, int64_t M, int64_t N, int64_t K, int64_t s_am, int64_t s_ak, int64_t s_bk, int64_t s_bn, int64_t s_cm, int64_t s_cn, int64_t depth, int64_t b0, int64_t b1, int64_t b2, int64_t b3, int64_t b4, void* stream) {
+    TreeArgs g{static_cast<const bf16*>(a), static_cast<const bf16*>(b), c, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
+               {b0, b1, b2, b3, b4}};
+    return launch_tree_leaves(g, static_cast<int>(depth), static_cast<bf16*>(w), static_cast<cudaStream_t>(stream));
+}
+
+// FP32-output GEMM: C [M, N] fp32 = A [M, K] @ B [K, N] (bf16 operands), one FP32 accumulator
+// over all of K in increasing order (lm_head logits, linear_logp logit chunks).
+RL_EXPORT int rl_gemm_bf16_f32out(const void* a, const void* b, void* c, int64_t M, int64_t N, int64_t K, int64_t s_am, int64_t s_ak, int64_t s_bk, int64_t s_bn, int64_t s_cm, int64_t s_cn, void* stream) {
+    TreeArgs g{static_cast<const bf16*>(a), static_cast<const bf16*>(b), c, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
+               {0, K, 0, 0, 0}};
+    return launch_tree(g, 0, true, static_cast<cudaStream_t>(stream));
+}
+
+// CUDA-core FP32 GEMM. a_f32 / b_f32 / c_f32: 1 when that operand is FP32, 0 when BF16.
+// Supported: A fp32 with B bf16 (C bf16, C fp32, or C fp32 with accumulate=1), and A bf16 with B fp32
+// into C bf16 / fp32.
+RL_EXPORT int rl_gemm_f32_simt(const void* a, const void* b, void* c, int64_t M, int64_t N, int64_t K, int64_t s_am, int64_t s_ak, int64_t s_bk, int64_t s_bn, int64_t s_cm, int64_t s_cn, int64_t a_f32, int64_t b_f32, int64_t c_f32, int64_t accumulate, void* stream) {
+    if (M == 0 || N == 0) return 0;
+    const int64_t gm = cdiv(M, SG_M);
+    const int64_t gn = cdiv(N, SG_N);
+    if (gm >= 2147483647LL || gn > 65535) return static_cast<int>(cudaErrorInvalidValue);
+    SimtArgs g{a, b, c, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_cn};
+    dim3 grid(static_cast<unsigned>(gm), static_cast<unsigned>(gn));
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    if (accumulate && !c_f32) return static_cast<int>(cudaErrorInvalidValue);
+    if (a_f32 && !b_f32) {
+        if (!c_f32) simt_gemm_kernel<float, bf16, bf16, false><<<grid, SG_THREADS, 0, st>>>(g);
+        else if (!accumulate) simt_gemm_kernel<float, bf16, float, false><<<grid, SG_THREADS, 0, st>>>(g);
+        else simt_gemm_kernel<float, bf16, float, true><<<grid, SG_THREADS, 0, st>>>(g);
+    } else if (!a_f32 && b_f32 && !accumulate) {
+        if (!c_f32) simt_gemm_kernel<bf16, float, bf16, false><<<grid, SG_THREADS, 0, st>>>(g);
+        else simt_gemm_kernel<bf16, float, float, false><<<grid, SG_THREADS, 0, st>>>(g);
+    } else {
+        return static_cast<int>(cudaErrorInvalidValue);
+    }
+    return launch_status();
+}
