@@ -11,15 +11,14 @@ Triton interpreter, ``cuda_bf16`` in the host emulation of the CUDA sources (tes
 On a machine with a GPU the kernel backends are skipped here (they run on the GPU in
 tests/ops/test_masked_absent_gpu.py); the plain-PyTorch backends run everywhere.
 
-Negative controls: the same checks must fail on the kernels of commit 7892be7 (a frozen copy in
-tests/ops/legacy/: the Triton module and the CUDA sources, built for the host) and on the old
-plain-matmul formulation of the reference. The frozen kernels also prove that finite inputs give
-exactly the bits they gave before the change (the committed GPU evidence does not move).
+Negative controls: the same checks must fail on the kernels of commit 7892be7 (read from git
+history by tests/ops/_legacy.py: the Triton module and the CUDA sources, built for the host) and on
+the old plain-matmul formulation of the reference. The old kernels also prove that finite inputs
+give exactly the bits they gave before the change.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import sys
 from contextlib import nullcontext
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _legacy import legacy_attention_triton, legacy_cuda_sources
 from _masked import (POISONS, Shape, assert_same_bits, check_blind_queries, check_decode_past_length,
                      check_future_keys, check_logp_mask, check_other_sequences, check_pack_padding,
                      check_prefill_rows_equal_decode)
@@ -37,7 +37,6 @@ from rl_engine.ops.attention.torch_bf16 import attention_decode_torch_bf16, atte
 from rl_engine.ops.attention.triton import attention_decode_triton, attention_triton
 
 HERE = Path(__file__).resolve().parent
-LEGACY = HERE / "legacy"
 SHAPE = Shape(heads=4, kv_heads=2, head_dim=16)
 PREFILL = ((70,), (70,))
 """One sequence longer than a 64-row / 64-key tile: the planted key sits in the diagonal tile."""
@@ -78,19 +77,17 @@ def emu():
 
 
 @pytest.fixture(scope="module")
-def emu_legacy():
-    return _emu_lib(LEGACY / "cuda_src_7892be7", "-legacy-7892be7")
+def emu_legacy(tmp_path_factory):
+    if ON_GPU_HOST:
+        pytest.skip("a GPU is present: cuda_bf16 runs on it (tests/ops/test_masked_absent_gpu.py)")
+    return _emu_lib(legacy_cuda_sources(tmp_path_factory.mktemp("cuda_src_7892be7")), "-legacy-7892be7")
 
 
 @pytest.fixture(scope="module")
-def legacy_triton():
+def legacy_triton(tmp_path_factory):
     if ON_GPU_HOST:
         pytest.skip("a GPU is present: the Triton comparison runs in tests/ops/test_masked_absent_gpu.py")
-    spec = importlib.util.spec_from_file_location("legacy_attention_triton_7892be7",
-                                                  LEGACY / "attention_triton_7892be7.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return legacy_attention_triton(tmp_path_factory.mktemp("legacy_triton"))
 
 
 def _emulated(lib):

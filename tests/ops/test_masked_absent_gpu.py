@@ -1,7 +1,8 @@
 """Masked means absent (docs/declared-semantics.md) on a CUDA GPU at Qwen3-8B-like shapes
 (32 query heads, 8 KV heads, head dim 128, a few hundred to ~4k tokens), for both kernel backends
 and for the FP32 reference on the GPU; plus finite inputs give the same bits as the Triton kernels
-of commit 7892be7 (tests/ops/legacy/) on the GPU, so the committed evidence does not move.
+of commit 7892be7 (read from git history, tests/ops/_legacy.py, launched with fusion off as the
+contract now declares) on the GPU.
 
 The checks are those of tests/ops/_masked.py (the CPU file runs them small, under the Triton
 interpreter and the CUDA host emulation). Marked ``gpu``: skipped without CUDA.
@@ -9,9 +10,7 @@ interpreter and the CUDA host emulation). Marked ``gpu``: skipped without CUDA.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -105,12 +104,10 @@ def test_gpu_issue17_prefill_row_equals_decode_step_with_nan_in_future(backend, 
 
 
 @pytest.fixture(scope="module")
-def legacy_triton():
-    path = Path(__file__).resolve().parent / "legacy" / "attention_triton_7892be7.py"
-    spec = importlib.util.spec_from_file_location("legacy_attention_triton_7892be7_gpu", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def legacy_triton(tmp_path_factory):
+    from _legacy import legacy_attention_triton
+
+    return legacy_attention_triton(tmp_path_factory.mktemp("legacy_triton"))
 
 
 @pytest.mark.parametrize("lens", [PREFILL, CHUNKED, (VARLEN, VARLEN)], ids=["prefill-4133", "chunked", "varlen"])
