@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from html.parser import HTMLParser
 from pathlib import Path
 
 import jsonschema
@@ -191,7 +192,7 @@ def test_report_markdown(clean_run):
 
 def test_report_html_is_self_contained(clean_run):
     _, ev, _ = clean_run
-    html = render_html(ev, render_markdown(ev))
+    html = render_html(ev)
     assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", html, re.I), "external resource"
     assert "<script" not in html.lower() and "<link" not in html.lower()
     m = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", html)
@@ -312,6 +313,79 @@ def test_planted_fault_root_cause(planted_run):
     assert "FAIL" in md and "Red cells" in md
     html = (out / "report.html").read_text()
     assert "Root-cause hint" in html and "silu" in html
+
+
+class _Page(HTMLParser):
+    """The visible text of an HTML page (outside <head>, <style>, <script>), its elements with
+    their attributes, and its tables."""
+
+    def __init__(self):
+        super().__init__()
+        self.text, self.elements, self._skip = [], [], 0
+        self._stack: list[tuple[str, dict[str, str]]] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.elements.append((tag, a))
+        if tag in ("head", "style", "script", "title"):
+            self._skip += 1
+        if tag not in ("img", "meta", "br", "hr", "input", "link"):
+            self._stack.append((tag, a))
+
+    def handle_endtag(self, tag):
+        if tag in ("head", "style", "script", "title"):
+            self._skip -= 1
+        while self._stack:
+            if self._stack.pop()[0] == tag:
+                break
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.text.append((data, [t for t in self._stack]))
+
+    def visible(self) -> str:
+        return " ".join(d for d, _ in self.text)
+
+    def text_inside(self, pred) -> str:
+        return " ".join(d for d, stack in self.text if any(pred(t, a) for t, a in stack))
+
+
+def test_failing_report_html_reads_at_a_glance(planted_run):
+    """The HTML of a failing run: a verdict banner saying FAIL, each red cell's full reason as
+    visible text (not only a tooltip), real tables, embedded plots, no markdown left unrendered."""
+    _, out, ev = planted_run
+    page = _Page()
+    page.feed((out / "report.html").read_text())
+    classes = lambda a: (a.get("class") or "").split()  # noqa: E731
+    banner = page.text_inside(lambda t, a: "verdict" in classes(a))
+    assert "FAIL" in banner and "red" in banner
+    assert page.visible().index("FAIL") < page.visible().index("Matrix"), "the verdict comes first"
+    visible = page.visible()
+    reds = [c for c in ev["cells"] if c["status"] == "red"]
+    assert reds
+    reason_text = page.text_inside(lambda t, a: "red-cells" in classes(a))
+    for c in reds:
+        assert c["reason"] in reason_text, c["reason"]
+        tag = f"{c['op']}/{c['backend']}/{c['judgment']}" + (f"/{c['transform']}" if c["transform"] else "")
+        assert tag in reason_text
+    assert "evidence.json" in reason_text and "cells[" in reason_text
+    tables = [t for t, _ in page.elements if t == "table"]
+    assert len(tables) >= 2  # the matrix and the detail tables
+    assert sum(1 for t, a in page.elements if t == "td" and "red" in classes(a)) == len(reds)
+    imgs = [a["src"] for t, a in page.elements if t == "img"]
+    assert imgs and all(src.startswith("data:image/png;base64,") for src in imgs)
+    assert base64.b64decode(imgs[0].split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![" not in visible and "|---" not in visible and "| op |" not in visible
+    assert not re.search(r"\*\*[^*]+\*\*", visible), "unrendered markdown emphasis"
+
+
+def test_passing_report_html_says_pass(clean_run):
+    _, ev, _ = clean_run
+    page = _Page()
+    page.feed(render_html(ev))
+    banner = page.text_inside(lambda t, a: "verdict" in (a.get("class") or "").split())
+    assert "PASS" in banner and "FAIL" not in banner
+    assert not any(t == "ol" and "red-cells" in (a.get("class") or "") for t, a in page.elements)
 
 
 def test_root_cause_is_the_earliest_op_in_model_order():
