@@ -148,6 +148,8 @@ class AccuracyReport:
         verdict = "ok" if self.passed else "FAIL"
         s = (f"{self.path}: {verdict} max_abs={self.max_abs_error:.3e} (atol {self.atol:g}, rtol {self.rtol:g}), "
              f"{self.mismatches}/{self.numel} outside")
+        if self.nonfinite_mismatches:
+            s += f" ({self.nonfinite_mismatches} of them non-finite: NaN, or an infinity against another value)"
         if self.worst_index is not None and not self.passed:
             s += f"; worst {self.worst_index}: candidate {self.worst_candidate!r} vs reference {self.worst_reference!r}"
         return s
@@ -187,8 +189,11 @@ def compare_accuracy(path: str, candidate: torch.Tensor, reference: torch.Tensor
     ok = ok_finite | same_inf
     bad = ~ok
     nonfinite_bad = bad & ~finite
-    # error used for statistics: finite pairs as is, a non-finite mismatch counts as +inf
-    abs_err = torch.where(nonfinite_bad, torch.full_like(diff, math.inf), diff)
+    # error used for statistics: finite pairs as is; a non-finite mismatch counts as NaN when either
+    # side is NaN (so a NaN output is reported as NaN, not as a large error) and as +inf otherwise
+    either_nan = torch.isnan(c) | torch.isnan(r)
+    abs_err = torch.where(nonfinite_bad, torch.where(either_nan, torch.full_like(diff, math.nan),
+                                                     torch.full_like(diff, math.inf)), diff)
     rel_err = abs_err / r.abs().clamp_min(REL_DENOMINATOR_FLOOR)
     rel_err = torch.where(same_inf, torch.zeros_like(rel_err), rel_err)
     n = c.numel()
