@@ -30,6 +30,18 @@ def strict_json(obj: Any) -> Any:
     return obj
 
 
+def schema_problem(schema: dict[str, Any], doc: Any) -> str | None:
+    """``"at PATH: MESSAGE"`` for the most relevant way ``doc`` breaks ``schema`` (jsonschema's
+    :func:`~jsonschema.exceptions.best_match`), or None when it validates."""
+    import jsonschema
+    from jsonschema.exceptions import best_match
+
+    e = best_match(jsonschema.Draft202012Validator(schema).iter_errors(doc))
+    if e is None:
+        return None
+    return f"at {'/'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
+
+
 def write_bytes_atomic(path: Path, data: bytes, prefix: str | None = None) -> None:
     """Write through a temporary file in the same folder and ``os.replace``; mode follows the umask."""
     path.parent.mkdir(parents=True, exist_ok=True)
