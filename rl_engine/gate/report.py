@@ -332,10 +332,16 @@ def _merge(rows: list[dict[str, Any]], key: str) -> dict[str, dict[str, Any]]:
     return merged
 
 
-def _stairs(ax, h: dict[str, Any], colour: str, label: str, filled: bool) -> tuple[int, int] | None:
+def _floor(*hists: dict[str, Any] | None) -> float:
+    """The bottom of a log fraction axis: below one element of the largest histogram."""
+    return 0.5 / max([1] + [sum(h["counts"]) for h in hists if h])
+
+
+def _stairs(ax, h: dict[str, Any], colour: str, label: str, filled: bool, floor: float) -> tuple[int, int] | None:
     """Draw a histogram of the layout of :func:`rl_engine.gate.compare.error_histogram` (bin 0 the
-    exact zeros, one bin per ``(edges[i-1], edges[i]]``, one overflow bin) on a log x axis; the
-    exact share goes into the legend (a log axis has no 0). Returns the range of non-empty bins."""
+    exact zeros, one bin per ``(edges[i-1], edges[i]]``, one overflow bin) on log axes (a tail of a
+    few elements stays visible); the exact share goes into the legend (a log axis has no 0).
+    Returns the range of non-empty bins."""
     counts, edges = h["counts"], h.get("edges")
     if not edges or len(counts) != len(edges) + 2:
         return None
@@ -343,9 +349,12 @@ def _stairs(ax, h: dict[str, Any], colour: str, label: str, filled: bool) -> tup
     exact = counts[0] / total
     lows = [edges[0] / (edges[1] / edges[0])] + list(edges)  # the first bin (0, edges[0]] drawn one step wide
     bounds = lows + [edges[-1] * (edges[-1] / edges[-2])]
-    values = [c / total for c in counts[1:]]
-    ax.stairs(values, bounds, fill=filled, alpha=0.35 if filled else 1.0, color=colour, linewidth=2,
+    values = [max(c / total, floor) for c in counts[1:]]
+    ax.stairs(values, bounds, baseline=floor, fill=filled, alpha=0.35 if filled else 1.0, color=colour, linewidth=2,
               label=f"{label} (exact: {exact:.0%}; n={total:,})")
+    ax.set_yscale("log")
+    ax.set_ylim(floor, 1.5)
+    values = [c / total for c in counts[1:]]
     nz = [i for i, v in enumerate(values) if v > 0]
     return (min(nz), max(nz) + 1) if nz else None
 
@@ -389,23 +398,25 @@ def _plot_op(rows: list[dict[str, Any]], title: str) -> bytes | None:
         if with_ulp:
             ax = row[0]
             spans = []
+            floor = _floor(ours_ulp.get(path), base_ulp.get(path))
             if path in ours_ulp:
-                spans.append(_stairs(ax, ours_ulp[path], OURS_COLOUR, rs[0]["backend"], True))
+                spans.append(_stairs(ax, ours_ulp[path], OURS_COLOUR, rs[0]["backend"], True, floor))
             if path in base_ulp:
-                spans.append(_stairs(ax, base_ulp[path], BASELINE_COLOUR, "torch_bf16", False))
+                spans.append(_stairs(ax, base_ulp[path], BASELINE_COLOUR, "torch_bf16", False, floor))
             ax.axvline(0.5, color="#616161", linestyle=":", linewidth=1.5, label="0.5 ulp (correctly rounded)")
             ax.set_xscale("log", base=2)
             edges = (ours_ulp.get(path) or base_ulp.get(path))["edges"]
             _limits(ax, edges, spans, [0.5])
             ax.set_xlabel(f"|candidate − FP32 reference| in ulps of {dtype}")
-            ax.set_ylabel("fraction of elements")
+            ax.set_ylabel("fraction of elements (log)")
             ax.set_title(f"{path}: error in ulps")
             ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=PLOT_FONT_PT - 1, frameon=False)
             ax.grid(True, which="major", alpha=0.3)
         ax = row[-1]
-        spans = [_stairs(ax, ours_abs[path], OURS_COLOUR, rs[0]["backend"], True)]
+        floor = _floor(ours_abs.get(path), base_abs.get(path))
+        spans = [_stairs(ax, ours_abs[path], OURS_COLOUR, rs[0]["backend"], True, floor)]
         if path in base_abs:
-            spans.append(_stairs(ax, base_abs[path], BASELINE_COLOUR, "torch_bf16", False))
+            spans.append(_stairs(ax, base_abs[path], BASELINE_COLOUR, "torch_bf16", False, floor))
         atol = _num(rs[0]["atol"])
         marks = []
         if atol and atol > 0:
@@ -422,7 +433,7 @@ def _plot_op(rows: list[dict[str, Any]], title: str) -> bytes | None:
         ax.set_xscale("log")
         _limits(ax, ours_abs[path]["edges"], spans, marks)
         ax.set_xlabel("|candidate − FP32 reference| (absolute)")
-        ax.set_ylabel("fraction of elements")
+        ax.set_ylabel("fraction of elements (log)")
         ax.set_title(f"{path}: absolute error")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=PLOT_FONT_PT - 1, frameon=False)
         ax.grid(True, which="major", alpha=0.3)
