@@ -442,3 +442,49 @@ def test_evidence_file_mode_like_the_reports(planted_run):
     _, out, _ = planted_run
     mode = (out / "evidence.json").stat().st_mode & 0o777
     assert mode == (out / "report.md").stat().st_mode & 0o777, oct(mode)
+
+
+def test_report_command_prints_the_verdict_and_every_red_cell(planted_run, tmp_path, capsys):
+    import shutil
+
+    _, out, ev = planted_run
+    shutil.copy(out / "evidence.json", tmp_path / "evidence.json")
+    rc = main(["report", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert rc == 1
+    assert printed.startswith("FAIL:")
+    reds = [c for c in ev["cells"] if c["status"] == "red"]
+    assert f"red cells ({len(reds)}):" in printed
+    for c in reds:
+        tag = f"{c['op']}/{c['backend']}/{c['judgment']}" + (f"/{c['transform']}" if c["transform"] else "")
+        assert f"RED {tag}: " in printed
+    assert "root-cause hint: silu" in printed
+
+
+def test_plain_progress_counts_and_prints_reds_as_they_happen(monkeypatch, capsys, tmp_path):
+    """CI=true: one line per cell with the running tally; a red line carries its reason."""
+    from rl_engine.cli import cmd_gate
+    from rl_engine.gate import runner
+
+    cells = [{"op": "silu", "backend": BACKEND, "judgment": "forward_accuracy", "transform": None, "status": "green",
+              "duration_s": 0.1},
+             {"op": "silu", "backend": BACKEND, "judgment": "forward_invariance", "transform": "batch",
+              "status": "red", "reason": "planted: 3/9 differ\nsecond line", "duration_s": 0.2},
+             {"op": "silu", "backend": BACKEND, "judgment": "forward_invariance", "transform": "tp", "status": "n/a",
+              "reason": "no split", "duration_s": 0.0}]
+
+    def fake_run_gate(config, contract, on_cell=None):
+        for i, c in enumerate(cells):
+            on_cell(c, i + 1, len(cells))
+        return {}
+
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setattr(runner, "plan", lambda config: cells)
+    monkeypatch.setattr(runner, "run_gate", fake_run_gate)
+    cmd_gate._run_with_progress(_config(tmp_path), load_contract())
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 3
+    assert lines[0].endswith("[1 green, 0 red]")
+    assert "RED" in lines[1] and "forward_invariance/batch" in lines[1] and "planted: 3/9 differ" in lines[1]
+    assert "second line" not in lines[1] and lines[1].endswith("[1 green, 1 red]")
+    assert lines[2].endswith("[1 green, 1 red, 1 n/a]")
