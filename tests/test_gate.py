@@ -488,3 +488,21 @@ def test_plain_progress_counts_and_prints_reds_as_they_happen(monkeypatch, capsy
     assert "RED" in lines[1] and "forward_invariance/batch" in lines[1] and "planted: 3/9 differ" in lines[1]
     assert "second line" not in lines[1] and lines[1].endswith("[1 green, 1 red]")
     assert lines[2].endswith("[1 green, 1 red, 1 n/a]")
+
+
+def test_chain_plot_draws_what_the_evidence_records():
+    """The chain plot uses only the recorded statistics of ours and the torch_bf16 chain (the
+    evidence holds no per-token dlogp); a missing chain cell draws nothing."""
+    from rl_engine.gate.report import _plot_chain
+
+    contract = load_contract()
+    metrics = {k: {"value": 0.0, "threshold": float(contract.chain_metric(k)["threshold"]), "decision": "gate"}
+               for k in ("max_abs_dlogp", "mean_abs_dlogp")}
+    cell = {"op": "chain", "backend": BACKEND, "judgment": "chain_parity", "transform": None, "status": "green",
+            "details": {"active_tokens": 40, "max_abs_dlogp": 0.0, "mean_abs_dlogp": 0.0, "p99_abs_dlogp": 0.0,
+                        "p999_abs_dlogp": 0.0, "metrics": metrics,
+                        "baseline_torch_bf16": {"max_abs_dlogp": 1.0, "mean_abs_dlogp": 0.1, "p99_abs_dlogp": 0.75,
+                                                "p999_abs_dlogp": 0.875}}}
+    png = _plot_chain([cell])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _plot_chain([{**cell, "details": {}}]) is None

@@ -448,6 +448,66 @@ def _plot_op(rows: list[dict[str, Any]], title: str) -> bytes | None:
     return buf.getvalue()
 
 
+_CHAIN_STATS = (("mean_abs_dlogp", "mean"), ("p99_abs_dlogp", "P99"), ("p999_abs_dlogp", "P99.9"),
+                ("max_abs_dlogp", "max"))
+
+
+def _plot_chain(cells: list[dict[str, Any]]) -> bytes | None:
+    """Chain parity: |dlogp| (teacher forcing vs rollout decode) of ours and of the torch_bf16 chain
+    on the same weights and tokens, as the evidence records them (mean, P99, P99.9, max; the
+    evidence holds no per-token values), with the contract's thresholds where it has one. Zero (every
+    token bitwise equal) is drawn at the axis floor and labelled. PNG bytes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = []
+    for c in cells:
+        d = c.get("details", {})
+        ours = [_num(d.get(k)) for k, _ in _CHAIN_STATS]
+        base = [_num(d.get("baseline_torch_bf16", {}).get(k)) for k, _ in _CHAIN_STATS]
+        if any(v is not None for v in ours):
+            rows.append((c, ours, base if any(v is not None for v in base) else None))
+    if not rows:
+        return None
+    fig = Figure(figsize=(6.4 * len(rows), 4.6), dpi=PLOT_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(rows), squeeze=False)[0]
+    for ax, (c, ours, base) in zip(axes, rows):
+        thresholds = c.get("details", {}).get("metrics", {})
+        limits = [_num((thresholds.get(k) or {}).get("threshold")) for k, _ in _CHAIN_STATS]
+        values = [v for v in ours + (base or []) + limits if v is not None and v > 0 and math.isfinite(v)]
+        floor = min(values) / 10 if values else 1e-9
+        xs = list(range(len(_CHAIN_STATS)))
+        series = [(c["backend"], ours, OURS_COLOUR, -0.2)] + ([("torch_bf16", base, BASELINE_COLOUR, 0.2)] if base else [])
+        for label, vals, colour, dx in series:
+            # a zero (or missing) value gets no bar (a log axis has no 0), only its label
+            heights = [v - floor / 2 if v is not None and v > 0 and math.isfinite(v) else 0.0 for v in vals]
+            ax.bar([x + dx for x in xs], heights, width=0.38, bottom=floor / 2, color=colour, alpha=0.8, label=label)
+            for x, v in zip(xs, vals):
+                if v == 0 or v is None:
+                    ax.annotate("0: bitwise\nequal" if v == 0 else "not\nrecorded", (x + dx, floor),
+                                textcoords="offset points", xytext=(0, 4), ha="center", fontsize=PLOT_FONT_PT - 1,
+                                color=colour)
+        for x, (key, _) in zip(xs, _CHAIN_STATS):
+            t = _num((thresholds.get(key) or {}).get("threshold"))
+            if t is not None and t > 0:
+                ax.hlines(t, x - 0.45, x + 0.45, colors=BOUND_COLOUR, linestyles="--", linewidth=2,
+                          label="contract threshold (ws1)" if key == "max_abs_dlogp" else None)
+        ax.set_yscale("log")
+        ax.set_ylim(floor / 2, max(values + [floor]) * 5)
+        ax.set_xticks(xs, [name for _, name in _CHAIN_STATS])
+        ax.set_xlabel("statistic of |logp(teacher forcing) − logp(rollout decode)| over the active tokens")
+        ax.set_ylabel("|dlogp| (nats, log)")
+        d = c.get("details", {})
+        ax.set_title(f"chain / {c['backend']}: {d.get('active_tokens', '?')} active tokens")
+        ax.legend(loc="upper left", fontsize=PLOT_FONT_PT - 1)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.tick_params(labelsize=PLOT_FONT_PT)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=PLOT_DPI)
+    return buf.getvalue()
+
+
 def _plots_by_op(ev: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
     by_op: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in _error_rows(ev):
@@ -473,6 +533,12 @@ def write_plots(ev: dict[str, Any], out_dir: Path) -> list[tuple[str, str, str, 
         if png:
             write_bytes_atomic(target, png, prefix=".plot-")
             plots.append((op, backend, f"plots/{target.name}", png))
+    chain = [c for c in ev["cells"] if c["op"] == "chain"]
+    png = _plot_chain(chain) if chain else None
+    if png:
+        target = safe_output_path(folder, "chain-parity.png")
+        write_bytes_atomic(target, png, prefix=".plot-")
+        plots.append(("chain", "parity", f"plots/{target.name}", png))
     if folder.is_dir():  # plots of an earlier run in this folder would sit beside a report that no longer shows them
         keep = {rel.split("/", 1)[1] for _, _, rel, _ in plots}
         for old in folder.glob("*.png"):
@@ -508,6 +574,9 @@ def render_html(ev: dict[str, Any], plots: list[tuple[str, str, bytes]] | None =
     are drawn here (in memory, nothing written)."""
     if plots is None:
         plots = [(op, b, png) for (op, b), rs in _plots_by_op(ev).items() if (png := _plot_op(rs, _plot_title(op, b)))]
+        chain = [c for c in ev["cells"] if c["op"] == "chain"]
+        if chain and (png := _plot_chain(chain)):
+            plots.append(("chain", "parity", png))
     grid, cols = _grid(ev), _columns(ev)
     red = red_cells(ev)
     anchors = {id(r["cell"]): r["anchor"] for r in red}
