@@ -23,7 +23,8 @@ class ListAction(argparse.Action):
             for part in str(v).split(","):
                 part = part.strip()
                 if not part:
-                    parser.error(f"{option_string}: empty name in {v!r}")
+                    noun = self.dest[:-1] if self.dest.endswith("s") else self.dest
+                    parser.error(f"{option_string} {v!r} names no {noun} (an empty name); give a name or a comma list")
                 if part not in items:
                     items.append(part)
         setattr(namespace, self.dest, items)
