@@ -30,7 +30,19 @@ def strict_json(obj: Any) -> Any:
     return obj
 
 
-def write_text_atomic(path: Path, text: str, prefix: str | None = None) -> None:
+def schema_problem(schema: dict[str, Any], doc: Any) -> str | None:
+    """``"at PATH: MESSAGE"`` for the most relevant way ``doc`` breaks ``schema`` (jsonschema's
+    :func:`~jsonschema.exceptions.best_match`), or None when it validates."""
+    import jsonschema
+    from jsonschema.exceptions import best_match
+
+    e = best_match(jsonschema.Draft202012Validator(schema).iter_errors(doc))
+    if e is None:
+        return None
+    return f"at {'/'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
+
+
+def write_bytes_atomic(path: Path, data: bytes, prefix: str | None = None) -> None:
     """Write through a temporary file in the same folder and ``os.replace``; mode follows the umask."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=prefix or f".{path.name}-", dir=path.parent)
@@ -38,8 +50,8 @@ def write_text_atomic(path: Path, text: str, prefix: str | None = None) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; artifacts are read by others
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -47,6 +59,11 @@ def write_text_atomic(path: Path, text: str, prefix: str | None = None) -> None:
         except OSError:
             pass
         raise
+
+
+def write_text_atomic(path: Path, text: str, prefix: str | None = None) -> None:
+    """:func:`write_bytes_atomic` of the UTF-8 text."""
+    write_bytes_atomic(path, text.encode("utf-8"), prefix)
 
 
 def write_json_atomic(path: Path, data: Any, prefix: str | None = None) -> None:

@@ -457,3 +457,28 @@ def test_chain_unknown_profile_raises():
 
     with pytest.raises(ContractError):
         chain_metrics(torch.zeros(4), torch.zeros(4), CONTRACT, profile="lenient")
+
+
+def test_histograms_put_each_error_in_its_bin():
+    from rl_engine.gate.compare import _HIST_EDGES, _ULP_EDGES, error_histogram, ulp_histogram, ulp_of
+
+    # the decade histogram: bin 0 exact, bin i (i >= 1) holds (edges[i-2], edges[i-1]]
+    err = torch.tensor([0.0, _HIST_EDGES[3], _HIST_EDGES[3] * 1.5, 1e30])
+    counts = error_histogram(err)["counts"]
+    assert counts[0] == 1 and counts[4] == 1 and counts[5] == 1 and counts[-1] == 1 and sum(counts) == 4
+    # one BF16 step above 1.0, 1.5 steps above 3.0 (spacing 2^-6 there), and an exact value
+    ref = torch.tensor([1.0, 3.0, 0.5])
+    step1, step3 = float(ulp_of(ref, torch.bfloat16)[0]), float(ulp_of(ref, torch.bfloat16)[1])
+    assert step1 == 2.0 ** -7 and step3 == 2.0 ** -6
+    h = ulp_histogram(torch.tensor([step1, 1.5 * step3, 0.0]), ref, torch.bfloat16)
+    one, two = _ULP_EDGES.index(1.0) + 1, _ULP_EDGES.index(2.0) + 1
+    assert h["counts"][0] == 1 and h["counts"][one] == 1 and h["counts"][two] == 1 and sum(h["counts"]) == 3
+
+
+def test_accuracy_report_records_ulp_histogram():
+    ref = torch.tensor([1.0, 2.0, 4.0])
+    cand = ref.to(torch.bfloat16)
+    cand.view(torch.int16)[0] ^= 1  # one ulp off
+    rep = compare_accuracy("t", cand, ref, CONTRACT.tolerance("forward", "elementwise", "bfloat16"))
+    assert rep.ulp_histogram["counts"][0] == 2 and sum(rep.ulp_histogram["counts"]) == 3
+    assert "bfloat16" in rep.ulp_histogram["unit"]

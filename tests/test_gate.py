@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from html.parser import HTMLParser
 from pathlib import Path
 
 import jsonschema
@@ -191,7 +192,7 @@ def test_report_markdown(clean_run):
 
 def test_report_html_is_self_contained(clean_run):
     _, ev, _ = clean_run
-    html = render_html(ev, render_markdown(ev))
+    html = render_html(ev)
     assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", html, re.I), "external resource"
     assert "<script" not in html.lower() and "<link" not in html.lower()
     m = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", html)
@@ -314,6 +315,79 @@ def test_planted_fault_root_cause(planted_run):
     assert "Root-cause hint" in html and "silu" in html
 
 
+class _Page(HTMLParser):
+    """The visible text of an HTML page (outside <head>, <style>, <script>), its elements with
+    their attributes, and its tables."""
+
+    def __init__(self):
+        super().__init__()
+        self.text, self.elements, self._skip = [], [], 0
+        self._stack: list[tuple[str, dict[str, str]]] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.elements.append((tag, a))
+        if tag in ("head", "style", "script", "title"):
+            self._skip += 1
+        if tag not in ("img", "meta", "br", "hr", "input", "link"):
+            self._stack.append((tag, a))
+
+    def handle_endtag(self, tag):
+        if tag in ("head", "style", "script", "title"):
+            self._skip -= 1
+        while self._stack:
+            if self._stack.pop()[0] == tag:
+                break
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.text.append((data, [t for t in self._stack]))
+
+    def visible(self) -> str:
+        return " ".join(d for d, _ in self.text)
+
+    def text_inside(self, pred) -> str:
+        return " ".join(d for d, stack in self.text if any(pred(t, a) for t, a in stack))
+
+
+def test_failing_report_html_reads_at_a_glance(planted_run):
+    """The HTML of a failing run: a verdict banner saying FAIL, each red cell's full reason as
+    visible text (not only a tooltip), real tables, embedded plots, no markdown left unrendered."""
+    _, out, ev = planted_run
+    page = _Page()
+    page.feed((out / "report.html").read_text())
+    classes = lambda a: (a.get("class") or "").split()  # noqa: E731
+    banner = page.text_inside(lambda t, a: "verdict" in classes(a))
+    assert "FAIL" in banner and "red" in banner
+    assert page.visible().index("FAIL") < page.visible().index("Matrix"), "the verdict comes first"
+    visible = page.visible()
+    reds = [c for c in ev["cells"] if c["status"] == "red"]
+    assert reds
+    reason_text = page.text_inside(lambda t, a: "red-cells" in classes(a))
+    for c in reds:
+        assert c["reason"] in reason_text, c["reason"]
+        tag = f"{c['op']}/{c['backend']}/{c['judgment']}" + (f"/{c['transform']}" if c["transform"] else "")
+        assert tag in reason_text
+    assert "evidence.json" in reason_text and "cells[" in reason_text
+    tables = [t for t, _ in page.elements if t == "table"]
+    assert len(tables) >= 2  # the matrix and the detail tables
+    assert sum(1 for t, a in page.elements if t == "td" and "red" in classes(a)) == len(reds)
+    imgs = [a["src"] for t, a in page.elements if t == "img"]
+    assert imgs and all(src.startswith("data:image/png;base64,") for src in imgs)
+    assert base64.b64decode(imgs[0].split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![" not in visible and "|---" not in visible and "| op |" not in visible
+    assert not re.search(r"\*\*[^*]+\*\*", visible), "unrendered markdown emphasis"
+
+
+def test_passing_report_html_says_pass(clean_run):
+    _, ev, _ = clean_run
+    page = _Page()
+    page.feed(render_html(ev))
+    banner = page.text_inside(lambda t, a: "verdict" in (a.get("class") or "").split())
+    assert "PASS" in banner and "FAIL" not in banner
+    assert not any(t == "ol" and "red-cells" in (a.get("class") or "") for t, a in page.elements)
+
+
 def test_root_cause_is_the_earliest_op_in_model_order():
     cells = [{"op": "rms_norm", "backend": "b", "judgment": "forward_accuracy", "transform": None, "status": "red"},
              {"op": "swiglu", "backend": "b", "judgment": "forward_invariance", "transform": "batch", "status": "red"},
@@ -368,3 +442,67 @@ def test_evidence_file_mode_like_the_reports(planted_run):
     _, out, _ = planted_run
     mode = (out / "evidence.json").stat().st_mode & 0o777
     assert mode == (out / "report.md").stat().st_mode & 0o777, oct(mode)
+
+
+def test_report_command_prints_the_verdict_and_every_red_cell(planted_run, tmp_path, capsys):
+    import shutil
+
+    _, out, ev = planted_run
+    shutil.copy(out / "evidence.json", tmp_path / "evidence.json")
+    rc = main(["report", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert rc == 1
+    assert printed.startswith("FAIL:")
+    reds = [c for c in ev["cells"] if c["status"] == "red"]
+    assert f"red cells ({len(reds)}):" in printed
+    for c in reds:
+        tag = f"{c['op']}/{c['backend']}/{c['judgment']}" + (f"/{c['transform']}" if c["transform"] else "")
+        assert f"RED {tag}: " in printed
+    assert "root-cause hint: silu" in printed
+
+
+def test_plain_progress_counts_and_prints_reds_as_they_happen(monkeypatch, capsys, tmp_path):
+    """CI=true: one line per cell with the running tally; a red line carries its reason."""
+    from rl_engine.cli import cmd_gate
+    from rl_engine.gate import runner
+
+    cells = [{"op": "silu", "backend": BACKEND, "judgment": "forward_accuracy", "transform": None, "status": "green",
+              "duration_s": 0.1},
+             {"op": "silu", "backend": BACKEND, "judgment": "forward_invariance", "transform": "batch",
+              "status": "red", "reason": "planted: 3/9 differ\nsecond line", "duration_s": 0.2},
+             {"op": "silu", "backend": BACKEND, "judgment": "forward_invariance", "transform": "tp", "status": "n/a",
+              "reason": "no split", "duration_s": 0.0}]
+
+    def fake_run_gate(config, contract, on_cell=None):
+        for i, c in enumerate(cells):
+            on_cell(c, i + 1, len(cells))
+        return {}
+
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setattr(runner, "plan", lambda config: cells)
+    monkeypatch.setattr(runner, "run_gate", fake_run_gate)
+    cmd_gate._run_with_progress(_config(tmp_path), load_contract())
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 3
+    assert lines[0].endswith("[1 green, 0 red]")
+    assert "RED" in lines[1] and "forward_invariance/batch" in lines[1] and "planted: 3/9 differ" in lines[1]
+    assert "second line" not in lines[1] and lines[1].endswith("[1 green, 1 red]")
+    assert lines[2].endswith("[1 green, 1 red, 1 n/a]")
+
+
+def test_chain_plot_draws_what_the_evidence_records():
+    """The chain plot uses only the recorded statistics of ours and the torch_bf16 chain (the
+    evidence holds no per-token dlogp); a missing chain cell draws nothing."""
+    from rl_engine.gate.report import _plot_chain
+
+    contract = load_contract()
+    metrics = {k: {"value": 0.0, "threshold": float(contract.chain_metric(k)["threshold"]), "decision": "gate"}
+               for k in ("max_abs_dlogp", "mean_abs_dlogp")}
+    cell = {"op": "chain", "backend": BACKEND, "judgment": "chain_parity", "transform": None, "status": "green",
+            "details": {"active_tokens": 40, "max_abs_dlogp": 0.0, "mean_abs_dlogp": 0.0, "p99_abs_dlogp": 0.0,
+                        "p999_abs_dlogp": 0.0, "metrics": metrics,
+                        "baseline_torch_bf16": {"max_abs_dlogp": 1.0, "mean_abs_dlogp": 0.1, "p99_abs_dlogp": 0.75,
+                                                "p999_abs_dlogp": 0.875}}}
+    png = _plot_chain([cell])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _plot_chain([{**cell, "details": {}}]) is None

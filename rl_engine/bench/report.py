@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_engine.errors import RLEngineError
-from rl_engine.jsonio import strict_json, write_text_atomic
+from rl_engine.jsonio import schema_problem, strict_json, write_text_atomic
 
 SCHEMA = Path(__file__).resolve().parent / "bench.schema.json"
 
@@ -22,14 +22,9 @@ def _clean(obj: Any) -> Any:
 
 def validate(doc: dict[str, Any]) -> None:
     """Raise RLEngineError naming the first field that breaks ``bench.schema.json``."""
-    import jsonschema
-
-    schema = json.loads(SCHEMA.read_text())
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        where = "/".join(str(p) for p in e.absolute_path) or "<root>"
-        raise RLEngineError(f"bench.json does not match its schema at {where}: {e.message}")
+    problem = schema_problem(json.loads(SCHEMA.read_text()), doc)
+    if problem:
+        raise RLEngineError(f"bench.json does not match its schema {problem}")
 
 
 def _atomic_text(path: Path, text: str) -> None:

@@ -7,8 +7,11 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("audit", help="run the conformance checks and print the §9.1-style table")
-    p.add_argument("--json", action="store_true")
+    from rl_engine.cli.args import command
+
+    p = command(sub, "audit", "run the conformance checks and print the §9.1-style table",
+                ["rl-engine audit", "rl-engine audit --static-only --json"])
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.add_argument("--root", default=None, help="checkout to scan (default: the one holding this package)")
     p.add_argument("--static-only", action="store_true", help="only the source scans (no code executed)")
     p.set_defaults(func=run)

@@ -17,11 +17,17 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="benchmark the kernels against cuBLAS / SDPA / eager PyTorch / Liger, side by side")
-    p.add_argument("--ops", nargs="+", default=None, metavar="OP",
-                   help="bench items or families: det_gemm lm_head attention_fwd attention_fwd_bwd attention_decode "
-                        "rms_norm rope swiglu silu linear_logp | gemm attention norm logprob | all (default: all)")
-    p.add_argument("--backend", default="all", help="triton_cuda_bf16, cuda_bf16, a comma list, or all (default)")
+    from rl_engine.cli.args import add_list, command
+
+    p = command(sub, "bench", "benchmark the kernels against cuBLAS / SDPA / eager PyTorch / Liger, side by side", [
+        "rl-engine bench --out bench-out --quick",
+        "rl-engine bench --out bench-out --ops gemm,attention --backend triton_cuda_bf16",
+        "rl-engine bench --out /tmp/b --dry-run              # no GPU needed: checks the plumbing only",
+    ])
+    add_list(p, "--ops", "OP",
+             "bench items or families: det_gemm lm_head attention_fwd attention_fwd_bwd attention_decode "
+             "rms_norm rope swiglu silu linear_logp | gemm attention norm logprob | all (default: all)")
+    add_list(p, "--backend", "NAME", "triton_cuda_bf16, cuda_bf16, or all (default: all)")
     p.add_argument("--tokens", nargs="+", type=int, default=None, metavar="T",
                    help="token counts (GEMM M, prefill length, decode batch); default 1 16 128 1024 4096 8192, "
                         "with --quick 1 16 1024 8192")
@@ -32,8 +38,10 @@ def register(sub) -> None:
                    help="no timing: build every row's inputs at tiny shapes and call each implementation once")
     p.add_argument("--out", required=True, help="output folder (created if missing)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    p.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up time per measurement")
-    p.add_argument("--rep-ms", type=float, default=None, help="do_bench repetition time per measurement")
+    p.add_argument("--warmup-ms", type=float, default=None, metavar="MS",
+                   help="do_bench warm-up time per measurement, e.g. 25 (default: 25, with --quick 10)")
+    p.add_argument("--rep-ms", type=float, default=None, metavar="MS",
+                   help="do_bench repetition time per measurement, e.g. 100 (default: 100, with --quick 40)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="after this many seconds, record the remaining cases as skipped and finish the reports")
@@ -50,6 +58,7 @@ def run(args) -> int:
                                         resolve_ops, run_bench)
     from rl_engine.errors import RLEngineError
 
+    args.backend = ",".join(args.backend) if args.backend else "all"
     if args.tokens is not None and any(t < 1 for t in args.tokens):
         raise RLEngineError(f"--tokens must be positive integers, got {args.tokens}")
     ops = resolve_ops(args.ops)  # unknown names exit 2 before anything else

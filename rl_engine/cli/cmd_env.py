@@ -6,7 +6,10 @@ import json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("env", help="print the software/hardware environment and backend availability")
+    from rl_engine.cli.args import command
+
+    p = command(sub, "env", "print the software/hardware environment and backend availability",
+                ["rl-engine env", "rl-engine env --json > env.json"])
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 

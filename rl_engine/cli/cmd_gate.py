@@ -8,19 +8,42 @@ import sys
 from pathlib import Path
 
 
+JUDGMENT_NAMES = ("forward_accuracy", "gradient_accuracy", "forward_invariance", "gradient_invariance", "repeat",
+                  "chain_parity")
+"""The judgments, for ``--help`` without importing the runner (and torch); a test keeps it equal to
+:data:`rl_engine.gate.runner.JUDGMENTS`."""
+
+
 def register(sub) -> None:
-    p = sub.add_parser("gate", help="run the WS1 four-judgment gate and write evidence + reports")
-    p.add_argument("--backend", default="all", help="a kernel backend, a comma list, or 'all' (default: every backend that can run here)")
-    p.add_argument("--workload", default=None, help="smoke or qwen3-8b (default: qwen3-8b with a GPU, smoke without)")
-    p.add_argument("--ops", nargs="+", default=None, help="ops to judge (default: all 13)")
-    p.add_argument("--judgments", nargs="+", default=None, help="judgments to run (default: all)")
-    p.add_argument("--out", default=None, help="output folder (created if missing); required unless --resume")
+    from rl_engine import OPS
+    from rl_engine.cli.args import add_list, command
+
+    p = command(sub, "gate", "run the WS1 four-judgment gate and write evidence + reports", [
+        "rl-engine gate --out gate-out                       # every op and judgment, every backend that runs here",
+        "rl-engine gate --out /tmp/g --ops rms_norm,silu     # two ops (same as --ops rms_norm --ops silu)",
+        "rl-engine gate --out /tmp/g --judgments forward_accuracy --backend triton_cuda_bf16",
+        "rl-engine gate --resume /tmp/g                      # finish an interrupted run",
+    ], description="Run ops x backends x judgments on a workload, write DIR/evidence.json, DIR/report.md, "
+                   "DIR/report.html and DIR/plots/, and print the verdict with every red cell.")
+    add_list(p, "--backend", "NAME",
+             "kernel backends to judge: triton_cuda_bf16, cuda_bf16, a registered plugin, or all "
+             "(default: all = every built-in kernel backend that can run here)")
+    p.add_argument("--workload", default=None, metavar="NAME",
+                   help="input shapes: smoke (small, CPU-friendly) or qwen3-8b (needs a GPU); "
+                        "default: qwen3-8b with a GPU, smoke without")
+    add_list(p, "--ops", "OP", f"ops to judge, any of: {', '.join(OPS)} (default: all {len(OPS)})")
+    add_list(p, "--judgments", "JUDGMENT",
+             f"judgments to run, any of: {', '.join(JUDGMENT_NAMES)} (default: all; chain_parity only when "
+             "--ops is not given)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output folder, created if missing; an earlier run there is replaced (required unless --resume)")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="finish an interrupted run in DIR: only its missing cells run, against the same commit, contract and workload")
     p.add_argument("--cell-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
-                   help="mark a cell that runs longer red with reason 'timeout' (default: no limit)")
-    p.add_argument("--seed", type=_seed, default=0, help="base seed of every input builder (default 0)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+                   help="mark a cell that runs longer red with reason 'timeout', e.g. --cell-timeout 600 (default: no limit)")
+    p.add_argument("--seed", type=_seed, default=0, help="base seed of every input builder, in [0, 2**62) (default 0)")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary as JSON on stdout (progress still goes to stderr)")
     p.set_defaults(func=run)
 
 
@@ -79,6 +102,7 @@ def run(args) -> int:
     from rl_engine.gate.runner import JUDGMENTS, GateConfig, resolve_backends
     from rl_engine.ops.spec import get_workload
 
+    args.backend = ",".join(args.backend) if args.backend else "all"
     resume = None
     if args.resume:
         from rl_engine.gate import evidence as evidence_io
@@ -148,11 +172,10 @@ def run(args) -> int:
         print(json.dumps({"summary": s, "root_cause": evidence["root_cause"], "evidence": str(out / "evidence.json"),
                           "report_md": str(md), "report_html": str(html), "wall_time_s": evidence["wall_time_s"]}, indent=1))
     else:
-        np_ = f"  not provided {s['not provided']}" if s.get("not provided") else ""
-        print(f"green {s.get('green', 0)}  red {s.get('red', 0)}  n/a {s.get('n/a', 0)}{np_}  "
-              f"({evidence['wall_time_s']:.1f} s) -> {out / 'evidence.json'}, {md}, {html}")
-        if evidence["root_cause"]:
-            print(f"root-cause hint: {evidence['root_cause']['op']}")
+        from rl_engine.gate.report import summary_lines
+
+        print("\n".join(summary_lines(evidence)))
+        print(f"({evidence['wall_time_s']:.1f} s) -> {out / 'evidence.json'}, {md}, {html}")
     if s.get("green", 0) + s.get("red", 0) == 0:
         print("rl-engine gate: nothing was judged (every cell is n/a or not provided); check --ops, --judgments and "
               "--backend", file=sys.stderr)
@@ -207,25 +230,60 @@ def _chain_available() -> bool:
     return True
 
 
+class _Tally:
+    """Counts of the finished cells, like pytest's ``5 passed, 1 failed`` line."""
+
+    def __init__(self):
+        self.counts = {"green": 0, "red": 0, "n/a": 0, "not provided": 0}
+
+    def add(self, cell) -> None:
+        self.counts[cell["status"]] = self.counts.get(cell["status"], 0) + 1
+
+    def text(self, markup: bool = False) -> str:
+        parts = []
+        for k, v in self.counts.items():
+            if v or k in ("green", "red"):
+                word = f"{v} {k}"
+                if markup and k == "red" and v:
+                    word = f"[bold red]{word}[/]"
+                elif markup and k == "green":
+                    word = f"[green]{word}[/]"
+                parts.append(word)
+        return ", ".join(parts)
+
+
 def _run_with_progress(config, contract):
+    """Run the gate with live progress on stderr: a rich bar that counts green / red / n/a as the
+    cells finish, or (CI, NO_COLOR, not a terminal) one plain line per cell. A red cell is printed
+    with its one-line reason when it happens."""
     from rl_engine import env
+    from rl_engine.gate.report import cell_tag, one_line
     from rl_engine.gate.runner import plan, run_gate
 
     total = len(plan(config))
+    tally = _Tally()
     if env.rich_disabled() or not sys.stderr.isatty():
         def on_cell(cell, i, n):
-            tag = f"{cell['op']}/{cell['backend']}/{cell['judgment']}" + (f"/{cell['transform']}" if cell["transform"] else "")
+            tally.add(cell)
+            line = f"[{i}/{n}] {cell['status'].upper() if cell['status'] == 'red' else cell['status']:5s} {cell_tag(cell)} " \
+                   f"({cell['duration_s']:.1f}s)"
+            if cell["status"] == "red":
+                line += f": {one_line(cell.get('reason', ''))}"
             try:
-                print(f"[{i}/{n}] {cell['status']:5s} {tag} ({cell['duration_s']:.1f}s)", file=sys.stderr, flush=True)
+                print(line + f"  [{tally.text()}]", file=sys.stderr, flush=True)
             except BrokenPipeError:  # nobody reads the progress any more; the run goes on
                 pass
         return run_gate(config, contract, on_cell=on_cell)
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=False) as progress:
-        task = progress.add_task("gate", total=total)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[tally]}"), TimeElapsedColumn(), transient=False) as progress:
+        task = progress.add_task("gate", total=total, tally=tally.text(markup=True))
 
         def on_cell(cell, i, n):
-            progress.update(task, advance=1, description=f"{cell['op']:>20s} {cell['status']}")
+            tally.add(cell)
+            if cell["status"] == "red":
+                progress.console.print(f"[bold red]RED[/] {escape(cell_tag(cell))}: {escape(one_line(cell.get('reason', '')))}")
+            progress.update(task, advance=1, description=f"{cell['op']:>20s}", tally=tally.text(markup=True))
         return run_gate(config, contract, on_cell=on_cell)

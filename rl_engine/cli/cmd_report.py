@@ -8,13 +8,17 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help="re-render report.md and report.html from DIR/evidence.json")
-    p.add_argument("dir")
+    from rl_engine.cli.args import command
+
+    p = command(sub, "report", "re-render report.md and report.html from DIR/evidence.json and print the verdict",
+                ["rl-engine report gate-out", "rl-engine report evidence/2026-11-30-h200-gate-f40096f"])
+    p.add_argument("dir", help="a gate output folder (holding evidence.json), or the evidence.json file")
     p.set_defaults(func=run_report)
-    d = sub.add_parser("diff", help="cells whose status changed and error deltas between two evidence artifacts")
+    d = command(sub, "diff", "cells whose status changed and error deltas between two evidence artifacts",
+                ["rl-engine diff old-run new-run", "rl-engine diff old-run/evidence.json new-run --json"])
     d.add_argument("old", help="evidence.json or its folder")
     d.add_argument("new", help="evidence.json or its folder")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--json", action="store_true", help="print the changes as JSON")
     d.add_argument("--allow-different", action="store_true", help="diff artifacts of different workloads or contracts")
     d.add_argument("--same-bits", action="store_true",
                    help="exit 1 unless every cell has the same status and the same digest of its judged outputs' bits "
@@ -28,12 +32,11 @@ def _path(p: str) -> Path:
 
 
 def run_report(args) -> int:
-    from rl_engine.gate import evidence as evidence_io
-    from rl_engine.gate.report import write_reports
-
-    from rl_engine.gate.report import recount
-
+    """Re-render the reports, then print the verdict and the red cells as the gate does; exit 1 for
+    a failed or incomplete run, 0 for a pass."""
     from rl_engine.errors import RLEngineError
+    from rl_engine.gate import evidence as evidence_io
+    from rl_engine.gate.report import recount, summary_lines, write_reports
 
     ev = recount(evidence_io.load(_path(args.dir)))
     try:
@@ -41,6 +44,7 @@ def run_report(args) -> int:
     except OSError as exc:
         raise RLEngineError(f"cannot write the reports into {_path(args.dir).parent}: "
                             f"{exc.strerror or exc} ({exc.filename or ''})") from exc
+    print("\n".join(summary_lines(ev)))
     print(f"wrote {md} and {html}")
     if not ev.get("complete"):
         print(f"rl-engine report: {_path(args.dir)} is an INCOMPLETE run (finish it with rl-engine gate --resume "

@@ -9,8 +9,27 @@ import torch
 from rl_engine.errors import InputError
 
 
-def load_tensor(path: str | Path, key: str | None = None) -> torch.Tensor:
+_ANSI = __import__("re").compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _refused_pickle(p: Path, exc: BaseException) -> InputError:
+    """Our own one-line message for a ``.pt`` that ``weights_only=True`` refuses (torch's own text
+    has terminal colour codes and advises turning the protection off)."""
+    import re
+
+    text = _ANSI.sub("", str(exc))
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    what = f" (it needs {found.group(1)})" if found else ""
+    return InputError(f"{p}: refused: the file holds pickled Python objects besides plain tensors{what}, and loading "
+                      "them could run code; save plain tensors (torch.save of a tensor or a dict of tensors), "
+                      "or use .safetensors or .npy")
+
+
+def load_tensor(path: str | Path, key: str | None = None, npy_bf16: bool = False) -> torch.Tensor:
     """Load one tensor. Never executes code from the file.
+
+    ``npy_bf16``: a ``.npy`` file holds raw BF16 bit patterns as uint16 or int16 (NumPy has no
+    bfloat16); they are reinterpreted, not converted.
 
     Raises InputError naming the file when it is missing, of an unknown kind, holds a pickle that
     is not plain tensor data, or holds several tensors and no ``key`` picks one.
@@ -22,11 +41,15 @@ def load_tensor(path: str | Path, key: str | None = None) -> torch.Tensor:
         raise InputError(f"{p}: no such file")
     suffix = p.suffix.lower()
     if suffix in (".pt", ".pth"):
+        import pickle
+
         try:
             obj = torch.load(p, map_location="cpu", weights_only=True)
-        except Exception as exc:  # weights_only refuses arbitrary pickles
-            raise InputError(f"{p}: refused to load (only plain tensor data is accepted, weights_only=True): "
-                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        except pickle.UnpicklingError as exc:  # weights_only refuses arbitrary pickles
+            raise _refused_pickle(p, exc) from None
+        except Exception as exc:
+            first = _ANSI.sub("", str(exc)).strip().splitlines()
+            raise InputError(f"{p}: not a readable torch file: {type(exc).__name__}: {first[0] if first else ''}") from None
         return _pick(p, obj, key)
     if suffix == ".npy":
         import numpy as np
@@ -35,6 +58,12 @@ def load_tensor(path: str | Path, key: str | None = None) -> torch.Tensor:
             arr = np.load(p, allow_pickle=False)
         except ValueError as exc:
             raise InputError(f"{p}: refused to load (pickled .npy files are not accepted): {exc}") from exc
+        if key is not None:
+            raise InputError(f"{p}: a .npy file holds a single array, so a key ({key!r}) cannot pick one; drop it")
+        if npy_bf16:
+            if arr.dtype not in (np.uint16, np.int16):
+                raise InputError(f"{p}: --npy-bf16 needs uint16 or int16 raw BF16 bits, the file holds {arr.dtype}")
+            return torch.from_numpy(arr.astype(np.int16, copy=True)).view(torch.bfloat16)
         return torch.from_numpy(arr.copy())
     if suffix == ".safetensors":
         from safetensors.torch import load_file

@@ -23,17 +23,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rl_engine.cli import cmd_compare, cmd_contract, cmd_env, cmd_gate
+    # every command module imported by name: one that fails to import is an error, never a missing command
+    from rl_engine import __version__
+    from rl_engine.cli import (cmd_audit, cmd_bench, cmd_compare, cmd_contract, cmd_env, cmd_gate, cmd_parity,
+                               cmd_report)
+    from rl_engine.cli.args import EXIT_CODES
 
-    parser = _Parser(prog="rl-engine", description="Deterministic BF16 kernels and the WS1 precision gate.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for module in (cmd_gate, cmd_env, cmd_contract, cmd_compare):
-        module.register(sub)
-    for name in ("cmd_report", "cmd_parity", "cmd_audit", "cmd_bench"):
-        try:
-            module = __import__(f"rl_engine.cli.{name}", fromlist=["register"])
-        except ImportError:
-            continue
+    parser = _Parser(prog="rl-engine", description="Deterministic BF16 kernels and the WS1 precision gate.",
+                     epilog="examples:\n  rl-engine gate --out gate-out --ops rms_norm\n  rl-engine report gate-out\n"
+                            "  rl-engine compare mine.pt ref.pt --mode accuracy\n  rl-engine COMMAND --help\n\n" + EXIT_CODES,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"rl-engine {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    for module in (cmd_gate, cmd_report, cmd_compare, cmd_parity, cmd_env, cmd_contract, cmd_audit, cmd_bench):
         module.register(sub)
     return parser
 

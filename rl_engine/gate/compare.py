@@ -71,16 +71,42 @@ def _quantile(x: torch.Tensor, q: float) -> float:
 
 
 def error_histogram(abs_err: torch.Tensor) -> dict[str, Any]:
-    """Counts of absolute errors per decade (for the report's histogram and CDF)."""
+    """Counts of absolute errors per decade (for the report's histogram and CDF): bin 0 holds the
+    exact zeros, bin ``i`` the errors in ``(edges[i-2], edges[i-1]]``, the last one those above the
+    last edge. One :func:`torch.bucketize` pass."""
     flat = abs_err.reshape(-1).float()
-    counts = [int((flat == 0).sum())]
-    lo = 0.0
-    for edge in _HIST_EDGES:
-        counts.append(int(((flat > lo) & (flat <= edge)).sum()))
-        lo = edge
-    counts.append(int((flat > _HIST_EDGES[-1]).sum()))
-    return {"edges": _HIST_EDGES, "counts": counts,
+    edges = torch.tensor([0.0, *_HIST_EDGES], dtype=flat.dtype, device=flat.device)
+    # right=False: bucket i means edges[i-1] < x <= edges[i]; 0 -> bucket 0
+    counts = torch.bincount(torch.bucketize(flat, edges), minlength=len(_HIST_EDGES) + 2)
+    return {"edges": _HIST_EDGES, "counts": [int(c) for c in counts.tolist()],
             "bins": ["==0"] + [f"<={e:g}" for e in _HIST_EDGES] + [f">{_HIST_EDGES[-1]:g}"]}
+
+
+_ULP_EDGES = [2.0**e for e in range(-4, 25)]  # 1/16 ulp .. 2^24 ulp
+
+
+def ulp_of(reference: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype`` at each value of ``reference`` (FP32 in, FP32 out): for ``|r|`` in
+    ``[2^(e-1), 2^e)`` it is ``eps * 2^(e-1)``, and the subnormal spacing ``tiny * eps`` below the
+    smallest normal (and at 0). Non-finite references get NaN."""
+    fi = torch.finfo(dtype)
+    r = reference.float()
+    _, e = torch.frexp(r.abs())
+    ulp = torch.ldexp(torch.full_like(r, fi.eps), (e - 1).to(torch.int32))
+    ulp = torch.where(r.abs() < fi.tiny, torch.full_like(r, fi.tiny * fi.eps), ulp)
+    return torch.where(torch.isfinite(r), ulp, torch.full_like(r, math.nan))
+
+
+def ulp_histogram(abs_err: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> dict[str, Any]:
+    """Counts of ``|candidate - reference|`` in units of ``dtype``'s ulp at the reference value, in
+    power-of-two bins (bin 0: exact; bin ``i``: ``(edges[i-2], edges[i-1]]``; last: above the last
+    edge, non-finite errors included). One :func:`torch.bucketize` pass."""
+    units = abs_err.reshape(-1).float() / ulp_of(reference.reshape(-1), dtype)
+    units = torch.where(torch.isfinite(units), units, torch.full_like(units, math.inf))
+    edges = torch.tensor([0.0, *_ULP_EDGES], dtype=units.dtype, device=units.device)
+    counts = torch.bincount(torch.bucketize(units, edges), minlength=len(_ULP_EDGES) + 2)
+    return {"unit": f"ulp of {str(dtype).replace('torch.', '')} at the reference value", "edges": _ULP_EDGES,
+            "counts": [int(c) for c in counts.tolist()]}
 
 
 @dataclass
@@ -109,6 +135,8 @@ class AccuracyReport:
     worst_candidate: float | None
     worst_reference: float | None
     histogram: dict[str, Any] = field(default_factory=dict)
+    ulp_histogram: dict[str, Any] = field(default_factory=dict)
+    """The errors in ulps of the candidate's dtype (see :func:`ulp_histogram`)."""
     problem: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -120,6 +148,8 @@ class AccuracyReport:
         verdict = "ok" if self.passed else "FAIL"
         s = (f"{self.path}: {verdict} max_abs={self.max_abs_error:.3e} (atol {self.atol:g}, rtol {self.rtol:g}), "
              f"{self.mismatches}/{self.numel} outside")
+        if self.nonfinite_mismatches:
+            s += f" ({self.nonfinite_mismatches} of them non-finite: NaN, or an infinity against another value)"
         if self.worst_index is not None and not self.passed:
             s += f"; worst {self.worst_index}: candidate {self.worst_candidate!r} vs reference {self.worst_reference!r}"
         return s
@@ -159,8 +189,11 @@ def compare_accuracy(path: str, candidate: torch.Tensor, reference: torch.Tensor
     ok = ok_finite | same_inf
     bad = ~ok
     nonfinite_bad = bad & ~finite
-    # error used for statistics: finite pairs as is, a non-finite mismatch counts as +inf
-    abs_err = torch.where(nonfinite_bad, torch.full_like(diff, math.inf), diff)
+    # error used for statistics: finite pairs as is; a non-finite mismatch counts as NaN when either
+    # side is NaN (so a NaN output is reported as NaN, not as a large error) and as +inf otherwise
+    either_nan = torch.isnan(c) | torch.isnan(r)
+    abs_err = torch.where(nonfinite_bad, torch.where(either_nan, torch.full_like(diff, math.nan),
+                                                     torch.full_like(diff, math.inf)), diff)
     rel_err = abs_err / r.abs().clamp_min(REL_DENOMINATOR_FLOOR)
     rel_err = torch.where(same_inf, torch.zeros_like(rel_err), rel_err)
     n = c.numel()
@@ -192,7 +225,8 @@ def compare_accuracy(path: str, candidate: torch.Tensor, reference: torch.Tensor
                      max_abs_reference=0.0)
     return AccuracyReport(passed=mismatches == 0, numel=n, mismatches=mismatches,
                           nonfinite_mismatches=int(nonfinite_bad.sum()), worst_index=wi, worst_candidate=wc,
-                          worst_reference=wr, histogram=error_histogram(torch.where(torch.isfinite(abs_err), abs_err, torch.full_like(abs_err, 1e30))), **stats, **base)
+                          worst_reference=wr, histogram=error_histogram(torch.where(torch.isfinite(abs_err), abs_err, torch.full_like(abs_err, 1e30))),
+                          ulp_histogram=ulp_histogram(abs_err, r, candidate.dtype), **stats, **base)
 
 
 @dataclass

@@ -6,9 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
-from rl_engine.jsonio import strict_json, write_json_atomic
+from rl_engine.jsonio import schema_problem, strict_json, write_json_atomic
 
 from rl_engine.errors import RLEngineError
 
@@ -23,12 +21,9 @@ def _clean(obj: Any) -> Any:
 
 def validate(evidence: dict[str, Any]) -> None:
     """Raise RLEngineError naming the first field that breaks the evidence schema."""
-    schema = json.loads(_SCHEMA.read_text())
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(evidence), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        where = "/".join(str(p) for p in e.absolute_path) or "<root>"
-        raise RLEngineError(f"evidence does not match its schema at {where}: {e.message}")
+    problem = schema_problem(json.loads(_SCHEMA.read_text()), evidence)
+    if problem:
+        raise RLEngineError(f"evidence does not match its schema {problem}")
 
 
 def write_atomic(path: Path, evidence: dict[str, Any]) -> None:

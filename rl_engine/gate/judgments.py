@@ -113,7 +113,7 @@ def forward_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: 
             base_acc = pr.baseline_accuracy(path, b, r, tol)
             rel = compare_relative(path, acc.max_abs_error, base_acc.max_abs_error, factor)
             reports.append({"case": pr.case.id, "accuracy": acc.as_dict(), "relative": rel.as_dict(),
-                            "baseline_accuracy": {k: base_acc.as_dict()[k] for k in ("max_abs_error", "mean_abs_error", "p99_abs_error", "passed")}})
+                            "baseline_accuracy": {k: base_acc.as_dict()[k] for k in ("max_abs_error", "mean_abs_error", "p99_abs_error", "passed", "histogram", "ulp_histogram")}})
             if not acc.passed:
                 failures.append(f"{pr.case.id}: {acc.summary()}")
             if not rel.passed:
@@ -151,7 +151,7 @@ def gradient_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract:
             norm = gradient_norm_metrics(path, g, r, contract, op_class)
             reports.append({"case": pr.case.id, "accuracy": acc.as_dict(), "relative": rel.as_dict(),
                             "grad_norm": norm.as_dict(),
-                            "baseline_accuracy": {k: base_acc.as_dict()[k] for k in ("max_abs_error", "mean_abs_error", "p99_abs_error", "passed")}})
+                            "baseline_accuracy": {k: base_acc.as_dict()[k] for k in ("max_abs_error", "mean_abs_error", "p99_abs_error", "passed", "histogram", "ulp_histogram")}})
             for rep in (acc, rel, norm):
                 if not rep.passed:
                     failures.append(f"{pr.case.id}: {rep.summary()}")
