@@ -53,7 +53,11 @@ def _absent_matmul(a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor, *, as_t
         out = torch.matmul(a_kept, torch.where(b_ok, b, zero))
     # (nonfinite(b)ᵀ @ keepᵀ)ᵀ: a batched [..., N, K] times a 2-D [K, M] folds the batch into rows,
     # so the [M, K] mask is never expanded to [..., M, K].
-    count = torch.matmul((~b_ok).to(a.dtype).transpose(-1, -2), keep.transpose(0, 1).to(a.dtype)).transpose(-1, -2)
+    # The count is an FP32 product of 0/1 values (exact), whatever a's dtype: on an AVX-512 host the
+    # BF16 CPU matmul made a count > 0 where none is (H200 host, torch 2.11: the row before a
+    # planted future key became NaN in torch_bf16), so the count never goes through a BF16 GEMM.
+    count = torch.matmul((~b_ok).to(torch.float32).transpose(-1, -2),
+                         keep.transpose(0, 1).to(torch.float32)).transpose(-1, -2)
     return torch.where(count > 0, torch.full((), float("nan"), dtype=out.dtype, device=out.device), out)
 
 
