@@ -68,6 +68,8 @@ class GenerationResult:
     decode_steps: int
     prefills: int
     wall_s: float
+    admissions: tuple[tuple[int, int, int], ...] = ()
+    """``(seq_id, slot, decode steps run before its prefill)`` per sequence, in admission order."""
 
     @property
     def generated_tokens(self) -> int:
@@ -216,13 +218,15 @@ class Engine:
         return self._sample(hidden, self.slot_seq, self.slot_ids, self.slot_pos + 1, params)
 
     # -- the loop ---------------------------------------------------------------------------------
-    def run(self, requests: list[_Request], params: SamplingParams, stop_token_ids: tuple[int, ...]) -> tuple[int, int]:
-        """Generate every request (in queue order); returns (decode steps, prefills)."""
+    def run(self, requests: list[_Request], params: SamplingParams,
+            stop_token_ids: tuple[int, ...]) -> tuple[int, int, list[tuple[int, int, int]]]:
+        """Generate every request (in queue order); returns (decode steps, prefills, admissions)."""
         dev = self.model.device
         stop = torch.tensor(stop_token_ids, dtype=torch.int64, device=dev)
         queue = deque(requests)
         slots: list[_Request | None] = [None] * self.max_batch
         steps = prefills = 0
+        admissions: list[tuple[int, int, int]] = []
 
         def record(req: _Request, tok: torch.Tensor, lp: torch.Tensor) -> bool:
             """Append one token; True when the sequence is finished."""
@@ -236,6 +240,7 @@ class Engine:
                 for s in range(self.max_batch):
                     while slots[s] is None and queue:
                         req = queue.popleft()
+                        admissions.append((req.seq_id, s, steps))
                         tok, lp = self._prefill(s, req, params)
                         prefills += 1
                         is_stop = bool(torch.isin(tok, stop).any()) if stop.numel() else False
@@ -264,7 +269,7 @@ class Engine:
                     if record(req, tok[s : s + 1], lp[s : s + 1]) or stopped_host[s]:
                         req.finish_reason = "stop" if stopped_host[s] else "length"
                         slots[s] = None
-        return steps, prefills
+        return steps, prefills, admissions
 
 
 def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *,
@@ -336,13 +341,14 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
         return GenerationResult([], params, int(max_batch), int(s_max), 0, 0, 0.0)
     engine = Engine(model, int(max_batch), int(s_max), sampler=sampler)
     reqs = [_Request(i, sid, p, b) for i, (sid, p, b) in enumerate(zip(ids, plist, budgets))]
-    steps, prefills = engine.run(reqs, params, stop)
+    steps, prefills, admissions = engine.run(reqs, params, stop)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     wall = time.perf_counter() - t0
     completions = [Completion(r.seq_id, r.prompt, torch.cat(r.tokens).cpu(), torch.cat(r.logprobs).cpu(),
                               r.finish_reason or "length") for r in reqs]
-    return GenerationResult(completions, params, int(max_batch), int(s_max), steps, prefills, wall)
+    return GenerationResult(completions, params, int(max_batch), int(s_max), steps, prefills, wall,
+                            tuple(admissions))
 
 
 __all__ = ["Completion", "Engine", "GenerationResult", "generate", "DEFAULT_MAX_BATCH"]
