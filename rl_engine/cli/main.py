@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for module in (cmd_gate, cmd_env, cmd_contract, cmd_compare):
         module.register(sub)
-    for name in ("cmd_report", "cmd_parity", "cmd_audit", "cmd_bench"):
+    for name in ("cmd_report", "cmd_parity", "cmd_audit", "cmd_bench", "cmd_generate"):
         try:
             module = __import__(f"rl_engine.cli.{name}", fromlist=["register"])
         except ImportError:

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from rl_engine.chain.config import Qwen3Config
 from rl_engine.chain.model import KVCache, Qwen3Model
 from rl_engine.errors import InputError
 from rl_engine.rollout.sampling import Sampler, SamplingParams
@@ -272,6 +273,49 @@ class Engine:
         return steps, prefills, admissions
 
 
+@dataclass(frozen=True)
+class GenerationPlan:
+    """The checked arguments of one :func:`generate` call (see there)."""
+
+    params: SamplingParams
+    prompts: tuple[tuple[int, ...], ...]
+    budgets: tuple[int, ...]
+    seq_ids: tuple[int, ...]
+    stop_token_ids: tuple[int, ...]
+    max_batch: int
+    s_max: int
+
+
+def plan_generation(config: Qwen3Config, prompts: Any, max_new_tokens: Any, *, temperature: Any = 1.0,
+                    top_k: Any = None, top_p: Any = None, seed: Any = 0, stop_token_ids: Any = None,
+                    max_batch: Any = DEFAULT_MAX_BATCH, seq_ids: Any = None, s_max: Any = None) -> GenerationPlan:
+    """Check every argument of :func:`generate` against ``config`` (no weights, no kernels).
+
+    Raises InputError as listed in :func:`generate`. The command calls it before building a model.
+    """
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    plist = _check_prompts(prompts, config.vocab_size)
+    budgets = _check_budgets(max_new_tokens, len(plist))
+    ids = _check_seq_ids(seq_ids, len(plist))
+    stop = _check_stop(stop_token_ids, config.vocab_size)
+    if not _int_like(max_batch) or max_batch < 1:
+        raise InputError(f"max_batch: expected an integer >= 1, got {max_batch!r}")
+    if s_max is not None and (not _int_like(s_max) or s_max < 2):
+        raise InputError(f"s_max: expected None or an integer >= 2, got {s_max!r}")
+    # the last drawn token is never fed back (P + C - 1 positions are written), but P + C is the
+    # length of the finished sequence, which must be scorable by teacher forcing: ask for P + C
+    for i, (p, b) in enumerate(zip(plist, budgets)):
+        if len(p) + b > config.max_position_embeddings:
+            raise InputError(f"prompts[{i}]: {len(p)} prompt tokens + max_new_tokens {b} exceed the model's "
+                             f"max_position_embeddings {config.max_position_embeddings}")
+        if s_max is not None and len(p) + b > s_max:
+            raise InputError(f"prompts[{i}]: {len(p)} prompt tokens + max_new_tokens {b} exceed the cache's "
+                             f"s_max {s_max}")
+    if s_max is None:
+        s_max = max((len(p) + b for p, b in zip(plist, budgets)), default=2)
+    return GenerationPlan(params, tuple(plist), tuple(budgets), tuple(ids), stop, int(max_batch), int(s_max))
+
+
 def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, seed: int = 0,
              stop_token_ids: Sequence[int] | None = None, max_batch: int = DEFAULT_MAX_BATCH,
@@ -317,31 +361,16 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
         or non-finite temperature, a seed that is not an integer in [0, 2^64), a ``max_new_tokens``,
         ``max_batch`` or ``seq_ids`` of the wrong kind.
     """
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    cfg = model.config
-    plist = _check_prompts(prompts, cfg.vocab_size)
-    budgets = _check_budgets(max_new_tokens, len(plist))
-    ids = _check_seq_ids(seq_ids, len(plist))
-    stop = _check_stop(stop_token_ids, cfg.vocab_size)
-    if not _int_like(max_batch) or max_batch < 1:
-        raise InputError(f"max_batch: expected an integer >= 1, got {max_batch!r}")
-    # the last drawn token is never fed back (P + C - 1 positions are written), but P + C is the
-    # length of the finished sequence, which must be scorable by teacher forcing: ask for P + C
-    for i, (p, b) in enumerate(zip(plist, budgets)):
-        if len(p) + b > cfg.max_position_embeddings:
-            raise InputError(f"prompts[{i}]: {len(p)} prompt tokens + max_new_tokens {b} exceed the model's "
-                             f"max_position_embeddings {cfg.max_position_embeddings}")
-        if s_max is not None and len(p) + b > s_max:
-            raise InputError(f"prompts[{i}]: {len(p)} prompt tokens + max_new_tokens {b} exceed the cache's "
-                             f"s_max {s_max}")
-    if s_max is None:
-        s_max = max((len(p) + b for p, b in zip(plist, budgets)), default=2)
+    plan = plan_generation(model.config, prompts, max_new_tokens, temperature=temperature, top_k=top_k,
+                           top_p=top_p, seed=seed, stop_token_ids=stop_token_ids, max_batch=max_batch,
+                           seq_ids=seq_ids, s_max=s_max)
+    params, plist, s_max, max_batch = plan.params, plan.prompts, plan.s_max, plan.max_batch
     t0 = time.perf_counter()
     if not plist:
         return GenerationResult([], params, int(max_batch), int(s_max), 0, 0, 0.0)
     engine = Engine(model, int(max_batch), int(s_max), sampler=sampler)
-    reqs = [_Request(i, sid, p, b) for i, (sid, p, b) in enumerate(zip(ids, plist, budgets))]
-    steps, prefills, admissions = engine.run(reqs, params, stop)
+    reqs = [_Request(i, sid, p, b) for i, (sid, p, b) in enumerate(zip(plan.seq_ids, plist, plan.budgets))]
+    steps, prefills, admissions = engine.run(reqs, params, plan.stop_token_ids)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     wall = time.perf_counter() - t0
@@ -351,4 +380,5 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
                             tuple(admissions))
 
 
-__all__ = ["Completion", "Engine", "GenerationResult", "generate", "DEFAULT_MAX_BATCH"]
+__all__ = ["Completion", "Engine", "GenerationPlan", "GenerationResult", "generate", "plan_generation",
+           "DEFAULT_MAX_BATCH"]

@@ -85,3 +85,25 @@ def test_stop_token_ends_a_sequence_and_is_kept(rollout_model, alone):
     assert b.tokens.tolist() == ref[:n] and b.finish_reason == "stop" and res.decode_steps == n - 1
     assert torch.equal(b.logprobs.view(torch.int32), alone[1].logprobs[:n].view(torch.int32))
     assert res.completions[0].tokens.tolist() == alone[0].tokens[:1].tolist()
+
+
+def test_the_command_prints_the_same_samples_as_the_api(rollout_weights, alone, tmp_path, capsys):
+    """``rl-engine generate --json`` on a checkpoint of the same weights: the same tokens and
+    logprob bits as the API (B's first two tokens: a smaller budget leaves the prefix unchanged)."""
+    import json
+
+    from rl_engine.chain.weights import save_checkpoint
+    from rl_engine.cli.main import main
+
+    ckpt = save_checkpoint(rollout_weights, tmp_path / "ckpt")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("# two prompts\n5 17 300\n\n42, 7\n")
+    rc = main(["generate", "--model", str(ckpt), "--prompts", str(prompts), "--max-new-tokens", "2",
+               "--temperature", "0.8", "--top-k", "64", "--top-p", "0.9", "--seed", "1234", "--max-batch", "2",
+               "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["generated_tokens"] == 4 and out["tokens_per_s"] > 0 and out["triton_interpreter"] in (
+        True, False)
+    for got, ref in zip(out["completions"], alone[:2]):
+        assert got["tokens"] == ref.tokens[:2].tolist()
+        assert got["logprobs"] == [float(x) for x in ref.logprobs[:2]]
