@@ -187,8 +187,15 @@ def gumbel_noise(u: torch.Tensor) -> torch.Tensor:
 
 # -- the sampler ---------------------------------------------------------------------------------------
 def scaled_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """``s = logits / temperature`` [B, V] FP32 (the ``logp`` kernel's own division); logits for greedy."""
-    return logits if params.greedy else logits / params.temperature
+    """``s = logits / temperature`` [B, V] FP32 (the ``logp`` kernel's own division); logits for greedy.
+
+    The temperature is rounded to FP32 (as the kernel receives it) and divides as a device tensor:
+    CUDA turns a division by a Python scalar into a multiplication by its reciprocal, which rounds
+    differently.
+    """
+    if params.greedy:
+        return logits
+    return logits / torch.full((), params.temperature, dtype=torch.float32, device=logits.device)
 
 
 def kept_mask(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor | None:
