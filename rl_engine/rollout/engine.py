@@ -187,6 +187,9 @@ class Engine:
         self.slot_token = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
         self.slot_pos = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
         self.slot_seq = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
+        self.slot_count = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)  # tokens drawn so far
+        self.slot_budget = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
+        self.slot_live = torch.zeros(self.max_batch, dtype=torch.bool, device=dev)
         self.slot_ids = torch.arange(self.max_batch, dtype=torch.int64, device=dev)
         self._logp = model.ops.impl("logp")
 
@@ -214,9 +217,24 @@ class Engine:
         return self._sample(hidden[p - 1 : p], seq, self.slot_ids[slot : slot + 1],
                             torch.tensor([p], dtype=torch.int64, device=dev), params)
 
-    def _decode(self, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_step(self, params: SamplingParams, stop: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One decode step over every slot, as tensor ops on the slot state (no per-slot Python).
+
+        Feeds ``slot_token`` at ``slot_pos``, draws the next token of every slot, and advances the
+        state: live slots take the drawn token at the next position, idle or just-finished slots
+        are fed token 0 at position 0 (a row no sequence reads). Returns tokens, logprobs, and the
+        ``stopped`` / ``finished`` masks [B_max] bool.
+        """
         hidden = self.model.forward(self.slot_token, self.slot_pos, cache=self.cache, decode=True)
-        return self._sample(hidden, self.slot_seq, self.slot_ids, self.slot_pos + 1, params)
+        tok, lp = self._sample(hidden, self.slot_seq, self.slot_ids, self.slot_pos + 1, params)
+        live = self.slot_live
+        stopped = live & torch.isin(tok, stop)
+        self.slot_count.add_(live.to(torch.int64))
+        finished = stopped | (live & (self.slot_count >= self.slot_budget))
+        self.slot_live.copy_(live & ~finished)
+        self.slot_token.copy_(torch.where(self.slot_live, tok, torch.zeros_like(tok)))
+        self.slot_pos.copy_(torch.where(self.slot_live, self.slot_pos + 1, torch.zeros_like(self.slot_pos)))
+        return tok, lp, stopped, finished
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, requests: list[_Request], params: SamplingParams,
@@ -252,23 +270,20 @@ class Engine:
                         self.slot_token[s] = tok[0]
                         self.slot_pos[s] = len(req.prompt)
                         self.slot_seq[s] = req.seq_id
+                        self.slot_count[s] = 1
+                        self.slot_budget[s] = req.budget
+                        self.slot_live[s] = True
                 live = [s for s in range(self.max_batch) if slots[s] is not None]
                 if not live:
                     break
-                for s in range(self.max_batch):  # idle slots: token 0 at position 0, results discarded
-                    if slots[s] is None:
-                        self.slot_token[s] = 0
-                        self.slot_pos[s] = 0
-                tok, lp = self._decode(params)
+                tok, lp, stopped, finished = self._decode_step(params, stop)
                 steps += 1
-                stopped = torch.isin(tok, stop) if stop.numel() else torch.zeros_like(tok, dtype=torch.bool)
-                stopped_host = stopped.tolist()  # the one host read per step: which slots finished
-                self.slot_token.copy_(tok)
-                self.slot_pos.add_(1)
+                done = torch.stack([finished, stopped]).tolist()  # the one host read per step
                 for s in live:
                     req = slots[s]
-                    if record(req, tok[s : s + 1], lp[s : s + 1]) or stopped_host[s]:
-                        req.finish_reason = "stop" if stopped_host[s] else "length"
+                    record(req, tok[s : s + 1], lp[s : s + 1])
+                    if done[0][s]:
+                        req.finish_reason = "stop" if done[1][s] else "length"
                         slots[s] = None
         return steps, prefills, admissions
 

@@ -36,7 +36,8 @@ def test_continuous_batching_is_bitwise_batch_invariant(rollout_model, alone, co
     assert [a[1:] for a in static.admissions] == [(0, 0), (1, 0), (2, 0)]
     assert continuous.admissions == ((0, 0, 0), (1, 1, 0), (2, 0, 1))
     assert [int(c.tokens.numel()) for c in continuous.completions] == BUDGETS  # queued, not truncated
-    assert all(c.logprobs.dtype == torch.float32 and c.finish_reason == "length" for c in continuous.completions)
+    assert all(c.logprobs.dtype == torch.float32 and bool(torch.isfinite(c.logprobs).all())
+               and c.finish_reason == "length" for c in continuous.completions)  # no NaN-filled slot was read
     for other in (static.completions, continuous.completions):
         rep = compare_completions(alone, other)
         assert rep.equal and rep.compared == (0, 1, 2), rep.summary()
