@@ -7,15 +7,16 @@ The engine owns one static :class:`rl_engine.chain.model.KVCache` [B_max, S_max,
 and per-slot state tensors (the token to feed, its position, the sequence id, whether the slot is
 live). A queued prompt is prefilled **alone** into a free slot (a packed forward over its P tokens
 writing K/V into that row of the cache), its first token is drawn from the prefill's last row, and
-it then joins the decode steps: every step runs one decode forward over all B_max slots (idle
-slots are fed token 0 at position 0 and their results discarded). A slot whose sequence drew a
-stop token or reached its token budget is refilled from the queue before the next step.
+it then joins the decode steps: every step runs one decode forward over all B_max slots (B_max is
+at most the number of sequences; idle slots are fed token 0 at position 0 and their results
+discarded). A slot whose sequence drew a stop token or reached its token budget is refilled from
+the queue before the next step.
 
 Why a sequence's tokens and logprobs do not depend on the batch around it: its prefill runs alone;
 every decode op is batch-invariant (a row's bits depend only on that row: ``det_gemm``,
 ``rms_norm``, ``attention_decode`` with its fixed KV blocks, ``lm_head``); the sampler keys its
 noise by (seed, sequence id, position), never by the slot, and every sampling step acts on one row
-(:mod:`rl_engine.rollout.sampling`). ``tests/rollout/test_engine.py`` shows it bitwise (alone, in a
+(:mod:`rl_engine.rollout.sampling`). ``tests/rollout/test_rollout_engine.py`` shows it bitwise (alone, in a
 full static batch, joining a running batch mid-way) with a row-keyed sampler as negative control.
 
 Designed for CUDA graphs later (not done yet): the step state lives in device tensors of fixed
@@ -60,7 +61,8 @@ class Completion:
 
 @dataclass
 class GenerationResult:
-    """The completions in prompt order, the sampling settings and the counts behind tokens/s."""
+    """The completions in prompt order, the sampling settings and the counts behind tokens/s
+    (``max_batch``: the slots the engine ran, ``min(max_batch, N)``)."""
 
     completions: list[Completion]
     sampling: SamplingParams
@@ -353,7 +355,8 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
     stop_token_ids
         A drawn token in this set ends its sequence (and is kept as its last token).
     max_batch
-        Slots B_max running at once; more prompts than slots wait in a queue (never truncated).
+        At most this many sequences run at once (the engine has ``min(max_batch, N)`` slots); more
+        prompts than slots wait in a queue (never truncated).
     seq_ids
         The sequence ids that key the sampling noise (default ``0 .. N-1``, the prompt index). A
         sequence's tokens depend only on (seed, its id, its prompt, the settings), so passing the same
@@ -383,7 +386,10 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
     t0 = time.perf_counter()
     if not plist:
         return GenerationResult([], params, int(max_batch), int(s_max), 0, 0, 0.0)
-    engine = Engine(model, int(max_batch), int(s_max), sampler=sampler)
+    # never more slots than sequences: an idle slot costs a full row of every decode op (a batch of
+    # one prompt at max_batch=8 would run lm_head over 8 rows); the bits do not depend on it
+    slots = min(int(max_batch), len(plist))
+    engine = Engine(model, slots, int(s_max), sampler=sampler)
     reqs = [_Request(i, sid, p, b) for i, (sid, p, b) in enumerate(zip(plan.seq_ids, plist, plan.budgets))]
     steps, prefills, admissions = engine.run(reqs, params, plan.stop_token_ids)
     if model.device.type == "cuda":
@@ -391,7 +397,7 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
     wall = time.perf_counter() - t0
     completions = [Completion(r.seq_id, r.prompt, torch.cat(r.tokens).cpu(), torch.cat(r.logprobs).cpu(),
                               r.finish_reason or "length") for r in reqs]
-    return GenerationResult(completions, params, int(max_batch), int(s_max), steps, prefills, wall,
+    return GenerationResult(completions, params, slots, int(s_max), steps, prefills, wall,
                             tuple(admissions))
 
 
