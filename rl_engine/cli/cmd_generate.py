@@ -63,8 +63,12 @@ def parse_prompts(spec: str) -> list[list[int]]:
 
     path = Path(spec)
     if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: cannot read the prompts file ({exc})") from exc
         prompts = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+        for n, line in enumerate(text.splitlines(), 1):
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
             prompts.append(_parse_ids(line, f"{path} line {n}"))

@@ -17,6 +17,13 @@ def test_inline_and_file_prompts(tmp_path):
     assert parse_prompts(str(f)) == [[1, 2, 3], [4, 5]]
 
 
+def test_a_non_utf8_prompts_file_is_refused(tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_bytes(b"1 2 \xff\n")
+    with pytest.raises(InputError, match="cannot read"):
+        parse_prompts(str(f))
+
+
 @pytest.mark.parametrize("spec, words", [("1,2;;3", "prompt 1: empty prompt"), ("1,x", "not inline token ids"), ("1,-", "not an integer"),
                                          ("missing.txt", "no such file"), ("1.5", "no such file")])
 def test_bad_prompts_are_named(spec, words):
