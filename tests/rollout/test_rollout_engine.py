@@ -58,7 +58,9 @@ def test_invariance_check_catches_a_row_keyed_sampler(rollout_model):
 
 
 def test_teacher_forcing_scores_the_filtered_samples_to_the_same_bits(rollout_model, continuous):
-    scored = score_completions(rollout_model, continuous.completions, continuous.sampling)
+    # two forwards (sequences 0-1, then 2): the trainer's micro-batching does not move a bit either
+    scored = score_completions(rollout_model, continuous.completions, continuous.sampling, micro_batch=2)
+    assert len(scored) == 3
     for c, lp in zip(continuous.completions, scored):
         assert torch.equal(lp.view(torch.int32), c.logprobs.view(torch.int32)), (c.seq_id, lp, c.logprobs)
 
