@@ -57,6 +57,26 @@ def test_invariance_check_catches_a_row_keyed_sampler(rollout_model):
     assert any(": token 0 is" in m for m in rep.mismatches), rep.summary()
 
 
+def test_invariance_check_catches_a_batch_dependent_kernel(rollout_weights, alone):
+    """Negative control at the kernel level: an lm_head that rounds the logits to BF16 when it gets
+    more than one row (a "decode fast path", pitfall P5 made size dependent). A run alone only ever
+    gives it one row, so the alone results above stand for it; two-slot decode steps must be caught."""
+    from rl_engine.chain.model import Qwen3Model
+
+    model = Qwen3Model(rollout_weights, "triton_cuda_bf16")
+    exact = model.ops.impl("lm_head")
+
+    def size_dependent(hidden, weight):
+        logits = exact(hidden=hidden, weight=weight)
+        return logits if hidden.shape[0] == 1 else logits.to(torch.bfloat16).to(torch.float32)
+
+    model.ops._impls["lm_head"] = size_dependent
+    res = generate(model, PROMPTS, BUDGETS, max_batch=2, **FILTERED)
+    rep = compare_completions(alone, res.completions)
+    assert rep.compared == (0, 1, 2) and not rep.equal
+    assert any(m.startswith("seq 0: logprob 1 ") for m in rep.mismatches), rep.summary()
+
+
 def test_teacher_forcing_scores_the_filtered_samples_to_the_same_bits(rollout_model, continuous):
     # two forwards (sequences 0-1, then 2): the trainer's micro-batching does not move a bit either
     scored = score_completions(rollout_model, continuous.completions, continuous.sampling, micro_batch=2)
