@@ -1,0 +1,136 @@
+"""``rl-engine generate``: sample completions with the rollout engine and print tokens/s.
+
+Runs :func:`rl_engine.rollout.generate` (continuous batching, batch-invariant sampling;
+``docs/rollout.md``) on a preset with seeded synthetic weights or a safetensors checkpoint
+directory. Without a GPU the Triton kernels run in the CPU interpreter, and the tokens/s printed
+are the interpreter's (a correctness path, not a speed figure). Exit 0 on success, 2 on bad usage
+or input (named before any model is built).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+PROMPTS_HELP = ("prompts as token ids: a file with one prompt per line, ids separated by spaces or commas "
+                "(blank lines and lines starting with # are skipped), or inline, ids separated by commas "
+                "and prompts by semicolons, e.g. '1,2,3;4,5'")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="sample completions with the rollout engine (continuous batching) and "
+                                        "print tokens/s")
+    p.add_argument("--model", required=True,
+                   help="preset (tiny, tiny-smoke, qwen3-8b; synthetic weights) or a safetensors checkpoint directory")
+    p.add_argument("--prompts", required=True, help=PROMPTS_HELP)
+    p.add_argument("--max-new-tokens", type=int, required=True, help="token budget per prompt (>= 1)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (lowest id on ties); default 1")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (ties: lower id)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus: smallest prefix with mass >= p, p in (0, 1]")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed, an integer in [0, 2^64) (default 0)")
+    p.add_argument("--max-batch", type=int, default=8, help="sequences decoded at once; more wait in a queue")
+    p.add_argument("--stop-token-ids", type=int, nargs="*", default=None, help="token ids that end a sequence")
+    p.add_argument("--backend", default="triton_cuda_bf16", help="kernel backend (default: triton_cuda_bf16)")
+    p.add_argument("--weights-seed", type=int, default=0, help="seed of the synthetic weights (presets only)")
+    p.add_argument("--logit-scale", type=float, default=2.0,
+                   help="logit standard deviation of the synthetic lm_head (presets only; default 2)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run)
+
+
+def _parse_ids(text: str, where: str) -> list[int]:
+    from rl_engine.errors import InputError
+
+    parts = [t for t in text.replace(",", " ").split()]
+    if not parts:
+        raise InputError(f"{where}: empty prompt")
+    ids = []
+    for t in parts:
+        try:
+            ids.append(int(t))
+        except ValueError:
+            raise InputError(f"{where}: {t!r} is not an integer token id") from None
+    return ids
+
+
+def parse_prompts(spec: str) -> list[list[int]]:
+    """Prompts from ``--prompts`` (see :data:`PROMPTS_HELP`): a file path, else the inline form.
+
+    Raises InputError for an empty prompt or a non-integer id, naming the line or prompt.
+    """
+    from rl_engine.errors import InputError
+
+    path = Path(spec)
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: cannot read the prompts file ({exc})") from exc
+        prompts = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            prompts.append(_parse_ids(line, f"{path} line {n}"))
+        if not prompts:
+            raise InputError(f"{path}: no prompts")
+        return prompts
+    if set(spec) - set("0123456789,; \t-+"):
+        raise InputError(f"--prompts {spec!r}: no such file, and not inline token ids like '1,2,3;4,5'")
+    return [_parse_ids(chunk, f"--prompts prompt {i}") for i, chunk in enumerate(spec.split(";"))]
+
+
+def run(args) -> int:
+    import torch
+
+    from rl_engine import env
+
+    gpu = torch.cuda.is_available()
+    if not gpu and not env.triton_interpret():
+        env.enable_triton_interpreter()  # before any kernel module is imported
+    from rl_engine.backends.registry import check_backend
+    from rl_engine.chain.config import PRESETS, Qwen3Config
+    from rl_engine.chain.model import Qwen3Model
+    from rl_engine.chain.weights import load_checkpoint, synthetic_weights
+    from rl_engine.errors import RLEngineError
+    from rl_engine.rollout import generate
+    from rl_engine.rollout.engine import plan_generation
+
+    device = torch.device("cuda" if gpu else "cpu")
+    if args.model in PRESETS:
+        config, path = PRESETS[args.model], None
+    else:
+        path = Path(args.model)
+        if not path.is_dir():
+            raise RLEngineError(f"--model {args.model!r}: not a preset ({', '.join(PRESETS)}) and not a directory")
+        config = Qwen3Config.from_json(path)
+    prompts = parse_prompts(args.prompts)
+    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                    stop_token_ids=args.stop_token_ids, max_batch=args.max_batch)
+    plan_generation(config, prompts, args.max_new_tokens, **settings)  # every input error before the model
+    check_backend(args.backend)
+    weights = (load_checkpoint(path, config, device=device) if path is not None
+               else synthetic_weights(config, args.weights_seed, logit_scale=args.logit_scale, device=device))
+    model = Qwen3Model(weights, args.backend)
+    res = generate(model, prompts, args.max_new_tokens, **settings)
+    interpreted = env.triton_interpret() and args.backend == "triton_cuda_bf16"
+    where = "Triton CPU interpreter" if interpreted else str(device)
+    if args.json:
+        print(json.dumps({
+            "model": args.model, "backend": args.backend, "device": str(device), "triton_interpreter": interpreted,
+            "sampling": res.sampling.to_dict(), "stop_token_ids": list(args.stop_token_ids or []),
+            "max_batch": res.max_batch, "s_max": res.s_max, "decode_steps": res.decode_steps,
+            "prefills": res.prefills, "generated_tokens": res.generated_tokens, "wall_s": round(res.wall_s, 4),
+            "tokens_per_s": round(res.tokens_per_s, 4),
+            "completions": [{"seq_id": c.seq_id, "prompt_len": len(c.prompt), "tokens": c.tokens.tolist(),
+                             "logprobs": c.logprobs.tolist(), "finish_reason": c.finish_reason}
+                            for c in res.completions],
+        }, indent=1))
+    else:
+        for c in res.completions:
+            print(f"seq {c.seq_id} ({len(c.prompt)} prompt tokens, {c.finish_reason}): "
+                  + " ".join(str(t) for t in c.tokens.tolist()))
+        print(f"{res.generated_tokens} tokens in {res.wall_s:.2f} s: {res.tokens_per_s:.3f} tokens/s "
+              f"({where}, max_batch {res.max_batch}, {res.decode_steps} decode steps, {res.prefills} prefills)")
+    sys.stdout.flush()
+    return 0

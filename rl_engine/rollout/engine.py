@@ -1,0 +1,405 @@
+"""Continuous-batching generation on the project's kernels (``docs/rollout.md``).
+
+Shape glossary: B_max engine slots (``max_batch``), S_max KV-cache positions per slot, P prompt
+length, C completion length, V vocab, E hidden.
+
+The engine owns one static :class:`rl_engine.chain.model.KVCache` [B_max, S_max, Hkv, D] per layer
+and per-slot state tensors (the token to feed, its position, the sequence id, whether the slot is
+live). A queued prompt is prefilled **alone** into a free slot (a packed forward over its P tokens
+writing K/V into that row of the cache), its first token is drawn from the prefill's last row, and
+it then joins the decode steps: every step runs one decode forward over all B_max slots (B_max is
+at most the number of sequences; idle slots are fed token 0 at position 0 and their results
+discarded). A slot whose sequence drew a stop token or reached its token budget is refilled from
+the queue before the next step.
+
+Why a sequence's tokens and logprobs do not depend on the batch around it: its prefill runs alone;
+every decode op is batch-invariant (a row's bits depend only on that row: ``det_gemm``,
+``rms_norm``, ``attention_decode`` with its fixed KV blocks, ``lm_head``); the sampler keys its
+noise by (seed, sequence id, position), never by the slot, and every sampling step acts on one row
+(:mod:`rl_engine.rollout.sampling`). ``tests/rollout/test_rollout_engine.py`` shows it bitwise (alone, in a
+full static batch, joining a running batch mid-way) with a row-keyed sampler as negative control.
+
+Designed for CUDA graphs later (not done yet): the step state lives in device tensors of fixed
+shape, the step is one forward + one sampling call over all slots; the scheduler reads one small
+tensor per step (which slots finished) to refill slots.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from numbers import Integral
+from typing import Any
+
+import torch
+
+from rl_engine.chain.config import Qwen3Config
+from rl_engine.chain.model import KVCache, Qwen3Model
+from rl_engine.errors import InputError
+from rl_engine.rollout.sampling import Sampler, SamplingParams
+
+DEFAULT_MAX_BATCH = 8
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated sequence.
+
+    ``tokens`` [C] int64 (CPU): the drawn tokens, the stop token included when one ended it;
+    ``logprobs`` [C] float32 (CPU): each token's logprob under the sampling distribution
+    (``docs/rollout.md``); ``finish_reason``: ``"stop"`` or ``"length"``.
+    """
+
+    seq_id: int
+    prompt: tuple[int, ...]
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    finish_reason: str
+
+
+@dataclass
+class GenerationResult:
+    """The completions in prompt order, the sampling settings and the counts behind tokens/s
+    (``max_batch``: the slots the engine ran, ``min(max_batch, N)``)."""
+
+    completions: list[Completion]
+    sampling: SamplingParams
+    max_batch: int
+    s_max: int
+    decode_steps: int
+    prefills: int
+    wall_s: float
+    admissions: tuple[tuple[int, int, int], ...] = ()
+    """``(seq_id, slot, decode steps run before its prefill)`` per sequence, in admission order."""
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(int(c.tokens.numel()) for c in self.completions)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.wall_s if self.wall_s > 0 else float("inf")
+
+
+@dataclass
+class _Request:
+    index: int
+    seq_id: int
+    prompt: tuple[int, ...]
+    budget: int
+    tokens: list[torch.Tensor] = field(default_factory=list)
+    logprobs: list[torch.Tensor] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+# -- validation (before any kernel launch) ----------------------------------------------------------
+def _int_like(v: Any) -> bool:
+    return isinstance(v, Integral) and not isinstance(v, bool)
+
+
+def _check_prompts(prompts: Any, vocab: int) -> list[tuple[int, ...]]:
+    if isinstance(prompts, torch.Tensor) or not isinstance(prompts, Sequence) or isinstance(prompts, (str, bytes)):
+        raise InputError(f"prompts: expected a list of token-id lists, got {type(prompts).__name__}")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, torch.Tensor):
+            if p.dim() != 1 or p.dtype != torch.int64:
+                raise InputError(f"prompts[{i}]: expected a [P] int64 tensor, got {list(p.shape)} {p.dtype}")
+            p = p.tolist()
+        if isinstance(p, (str, bytes)) or not isinstance(p, Sequence):
+            raise InputError(f"prompts[{i}]: expected a list of token ids, got {type(p).__name__}")
+        if len(p) == 0:
+            raise InputError(f"prompts[{i}]: empty prompt (at least one token is needed to condition on)")
+        for j, t in enumerate(p):
+            if not _int_like(t):
+                raise InputError(f"prompts[{i}][{j}]: token id {t!r} is not an integer")
+            if not 0 <= int(t) < vocab:
+                raise InputError(f"prompts[{i}][{j}]: token id {int(t)} is outside the vocabulary [0, {vocab})")
+        out.append(tuple(int(t) for t in p))
+    return out
+
+
+def _check_budgets(max_new_tokens: Any, n: int) -> list[int]:
+    if _int_like(max_new_tokens):
+        budgets = [int(max_new_tokens)] * n
+    elif isinstance(max_new_tokens, Sequence) and not isinstance(max_new_tokens, (str, bytes)):
+        if len(max_new_tokens) != n:
+            raise InputError(f"max_new_tokens: {len(max_new_tokens)} budgets for {n} prompts")
+        if not all(_int_like(b) for b in max_new_tokens):
+            raise InputError(f"max_new_tokens: expected integers, got {list(max_new_tokens)!r}")
+        budgets = [int(b) for b in max_new_tokens]
+    else:
+        raise InputError(f"max_new_tokens: expected an integer or one integer per prompt, got {max_new_tokens!r}")
+    for i, b in enumerate(budgets):
+        if b < 1:
+            raise InputError(f"max_new_tokens: expected >= 1, got {b} (prompt {i})")
+    return budgets
+
+
+def _check_seq_ids(seq_ids: Any, n: int) -> list[int]:
+    if seq_ids is None:
+        return list(range(n))
+    if isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Sequence) or len(seq_ids) != n:
+        raise InputError(f"seq_ids: expected one integer per prompt ({n}), got {seq_ids!r}")
+    if not all(_int_like(s) and 0 <= int(s) < 1 << 63 for s in seq_ids):
+        raise InputError(f"seq_ids: expected integers in [0, 2^63), got {list(seq_ids)!r}")
+    ids = [int(s) for s in seq_ids]
+    if len(set(ids)) != n:
+        raise InputError("seq_ids: must be distinct (two sequences with one id would draw the same noise)")
+    return ids
+
+
+def _check_stop(stop_token_ids: Any, vocab: int) -> tuple[int, ...]:
+    if stop_token_ids is None:
+        return ()
+    if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, (Sequence, set, frozenset)):
+        raise InputError(f"stop_token_ids: expected a list of token ids, got {stop_token_ids!r}")
+    for t in stop_token_ids:
+        if not _int_like(t) or not 0 <= int(t) < vocab:
+            raise InputError(f"stop_token_ids: {t!r} is not a token id in [0, {vocab})")
+    return tuple(sorted({int(t) for t in stop_token_ids}))
+
+
+# -- the engine -----------------------------------------------------------------------------------------
+class Engine:
+    """A continuous-batching generator over ``max_batch`` static slots (module docstring).
+
+    ``model``: a :class:`Qwen3Model` on a kernel backend. ``s_max``: positions per cache slot (a
+    prompt plus its budget must fit). ``sampler``: :class:`Sampler` (tests pass the negative
+    control :class:`rl_engine.rollout.sampling.RowKeyedSampler`).
+    """
+
+    def __init__(self, model: Qwen3Model, max_batch: int, s_max: int, *, sampler: Sampler | None = None):
+        if not _int_like(max_batch) or max_batch < 1:
+            raise InputError(f"max_batch: expected an integer >= 1, got {max_batch!r}")
+        if not _int_like(s_max) or s_max < 2:
+            raise InputError(f"s_max: expected an integer >= 2, got {s_max!r}")
+        if s_max > model.config.max_position_embeddings:
+            raise InputError(f"s_max {s_max} exceeds the model's max_position_embeddings "
+                             f"{model.config.max_position_embeddings}")
+        self.model = model
+        self.max_batch = int(max_batch)
+        self.s_max = int(s_max)
+        self.sampler = sampler or Sampler()
+        dev = model.device
+        self.cache = KVCache.allocate(model.config, self.max_batch, self.s_max, model.dtype, dev)
+        # per-slot step state (static tensors; a CUDA graph would capture the step over these)
+        self.slot_token = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
+        self.slot_pos = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
+        self.slot_seq = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
+        self.slot_count = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)  # tokens drawn so far
+        self.slot_budget = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
+        self.slot_live = torch.zeros(self.max_batch, dtype=torch.bool, device=dev)
+        self.slot_ids = torch.arange(self.max_batch, dtype=torch.int64, device=dev)
+        self._logp = model.ops.impl("logp")
+
+    # -- pieces -----------------------------------------------------------------------------------
+    def _slot_cache(self, slot: int) -> KVCache:
+        """A one-row view of the static cache (writes land in row ``slot``), NaN-filled first so a
+        read of a position this sequence has not written shows up as NaN."""
+        for t in (*self.cache.k, *self.cache.v):
+            t[slot].fill_(float("nan"))
+        return KVCache([k[slot : slot + 1] for k in self.cache.k], [v[slot : slot + 1] for v in self.cache.v])
+
+    def _sample(self, hidden: torch.Tensor, seq_ids: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model.logits(hidden)
+        return self.sampler.sample(self._logp, logits, seq_ids, slots, positions, params)
+
+    def _prefill(self, slot: int, req: _Request, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = self.model.device
+        p = len(req.prompt)
+        ids = torch.tensor(req.prompt, dtype=torch.int64, device=dev)
+        positions = torch.arange(p, dtype=torch.int64, device=dev)
+        cu = torch.tensor([0, p], dtype=torch.int32, device=dev)
+        hidden = self.model.forward(ids, positions, cu_seqlens=cu, cache=self._slot_cache(slot))
+        seq = torch.tensor([req.seq_id], dtype=torch.int64, device=dev)
+        return self._sample(hidden[p - 1 : p], seq, self.slot_ids[slot : slot + 1],
+                            torch.tensor([p], dtype=torch.int64, device=dev), params)
+
+    def _decode_step(self, params: SamplingParams, stop: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One decode step over every slot, as tensor ops on the slot state (no per-slot Python).
+
+        Feeds ``slot_token`` at ``slot_pos``, draws the next token of every slot, and advances the
+        state: live slots take the drawn token at the next position, idle or just-finished slots
+        are fed token 0 at position 0 (a row no sequence reads). Returns tokens, logprobs, and the
+        ``stopped`` / ``finished`` masks [B_max] bool.
+        """
+        hidden = self.model.forward(self.slot_token, self.slot_pos, cache=self.cache, decode=True)
+        tok, lp = self._sample(hidden, self.slot_seq, self.slot_ids, self.slot_pos + 1, params)
+        live = self.slot_live
+        stopped = live & torch.isin(tok, stop)
+        self.slot_count.add_(live.to(torch.int64))
+        finished = stopped | (live & (self.slot_count >= self.slot_budget))
+        self.slot_live.copy_(live & ~finished)
+        self.slot_token.copy_(torch.where(self.slot_live, tok, torch.zeros_like(tok)))
+        self.slot_pos.copy_(torch.where(self.slot_live, self.slot_pos + 1, torch.zeros_like(self.slot_pos)))
+        return tok, lp, stopped, finished
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self, requests: list[_Request], params: SamplingParams,
+            stop_token_ids: tuple[int, ...]) -> tuple[int, int, list[tuple[int, int, int]]]:
+        """Generate every request (in queue order); returns (decode steps, prefills, admissions)."""
+        dev = self.model.device
+        stop = torch.tensor(stop_token_ids, dtype=torch.int64, device=dev)
+        queue = deque(requests)
+        slots: list[_Request | None] = [None] * self.max_batch
+        steps = prefills = 0
+        admissions: list[tuple[int, int, int]] = []
+
+        def record(req: _Request, tok: torch.Tensor, lp: torch.Tensor) -> bool:
+            """Append one token; True when the sequence is finished."""
+            req.tokens.append(tok)
+            req.logprobs.append(lp)
+            return len(req.tokens) >= req.budget
+
+        with torch.no_grad():
+            while True:
+                # refill free slots from the queue: each prompt is prefilled alone into its slot
+                for s in range(self.max_batch):
+                    while slots[s] is None and queue:
+                        req = queue.popleft()
+                        admissions.append((req.seq_id, s, steps))
+                        tok, lp = self._prefill(s, req, params)
+                        prefills += 1
+                        is_stop = bool(torch.isin(tok, stop).any()) if stop.numel() else False
+                        if record(req, tok, lp) or is_stop:
+                            req.finish_reason = "stop" if is_stop else "length"
+                            continue
+                        slots[s] = req
+                        self.slot_token[s] = tok[0]
+                        self.slot_pos[s] = len(req.prompt)
+                        self.slot_seq[s] = req.seq_id
+                        self.slot_count[s] = 1
+                        self.slot_budget[s] = req.budget
+                        self.slot_live[s] = True
+                live = [s for s in range(self.max_batch) if slots[s] is not None]
+                if not live:
+                    break
+                tok, lp, stopped, finished = self._decode_step(params, stop)
+                steps += 1
+                done = torch.stack([finished, stopped]).tolist()  # the one host read per step
+                for s in live:
+                    req = slots[s]
+                    record(req, tok[s : s + 1], lp[s : s + 1])
+                    if done[0][s]:
+                        req.finish_reason = "stop" if done[1][s] else "length"
+                        slots[s] = None
+        return steps, prefills, admissions
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """The checked arguments of one :func:`generate` call (see there)."""
+
+    params: SamplingParams
+    prompts: tuple[tuple[int, ...], ...]
+    budgets: tuple[int, ...]
+    seq_ids: tuple[int, ...]
+    stop_token_ids: tuple[int, ...]
+    max_batch: int
+    s_max: int
+
+
+def plan_generation(config: Qwen3Config, prompts: Any, max_new_tokens: Any, *, temperature: Any = 1.0,
+                    top_k: Any = None, top_p: Any = None, seed: Any = 0, stop_token_ids: Any = None,
+                    max_batch: Any = DEFAULT_MAX_BATCH, seq_ids: Any = None, s_max: Any = None) -> GenerationPlan:
+    """Check every argument of :func:`generate` against ``config`` (no weights, no kernels).
+
+    Raises InputError as listed in :func:`generate`. The command calls it before building a model.
+    """
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    plist = _check_prompts(prompts, config.vocab_size)
+    budgets = _check_budgets(max_new_tokens, len(plist))
+    ids = _check_seq_ids(seq_ids, len(plist))
+    stop = _check_stop(stop_token_ids, config.vocab_size)
+    if not _int_like(max_batch) or max_batch < 1:
+        raise InputError(f"max_batch: expected an integer >= 1, got {max_batch!r}")
+    if s_max is not None and (not _int_like(s_max) or s_max < 2):
+        raise InputError(f"s_max: expected None or an integer >= 2, got {s_max!r}")
+    # the last drawn token is never fed back (P + C - 1 positions are written), but P + C is the
+    # length of the finished sequence, which must be scorable by teacher forcing: ask for P + C
+    for i, (p, b) in enumerate(zip(plist, budgets)):
+        if len(p) + b > config.max_position_embeddings:
+            raise InputError(f"prompts[{i}]: {len(p)} prompt tokens + max_new_tokens {b} exceed the model's "
+                             f"max_position_embeddings {config.max_position_embeddings}")
+        if s_max is not None and len(p) + b > s_max:
+            raise InputError(f"prompts[{i}]: {len(p)} prompt tokens + max_new_tokens {b} exceed the cache's "
+                             f"s_max {s_max}")
+    if s_max is None:
+        s_max = max((len(p) + b for p, b in zip(plist, budgets)), default=2)
+    return GenerationPlan(params, tuple(plist), tuple(budgets), tuple(ids), stop, int(max_batch), int(s_max))
+
+
+def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+             stop_token_ids: Sequence[int] | None = None, max_batch: int = DEFAULT_MAX_BATCH,
+             seq_ids: Sequence[int] | None = None, s_max: int | None = None,
+             sampler: Sampler | None = None) -> GenerationResult:
+    """Sample completions of ``prompts`` with continuous batching; see ``docs/rollout.md``.
+
+    Parameters
+    ----------
+    model
+        A :class:`Qwen3Model` (BF16 weights on a kernel backend, or ``reference_fp32``).
+    prompts
+        N prompts, each a non-empty list (or [P] int64 tensor) of token ids in [0, V).
+    max_new_tokens
+        Token budget C_max >= 1, one for all prompts or one per prompt.
+    temperature, top_k, top_p, seed
+        The sampling distribution (:class:`rl_engine.rollout.sampling.SamplingParams`): temperature
+        >= 0 (0 = greedy, lowest token id on ties), top_k >= 1 or None, top_p in (0, 1] or None,
+        seed an integer in [0, 2^64).
+    stop_token_ids
+        A drawn token in this set ends its sequence (and is kept as its last token).
+    max_batch
+        At most this many sequences run at once (the engine has ``min(max_batch, N)`` slots); more
+        prompts than slots wait in a queue (never truncated).
+    seq_ids
+        The sequence ids that key the sampling noise (default ``0 .. N-1``, the prompt index). A
+        sequence's tokens depend only on (seed, its id, its prompt, the settings), so passing the same
+        id reproduces it in any batch.
+    s_max
+        Cache positions per slot (default ``max_b (P_b + C_b)``).
+
+    Returns
+    -------
+    GenerationResult
+        ``completions[i]``: tokens [C_i] int64 and their FP32 logprobs [C_i] under the sampling
+        distribution (the temperature-scaled, top-k / top-p filtered, renormalised softmax; for
+        temperature 0 the unscaled, unfiltered softmax), ``finish_reason`` "stop" or "length".
+
+    Raises
+    ------
+    InputError
+        Before any kernel runs: a token id outside [0, V), an empty prompt, P + C beyond
+        ``max_position_embeddings`` or ``s_max``, ``top_p`` outside (0, 1], ``top_k`` < 1, a negative
+        or non-finite temperature, a seed that is not an integer in [0, 2^64), a ``max_new_tokens``,
+        ``max_batch`` or ``seq_ids`` of the wrong kind.
+    """
+    plan = plan_generation(model.config, prompts, max_new_tokens, temperature=temperature, top_k=top_k,
+                           top_p=top_p, seed=seed, stop_token_ids=stop_token_ids, max_batch=max_batch,
+                           seq_ids=seq_ids, s_max=s_max)
+    params, plist, s_max, max_batch = plan.params, plan.prompts, plan.s_max, plan.max_batch
+    t0 = time.perf_counter()
+    if not plist:
+        return GenerationResult([], params, int(max_batch), int(s_max), 0, 0, 0.0)
+    # never more slots than sequences: an idle slot costs a full row of every decode op (a batch of
+    # one prompt at max_batch=8 would run lm_head over 8 rows); the bits do not depend on it
+    slots = min(int(max_batch), len(plist))
+    engine = Engine(model, slots, int(s_max), sampler=sampler)
+    reqs = [_Request(i, sid, p, b) for i, (sid, p, b) in enumerate(zip(plan.seq_ids, plist, plan.budgets))]
+    steps, prefills, admissions = engine.run(reqs, params, plan.stop_token_ids)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    wall = time.perf_counter() - t0
+    completions = [Completion(r.seq_id, r.prompt, torch.cat(r.tokens).cpu(), torch.cat(r.logprobs).cpu(),
+                              r.finish_reason or "length") for r in reqs]
+    return GenerationResult(completions, params, slots, int(s_max), steps, prefills, wall,
+                            tuple(admissions))
+
+
+__all__ = ["Completion", "Engine", "GenerationPlan", "GenerationResult", "generate", "plan_generation",
+           "DEFAULT_MAX_BATCH"]

@@ -1,0 +1,154 @@
+"""The sampler on its own (no model): rows are independent of the batch, ties and filters are
+deterministic, and every bad argument of ``generate`` is refused before any kernel runs."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import pytest
+import torch
+
+from rl_engine.errors import InputError
+from rl_engine.ops.logp import logp
+from rl_engine.rollout import SamplingParams, generate
+from rl_engine.rollout.sampling import RowKeyedSampler, Sampler, kept_mask, row_keys, uniforms
+
+LOGP = partial(logp, backend="triton_cuda_bf16")
+SETTINGS = [SamplingParams(1.0, seed=3), SamplingParams(0.7, top_k=5, top_p=0.8, seed=11),
+            SamplingParams(0.0)]
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.int32) if x.dtype == torch.float32 else x
+
+
+@pytest.fixture(scope="module")
+def logits():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(5, 777, generator=g) * 3  # V = 777: not a multiple of any vector width
+
+
+def _draw(sampler, logits, params, rows):
+    seq = torch.tensor([10 + r for r in rows])
+    pos = torch.tensor([3 + 2 * r for r in rows])
+    return sampler.sample(LOGP, logits[rows].contiguous(), seq, torch.arange(len(rows)), pos, params)
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=["T1", "T0.7-k5-p0.8", "greedy"])
+def test_a_row_draws_the_same_bits_alone_and_in_any_batch(logits, params):
+    full_tok, full_lp = _draw(Sampler(), logits, params, [0, 1, 2, 3, 4])
+    perm_tok, perm_lp = _draw(Sampler(), logits, params, [4, 2, 0, 3, 1])
+    for i, r in enumerate([4, 2, 0, 3, 1]):
+        tok, lp = _draw(Sampler(), logits, params, [r])
+        assert int(tok) == int(full_tok[r]) == int(perm_tok[i])
+        assert torch.equal(_bits(lp), _bits(full_lp[r : r + 1])) and torch.equal(_bits(lp), _bits(perm_lp[i : i + 1]))
+
+
+def test_the_same_check_catches_a_row_keyed_sampler(logits):
+    """Negative control: keyed by the batch row, a reordered batch draws other tokens."""
+    params = SETTINGS[0]
+    rows = [4, 2, 0, 3, 1]
+    full_tok, _ = _draw(RowKeyedSampler(), logits, params, [0, 1, 2, 3, 4])
+    perm_tok, _ = _draw(RowKeyedSampler(), logits, params, rows)
+    assert any(int(perm_tok[i]) != int(full_tok[r]) for i, r in enumerate(rows))
+
+
+def test_noise_depends_on_seed_sequence_and_position():
+    base = row_keys(5, torch.tensor([1]), torch.tensor([7]))
+    for other in (row_keys(6, torch.tensor([1]), torch.tensor([7])), row_keys(5, torch.tensor([2]), torch.tensor([7])),
+                  row_keys(5, torch.tensor([1]), torch.tensor([8])), row_keys(5 + (1 << 32), torch.tensor([1]),
+                                                                             torch.tensor([7]))):
+        assert int(other) != int(base)
+    u = uniforms(base, 4096)
+    assert u.dtype == torch.float64 and bool((u > 0).all()) and bool((u < 1).all()) and u.unique().numel() == 4096
+
+
+def test_greedy_takes_the_lowest_id_among_ties_and_the_unscaled_logprob():
+    lg = torch.tensor([[0.0, 2.0, 1.0, 2.0], [3.0, 3.0, 3.0, 3.0]])
+    tok, lp = Sampler().sample(LOGP, lg, torch.tensor([0, 1]), torch.arange(2), torch.tensor([1, 1]),
+                               SamplingParams(0.0, top_k=1, top_p=0.5))
+    assert tok.tolist() == [1, 0]
+    assert torch.equal(_bits(lp), _bits(LOGP(logits=lg, targets=tok, temperature=1.0)))
+
+
+def test_top_k_keeps_exactly_k_with_ties_broken_by_the_lower_id():
+    lg = torch.tensor([[1.0, 5.0, 5.0, 5.0, 0.0, 5.0]])
+    mask = kept_mask(lg, SamplingParams(1.0, top_k=2))
+    assert mask[0].tolist() == [False, True, True, False, False, False]
+    # uniform logits, top-k 2: the renormalised distribution gives each kept token exactly 1/2
+    tok, lp = Sampler().sample(LOGP, torch.zeros(1, 8), torch.tensor([0]), torch.tensor([0]), torch.tensor([1]),
+                               SamplingParams(1.0, top_k=2, seed=9))
+    assert int(tok) in (0, 1) and float(lp) == float(torch.tensor(-math.log(2.0), dtype=torch.float32))
+
+
+def test_top_p_keeps_the_smallest_prefix_that_reaches_p():
+    probs = torch.tensor([[0.1, 0.4, 0.2, 0.2, 0.1]])  # ranks: 1 (0.4), 2 (0.2), 3 (0.2), 0 (0.1), 4 (0.1)
+    lg = probs.log()
+    assert kept_mask(lg, SamplingParams(1.0, top_p=0.3))[0].tolist() == [False, True, False, False, False]
+    assert kept_mask(lg, SamplingParams(1.0, top_p=0.5))[0].tolist() == [False, True, True, False, False]
+    assert kept_mask(lg, SamplingParams(1.0, top_p=0.9))[0].tolist() == [True, True, True, True, False]
+    assert kept_mask(lg, SamplingParams(1.0, top_p=1.0)) is None  # 1 is no filter, not a rounding question
+    # top-k first, then top-p on the top-k set: k=2 keeps ids 1, 2 (0.4, 0.2 -> 2/3, 1/3)
+    assert kept_mask(lg, SamplingParams(1.0, top_k=2, top_p=0.7))[0].tolist() == [False, True, True, False, False]
+
+
+# ---------------------------------------------------------------- bad input, before any launch
+@pytest.fixture(scope="module")
+def no_launch_model(rollout_weights):
+    """A model whose every op raises: a bad argument must be refused before any of them runs."""
+    from rl_engine.chain.model import Qwen3Model
+
+    model = Qwen3Model(rollout_weights, "triton_cuda_bf16")
+
+    def launched(op, **kwargs):
+        raise AssertionError(f"{op} ran before the bad input was refused")
+
+    model.ops.call = launched
+    model.ops.impl = lambda op: partial(launched, op)
+    return model
+
+
+V, MAX_POS = 512, 256
+BAD = {
+    "token-above-V": (dict(prompts=[[1, V]]), "outside the vocabulary"),
+    "negative-token": (dict(prompts=[[-1, 2]]), "outside the vocabulary"),
+    "float-token": (dict(prompts=[[1, 2.0]]), "not an integer"),
+    "empty-prompt": (dict(prompts=[[1], []]), "empty prompt"),
+    "no-prompt-list": (dict(prompts="1 2 3"), "list of token-id lists"),
+    "beyond-positions": (dict(prompts=[[1] * 250], max_new_tokens=7), "max_position_embeddings"),
+    "beyond-cache": (dict(prompts=[[1] * 5], max_new_tokens=4, s_max=8), "s_max"),
+    "top-p-zero": (dict(top_p=0.0), "top_p"),
+    "top-p-above-one": (dict(top_p=1.5), "top_p"),
+    "top-p-nan": (dict(top_p=float("nan")), "top_p"),
+    "top-k-zero": (dict(top_k=0), "top_k"),
+    "top-k-float": (dict(top_k=2.5), "top_k"),
+    "negative-temperature": (dict(temperature=-0.1), "temperature"),
+    "inf-temperature": (dict(temperature=float("inf")), "temperature"),
+    "float-seed": (dict(seed=1.5), "seed"),
+    "str-seed": (dict(seed="3"), "seed"),
+    "bool-seed": (dict(seed=True), "seed"),
+    "negative-seed": (dict(seed=-1), "seed"),
+    "huge-seed": (dict(seed=1 << 64), "seed"),
+    "zero-new-tokens": (dict(max_new_tokens=0), "max_new_tokens"),
+    "budgets-count": (dict(max_new_tokens=[1, 2, 3]), "budgets for"),
+    "zero-max-batch": (dict(max_batch=0), "max_batch"),
+    "stop-outside-V": (dict(stop_token_ids=[V]), "stop_token_ids"),
+    "duplicate-seq-ids": (dict(seq_ids=[3, 3]), "distinct"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_bad_input_is_refused_before_any_kernel(no_launch_model, case):
+    kwargs, words = BAD[case]
+    call = dict(prompts=[[1, 2], [3]], max_new_tokens=2)
+    call.update(kwargs)
+    assert no_launch_model.config.vocab_size == V and no_launch_model.config.max_position_embeddings == MAX_POS
+    with pytest.raises(InputError, match=words):
+        generate(no_launch_model, call.pop("prompts"), call.pop("max_new_tokens"), **call)
+
+
+def test_the_no_launch_model_does_refuse_to_run(no_launch_model):
+    """Control for the test above: valid input reaches an op, which raises."""
+    with pytest.raises(AssertionError, match="ran before"):
+        generate(no_launch_model, [[1, 2]], 1)
