@@ -19,8 +19,11 @@ PROMPTS_HELP = ("prompts as token ids: a file with one prompt per line, ids sepa
 
 
 def register(sub) -> None:
-    p = sub.add_parser("generate", help="sample completions with the rollout engine (continuous batching) and "
-                                        "print tokens/s")
+    from rl_engine.cli.args import command
+
+    p = command(sub, "generate", "sample completions with the rollout engine (continuous batching) and print tokens/s",
+                ["rl-engine generate --model tiny-smoke --prompts '1,2,3;4,5' --max-new-tokens 4",
+                 "rl-engine generate --model tiny-smoke --prompts prompts.txt --max-new-tokens 8 --top-p 0.9 --json"])
     p.add_argument("--model", required=True,
                    help="preset (tiny, tiny-smoke, qwen3-8b; synthetic weights) or a safetensors checkpoint directory")
     p.add_argument("--prompts", required=True, help=PROMPTS_HELP)
