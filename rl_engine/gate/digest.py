@@ -36,19 +36,25 @@ def _raw_bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def tensor_checksums(t: torch.Tensor) -> tuple[int, int]:
-    """The two modular position-weighted checksums of ``t``'s raw bits (see module doc)."""
+    """The two modular position-weighted checksums of ``t``'s raw bits (see module doc).
+
+    The per-chunk sums stay on the tensor's device (each is below 2**24 * 2**31 = 2**55, and the
+    running total is reduced mod the prime after every chunk, so int64 never overflows); the host
+    reads the two totals once.
+    """
     bits = _raw_bits(t)
     n = bits.numel()
-    out = []
+    totals = []
     for prime, gen in _MODULI:
-        total = 0
+        total = torch.zeros((), dtype=torch.int64, device=bits.device)
         for start in range(0, n, _CHUNK):
             b = bits[start:start + _CHUNK] % prime
             idx = torch.arange(start, start + b.numel(), device=b.device, dtype=torch.int64)
             w = (idx % prime * gen + 1) % prime  # < 2**31, never 0 mod prime for these sizes
-            total = (total + int(((b * w) % prime).sum().item())) % prime
-        out.append(total)
-    return out[0], out[1]
+            total = (total + ((b * w) % prime).sum()) % prime
+        totals.append(total)
+    c1, c2 = torch.stack(totals).tolist()
+    return int(c1), int(c2)
 
 
 class BitsDigest:

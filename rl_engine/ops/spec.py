@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from rl_engine.ops._draw import normal_fp64_as_fp32
+
 TRANSFORMS = ("batch", "chunk", "padding", "layout", "tp")
 BACKEND_NAMES = ("reference_fp32", "torch_bf16", "triton_cuda_bf16", "cuda_bf16")
 
@@ -139,10 +141,11 @@ def standard_normal(shape: Sequence[int], generator: torch.Generator) -> torch.T
     A CPU generator draws in FP64 and rounds once to FP32: PyTorch's FP32 CPU normal sampler has a
     vectorised AVX2 path and a scalar one (DEFAULT and, by its source, AVX-512 builds) that give
     different values for one seed, while its FP64 sampler is the same on both
-    (``docs/cpu-interpreter.md``). A CUDA generator (Philox) draws FP32 directly.
+    (``docs/cpu-interpreter.md``). Large draws run on several cores with the same bits
+    (:mod:`rl_engine.ops._draw`). A CUDA generator (Philox) draws FP32 directly.
     """
     if generator.device.type == "cpu":
-        return torch.randn(tuple(shape), generator=generator, dtype=torch.float64).to(torch.float32)
+        return normal_fp64_as_fp32(shape, generator)
     return torch.randn(tuple(shape), generator=generator, dtype=torch.float32, device=generator.device)
 
 
