@@ -37,6 +37,8 @@ kernels; ``tests/ops/test_interpreter.py`` scans the kernels to keep it so.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from rl_engine.errors import BackendUnavailable
@@ -127,20 +129,81 @@ def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+LOOP_MIN_OUTPUTS = 1024
+"""Output tiles with at least this many elements add the products k by k (one vectorised FP32
+multiply and add per k); smaller ones use ``np.add.accumulate`` over all products at once, which
+costs less there. Both are the same chain of FP32 operations, so the choice never changes a bit."""
+
+
 def dot_fixed_order(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
     """``acc + a @ b`` in FP32 with the project's order (see module doc).
 
     Shapes ``[..., M, K] @ [..., K, N] + [..., M, N]``. Products are rounded to FP32 (exact for
     BF16 values), then added to ``acc`` one at a time in increasing ``k`` with FP32 rounding after
-    each add. ``np.add.accumulate`` along ``k`` performs exactly that chain of adds.
+    each add. ``np.add.accumulate`` along ``k`` performs exactly that chain of adds, and so does a
+    loop over ``k`` (used for large tiles, :data:`LOOP_MIN_OUTPUTS`).
     """
     a32 = np.asarray(a, dtype=np.float32)
     b32 = np.asarray(b, dtype=np.float32)
     acc32 = np.asarray(acc, dtype=np.float32)
+    if a32.shape[-2] * b32.shape[-1] >= LOOP_MIN_OUTPUTS:
+        return _dot_k_loop(a32, b32, acc32)
     prods = np.multiply(a32[..., :, :, None], b32[..., None, :, :])  # [..., M, K, N]
     chain = np.concatenate([np.broadcast_to(acc32[..., :, None, :], prods.shape[:-2] + (1,) + prods.shape[-1:]),
                             prods], axis=-2)
     return np.add.accumulate(chain, axis=-2)[..., -1, :]
+
+
+def _dot_k_loop(a32: np.ndarray, b32: np.ndarray, acc32: np.ndarray) -> np.ndarray:
+    """The chain of :func:`dot_fixed_order` as a loop over ``k``: ``out = fl(out + fl(a[:, k] b[k, :]))``."""
+    shape = np.broadcast_shapes(acc32.shape, a32.shape[:-1] + b32.shape[-1:])
+    out = np.array(np.broadcast_to(acc32, shape), dtype=np.float32)
+    prod = np.empty_like(out)
+    for k in range(a32.shape[-1]):
+        np.multiply(a32[..., :, k, None], b32[..., None, k, :], out=prod)
+        np.add(out, prod, out=out)
+    return out
+
+
+def _cache_builtin_members(interp, tl) -> None:
+    """Triton's interpreter finds the builtins of ``tl``, ``tl.tensor``, ``tl.math`` ... with
+    ``inspect.getmembers`` on every kernel launch and wraps each in a new function (together a
+    quarter of a tiny-model chain test's time). The members never change, so they are listed and
+    wrapped once here, while nothing is patched; each launch still sets and restores them through
+    its patch scope, as Triton does."""
+    original = interp._patch_builtin
+    patch_attr = interp._patch_attr
+    wrapped: dict[int, list] = {}
+
+    class _Collect:
+        def __init__(self) -> None:
+            self.items: list = []
+
+        def set_attr(self, obj, name, value) -> None:
+            self.items.append((name, value))
+
+    def patch_builtin(pkg, builder, scope):
+        found = wrapped.get(id(pkg))
+        if found is None:
+            collect = _Collect()
+            for name, member in inspect.getmembers(pkg):
+                if tl.core.is_builtin(member):
+                    patch_attr(pkg, name, member, builder, collect)
+            found = wrapped[id(pkg)] = collect.items
+        for name, value in found:
+            scope.set_attr(pkg, name, value)
+
+    for pkg in (tl, tl.core, tl.tensor, tl.math, tl.core.tensor_descriptor_base):
+        patch_builtin(pkg, None, _NoScope())  # fill the cache now, before any launch has patched a module
+    interp._patch_builtin = patch_builtin
+    interp._rl_engine_original_patch_builtin = original
+
+
+class _NoScope:
+    """A patch scope that records nothing and changes nothing (fills the member cache only)."""
+
+    def set_attr(self, obj, name, value) -> None:
+        pass
 
 
 def install() -> None:
@@ -207,4 +270,6 @@ def install() -> None:
     # process (TRITON_INTERPRET=1, every kernel interpreted) they get the same definitions.
     for name, fn in (("exp", exp_fp32), ("exp2", exp2_fp32), ("log", log_fp32), ("log2", log2_fp32)):
         setattr(libdevice, name, libdevice_fp32(name, fn))
+    if hasattr(interp, "_patch_builtin") and hasattr(interp, "_patch_attr"):
+        _cache_builtin_members(interp, tl)
     _INSTALLED = True

@@ -104,6 +104,42 @@ def test_dot_fixed_order_adds_the_accumulator_first():
     assert np.array_equal(_interpreter.dot_fixed_order(a, b, acc).view(np.int32), want.view(np.int32))
 
 
+@pytest.mark.parametrize("shape", [(5, 7, 3), (32, 64, 32), (16, 64, 64), (2, 40, 64, 33)])
+def test_both_dot_paths_are_the_same_chain(shape):
+    """Large tiles add k by k, small ones through np.add.accumulate: the same bits (batched too)."""
+    *batch, m, k, n = shape
+    rng = np.random.default_rng(sum(shape))
+    a = (rng.standard_normal((*batch, m, k)) * 3).astype(np.float32)
+    b = rng.standard_normal((*batch, k, n)).astype(np.float32)
+    acc = rng.standard_normal((*batch, m, n)).astype(np.float32)
+    want = acc.copy()
+    for j in range(k):
+        want = (want + (a[..., :, j:j + 1] * b[..., j:j + 1, :]).astype(np.float32)).astype(np.float32)
+    got = _interpreter.dot_fixed_order(a, b, acc)
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.int32), want.view(np.int32))
+    assert np.array_equal(_interpreter._dot_k_loop(a, b, acc).view(np.int32), want.view(np.int32))
+    # negative control: the textbook pairwise/BLAS sum of the same products is another function
+    assert not np.array_equal((acc + a @ b).view(np.int32), want.view(np.int32))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU interpreter's patching; on a GPU tl.exp is ex2.approx")
+def test_cached_builtins_are_patched_during_a_launch_and_restored_after(device):
+    """The member cache keeps Triton's per-launch patch and restore: after a launch ``tl.exp`` is
+    Triton's own function again, and a kernel using it still runs."""
+    before = tl.exp
+    x = torch.linspace(-3, 3, 64, dtype=torch.float32, device=device)
+    y = torch.empty_like(x)
+    _exp_kernel[(1,)](x, y, N=64, enable_fp_fusion=FP_FUSION)
+    assert tl.exp is before
+    assert torch.equal(y.cpu(), torch.from_numpy(_interpreter.exp_fp32(x.cpu().numpy())))
+
+
+@triton.jit
+def _exp_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(y_ptr + offs, tl.exp(tl.load(x_ptr + offs)))
+
+
 def _fp32_sample() -> np.ndarray:
     rng = np.random.default_rng(5)
     return np.concatenate([rng.standard_normal(1 << 16) * 30, rng.uniform(-110, 90, 1 << 14)]).astype(np.float32)
