@@ -15,7 +15,7 @@ JUDGMENT_NAMES = ("forward_accuracy", "gradient_accuracy", "forward_invariance",
 
 
 def register(sub) -> None:
-    from rl_engine import OPS
+    from rl_engine.constants import OPS
     from rl_engine.cli.args import add_list, command
 
     p = command(sub, "gate", "run the WS1 four-judgment gate and write evidence + reports", [
@@ -91,7 +91,8 @@ def _check_out(out: Path) -> None:
 def run(args) -> int:
     import torch
 
-    from rl_engine import OPS, env
+    from rl_engine import env
+    from rl_engine.constants import OPS
     from rl_engine.errors import RLEngineError
 
     gpu = torch.cuda.is_available()

@@ -16,7 +16,7 @@ from typing import Any
 
 import jsonschema
 
-from rl_engine import OPS
+from rl_engine.constants import OPS
 from rl_engine.errors import ContractError
 
 CONTRACT_VERSION = "ws1-c1-v4"
