@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from rl_engine.chain.model import SeqBatch
+from rl_engine.chain.scoring import SeqBatch
 from rl_engine.errors import InputError
 
 LAYOUTS: dict[str, tuple[tuple[int, int], ...]] = {

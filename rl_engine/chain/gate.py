@@ -31,9 +31,10 @@ import torch
 
 from rl_engine.chain.config import get_config
 from rl_engine.chain.fixtures import make_fixture
-from rl_engine.chain.model import SAMPLING, Qwen3Model
+from rl_engine.chain.model import Qwen3Model
 from rl_engine.chain.parity import (PROFILES, abs_stats, flat_metrics, localize_first_divergence, parity_report,
                                     run_styles)
+from rl_engine.chain.scoring import SAMPLING
 from rl_engine.chain.weights import synthetic_weights
 from rl_engine.contract import Contract
 from rl_engine.errors import RLEngineError
@@ -70,7 +71,7 @@ def chain_kernel_id(backend: str, kernel_ids: dict[str, str]) -> str:
     """``chain/<backend>/qwen3_dense@<hash>``: hash of the chain sources and every op's kernel id."""
     h = hashlib.sha256()
     here = Path(inspect.getsourcefile(Qwen3Model) or "")
-    for name in ("model.py", "parity.py", "gate.py"):
+    for name in ("model.py", "scoring.py", "parity.py", "gate.py"):
         p = here.parent / name
         if p.is_file():
             h.update(p.read_bytes())
@@ -107,18 +108,18 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
         key = (plan["model"], plan["fixture"], run_seed, scale, str(device))
         reused = key in _SHARED_RUNS
         if not reused:  # the gold and the baseline do not depend on the judged backend
-            ref_model = Qwen3Model(weights, REFERENCE)
+            ref_model = Qwen3Model(weights, REFERENCE, norm_order=contract.rms_norm_order)
             ref = run_styles(ref_model, batch, head=HEAD, rollout=False)
             del ref_model
             _free(device)
-            base_model = Qwen3Model(weights, BASELINE)
+            base_model = Qwen3Model(weights, BASELINE, norm_order=contract.rms_norm_order)
             base = run_styles(base_model, batch, head=HEAD)
             del base_model
             if len(_SHARED_RUNS) >= _SHARED_RUNS_MAX:
                 _SHARED_RUNS.clear()
             _SHARED_RUNS[key] = (ref, base)
         ref, base = _SHARED_RUNS[key]
-        model = Qwen3Model(weights, backend)
+        model = Qwen3Model(weights, backend, norm_order=contract.rms_norm_order)
         ours = run_styles(model, batch, head=HEAD)
         kernel_ids.update(ours.kernel_ids)
         rep = parity_report(ours, contract, PROFILES, ref.train)

@@ -128,8 +128,9 @@ def run(args) -> int:
     from rl_engine.gate.compare import chain_metrics
 
     t0 = time.perf_counter()
-    check_backend(args.backend)
     contract = load_contract()
+    check_backend(args.backend, contract)
+    order = contract.rms_norm_order
     device = torch.device("cuda" if gpu else "cpu")
     if args.tokens is not None and args.tokens < 1:
         raise RLEngineError(f"--tokens must be >= 1, got {args.tokens}")
@@ -173,9 +174,9 @@ def run(args) -> int:
         fixtures.append(fixture)
         ref = None
         if not args.no_reference:
-            ref = run_styles(Qwen3Model(weights, "reference_fp32"), fixture.batch(), head=args.head,
+            ref = run_styles(Qwen3Model(weights, "reference_fp32", norm_order=order), fixture.batch(), head=args.head,
                              temperature=args.temperature, rollout=False).train
-        model = Qwen3Model(weights, args.backend)
+        model = Qwen3Model(weights, args.backend, norm_order=order)
         rep = check_parity(model, fixture, contract, head=args.head, temperature=args.temperature,
                            reference=ref, localize=not args.no_localize)
         kernel_ids.update(rep["kernel_ids"])
@@ -183,7 +184,7 @@ def run(args) -> int:
         roll_all.append(rep["_logp"]["rollout"].cpu())
         entry = {"seed": seed, "logit_scale": None if checkpoint is not None else scale, **_strip(rep)}
         if args.baseline:
-            base = run_styles(Qwen3Model(weights, "torch_bf16"), fixture.batch(), head=args.head,
+            base = run_styles(Qwen3Model(weights, "torch_bf16", norm_order=order), fixture.batch(), head=args.head,
                               temperature=args.temperature)
             base_rep = parity_report(base, contract, PROFILES, ref)
             entry["baseline_torch_bf16"] = _strip(base_rep)

@@ -217,7 +217,8 @@ class ChainRun:
     def __init__(self, ctx: RankContext, cfg: TPRunConfig, kernel_backend: str):
         from rl_engine.chain.config import get_config
         from rl_engine.chain.fixtures import make_fixture
-        from rl_engine.chain.model import Qwen3Model, score_rollout, score_teacher_forcing
+        from rl_engine.chain.model import Qwen3Model
+        from rl_engine.chain.scoring import score_rollout, score_teacher_forcing
         from rl_engine.chain.weights import synthetic_weights
 
         self.ctx, self.backend = ctx, kernel_backend
@@ -257,8 +258,7 @@ class ChainRun:
 def chain_cell(ctx: RankContext, cfg: TPRunConfig, run: ChainRun, merge: str, contract: Any) -> dict[str, Any]:
     """TP teacher forcing vs the single-process rollout decode (collective)."""
     from rl_engine.chain.gate import chain_kernel_id
-    from rl_engine.chain.model import SAMPLING, score_rollout, score_teacher_forcing
-    from rl_engine.chain.model import TokenKeys
+    from rl_engine.chain.scoring import SAMPLING, TokenKeys, score_rollout, score_teacher_forcing
     from rl_engine.chain.parity import ActivationRecorder, first_divergence_from, flat_metrics
     from rl_engine.gate.compare import chain_metrics, compare_bitwise
     from rl_engine.tp.chain import PROJECTIONS, RowParallelQwen3Model, expected_linear_calls

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rl_engine.chain.fixtures import make_fixture
-from rl_engine.chain.model import LAYER_OP_ORDER, Qwen3Model, SeqBatch, score_rollout, score_teacher_forcing
+from rl_engine.chain.model import LAYER_OP_ORDER, Qwen3Model
+from rl_engine.chain.scoring import SeqBatch, score_rollout, score_teacher_forcing
 from rl_engine.chain.parity import (ActivationRecorder, PlantedChange, first_divergence_from,
                                     localize_first_divergence)
 from rl_engine.errors import InputError
@@ -46,8 +47,7 @@ def test_p1_check_catches_a_batch_dependent_gemm(micro_weights, contract):
     from rl_engine.ops.det_gemm.triton import det_gemm_triton
 
     model = Qwen3Model(micro_weights, TRITON)
-    model.ops.impl("det_gemm")
-    model.ops._impls["det_gemm"] = lambda a, b: det_gemm_triton(a, b, tree_depth=1 if a.shape[0] > 8 else 2)
+    model.ops = model.ops.replace(det_gemm=lambda a, b: det_gemm_triton(a, b, tree_depth=1 if a.shape[0] > 8 else 2))
     batch = make_fixture("p1", 11, model.config.vocab_size).batch()
     both = score_teacher_forcing(model, batch.subset([0, 1]))  # lengths 5 + 6: M = 11 rows
     alone = score_teacher_forcing(model, batch.subset([0]))  # M = 5 rows
@@ -60,7 +60,7 @@ def test_p8_prefill_plus_decode_equals_teacher_forcing(triton_model, contract):
     fx = make_fixture("p8", 3, triton_model.config.vocab_size)
     batch = fx.batch()
     assert batch.prompt_lens == (16,) and batch.completion_lens() == [9]  # 16-token prefill + 8 decode steps
-    from rl_engine.chain.model import TokenKeys
+    from rl_engine.chain.scoring import TokenKeys
 
     keys = TokenKeys(batch)
     rt, rr = ActivationRecorder(keys.total), ActivationRecorder(keys.total)
