@@ -147,8 +147,8 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
     lhs, rhs = torch.cat(ours_train), torch.cat(ours_roll)
     digest = BitsDigest()
     digest.add_all((("teacher_forcing_logprobs", lhs), ("rollout_logprobs", rhs)))
-    reports = {p: chain_metrics(lhs, rhs, contract, p) for p in PROFILES}
-    base_rep = chain_metrics(torch.cat(base_train), torch.cat(base_roll), contract, "ws1")
+    reports = {p: chain_metrics(lhs, rhs, contract.chain_thresholds(p)) for p in PROFILES}
+    base_rep = chain_metrics(torch.cat(base_train), torch.cat(base_roll), contract.chain_thresholds("ws1"))
     ref_all = torch.cat(refs)
     strict, ws1 = reports["strict"], reports["ws1"]
     flat = flat_metrics(ws1)

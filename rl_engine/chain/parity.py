@@ -277,7 +277,7 @@ def parity_report(run: StyleRun, contract: Contract, profiles: Sequence[str] = P
     out: dict[str, Any] = {"backend": run.backend, "seconds": run.seconds, "profiles": {}}
     if run.rollout is not None:
         for p in profiles:
-            rep = chain_metrics(run.train, run.rollout, contract, p)
+            rep = chain_metrics(run.train, run.rollout, contract.chain_thresholds(p))
             out["profiles"][p] = {"passed": rep.passed, "summary": rep.summary(), "metrics": rep.metrics,
                                   **{k: v for k, v in flat_metrics(rep).items() if k != "passed"}}
     if reference is not None:

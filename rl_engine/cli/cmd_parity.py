@@ -200,7 +200,7 @@ def run(args) -> int:
                   f"position {fd['token']['pos']} ({fd['differing_tokens']} tokens differ there)", file=sys.stderr)
         del model
     lhs, rhs = torch.cat(train_all), torch.cat(roll_all)
-    agg = {p: chain_metrics(lhs, rhs, contract, p) for p in PROFILES}
+    agg = {p: chain_metrics(lhs, rhs, contract.chain_thresholds(p)) for p in PROFILES}
     passed = agg[args.profile].passed
     result = {
         "schema_version": PARITY_SCHEMA, "kind": "parity", "contract": contract.identity(),
@@ -330,7 +330,7 @@ def run_report(args) -> int:
     for name, t in ((args.lhs, lhs), (args.rhs, rhs)):
         if Path(name).suffix.lower() != ".jsonl" and t.dtype != torch.float32:
             notes.append(f"{name} holds {str(t.dtype).replace('torch.', '')} logprobs; WS1 logprobs are float32")
-    reports = {p: chain_metrics(lhs, rhs, contract, p) for p in ("ws1", "strict")}
+    reports = {p: chain_metrics(lhs, rhs, contract.chain_thresholds(p)) for p in ("ws1", "strict")}
     chosen = reports[args.profile]
     d = (lhs.double() - rhs.double()).abs()
     worst = int(torch.argmax(torch.nan_to_num(d, nan=math.inf))) if d.numel() else None

@@ -37,7 +37,7 @@ def test_p1_micro_batching_is_bitwise_invariant(triton_model, contract):
     single = score_teacher_forcing(triton_model, batch, micro_batch=1)
     assert whole.dtype == torch.float32 and whole.numel() == batch.active_tokens == 60
     assert _bitwise(whole, pairs) and _bitwise(whole, single)
-    rep = chain_metrics(whole, single, contract, "strict")
+    rep = chain_metrics(whole, single, contract.chain_thresholds("strict"))
     assert rep.passed and rep.metrics["max_abs_dlogp"]["value"] == 0 and rep.metrics["approx_kl0"]["value"] == 0
 
 
@@ -52,7 +52,7 @@ def test_p1_check_catches_a_batch_dependent_gemm(micro_weights, contract):
     both = score_teacher_forcing(model, batch.subset([0, 1]))  # lengths 5 + 6: M = 11 rows
     alone = score_teacher_forcing(model, batch.subset([0]))  # M = 5 rows
     assert not _bitwise(both[: alone.numel()], alone)
-    assert not chain_metrics(both[: alone.numel()], alone, contract, "strict").passed
+    assert not chain_metrics(both[: alone.numel()], alone, contract.chain_thresholds("strict")).passed
 
 
 # ---------------------------------------------------------------- P8: prefill + decode == teacher forcing
@@ -67,7 +67,7 @@ def test_p8_prefill_plus_decode_equals_teacher_forcing(triton_model, contract):
     train = score_teacher_forcing(triton_model, batch, recorder=rt)
     roll = score_rollout(triton_model, batch, recorder=rr)
     assert _bitwise(train, roll)
-    assert chain_metrics(train, roll, contract, "strict").passed
+    assert chain_metrics(train, roll, contract.chain_thresholds("strict")).passed
     # every activation of every op at positions 0..23 (K/V written to the cache included) is bitwise equal
     assert first_divergence_from(rt, rr, batch) is None
     assert all(bool(rr.seen[f"layer0.{op}"][:24].all()) for op in LAYER_OP_ORDER)
