@@ -31,7 +31,7 @@ from rl_engine.gate.plan import (DEFAULT_JUDGMENTS, JUDGMENTS, CellKey, GateConf
                                  plan, resolve_backends)
 from rl_engine.ops.registry import get_spec
 from rl_engine.ops.spec import TRANSFORMS, Workload
-from rl_engine.provenance import kernel_id  # noqa: F401 (re-exported: rl_engine.gate.runner.kernel_id)
+from rl_engine.provenance import kernel_id
 
 def _cell(key: CellKey, status: str, reason: str, details: dict[str, Any], duration: float, kid: str | None) -> dict[str, Any]:
     cell = {"op": key.op, "backend": key.backend, "judgment": key.judgment, "transform": key.transform,
