@@ -1,6 +1,6 @@
 """Comparators of rl_engine.gate.compare against torch.testing.assert_close and the WS1 standard.
 
-Thresholds come from the contract; perturbations are built as bit patterns (pitfall P7), never
+Thresholds come from the contract; perturbations are built as bit patterns (docs/pitfalls.md P7), never
 as decimal offsets.
 """
 
@@ -136,7 +136,7 @@ def test_signed_zeros_pass_accuracy_fail_bitwise(tol, n):
 
 
 # ------------------------------------------------------------------------------------------------
-# pitfall P7, exactly
+# docs/pitfalls.md P7, exactly
 
 
 def test_p7_bitwise():

@@ -1,4 +1,4 @@
-"""The gate's chain-parity cell (WS1 §8, DESIGN rows 10 and 15).
+"""The gate's chain-parity cell (WS1 §8, docs/decisions.md 10 and 15).
 
 ``chain_parity_cell(backend, workload, contract, seed)`` runs, for each (seed, logit scale) of
 the workload's plan, on seeded synthetic weights and a seeded token fixture:
@@ -12,7 +12,7 @@ Status is ``green`` iff the strict profile holds (every active token's logprob b
 both styles, the project's target) AND the ws1 gate metrics hold, over all runs together; the
 reason says which failed. On a mismatch the first divergence (token, layer, op) is localised.
 
-Workloads: ``smoke`` runs the ``tiny-smoke`` model (the tiny Qwen3 of pitfall P1 with a 5000-token
+Workloads: ``smoke`` runs the ``tiny-smoke`` model (the tiny Qwen3 of docs/pitfalls.md P1 with a 5000-token
 vocabulary, so the Triton CPU interpreter finishes in well under a minute) on the ``smoke``
 fixture; ``qwen3-8b`` runs the Qwen3-8B architecture on the ``qwen3-8b`` fixture (1115 active
 tokens in 8 sequences per run, one sequence beyond 4096 positions), three seeds with logit scales

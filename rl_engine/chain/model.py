@@ -24,7 +24,7 @@ the recording table of :mod:`rl_engine.chain.scoring` hands every output to a re
 
 K and V enter the cache after RoPE, rounded to the execution dtype exactly once (by the rope /
 projection op that produced them), and the prefill attention reads those same values
-(``docs/pitfalls.md``, "Prefill + decode equals teacher forcing").
+(``docs/pitfalls.md`` P8).
 
 A decode step does not read a device value on the host once its inputs are validated: callers
 that validated a whole plan (positions below ``S_max`` and the RoPE table) pass ``checked=True``
@@ -300,7 +300,7 @@ class Qwen3Model:
 
         ``head="linear_logp"``: fused ``linear_logp(hidden, lm_head, targets, temperature)``;
         ``head="lm_head_logp"``: ``logp(lm_head(hidden, W) [N, V] fp32, targets, temperature)``.
-        Logits are FP32 in both (``docs/decisions.md``, "Logits for scoring").
+        Logits are FP32 in both (``docs/decisions.md`` 14).
         """
         f = self.ops
         if head == "linear_logp":

@@ -27,8 +27,7 @@ from rl_engine.errors import InputError
 
 SAMPLING = {"temperature": 1.0, "top_k": None, "top_p": None,
             "tokens": "fed from the fixture (teacher-forced decode), not sampled"}
-"""Sampling settings of both styles, recorded with every result (``docs/pitfalls.md``, "Sampling
-settings are part of the result")."""
+"""Sampling settings of both styles, recorded with every result (``docs/pitfalls.md`` P11)."""
 
 
 class RecordingOps:
@@ -132,7 +131,7 @@ def score_teacher_forcing(model: Qwen3Model, batch: SeqBatch, *, head: str = "li
 
     Returns FP32 [N] for the active (completion) tokens in :meth:`SeqBatch.active_index` order.
     ``micro_batch`` splits the sequences into consecutive groups of that many, scored by separate
-    forwards (the result must not depend on it: ``docs/pitfalls.md``, "Micro-batch size").
+    forwards (the result must not depend on it: ``docs/pitfalls.md`` P1).
     ``recorder`` sees every op output (module docstring).
     """
     dev = model.device

@@ -52,7 +52,7 @@ def register(sub) -> None:
                    help="how logprobs are computed: linear_logp (the fused head) or "
                         "lm_head_logp (lm_head then logp) (default: linear_logp)")
     p.add_argument("--temperature", type=float, default=1.0,
-                   help="divides the logits on both sides (pitfall P11), e.g. 0.7 (default 1.0)")
+                   help="divides the logits on both sides (docs/pitfalls.md P11), e.g. 0.7 (default 1.0)")
     p.add_argument("--no-reference", action="store_true", help="skip the FP32 reference chain (model-level accuracy)")
     p.add_argument("--baseline", action="store_true", help="also run the torch_bf16 chain and report it beside ours")
     p.add_argument("--no-localize", action="store_true", help="do not search the first diverging layer/op on a mismatch")

@@ -1,11 +1,11 @@
 """Comparators. Each returns a structured report (never a bare boolean).
 
 * :func:`compare_accuracy` — WS1 §4.1: ``abs(c - r) <= atol + rtol * abs(r)``, both sides upcast to
-  FP32, the reference on the right. Non-finite values follow pitfall P7: NaN never passes (NaN vs
+  FP32, the reference on the right. Non-finite values follow docs/pitfalls.md P7: NaN never passes (NaN vs
   NaN fails), equal infinities pass, an infinity against anything else fails.
-* :func:`compare_relative` — the relative criterion (DESIGN row 11): candidate max error <= k x
+* :func:`compare_relative` — the relative criterion (docs/decisions.md 11): candidate max error <= k x
   the ``torch_bf16`` max error against the same FP32 reference.
-* :func:`gradient_norm_metrics` — rel-peak and RMS ratio (DESIGN row 12).
+* :func:`gradient_norm_metrics` — rel-peak and RMS ratio (docs/decisions.md 12).
 * :func:`compare_bitwise` — WS1 §4.2: shape and dtype first, then raw bits on an integer view;
   +0 and -0 differ; NaN handled by the contract's ``nan_policy``.
 * :func:`chain_metrics` — WS1 §8: ``dlogp = lhs - rhs`` (lhs = training-style teacher forcing,

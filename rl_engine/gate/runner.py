@@ -335,7 +335,7 @@ def cross_backend(config: GateConfig, device: torch.device) -> list[dict[str, An
     same inputs, and whether they are bitwise equal. For the ops whose arithmetic the contract
     declares identical on both backends (:data:`CROSS_BACKEND_DECLARED`,
     ``docs/declared-arithmetic.md``) every case, forward outputs and input gradients; for the
-    others the first case's forward outputs. Not a judgment (DESIGN row 16 is a target)."""
+    others the first case's forward outputs. Not a judgment (decision 16 of docs/decisions.md is a target)."""
     from rl_engine.gate.compare import compare_bitwise
     from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 

@@ -15,7 +15,7 @@ on every rank, so every rank ends with the same activations.
 
 For an Option B det_gemm the split product is bitwise equal to the unsplit one, so teacher forcing
 through this model must give FP32 logprobs bitwise equal to the single-process model's, and hence
-to the single-process rollout decode (strict profile, DESIGN row 15).
+to the single-process rollout decode (strict profile, docs/decisions.md 15).
 
 Forward only (teacher-forcing scoring under ``torch.no_grad``): the collectives carry no gradient.
 """

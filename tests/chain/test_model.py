@@ -1,4 +1,4 @@
-"""The Qwen3 chain on the tiny model: pitfalls P1 and P8 at chain level, the strict profile in the
+"""The Qwen3 chain on the tiny model: docs/pitfalls.md P1 and P8 at chain level, the strict profile in the
 Triton interpreter, reference vs torch_bf16 sanity, and first-divergence localisation."""
 
 from __future__ import annotations

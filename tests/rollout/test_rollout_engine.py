@@ -59,7 +59,7 @@ def test_invariance_check_catches_a_row_keyed_sampler(rollout_model):
 
 def test_invariance_check_catches_a_batch_dependent_kernel(rollout_weights, alone):
     """Negative control at the kernel level: an lm_head that rounds the logits to BF16 when it gets
-    more than one row (a "decode fast path", pitfall P5 made size dependent). A run alone only ever
+    more than one row (a "decode fast path", docs/pitfalls.md P5 made size dependent). A run alone only ever
     gives it one row, so the alone results above stand for it; two-slot decode steps must be caught."""
     from rl_engine.chain.model import Qwen3Model
 
