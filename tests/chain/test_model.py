@@ -208,3 +208,29 @@ def test_positions_beyond_table_raise(tiny_weights):
     m = Qwen3Model(tiny_weights, "torch_bf16")
     with pytest.raises(InputError, match="max_position_embeddings"):
         m.rope_tables(torch.tensor([tiny_weights.config.max_position_embeddings], device=m.device))
+
+
+# ---------------------------------------------------------------- decode without host syncs
+def test_rollout_decode_reads_no_device_value_once_the_plan_is_validated(micro_weights, monkeypatch):
+    """score_rollout validates every position of its plan once, on the host, before the prefill;
+    its forwards then never read a device value back (the position check is the only such read
+    in the model). Control: an unchecked decode forward does run it, and bad positions still get
+    a clear error."""
+    from rl_engine.chain.model import KVCache
+
+    model = Qwen3Model(micro_weights, "torch_bf16")
+    batch = make_fixture(((3, 2), (4, 3)), 9, model.config.vocab_size).batch()
+    reads = []
+    real = Qwen3Model._check_device_positions
+    monkeypatch.setattr(Qwen3Model, "_check_device_positions",
+                        lambda self, *a, **k: (reads.append(a[-1]), real(self, *a, **k)))
+    checked = score_rollout(model, batch)
+    assert reads == [] and checked.numel() == batch.active_tokens
+    cache = KVCache.allocate(model.config, 1, 4, model.dtype, model.device)
+    ids = torch.zeros(1, dtype=torch.int64, device=model.device)
+    model.forward(ids, torch.zeros_like(ids), cache=cache, decode=True)
+    assert reads == ["decode"]
+    with pytest.raises(InputError, match="S_max=4"):
+        model.forward(ids, torch.full_like(ids, 4), cache=cache, decode=True)
+    with pytest.raises(InputError, match="max_position_embeddings"):
+        model.check_positions(0, model.config.max_position_embeddings)
