@@ -75,15 +75,26 @@ def upcast_dots() -> bool:
     return env.triton_interpret()
 
 
+_READY: set[tuple[torch.device, bool]] = set()
+"""(device, interpreter on) pairs already checked by :func:`check_triton_device`."""
+
+
 def check_triton_device(*tensors: torch.Tensor) -> None:
-    """Triton kernels need CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``."""
+    """Triton kernels need CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
+
+    Checked once per (device, interpreter setting) and cached, so the op path pays one set
+    lookup per tensor after the first call (the interpreter's arithmetic is installed then)."""
     interpret = env.triton_interpret()
-    if interpret:
-        _interpreter.install()
     for t in tensors:
+        key = (t.device, interpret)
+        if key in _READY:
+            continue
         if t.device.type == "cuda":
+            _READY.add(key)
             continue
         if t.device.type == "cpu" and interpret:
+            _interpreter.install()
+            _READY.add(key)
             continue
         if t.device.type == "cpu":
             raise BackendUnavailable(

@@ -42,8 +42,8 @@ from rl_engine.ops.linear_logp.cuda import linear_logp_cuda
 from rl_engine.ops.lm_head.cuda import gemm_f32_out, lm_head_cuda
 from rl_engine.ops.logp.cuda import logp_cuda
 from rl_engine.ops.pack.cuda import pack_cuda, unpack_cuda
-from rl_engine.ops.qk_norm.cuda import qk_norm_cuda
-from rl_engine.ops.rms_norm.cuda import rms_norm_cuda
+from rl_engine.ops.qk_norm.api import qk_norm_cuda
+from rl_engine.ops.rms_norm.api import rms_norm_cuda
 from rl_engine.ops.rope.cuda import rope_cuda
 from rl_engine.ops.silu.cuda import silu_cuda
 from rl_engine.ops.swiglu.cuda import swiglu_cuda
@@ -566,14 +566,14 @@ def test_cross_backend_check_catches_another_reduction_order(cuda_device):
     """Negative control: RMSNorm whose mean of squares is summed in another order (the control
     kernel: tl.sum over 4 parts, BF16-rounded partials, tl.rsqrt) must be caught by the same
     bitwise comparison against the CUDA backend."""
-    from rl_engine.ops.rms_norm.triton import rms_norm_rows
+    from rl_engine.ops.rms_norm.api import rms_norm_rows
 
     spec = get_spec("rms_norm")
     workload = spec_mod.WORKLOADS["qwen3-8b" if cuda_device.type == "cuda" else "smoke"]
     caught = []
     for case in spec.build_cases(workload, SEED, cuda_device):
         inp = case.inputs
-        a = rms_norm_rows(inp["x"], inp["weight"], inp["eps"], inp["order"], split=4)
+        a = rms_norm_rows(inp["x"], inp["weight"], inp["eps"], inp["order"], "triton_cuda_bf16", split=4)
         b = CUDA_IMPLS["rms_norm"](**inp)
         caught.append(not compare_bitwise("control", a, b, load_contract().nan_policy).passed)
     assert any(caught)
