@@ -36,17 +36,18 @@ from rl_engine.ops.registry import get_spec
 
 from rl_engine.ops.attention.cuda import attention_cuda, attention_decode_cuda
 from rl_engine.ops.batch_invariant_logp.cuda import batch_invariant_logp_cuda
-from rl_engine.ops.det_gemm.cuda import det_gemm_cuda
-from rl_engine.ops.embedding.cuda import embedding_cuda
+from rl_engine.ops.det_gemm.api import det_gemm_cuda
+from rl_engine.ops.embedding.api import embedding_cuda
 from rl_engine.ops.linear_logp.cuda import linear_logp_cuda
-from rl_engine.ops.lm_head.cuda import gemm_f32_out, lm_head_cuda
+from rl_engine.ops.lm_head.api import lm_head_cuda
+from rl_engine.ops.lm_head.cuda import gemm_f32_out
 from rl_engine.ops.logp.cuda import logp_cuda
 from rl_engine.ops.pack.cuda import pack_cuda, unpack_cuda
 from rl_engine.ops.qk_norm.api import qk_norm_cuda
 from rl_engine.ops.rms_norm.api import rms_norm_cuda
-from rl_engine.ops.rope.cuda import rope_cuda
-from rl_engine.ops.silu.cuda import silu_cuda
-from rl_engine.ops.swiglu.cuda import swiglu_cuda
+from rl_engine.ops.rope.api import rope_cuda
+from rl_engine.ops.silu.api import silu_cuda
+from rl_engine.ops.swiglu.api import swiglu_cuda
 
 SMOKE = spec_mod.WORKLOADS["smoke"]
 SEED = 0
@@ -238,10 +239,10 @@ def test_det_gemm_leaf_parallel_form_equals_fused_form(cuda_device, m, k, n, tra
     b = _bf16((n, k), n, cuda_device, scale=k ** -0.5).t() if transposed else \
         _bf16((k, n), n, cuda_device, scale=k ** -0.5)
     for depth in (1, 2):
-        fused = dg_cuda._launch(a, b, depth, leaf_split=False)
-        split = dg_cuda._launch(a, b, depth, leaf_split=True)
+        fused = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
+        split = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True)
         assert _bits_equal(split, fused), f"depth {depth}"
-    assert not _bits_equal(dg_cuda._launch(a, b, 2, leaf_split=True), dg_cuda._launch(a, b, 1, leaf_split=False))
+    assert not _bits_equal(dg_cuda.det_gemm_launch(a, b, 2, leaf_split=True), dg_cuda.det_gemm_launch(a, b, 1, leaf_split=False))
     assert dg_cuda.use_leaf_split(1, 4096, 2) and not dg_cuda.use_leaf_split(4096, 4096, 2)
 
 

@@ -28,10 +28,9 @@ from typing import Any
 
 import torch
 
-from rl_engine.ops.embedding.cuda import embedding_cuda
+from rl_engine.ops.embedding.api import embedding_cuda, embedding_triton
 from rl_engine.ops.embedding.reference import embedding_reference
 from rl_engine.ops.embedding.torch_bf16 import embedding_torch_bf16
-from rl_engine.ops.embedding.triton import embedding_triton
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 from rl_engine.ops.spec import Case, OpSpec, Pair, Workload, make_generator, randint, randn
 from rl_engine.ops.transforms import plant_ulp, rowwise_transforms
