@@ -35,13 +35,13 @@ from rl_engine.ops import spec as spec_mod
 from rl_engine.ops.registry import get_spec
 
 from rl_engine.ops.attention.cuda import attention_cuda, attention_decode_cuda
-from rl_engine.ops.batch_invariant_logp.cuda import batch_invariant_logp_cuda
+from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_cuda
 from rl_engine.ops.det_gemm.api import det_gemm_cuda
 from rl_engine.ops.embedding.api import embedding_cuda
 from rl_engine.ops.linear_logp.cuda import linear_logp_cuda
 from rl_engine.ops.lm_head.api import lm_head_cuda
 from rl_engine.ops.lm_head.cuda import gemm_f32_out
-from rl_engine.ops.logp.cuda import logp_cuda
+from rl_engine.ops.logp.api import logp_cuda
 from rl_engine.ops.pack.cuda import pack_cuda, unpack_cuda
 from rl_engine.ops.qk_norm.api import qk_norm_cuda
 from rl_engine.ops.rms_norm.api import rms_norm_cuda

@@ -354,9 +354,9 @@ def _bil_impls(backend, request):
     elif backend == "triton_cuda_bf16":
         if ON_GPU_HOST:
             pytest.skip("a GPU is present: the interpreter run is for GPU-less machines")
-        from rl_engine.ops.batch_invariant_logp.triton import batch_invariant_logp_triton as f
+        from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_triton as f
     else:
-        from rl_engine.ops.batch_invariant_logp.cuda import batch_invariant_logp_cuda as f
+        from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_cuda as f
 
         return f, _emulated(request.getfixturevalue("emu"))
     return f, nullcontext()

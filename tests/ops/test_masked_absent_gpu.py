@@ -142,9 +142,9 @@ def test_gpu_finite_inputs_same_bits_as_old_triton_kernels(lens, gpu, legacy_tri
 def test_gpu_batch_invariant_logp_masked_rows_absent(backend, poison, gpu):
     _impls(backend)  # skips cuda_bf16 where it cannot run
     if backend == "triton_cuda_bf16":
-        from rl_engine.ops.batch_invariant_logp.triton import batch_invariant_logp_triton as impl
+        from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_triton as impl
     else:
-        from rl_engine.ops.batch_invariant_logp.cuda import batch_invariant_logp_cuda as impl
+        from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_cuda as impl
     check_logp_mask(impl, POISONS[poison], device=gpu, shape=(2, 33, 151936))
 
 
