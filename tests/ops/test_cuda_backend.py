@@ -38,7 +38,7 @@ from rl_engine.ops.attention.cuda import attention_cuda, attention_decode_cuda
 from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_cuda
 from rl_engine.ops.det_gemm.api import det_gemm_cuda
 from rl_engine.ops.embedding.api import embedding_cuda
-from rl_engine.ops.linear_logp.cuda import linear_logp_cuda
+from rl_engine.ops.linear_logp.api import linear_logp_cuda
 from rl_engine.ops.lm_head.api import lm_head_cuda
 from rl_engine.ops.lm_head.cuda import gemm_f32_out
 from rl_engine.ops.logp.api import logp_cuda
