@@ -42,7 +42,7 @@ from rl_engine.ops.linear_logp.api import linear_logp_cuda
 from rl_engine.ops.lm_head.api import lm_head_cuda
 from rl_engine.ops.lm_head.cuda import gemm_f32_out
 from rl_engine.ops.logp.api import logp_cuda
-from rl_engine.ops.pack.cuda import pack_cuda, unpack_cuda
+from rl_engine.ops.pack.api import pack_cuda, unpack_cuda
 from rl_engine.ops.qk_norm.api import qk_norm_cuda
 from rl_engine.ops.rms_norm.api import rms_norm_cuda
 from rl_engine.ops.rope.api import rope_cuda

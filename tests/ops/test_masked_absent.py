@@ -391,9 +391,9 @@ def _pack_impls(backend, request):
     elif backend == "triton_cuda_bf16":
         if ON_GPU_HOST:
             pytest.skip("a GPU is present: the interpreter run is for GPU-less machines")
-        from rl_engine.ops.pack.triton import pack_triton as p, unpack_triton as u
+        from rl_engine.ops.pack.api import pack_triton as p, unpack_triton as u
     else:
-        from rl_engine.ops.pack.cuda import pack_cuda as p, unpack_cuda as u
+        from rl_engine.ops.pack.api import pack_cuda as p, unpack_cuda as u
 
         return p, u, torch.bfloat16, _emulated(request.getfixturevalue("emu"))
     return p, u, (torch.float32 if backend == "reference_fp32" else torch.bfloat16), nullcontext()

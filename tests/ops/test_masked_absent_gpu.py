@@ -153,7 +153,7 @@ def test_gpu_batch_invariant_logp_masked_rows_absent(backend, poison, gpu):
 def test_gpu_pack_padding_absent(backend, poison, gpu):
     _impls(backend)
     if backend == "triton_cuda_bf16":
-        from rl_engine.ops.pack.triton import pack_triton as p, unpack_triton as u
+        from rl_engine.ops.pack.api import pack_triton as p, unpack_triton as u
     else:
-        from rl_engine.ops.pack.cuda import pack_cuda as p, unpack_cuda as u
+        from rl_engine.ops.pack.api import pack_cuda as p, unpack_cuda as u
     check_pack_padding(p, u, torch.bfloat16, POISONS[poison], device=gpu)
