@@ -34,7 +34,7 @@ from rl_engine.gate.judgments import GREEN, forward_accuracy, gradient_accuracy,
 from rl_engine.ops import spec as spec_mod
 from rl_engine.ops.registry import get_spec
 
-from rl_engine.ops.attention.cuda import attention_cuda, attention_decode_cuda
+from rl_engine.ops.attention.api import attention_cuda, attention_decode_cuda
 from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_cuda
 from rl_engine.ops.det_gemm.api import det_gemm_cuda
 from rl_engine.ops.embedding.api import embedding_cuda
