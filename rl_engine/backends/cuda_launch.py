@@ -89,13 +89,3 @@ def query(name: str, *args: int) -> int:
     """An ``int64_t`` value exported by the library: a kernel constant (``rl_logp_chunk_v()``) or
     a scratch size (``rl_rms_norm_dw_chunks(rows)``)."""
     return _library().query(name, *args)
-
-
-def unit_last(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself when its last axis has unit stride (or length <= 1), else a contiguous copy.
-
-    Used only for upstream gradients handed to a backward (never for user inputs, which are
-    validated instead)."""
-    if t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1:
-        return t
-    return t.contiguous()

@@ -80,3 +80,4 @@ def placeholder(t: torch.Tensor | None, needed: bool, like: torch.Tensor) -> tor
     if needed:
         return t
     return like.new_empty((0,), dtype=t.dtype if t is not None else like.dtype)
+

@@ -2,7 +2,7 @@
 
 The one rule for matrix products: every ``tl.dot`` in the package goes through :func:`mma`, which
 passes ``input_precision="ieee"`` explicitly, so no FP32 dot can silently run in TF32 (WS1 §9.7,
-pitfall P6). Under the Triton CPU interpreter BF16 dots are not supported
+``docs/pitfalls.md`` P6). Under the Triton CPU interpreter BF16 dots are not supported
 (triton-lang/triton#11584), so the operands are upcast to FP32 first; BF16 x BF16 products are
 exact in FP32, only the accumulation order can differ from the GPU's tensor cores. The
 interpreter's own dot, exp/log and BF16 rounding are replaced by project-defined arithmetic on

@@ -12,10 +12,10 @@ order, times ``scale``; per block and row: ``m_new = max(m, block max)``, ``alph
 did not move else ``exp(m - m_new)``, ``p = exp(s - m_new)`` (FP32, not rounded), ``l = l * alpha +
 rowsum(p)`` with a fixed 16-lane reduction, ``o = o * alpha`` then ``o = fma(p_j, v_j, o)`` in key
 order; finally ``out = o / l`` (IEEE division) rounded once to BF16, 0 for a row with no visible key
-(pitfall P10), and ``lse = m + log(l)`` kept for the backward. A KV block wholly past a row's
+(``docs/pitfalls.md`` P10), and ``lse = m + log(l)`` kept for the backward. A KV block wholly past a row's
 causal limit leaves that row's state bitwise unchanged, and prefill and decode call the same
 per-row code with the same block size, so a query's output is bitwise the same in a full prefill,
-a chunked prefill or a decode step (pitfall P8). No split over the KV axis; every launch constant
+a chunked prefill or a decode step (``docs/pitfalls.md`` P8). No split over the KV axis; every launch constant
 is fixed.
 
 Backward (FlashAttention-2 structure, Dao 2023; deterministic, no atomics): ``delta =

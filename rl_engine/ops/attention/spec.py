@@ -8,7 +8,7 @@ another shape and compares, bit for bit, the rows that must not change:
                  the same sequences inside the canonical varlen batch (gradient: dq, dk, dv);
 * ``chunk``   - the last sequence's queries in chunks of odd sizes against the growing key prefix
                  (chunked prefill, ``Lq < Lk``), then its last queries as decode steps through
-                 ``attention_decode`` (one at a time, and batched), vs the full call (pitfall P8;
+                 ``attention_decode`` (one at a time, and batched), vs the full call (``docs/pitfalls.md`` P8;
                  gradient: dq of the chunks);
 * ``padding`` - zero-length sequences inserted around and between the sequences; q/k/v as slices
                  of larger NaN-filled buffers; decode against a KV cache with NaN junk past

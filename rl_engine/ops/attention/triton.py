@@ -12,7 +12,7 @@ the FP32 probabilities, FP32 accumulator ``acc``), ``P`` rounded to BF16 for ``a
 ``out = acc / l`` (IEEE division, ``div_rn``) is rounded to BF16 once, and ``lse = m + log(l)``
 (FP32) is kept for the backward.
 
-Path independence (pitfall P8). The bits of one query row depend only on its own scores: the KV
+Path independence (``docs/pitfalls.md`` P8). The bits of one query row depend only on its own scores: the KV
 blocks are the same absolute blocks ``[j*BLOCK_N, (j+1)*BLOCK_N)`` of its sequence whatever the
 call (full prefill, a chunk of queries with ``Lq < Lk``, an ``Lq = 1`` step, or
 :func:`attention_decode_fwd`), and they are visited in the same order. A query block stops at
@@ -21,7 +21,7 @@ extra blocks that are entirely masked for them; such a block leaves the row's st
 unchanged: its row max is ``-inf`` so ``m`` is unchanged, the rescale factor is forced to exactly
 1 (``alpha = 1`` when ``m_new == m``, never ``exp(-inf - -inf)``), every ``p`` is
 ``exp(-inf) = 0`` so ``l`` and ``acc`` get exact zeros added. Rows that never see a key keep
-``l = 0`` and are written as exact zeros (pitfall P10). Keys past the sequence's end (or past
+``l = 0`` and are written as exact zeros (``docs/pitfalls.md`` P10). Keys past the sequence's end (or past
 ``cache_seqlens``) are never loaded (masked loads), so junk there cannot leak in.
 Masked means absent (issue #17, docs/declared-semantics.md). ``0 * NaN = NaN``, so a masked
 probability of exactly 0 is not enough when the value at a masked key is NaN / inf. Each loop is

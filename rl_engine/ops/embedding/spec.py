@@ -46,7 +46,7 @@ def _cases(w: Workload, seed: int, device: torch.device) -> list[Case]:
     for i, t in enumerate(w.token_counts):
         g = make_generator(seed + 1 + i)
         ids = randint(w.vocab, (t,), g, device=device)
-        if t > 1:  # the first and last rows of the table (pitfall P9 boundaries)
+        if t > 1:  # the first and last rows of the table (``docs/pitfalls.md`` P9 boundaries)
             ids[0] = 0
             ids[-1] = w.vocab - 1
         cases.append(Case(id=f"T{t}-V{w.vocab}-E{w.hidden}", inputs={"ids": ids, "weight": weight},

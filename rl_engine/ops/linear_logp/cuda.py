@@ -6,7 +6,7 @@ function of V only), in increasing chunk order, through one ``[T, 4096]`` FP32 s
 
 Forward, per chunk: the logits chunk is computed by the lm_head GEMM (``rl_gemm_bf16_f32out``: BF16
 WMMA tiles, one FP32 accumulator over E in increasing order, FP32 out, never rounded to BF16;
-contract ``declared_exceptions.logits_for_scoring``, pitfall P5), then ``rl_logp_partial`` records
+contract ``declared_exceptions.logits_for_scoring``, ``docs/pitfalls.md`` P5), then ``rl_logp_partial`` records
 that chunk's FP32 (max, sum-exp) per row and the target's logit; ``rl_logp_finish`` combines the
 chunks in order: ``out = (z_t - m) - log(s)``. These are exactly the kernels of ``lm_head`` and
 ``logp``, so for the same inputs ``linear_logp`` equals ``logp(lm_head(hidden, weight))`` bit for

@@ -3,7 +3,7 @@ without a ``[T, V]`` logits buffer, forward and backward.
 
 Logits tiles ``[BLOCK_M, BLOCK_V]`` come from the FP32 accumulator of ``mma`` over E (BF16
 operands, E looped in fixed ``BLOCK_E`` chunks in increasing order) and are never rounded to BF16
-(contract ``declared_exceptions.logits_for_scoring``, pitfall P5).
+(contract ``declared_exceptions.logits_for_scoring``, ``docs/pitfalls.md`` P5).
 
 Forward, two kernels:
 

@@ -3,7 +3,7 @@
 Forward (``rl_gemm_bf16_f32out`` in ``rl_engine/backends/cuda_src/gemm.cu``): ``logits [T, V] fp32 =
 hidden [T, E] @ weight[V, E]^T``; one block per 128 x 128 logits tile, BF16 WMMA tensor-core tiles
 with one FP32 accumulator over all of E in 32-wide steps in increasing order, stored as FP32 — the
-logits are never rounded to BF16 (contract ``declared_exceptions.logits_for_scoring``, pitfall P5).
+logits are never rounded to BF16 (contract ``declared_exceptions.logits_for_scoring``, ``docs/pitfalls.md`` P5).
 
 Backward (``rl_gemm_f32_simt``, CUDA cores), upstream ``dlogits`` FP32: ``dhidden [T, E] = dlogits @
 weight`` (reduces V) and ``dweight [V, E] = dlogits^T @ hidden`` (reduces T): FP32 operands (the

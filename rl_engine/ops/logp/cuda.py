@@ -6,7 +6,7 @@ chunks of ``rl_logp_chunk_v() = 4096`` entries (a constant: the cut depends on V
 of ``z = logits / temperature`` (Milakov & Gimelshein 2018): thread ``i`` visits entries ``i, i +
 256, ...`` of the chunk in increasing order, then a fixed warp butterfly and the 8 warps in order.
 ``rl_logp_finish``: one thread per row combines the chunk pairs in chunk order and writes
-``out = (z_t - m) - log(s)`` (FP32), keeping ``m`` and ``log(s)`` for the backward (pitfalls P4,
+``out = (z_t - m) - log(s)`` (FP32), keeping ``m`` and ``log(s)`` for the backward (``docs/pitfalls.md`` P4,
 P11). ``rl_logp_bwd``: ``dlogits = (onehot * g - p * g) / temperature`` with
 ``p = exp((z - m) - log(s))``, FP32.
 

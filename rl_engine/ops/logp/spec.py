@@ -65,7 +65,7 @@ def _case(t: int, v: int, seed: int, device: torch.device, temperature: float) -
 def _cases(w: Workload, seed: int, device: torch.device) -> list[Case]:
     counts = token_counts(w)
     cases = [_case(t, w.vocab, seed + i, device, 1.0) for i, t in enumerate(counts)]
-    # One temperature case (pitfall P11): both sides of every comparison use the same value.
+    # One temperature case (``docs/pitfalls.md`` P11): both sides of every comparison use the same value.
     cases.append(_case(counts[1], w.vocab, seed + len(counts), device, 0.7))
     return cases
 

@@ -5,7 +5,7 @@ constant, never derived from T) in increasing order, with an online max and sum-
 (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"). Tail lanes beyond V load
 ``-inf`` and contribute exactly 0 to the sum. The result is ``(z_t - m) - log(s)`` with
 ``z = logits / temperature``, ``m`` the row max of ``z`` and ``s = sum(exp(z - m))``, all FP32
-(pitfalls P4, P11). The row max ``m`` and ``log(s)`` are saved for backward (together they are the
+(``docs/pitfalls.md`` P4, P11). The row max ``m`` and ``log(s)`` are saved for backward (together they are the
 FP32 log-sum-exp ``lse = m + log(s)``; keeping the two parts avoids rounding ``lse`` at large logit
 scales).
 

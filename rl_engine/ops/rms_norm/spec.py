@@ -1,7 +1,7 @@
 """Spec of RMSNorm: reduction class; row t of x (plus weight, eps, order) gives row t of y.
 
 Cases: the row-wise token counts in the declared ``hf`` order, plus one case in the ``fused``
-order. Weights near 1 (like trained RMSNorm weights), eps from the workload (pitfall P12).
+order. Weights near 1 (like trained RMSNorm weights), eps from the workload (``docs/pitfalls.md`` P12).
 
 Invariance: row-wise in x for ``batch``, ``chunk``, ``padding`` and ``layout`` (the generic
 transforms; dweight sums over rows, so it is compared under ``layout`` only). ``controls`` holds

@@ -3,7 +3,7 @@
 Kernel ``rl_rope`` in ``rl_engine/backends/cuda_src/elementwise.cu``: one block per (token, 4
 heads); ``out = [x1*cos - x2*sin, x2*cos + x1*sin]`` with each product and the sum rounded in FP32
 (no fused multiply-add), one rounding to BF16 (Hugging Face Qwen3 ``apply_rotary_pos_emb``; FP32
-cos/sin from :func:`rl_engine.ops.rope.cos_sin`, pitfall P3). The backward is the same rotation
+cos/sin from :func:`rl_engine.ops.rope.cos_sin`, ``docs/pitfalls.md`` P3). The backward is the same rotation
 with ``-sin`` (the transpose of a rotation; negation is exact). Batch invariant by construction.
 """
 
