@@ -15,6 +15,13 @@ with the same names and signatures in both backends. So:
 The host-side checks that need a device (is there a GPU of the right capability, is the Triton
 interpreter on) run once per (backend, device) and are cached by :func:`check_device`; the op
 path itself then does no host synchronisation.
+
+:func:`run` calls a forward torch op. In plain eager mode with autograd not recording (a decode
+step under ``torch.no_grad()``), the dispatcher round trip of a Python custom op would do nothing
+but call the op's body, and costs more than the launch itself; :func:`run` then calls the body
+directly (the very function registered as the op, so the same launcher and the same bits). Under
+``torch.compile``, any dispatch mode (FakeTensor, functionalization, tracing) or when a gradient
+is recorded, the torch op is called.
 """
 
 from __future__ import annotations
@@ -47,11 +54,9 @@ def launchers(op: str, backend: str) -> ModuleType:
     return mod
 
 
-def check_device(backend: str, *tensors: torch.Tensor) -> None:
-    """Raise BackendUnavailable unless ``backend`` can launch on the devices of ``tensors``.
-
-    The answer is cached per device inside each backend's check (``check_triton_device``,
-    ``cuda_launch.check_cuda_device``), so a call after the first costs a set lookup."""
+def _check_device_slow(backend: str, tensors: tuple[torch.Tensor, ...]) -> None:
+    """The backends' own checks (each caches what it can: ``check_triton_device``,
+    ``cuda_launch.check_cuda_device``)."""
     if backend == "triton_cuda_bf16":
         from rl_engine.ops._triton_common import check_triton_device
 
@@ -62,6 +67,39 @@ def check_device(backend: str, *tensors: torch.Tensor) -> None:
         check_cuda_device(*tensors)
     else:
         raise BackendUnavailable(f"{backend!r} is not a kernel backend; kernel backends: {', '.join(KERNEL_BACKENDS)}")
+
+
+_CUDA_READY: set[tuple[str, torch.device]] = set()
+
+
+def check_device(backend: str, *tensors: torch.Tensor) -> None:
+    """Raise BackendUnavailable unless ``backend`` can launch on the devices of ``tensors``.
+
+    CUDA devices found ready are cached here per backend (a set lookup per tensor on the hot
+    path); CPU tensors (the Triton interpreter, the host emulation of the CUDA sources) are asked
+    every call, since those settings can change within a process."""
+    for t in tensors:
+        dev = t.device
+        if dev.type != "cuda" or (backend, dev) not in _CUDA_READY:
+            _check_device_slow(backend, tensors)
+            for u in tensors:
+                if u.device.type == "cuda":
+                    _CUDA_READY.add((backend, u.device))
+            return
+
+
+def _dispatch_needed(args: tuple) -> bool:
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        return True
+    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+
+
+def run(torch_op, body, *args):
+    """``torch_op(*args)``, or ``body(*args)`` (the function registered as ``torch_op``) where the
+    dispatcher would only call it: eager, no dispatch mode active, autograd not recording."""
+    if _dispatch_needed(args):
+        return torch_op(*args)
+    return body(*args)
 
 
 def grad_bf16(g: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 
 from rl_engine.backends.registry import check_backend, resolve_impl
 from rl_engine.errors import BackendUnavailable, InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, run
 from rl_engine.ops.attention._checks import LaunchPlan, VarlenPlan, check_decode, check_varlen
 
 
@@ -28,14 +28,16 @@ def _check_head_dim(d: int, backend: str) -> None:
 
 
 # ------------------------------------------------------------------------------- torch ops
-@torch.library.custom_op("rl_engine::attention_fwd", mutates_args=())
-def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
                   scale: float, batch: int, max_lq: int, max_lk: int, block_n: int,
                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [Tq, H, D] bf16, lse [H, Tq] fp32) of a validated varlen call; ``block_n`` 0 is the
     backend's KV block (another value only in the Triton negative control)."""
     return launchers("attention", backend).attention_fwd(q, k, v, cu_q, cu_k, scale, LaunchPlan(batch, max_lq, max_lk),
                                                          block_n=block_n)
+
+
+attention_fwd = torch.library.custom_op("rl_engine::attention_fwd", _attention_fwd, mutates_args=())
 
 
 @attention_fwd.register_fake
@@ -75,11 +77,13 @@ def _backward(ctx, do, _grad_lse):
 attention_fwd.register_autograd(_backward, setup_context=_setup)
 
 
-@torch.library.custom_op("rl_engine::attention_decode", mutates_args=())
-def attention_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+def _attention_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
                         scale: float, backend: str) -> torch.Tensor:
     """out [B, H, D] bf16 of one validated decode step (no autograd: inference only)."""
     return launchers("attention", backend).attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale)
+
+
+attention_decode_op = torch.library.custom_op("rl_engine::attention_decode", _attention_decode_op, mutates_args=())
 
 
 @attention_decode_op.register_fake
@@ -96,8 +100,8 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, backend: str, plan: V
         raise InputError(f"plan: expected the VarlenPlan returned by check_varlen, got {type(plan).__name__}")
     _check_head_dim(q.shape[2], backend)
     check_device(backend, q, k, v, cu_seqlens_q, cu_seqlens_k)
-    return attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, float(scale), plan.batch, plan.max_lq, plan.max_lk,
-                         block_n, backend)[0]
+    return run(attention_fwd, _attention_fwd, q, k, v, cu_seqlens_q, cu_seqlens_k, float(scale), plan.batch,
+               plan.max_lq, plan.max_lk, block_n, backend)[0]
 
 
 def attention_kernel(
@@ -214,7 +218,7 @@ def attention_decode_kernel(
         raise InputError("attention_decode is inference only: call it under torch.no_grad() or on tensors "
                          "that do not require grad")
     check_device(backend, q, k_cache, v_cache, cache_seqlens)
-    return attention_decode_op(q, k_cache, v_cache, cache_seqlens, float(scale), backend)
+    return run(attention_decode_op, _attention_decode_op, q, k_cache, v_cache, cache_seqlens, float(scale), backend)
 
 
 def attention_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

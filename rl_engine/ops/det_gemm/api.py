@@ -23,7 +23,7 @@ import torch
 
 from rl_engine.backends.registry import resolve_impl
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, launchers
+from rl_engine.ops._torch_op import check_device, launchers, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 from rl_engine.ops.det_gemm.topology import check_contract_topology, mid_split_bounds
 
@@ -37,10 +37,12 @@ TREE_DEPTH = 2
 _KERNEL_NAME = {"triton_cuda_bf16": "the Triton det_gemm kernel", "cuda_bf16": "the CUDA det_gemm kernel"}
 
 
-@torch.library.custom_op("rl_engine::det_gemm", mutates_args=())
-def det_gemm_op(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool, backend: str) -> torch.Tensor:
+def _det_gemm_op(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool, backend: str) -> torch.Tensor:
     """C [M, N] bf16 = tree-reduced a [M, K] @ b [K, N] (validated; any strides)."""
     return launchers("det_gemm", backend).det_gemm_launch(a, b, depth, fp32_merge)
+
+
+det_gemm_op = torch.library.custom_op("rl_engine::det_gemm", _det_gemm_op, mutates_args=())
 
 
 @det_gemm_op.register_fake
@@ -77,7 +79,7 @@ def _det_gemm(a: torch.Tensor, b: torch.Tensor, tree_depth: object, fp32_merge: 
     if isinstance(tree_depth, bool) or not isinstance(tree_depth, int) or not 0 <= tree_depth <= max_depth:
         raise InputError(f"tree_depth must be an int in [0, {max_depth}], got {tree_depth!r}")
     check_device(backend, a, b)
-    return det_gemm_op(a, b, tree_depth, fp32_merge, backend)
+    return run(det_gemm_op, _det_gemm_op, a, b, tree_depth, fp32_merge, backend)
 
 
 def det_gemm_kernel(a: torch.Tensor, b: torch.Tensor, *, backend: str, tree_depth: int = TREE_DEPTH) -> torch.Tensor:

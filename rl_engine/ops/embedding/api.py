@@ -9,14 +9,16 @@ from __future__ import annotations
 import torch
 
 from rl_engine.backends.registry import resolve_impl
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, run
 from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
 
 
-@torch.library.custom_op("rl_engine::embedding_fwd", mutates_args=())
-def embedding_fwd(ids: torch.Tensor, weight: torch.Tensor, backend: str) -> torch.Tensor:
+def _embedding_fwd(ids: torch.Tensor, weight: torch.Tensor, backend: str) -> torch.Tensor:
     """out [T, E] bf16 = weight[ids] (ids validated)."""
     return launchers("embedding", backend).embedding_fwd(ids, weight)
+
+
+embedding_fwd = torch.library.custom_op("rl_engine::embedding_fwd", _embedding_fwd, mutates_args=())
 
 
 @embedding_fwd.register_fake
@@ -80,7 +82,7 @@ def embedding_kernel(ids: torch.Tensor, weight: torch.Tensor, *, backend: str, v
     if validate:
         check_index_range("ids", ids, weight.shape[0])
     check_device(backend, ids, weight)
-    return embedding_fwd(ids, weight, backend)
+    return run(embedding_fwd, _embedding_fwd, ids, weight, backend)
 
 
 def embedding_triton(ids: torch.Tensor, weight: torch.Tensor, *, validate: bool = True) -> torch.Tensor:

@@ -10,16 +10,18 @@ import torch
 
 from rl_engine.backends.registry import resolve_impl
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, launchers, placeholder
+from rl_engine.ops._torch_op import check_device, launchers, placeholder, run
 from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
 from rl_engine.ops.logp.api import check_temperature
 
 
-@torch.library.custom_op("rl_engine::linear_logp_fwd", mutates_args=())
-def linear_logp_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
+def _linear_logp_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
                     backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logprobs, row max, log sum-exp), each FP32 [T], of validated inputs."""
     return launchers("linear_logp", backend).linear_logp_fwd(hidden, weight, targets, temperature)
+
+
+linear_logp_fwd = torch.library.custom_op("rl_engine::linear_logp_fwd", _linear_logp_fwd, mutates_args=())
 
 
 @linear_logp_fwd.register_fake
@@ -103,7 +105,7 @@ def linear_logp_kernel(hidden: torch.Tensor, weight: torch.Tensor, targets: torc
     if validate:
         check_index_range("targets", targets, v)
     check_device(backend, hidden, weight, targets)
-    return linear_logp_fwd(hidden, weight, targets, tau, backend)[0]
+    return run(linear_logp_fwd, _linear_logp_fwd, hidden, weight, targets, tau, backend)[0]
 
 
 def linear_logp_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

@@ -10,14 +10,16 @@ import torch
 
 from rl_engine.backends.registry import resolve_impl
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, launchers, placeholder
+from rl_engine.ops._torch_op import check_device, launchers, placeholder, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 
-@torch.library.custom_op("rl_engine::lm_head_fwd", mutates_args=())
-def lm_head_fwd(hidden: torch.Tensor, weight: torch.Tensor, backend: str) -> torch.Tensor:
+def _lm_head_fwd(hidden: torch.Tensor, weight: torch.Tensor, backend: str) -> torch.Tensor:
     """logits [T, V] fp32 of validated hidden [T, E], weight [V, E] bf16."""
     return launchers("lm_head", backend).lm_head_fwd(hidden, weight)
+
+
+lm_head_fwd = torch.library.custom_op("rl_engine::lm_head_fwd", _lm_head_fwd, mutates_args=())
 
 
 @lm_head_fwd.register_fake
@@ -81,7 +83,7 @@ def lm_head_kernel(hidden: torch.Tensor, weight: torch.Tensor, *, backend: str) 
         raise InputError(f"hidden is [T, E] = {list(hidden.shape)} but weight is [V, E] = {list(weight.shape)}: E differs")
     check_same_device(hidden=hidden, weight=weight)
     check_device(backend, hidden, weight)
-    return lm_head_fwd(hidden, weight, backend)
+    return run(lm_head_fwd, _lm_head_fwd, hidden, weight, backend)
 
 
 def lm_head_triton(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 
 from rl_engine.backends.registry import resolve_impl
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, launchers
+from rl_engine.ops._torch_op import check_device, launchers, run
 from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
 
 
@@ -49,12 +49,14 @@ def check_logp_inputs(logits: torch.Tensor, targets: torch.Tensor, temperature: 
 
 
 # ------------------------------------------------------------------------------- torch ops
-@torch.library.custom_op("rl_engine::logp_rows_fwd", mutates_args=())
-def logp_rows_fwd(logits3: torch.Tensor, targets2: torch.Tensor, mask2: torch.Tensor | None, temperature: float,
+def _logp_rows_fwd(logits3: torch.Tensor, targets2: torch.Tensor, mask2: torch.Tensor | None, temperature: float,
                   block_v: int, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logprobs, row max, log sum-exp), each FP32 [O * I], of validated logits3 [O, I, V] fp32,
     targets2 [O, I] int64, optional mask2 [O, I] bool. ``block_v`` 0: the backend's fixed tile."""
     return launchers("logp", backend).forward_rows(logits3, targets2, mask2, temperature, block_v)
+
+
+logp_rows_fwd = torch.library.custom_op("rl_engine::logp_rows_fwd", _logp_rows_fwd, mutates_args=())
 
 
 @logp_rows_fwd.register_fake
@@ -100,7 +102,7 @@ def logp_rows(logits3: torch.Tensor, targets2: torch.Tensor, mask2: torch.Tensor
     """FP32 logprobs [O * I] of validated rows on ``backend`` (differentiable in logits3)."""
     tensors = (logits3, targets2) if mask2 is None else (logits3, targets2, mask2)
     check_device(backend, *tensors)
-    return logp_rows_fwd(logits3, targets2, mask2, temperature, block_v, backend)[0]
+    return run(logp_rows_fwd, _logp_rows_fwd, logits3, targets2, mask2, temperature, block_v, backend)[0]
 
 
 # ---------------------------------------------------------------------------- entry points

@@ -14,7 +14,7 @@ import torch
 
 from rl_engine.backends.registry import check_backend, resolve_impl
 from rl_engine.errors import BackendUnavailable, InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, run
 from rl_engine.ops._validate import check_cu_seqlens, check_same_device, check_tensor
 
 
@@ -37,10 +37,12 @@ def check_lengths(cu_seqlens: torch.Tensor, n_seqs: int | None, total: int | Non
     return lengths
 
 
-@torch.library.custom_op("rl_engine::pack", mutates_args=())
-def pack_op(x: torch.Tensor, cu: torch.Tensor, lengths: list[int], backend: str) -> torch.Tensor:
+def _pack_op(x: torch.Tensor, cu: torch.Tensor, lengths: list[int], backend: str) -> torch.Tensor:
     """[sum(lengths), E] bf16 from validated x [B, S, E]."""
     return launchers("pack", backend).pack_rows(x, cu, lengths)
+
+
+pack_op = torch.library.custom_op("rl_engine::pack", _pack_op, mutates_args=())
 
 
 @pack_op.register_fake
@@ -48,10 +50,12 @@ def _(x, cu, lengths, backend):
     return x.new_empty((sum(lengths), x.shape[2]), dtype=torch.bfloat16)
 
 
-@torch.library.custom_op("rl_engine::unpack", mutates_args=())
-def unpack_op(x: torch.Tensor, cu: torch.Tensor, lengths: list[int], seq_len: int, backend: str) -> torch.Tensor:
+def _unpack_op(x: torch.Tensor, cu: torch.Tensor, lengths: list[int], seq_len: int, backend: str) -> torch.Tensor:
     """[len(lengths), seq_len, E] bf16 from validated packed x [T, E] (zeros in the padding)."""
     return launchers("pack", backend).unpack_rows(x, cu, len(lengths), seq_len)
+
+
+unpack_op = torch.library.custom_op("rl_engine::unpack", _unpack_op, mutates_args=())
 
 
 @unpack_op.register_fake
@@ -106,7 +110,7 @@ def pack_kernel(x: torch.Tensor, cu_seqlens: torch.Tensor, *, backend: str) -> t
     lengths = check_lengths(cu_seqlens, x.shape[0], None, x.shape[1])
     check_same_device(x=x, cu_seqlens=cu_seqlens)
     check_device(backend, x, cu_seqlens)
-    return pack_op(x, cu_seqlens.contiguous(), lengths, backend)
+    return run(pack_op, _pack_op, x, cu_seqlens.contiguous(), lengths, backend)
 
 
 def unpack_kernel(x: torch.Tensor, cu_seqlens: torch.Tensor, S: int, *, backend: str) -> torch.Tensor:
@@ -130,7 +134,7 @@ def unpack_kernel(x: torch.Tensor, cu_seqlens: torch.Tensor, S: int, *, backend:
     lengths = check_lengths(cu_seqlens, None, x.shape[0], S)
     check_same_device(x=x, cu_seqlens=cu_seqlens)
     check_device(backend, x, cu_seqlens)
-    return unpack_op(x, cu_seqlens.contiguous(), lengths, S, backend)
+    return run(unpack_op, _unpack_op, x, cu_seqlens.contiguous(), lengths, S, backend)
 
 
 def pack_triton(x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 
 from rl_engine.backends.registry import resolve_impl
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, placeholder
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, placeholder, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 ORDERS = ("hf", "fused")
@@ -46,11 +46,13 @@ def _rows(x: torch.Tensor) -> int:
     return x.shape[0] * (x.shape[1] if x.dim() == 3 else 1)
 
 
-@torch.library.custom_op("rl_engine::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool, split: int,
+def _rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool, split: int,
                  backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of x ([T, E] or [T, H, D], validated) -> (y like x BF16, rstd [rows] FP32)."""
     return launchers("rms_norm", backend).rms_norm_fwd(x, weight, eps, hf, split)
+
+
+rms_norm_fwd = torch.library.custom_op("rl_engine::rms_norm_fwd", _rms_norm_fwd, mutates_args=())
 
 
 @rms_norm_fwd.register_fake
@@ -93,7 +95,7 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str,
     """Run validated rows ([T, E] or [T, H, D]) on ``backend``; ``split`` > 0 only for the
     negative control. Shared with ``qk_norm``."""
     check_device(backend, x, weight)
-    return rms_norm_fwd(x, weight, float(eps), order == "hf", split, backend)[0]
+    return run(rms_norm_fwd, _rms_norm_fwd, x, weight, float(eps), order == "hf", split, backend)[0]
 
 
 # ---------------------------------------------------------------------------- entry points

@@ -10,7 +10,7 @@ import torch
 
 from rl_engine.backends.registry import resolve_impl
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 
@@ -68,10 +68,12 @@ def validate_rope_inputs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
     check_same_device(x=x, cos=cos, sin=sin)
 
 
-@torch.library.custom_op("rl_engine::rope_rotate", mutates_args=())
-def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neg_sin: bool, backend: str) -> torch.Tensor:
+def _rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neg_sin: bool, backend: str) -> torch.Tensor:
     """y [T, H, D] bf16: x rotated by (cos, sin), or by (cos, -sin) when ``neg_sin``."""
     return launchers("rope", backend).rope_rotate(x, cos, sin, neg_sin)
+
+
+rope_rotate = torch.library.custom_op("rl_engine::rope_rotate", _rope_rotate, mutates_args=())
 
 
 @rope_rotate.register_fake
@@ -112,7 +114,7 @@ def rope_kernel(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, backen
     """
     validate_rope_inputs(x, cos, sin)
     check_device(backend, x, cos, sin)
-    return rope_rotate(x, cos, sin, False, backend)
+    return run(rope_rotate, _rope_rotate, x, cos, sin, False, backend)
 
 
 def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -8,14 +8,16 @@ from __future__ import annotations
 import torch
 
 from rl_engine.backends.registry import resolve_impl
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, run
 from rl_engine.ops._validate import check_tensor
 
 
-@torch.library.custom_op("rl_engine::silu_fwd", mutates_args=())
-def silu_fwd(x: torch.Tensor, backend: str) -> torch.Tensor:
+def _silu_fwd(x: torch.Tensor, backend: str) -> torch.Tensor:
     """y [T, F] bf16 of validated x [T, F] bf16."""
     return launchers("silu", backend).silu_fwd(x)
+
+
+silu_fwd = torch.library.custom_op("rl_engine::silu_fwd", _silu_fwd, mutates_args=())
 
 
 @silu_fwd.register_fake
@@ -64,7 +66,7 @@ def silu_kernel(x: torch.Tensor, *, backend: str) -> torch.Tensor:
     """
     check_tensor("x", x, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
     check_device(backend, x)
-    return silu_fwd(x, backend)
+    return run(silu_fwd, _silu_fwd, x, backend)
 
 
 def silu_triton(x: torch.Tensor) -> torch.Tensor:

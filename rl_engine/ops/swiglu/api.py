@@ -9,14 +9,16 @@ import torch
 
 from rl_engine.backends.registry import resolve_impl
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 
-@torch.library.custom_op("rl_engine::swiglu_fwd", mutates_args=())
-def swiglu_fwd(gate: torch.Tensor, up: torch.Tensor, backend: str) -> torch.Tensor:
+def _swiglu_fwd(gate: torch.Tensor, up: torch.Tensor, backend: str) -> torch.Tensor:
     """y [T, F] bf16 of validated gate, up [T, F] bf16."""
     return launchers("swiglu", backend).swiglu_fwd(gate, up)
+
+
+swiglu_fwd = torch.library.custom_op("rl_engine::swiglu_fwd", _swiglu_fwd, mutates_args=())
 
 
 @swiglu_fwd.register_fake
@@ -73,7 +75,7 @@ def swiglu_kernel(gate: torch.Tensor, up: torch.Tensor, *, backend: str) -> torc
         raise InputError(f"gate and up must have the same shape [T, F], got {list(gate.shape)} and {list(up.shape)}")
     check_same_device(gate=gate, up=up)
     check_device(backend, gate, up)
-    return swiglu_fwd(gate, up, backend)
+    return run(swiglu_fwd, _swiglu_fwd, gate, up, backend)
 
 
 def swiglu_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
