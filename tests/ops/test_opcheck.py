@@ -3,6 +3,9 @@ small shapes, for each kernel backend.
 
 ``triton_cuda_bf16`` runs here (the Triton CPU interpreter where no GPU is present);
 ``cuda_bf16`` needs the real library and is marked ``gpu`` (skipped with the reason elsewhere).
+Where no GPU is present, ``cuda_bf16`` also runs in the host emulation of its CUDA sources
+(``tests/cuda_emu``, as in ``test_cuda_backend.py``): the same Python launchers and argument
+lists on CPU tensors, so the torch-op registration of the CUDA path is checked in CI too.
 
 The opcheck utilities run (all four, named explicitly in :data:`TEST_UTILS`):
 
@@ -27,9 +30,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
+from rl_engine import env
+from rl_engine.backends.cuda_build import BuildResult, CudaLibrary
+from rl_engine.backends.cuda_launch import host_emulation
 from rl_engine.backends.registry import availability
 from rl_engine.ops.attention.api import attention_bwd, attention_decode_op, attention_fwd
 from rl_engine.ops.det_gemm.api import det_gemm_op
@@ -215,3 +224,29 @@ def test_opcheck_cuda(op):
     if not ok:
         pytest.skip(f"cuda_bf16 cannot run here: {why}")
     _run(op, "cuda_bf16", torch.device("cuda"))
+
+
+@pytest.fixture(scope="module")
+def emulated_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: cuda_bf16 runs for real in test_opcheck_cuda")
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not on PATH: the host emulation of the CUDA sources cannot be built")
+    import sys
+
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    if tests_dir not in sys.path:
+        sys.path.insert(0, tests_dir)
+    from cuda_emu.build import build
+
+    try:
+        path = build(env.cache_dir() / "cuda_emu")
+    except FileNotFoundError as exc:
+        pytest.skip(f"host emulation unavailable: {exc}")
+    return CudaLibrary(BuildResult(path, "host-emulation", True, 0.0))
+
+
+@pytest.mark.parametrize("op", sorted(CASES))
+def test_opcheck_cuda_host_emulation(op, emulated_cuda):
+    with host_emulation(emulated_cuda):
+        _run(op, "cuda_bf16", torch.device("cpu"))
