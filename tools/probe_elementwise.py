@@ -16,10 +16,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from rl_engine.ops.silu.cuda import silu_cuda
-from rl_engine.ops.silu.triton import silu_triton
-from rl_engine.ops.swiglu.cuda import swiglu_cuda
-from rl_engine.ops.swiglu.triton import swiglu_triton
+from rl_engine.ops.silu.api import silu_cuda, silu_triton
+from rl_engine.ops.swiglu.api import swiglu_cuda, swiglu_triton
 
 
 @triton.jit

@@ -42,25 +42,35 @@ def _library() -> CudaLibrary:
     return _EMULATED[-1] if _EMULATED else load_library()
 
 
+_CAPABLE: set[torch.device] = set()
+"""CUDA devices already found to have compute capability 9.0 by :func:`check_cuda_device`."""
+
+
 def check_cuda_device(*tensors: torch.Tensor) -> CudaLibrary:
     """Raise BackendUnavailable unless CUDA is available, every tensor is on a CUDA device of
-    compute capability 9.0, and the library builds; return the loaded library."""
+    compute capability 9.0, and the library builds; return the loaded library.
+
+    The capability of each device is asked once and cached (the op path calls this on every
+    call; after the first it costs a set lookup per tensor)."""
     if _EMULATED:
         for t in tensors:
             if t.device.type != "cpu":
                 raise BackendUnavailable(f"the host-emulated cuda_bf16 library needs CPU tensors, got {t.device}")
         return _EMULATED[-1]
-    if not torch.cuda.is_available():
-        raise BackendUnavailable("cuda_bf16 needs a CUDA GPU; torch.cuda.is_available() is False on this machine")
     for t in tensors:
-        if t.device.type != "cuda":
-            raise BackendUnavailable(f"cuda_bf16 needs CUDA tensors, got a tensor on {t.device}")
-    for dev in {t.device for t in tensors}:
+        dev = t.device
+        if dev in _CAPABLE:
+            continue
+        if dev.type != "cuda":
+            if not torch.cuda.is_available():
+                raise BackendUnavailable("cuda_bf16 needs a CUDA GPU; torch.cuda.is_available() is False on this machine")
+            raise BackendUnavailable(f"cuda_bf16 needs CUDA tensors, got a tensor on {dev}")
         cap = torch.cuda.get_device_capability(dev)
         if tuple(cap) != REQUIRED_CAPABILITY:
             raise BackendUnavailable(
                 f"cuda_bf16 is built for sm_90a (compute capability 9.0); {dev} has {cap[0]}.{cap[1]}"
             )
+        _CAPABLE.add(dev)
     return load_library()
 
 
@@ -79,13 +89,3 @@ def query(name: str, *args: int) -> int:
     """An ``int64_t`` value exported by the library: a kernel constant (``rl_logp_chunk_v()``) or
     a scratch size (``rl_rms_norm_dw_chunks(rows)``)."""
     return _library().query(name, *args)
-
-
-def unit_last(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself when its last axis has unit stride (or length <= 1), else a contiguous copy.
-
-    Used only for upstream gradients handed to a backward (never for user inputs, which are
-    validated instead)."""
-    if t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1:
-        return t
-    return t.contiguous()

@@ -2,7 +2,7 @@
 
 The one rule for matrix products: every ``tl.dot`` in the package goes through :func:`mma`, which
 passes ``input_precision="ieee"`` explicitly, so no FP32 dot can silently run in TF32 (WS1 §9.7,
-pitfall P6). Under the Triton CPU interpreter BF16 dots are not supported
+``docs/pitfalls.md`` P6). Under the Triton CPU interpreter BF16 dots are not supported
 (triton-lang/triton#11584), so the operands are upcast to FP32 first; BF16 x BF16 products are
 exact in FP32, only the accumulation order can differ from the GPU's tensor cores. The
 interpreter's own dot, exp/log and BF16 rounding are replaced by project-defined arithmetic on
@@ -75,15 +75,26 @@ def upcast_dots() -> bool:
     return env.triton_interpret()
 
 
+_READY: set[tuple[torch.device, bool]] = set()
+"""(device, interpreter on) pairs already checked by :func:`check_triton_device`."""
+
+
 def check_triton_device(*tensors: torch.Tensor) -> None:
-    """Triton kernels need CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``."""
+    """Triton kernels need CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
+
+    Checked once per (device, interpreter setting) and cached, so the op path pays one set
+    lookup per tensor after the first call (the interpreter's arithmetic is installed then)."""
     interpret = env.triton_interpret()
-    if interpret:
-        _interpreter.install()
     for t in tensors:
+        key = (t.device, interpret)
+        if key in _READY:
+            continue
         if t.device.type == "cuda":
+            _READY.add(key)
             continue
         if t.device.type == "cpu" and interpret:
+            _interpreter.install()
+            _READY.add(key)
             continue
         if t.device.type == "cpu":
             raise BackendUnavailable(

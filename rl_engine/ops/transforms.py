@@ -33,7 +33,7 @@ _INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.floa
 def plant_ulp(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` whose first element is moved by one unit in the last place (raw bits + 1).
 
-    Used by negative controls: built as a bit pattern, never as a decimal literal (pitfall P7).
+    Used by negative controls: built as a bit pattern, never as a decimal literal (``docs/pitfalls.md`` P7).
     """
     out = t.detach().clone()
     if out.numel() == 0:

@@ -263,7 +263,7 @@ def probe_det_gemm(ctx: RankContext, m: int, k: int, n: int, seed: int,
     row-parallel product for each merge path, compared bitwise with the TP=1 product and the
     simulated split. Returns ``{merge: {"vs_tp1": bool, "vs_simulated": bool}}``."""
     from rl_engine.ops.det_gemm import tp_split_det_gemm
-    from rl_engine.ops.det_gemm.triton import det_gemm_triton
+    from rl_engine.ops.det_gemm.api import det_gemm_triton
     from rl_engine.tp.row_parallel import row_parallel_full
 
     g = torch.Generator(device="cpu").manual_seed(seed)

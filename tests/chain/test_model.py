@@ -44,7 +44,7 @@ def test_p1_micro_batching_is_bitwise_invariant(triton_model, contract):
 def test_p1_check_catches_a_batch_dependent_gemm(micro_weights, contract):
     """Negative control: det_gemm with a tree depth chosen from M (1 above 8 rows, else 2) makes
     row bits depend on the batch, and the same bitwise check must fail."""
-    from rl_engine.ops.det_gemm.triton import det_gemm_triton
+    from rl_engine.ops.det_gemm.api import det_gemm_triton
 
     model = Qwen3Model(micro_weights, TRITON)
     model.ops = model.ops.replace(det_gemm=lambda a, b: det_gemm_triton(a, b, tree_depth=1 if a.shape[0] > 8 else 2))

@@ -23,7 +23,7 @@ from rl_engine.ops.attention import triton as attn_triton
 from rl_engine.ops.attention._checks import check_varlen
 from rl_engine.ops.attention.reference import attention_decode_reference, attention_reference
 from rl_engine.ops.attention.spec import GRAD_INPUTS, SPEC, make_case
-from rl_engine.ops.attention.triton import attention_decode_triton, attention_triton
+from rl_engine.ops.attention.api import attention_decode_triton, attention_triton
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
 from rl_engine.ops.spec import make_generator, randn
 
@@ -138,7 +138,7 @@ def test_rows_independent_of_query_block_size(device):
     attention_triton(**inp)  # validates and prepares the device (interpreter rounding)
     plan = check_varlen(inp["q"], inp["k"], inp["v"], inp["cu_seqlens_q"], inp["cu_seqlens_k"], inp["scale"],
                         dtype=torch.bfloat16, kernel=True)
-    outs = {bm: attn_triton._forward(inp["q"], inp["k"], inp["v"], inp["cu_seqlens_q"], inp["cu_seqlens_k"],
+    outs = {bm: attn_triton.attention_fwd(inp["q"], inp["k"], inp["v"], inp["cu_seqlens_q"], inp["cu_seqlens_k"],
                                      inp["scale"], plan, block_m=bm)[0] for bm in (64, 128)}
     for bm, o in outs.items():
         assert_bitwise(outs[attn_triton.BLOCK_M], o, f"BLOCK_M {bm} vs {attn_triton.BLOCK_M}")

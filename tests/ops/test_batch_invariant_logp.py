@@ -12,8 +12,8 @@ from _helpers import SMOKE, bits_equal, check_backward_accuracy, check_forward_a
 from rl_engine.errors import InputError
 from rl_engine.ops.batch_invariant_logp import batch_invariant_logp
 from rl_engine.ops.batch_invariant_logp.spec import SPEC
-from rl_engine.ops.batch_invariant_logp.triton import batch_invariant_logp_triton
-from rl_engine.ops.logp.triton import logp_triton
+from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_triton
+from rl_engine.ops.logp.api import logp_triton
 
 P4_VOCAB = 151936
 

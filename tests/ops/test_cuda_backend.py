@@ -34,19 +34,20 @@ from rl_engine.gate.judgments import GREEN, forward_accuracy, gradient_accuracy,
 from rl_engine.ops import spec as spec_mod
 from rl_engine.ops.registry import get_spec
 
-from rl_engine.ops.attention.cuda import attention_cuda, attention_decode_cuda
-from rl_engine.ops.batch_invariant_logp.cuda import batch_invariant_logp_cuda
-from rl_engine.ops.det_gemm.cuda import det_gemm_cuda
-from rl_engine.ops.embedding.cuda import embedding_cuda
-from rl_engine.ops.linear_logp.cuda import linear_logp_cuda
-from rl_engine.ops.lm_head.cuda import gemm_f32_out, lm_head_cuda
-from rl_engine.ops.logp.cuda import logp_cuda
-from rl_engine.ops.pack.cuda import pack_cuda, unpack_cuda
-from rl_engine.ops.qk_norm.cuda import qk_norm_cuda
-from rl_engine.ops.rms_norm.cuda import rms_norm_cuda
-from rl_engine.ops.rope.cuda import rope_cuda
-from rl_engine.ops.silu.cuda import silu_cuda
-from rl_engine.ops.swiglu.cuda import swiglu_cuda
+from rl_engine.ops.attention.api import attention_cuda, attention_decode_cuda
+from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_cuda
+from rl_engine.ops.det_gemm.api import det_gemm_cuda
+from rl_engine.ops.embedding.api import embedding_cuda
+from rl_engine.ops.linear_logp.api import linear_logp_cuda
+from rl_engine.ops.lm_head.api import lm_head_cuda
+from rl_engine.ops.lm_head.cuda import gemm_f32_out
+from rl_engine.ops.logp.api import logp_cuda
+from rl_engine.ops.pack.api import pack_cuda, unpack_cuda
+from rl_engine.ops.qk_norm.api import qk_norm_cuda
+from rl_engine.ops.rms_norm.api import rms_norm_cuda
+from rl_engine.ops.rope.api import rope_cuda
+from rl_engine.ops.silu.api import silu_cuda
+from rl_engine.ops.swiglu.api import swiglu_cuda
 
 SMOKE = spec_mod.WORKLOADS["smoke"]
 SEED = 0
@@ -238,10 +239,10 @@ def test_det_gemm_leaf_parallel_form_equals_fused_form(cuda_device, m, k, n, tra
     b = _bf16((n, k), n, cuda_device, scale=k ** -0.5).t() if transposed else \
         _bf16((k, n), n, cuda_device, scale=k ** -0.5)
     for depth in (1, 2):
-        fused = dg_cuda._launch(a, b, depth, leaf_split=False)
-        split = dg_cuda._launch(a, b, depth, leaf_split=True)
+        fused = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
+        split = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True)
         assert _bits_equal(split, fused), f"depth {depth}"
-    assert not _bits_equal(dg_cuda._launch(a, b, 2, leaf_split=True), dg_cuda._launch(a, b, 1, leaf_split=False))
+    assert not _bits_equal(dg_cuda.det_gemm_launch(a, b, 2, leaf_split=True), dg_cuda.det_gemm_launch(a, b, 1, leaf_split=False))
     assert dg_cuda.use_leaf_split(1, 4096, 2) and not dg_cuda.use_leaf_split(4096, 4096, 2)
 
 
@@ -566,14 +567,14 @@ def test_cross_backend_check_catches_another_reduction_order(cuda_device):
     """Negative control: RMSNorm whose mean of squares is summed in another order (the control
     kernel: tl.sum over 4 parts, BF16-rounded partials, tl.rsqrt) must be caught by the same
     bitwise comparison against the CUDA backend."""
-    from rl_engine.ops.rms_norm.triton import rms_norm_rows
+    from rl_engine.ops.rms_norm.api import rms_norm_rows
 
     spec = get_spec("rms_norm")
     workload = spec_mod.WORKLOADS["qwen3-8b" if cuda_device.type == "cuda" else "smoke"]
     caught = []
     for case in spec.build_cases(workload, SEED, cuda_device):
         inp = case.inputs
-        a = rms_norm_rows(inp["x"], inp["weight"], inp["eps"], inp["order"], split=4)
+        a = rms_norm_rows(inp["x"], inp["weight"], inp["eps"], inp["order"], "triton_cuda_bf16", split=4)
         b = CUDA_IMPLS["rms_norm"](**inp)
         caught.append(not compare_bitwise("control", a, b, load_contract().nan_policy).passed)
     assert any(caught)

@@ -15,6 +15,7 @@ from rl_engine.errors import ContractError, InputError
 from rl_engine.ops import spec as spec_mod
 from rl_engine.ops._triton_common import check_triton_device, mma, upcast_dots
 from rl_engine.ops.det_gemm import det_gemm, mid_split_bounds, tp_split_det_gemm
+from rl_engine.ops.det_gemm.api import det_gemm_triton, det_gemm_triton_fp32_merge
 from rl_engine.ops.det_gemm import triton as dg_triton
 from rl_engine.ops.det_gemm.spec import SPEC
 
@@ -89,11 +90,11 @@ def test_tree_topology_exact(device, k):
     the kernel must equal the emulated tree bit for bit, and the FP32-merge control must not."""
     a = _ints((5, k), -16, 16, 10 + k, device)
     b = _ints((k, 20), -16, 16, 20 + k, device)
-    out = dg_triton.det_gemm_triton(a, b)
+    out = det_gemm_triton(a, b)
     assert bits_equal(out, _emulate_tree(a, b, 2, True))
     for depth in (0, 1):
-        assert bits_equal(dg_triton.det_gemm_triton(a, b, tree_depth=depth), _emulate_tree(a, b, depth, True))
-    fp32 = dg_triton.det_gemm_triton_fp32_merge(a, b)
+        assert bits_equal(det_gemm_triton(a, b, tree_depth=depth), _emulate_tree(a, b, depth, True))
+    fp32 = det_gemm_triton_fp32_merge(a, b)
     assert bits_equal(fp32, _emulate_tree(a, b, 2, False))
     if k > 4:
         assert not bits_equal(fp32, out), "integer case too easy: BF16 merges changed nothing"
@@ -105,7 +106,7 @@ def test_both_forms_compute_the_declared_tree(device, depth, leaf_split):
     """Each form of the Triton kernel, forced, equals the emulated tree on exact integer inputs."""
     a = _ints((5, 97), -16, 16, 3, device)
     b = _ints((97, 20), -16, 16, 4, device)
-    out = dg_triton._launch(a, b, depth, False, leaf_split=leaf_split)
+    out = dg_triton.det_gemm_launch(a, b, depth, False, leaf_split=leaf_split)
     assert bits_equal(out, _emulate_tree(a, b, depth, True))
 
 
@@ -119,10 +120,10 @@ def test_leaf_parallel_form_equals_fused_form(device, m, k, n, transposed, depth
     a = spec_mod.randn((m, k), g, device=device)
     b = spec_mod.randn((n, k), g, scale=k ** -0.5, device=device).t() if transposed else \
         spec_mod.randn((k, n), g, scale=k ** -0.5, device=device)
-    fused = dg_triton._launch(a, b, depth, False, leaf_split=False)
-    split = dg_triton._launch(a, b, depth, False, leaf_split=True)
+    fused = dg_triton.det_gemm_launch(a, b, depth, False, leaf_split=False)
+    split = dg_triton.det_gemm_launch(a, b, depth, False, leaf_split=True)
     assert bits_equal(split, fused)
-    assert not bits_equal(split, dg_triton._launch(a, b, depth, True, leaf_split=False))
+    assert not bits_equal(split, dg_triton.det_gemm_launch(a, b, depth, True, leaf_split=False))
 
 
 def test_leaf_parallel_form_is_chosen_by_output_tiles_only():
@@ -137,7 +138,7 @@ def test_contract_depth_asserted(monkeypatch, device):
     b = _ints((8, 3), -2, 2, 2, device)
     monkeypatch.setattr(dg_triton, "TREE_DEPTH", 3)
     with pytest.raises(ContractError, match="tree_depth"):
-        dg_triton.det_gemm_triton(a, b)
+        det_gemm_triton(a, b)
 
 
 # ---------------------------------------------------------------- tensor-parallel split
@@ -149,8 +150,8 @@ def test_tp_split_bitwise(device, k):
     full = IMPL(a=a, b=b)
     for parts in (2, 4):
         assert bits_equal(tp_split_det_gemm(a, b, parts, IMPL), full), f"K={k} split in {parts}"
-    assert not bits_equal(tp_split_det_gemm(a, b, 4, dg_triton.det_gemm_triton_fp32_merge),
-                          dg_triton.det_gemm_triton_fp32_merge(a, b))
+    assert not bits_equal(tp_split_det_gemm(a, b, 4, det_gemm_triton_fp32_merge),
+                          det_gemm_triton_fp32_merge(a, b))
 
 
 def test_tp_split_rejects_unsupported_parts(device):
@@ -229,7 +230,7 @@ def test_bad_inputs_raise_input_error(device):
     with pytest.raises(InputError, match="device"):
         IMPL(a=a, b=torch.zeros((8, 3), dtype=torch.bfloat16, device="meta"))
     with pytest.raises(InputError, match="tree_depth"):
-        dg_triton.det_gemm_triton(a, b, tree_depth=3)
+        det_gemm_triton(a, b, tree_depth=3)
     with pytest.raises(InputError, match="Tensor"):
         IMPL(a=[[1.0]], b=b)
 

@@ -90,7 +90,7 @@ def test_p9_out_of_range_raises_before_launch(bad, device, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("kernel launched before validation")
 
-    monkeypatch.setattr(emb_triton, "_launch_fwd", boom)
+    monkeypatch.setattr(emb_triton, "embedding_fwd", boom)
     ids = torch.tensor([0, bad, 3], dtype=torch.int64, device=device)
     with pytest.raises(InputError, match=str(bad)):
         embedding(ids, weight)

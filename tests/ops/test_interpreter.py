@@ -218,7 +218,7 @@ def test_libdevice_exp_is_the_interpreters_exp(device):
     """The elementwise ops' exp is libdevice's on the GPU; the interpreter defines it as exp_fp32."""
     if device.type == "cuda":
         pytest.skip("on the GPU libdevice.exp is CUDA's expf")
-    from rl_engine.ops.silu.triton import silu_triton
+    from rl_engine.ops.silu.api import silu_triton
 
     x = torch.linspace(-20, 20, 4096, dtype=torch.float64).to(torch.bfloat16).reshape(4, 1024)
     xf = x.float().numpy()

@@ -12,8 +12,9 @@ from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upca
 from rl_engine.ops.linear_logp import linear_logp
 from rl_engine.ops.linear_logp.reference import linear_logp_reference
 from rl_engine.ops.linear_logp.spec import SPEC
-from rl_engine.ops.linear_logp.triton import BLOCK_M, CHUNK_V, linear_logp_triton
-from rl_engine.ops.logp.triton import logp_triton
+from rl_engine.ops.linear_logp.api import linear_logp_triton
+from rl_engine.ops.linear_logp.triton import BLOCK_M, CHUNK_V
+from rl_engine.ops.logp.api import logp_triton
 from rl_engine.ops.spec import make_generator
 
 P4_VOCAB = 151936

@@ -14,7 +14,7 @@ from rl_engine.errors import InputError
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 from rl_engine.ops.logp import logp
 from rl_engine.ops.logp.spec import SPEC
-from rl_engine.ops.logp.triton import logp_triton, logp_triton_size_dependent
+from rl_engine.ops.logp.api import logp_triton, logp_triton_size_dependent
 from rl_engine.ops.transforms import _row_subsets
 from rl_engine.ops.spec import WORKLOADS
 

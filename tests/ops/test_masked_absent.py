@@ -34,7 +34,7 @@ from _masked import (POISONS, Shape, assert_same_bits, check_blind_queries, chec
 from rl_engine import env
 from rl_engine.ops.attention.reference import attention_decode_reference, attention_reference, causal_mask
 from rl_engine.ops.attention.torch_bf16 import attention_decode_torch_bf16, attention_torch_bf16
-from rl_engine.ops.attention.triton import attention_decode_triton, attention_triton
+from rl_engine.ops.attention.api import attention_decode_triton, attention_triton
 
 HERE = Path(__file__).resolve().parent
 SHAPE = Shape(heads=4, kv_heads=2, head_dim=16)
@@ -112,7 +112,7 @@ def _impls(backend, request):
         if ON_GPU_HOST:
             pytest.skip("a GPU is present: Triton runs on it in tests/ops/test_masked_absent_gpu.py")
         return attention_triton, attention_decode_triton, torch.bfloat16, nullcontext()
-    from rl_engine.ops.attention.cuda import attention_cuda, attention_decode_cuda
+    from rl_engine.ops.attention.api import attention_cuda, attention_decode_cuda
 
     return attention_cuda, attention_decode_cuda, torch.bfloat16, _emulated(request.getfixturevalue("emu"))
 
@@ -252,7 +252,7 @@ def test_negative_control_old_triton_kernels_are_caught(poison, legacy_triton):
 
 @pytest.mark.parametrize("poison", ["nan", "+inf"])
 def test_negative_control_old_cuda_kernels_are_caught(poison, emu_legacy):
-    from rl_engine.ops.attention.cuda import attention_cuda
+    from rl_engine.ops.attention.api import attention_cuda
 
     p = POISONS[poison]
     with _emulated(emu_legacy):
@@ -310,7 +310,7 @@ def test_finite_decode_same_bits_as_old_triton_kernel(legacy_triton):
 
 @pytest.mark.parametrize("case", ["prefill-150", "chunked"])
 def test_finite_inputs_same_bits_as_old_cuda_kernels(case, emu, emu_legacy):
-    from rl_engine.ops.attention.cuda import attention_cuda, attention_decode_cuda
+    from rl_engine.ops.attention.api import attention_cuda, attention_decode_cuda
 
     inputs = _finite_inputs(*FINITE_CASES[case], seed=9)
     g = torch.Generator().manual_seed(10)
@@ -354,9 +354,9 @@ def _bil_impls(backend, request):
     elif backend == "triton_cuda_bf16":
         if ON_GPU_HOST:
             pytest.skip("a GPU is present: the interpreter run is for GPU-less machines")
-        from rl_engine.ops.batch_invariant_logp.triton import batch_invariant_logp_triton as f
+        from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_triton as f
     else:
-        from rl_engine.ops.batch_invariant_logp.cuda import batch_invariant_logp_cuda as f
+        from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_cuda as f
 
         return f, _emulated(request.getfixturevalue("emu"))
     return f, nullcontext()
@@ -391,9 +391,9 @@ def _pack_impls(backend, request):
     elif backend == "triton_cuda_bf16":
         if ON_GPU_HOST:
             pytest.skip("a GPU is present: the interpreter run is for GPU-less machines")
-        from rl_engine.ops.pack.triton import pack_triton as p, unpack_triton as u
+        from rl_engine.ops.pack.api import pack_triton as p, unpack_triton as u
     else:
-        from rl_engine.ops.pack.cuda import pack_cuda as p, unpack_cuda as u
+        from rl_engine.ops.pack.api import pack_cuda as p, unpack_cuda as u
 
         return p, u, torch.bfloat16, _emulated(request.getfixturevalue("emu"))
     return p, u, (torch.float32 if backend == "reference_fp32" else torch.bfloat16), nullcontext()

@@ -42,7 +42,7 @@ def gpu():
 def _impls(backend):
     """(varlen impl, decode impl, input dtype)."""
     if backend == "triton_cuda_bf16":
-        from rl_engine.ops.attention.triton import attention_decode_triton, attention_triton
+        from rl_engine.ops.attention.api import attention_decode_triton, attention_triton
 
         return attention_triton, attention_decode_triton, torch.bfloat16
     if backend == "cuda_bf16":
@@ -50,7 +50,7 @@ def _impls(backend):
             pytest.skip(f"cuda_bf16 is built for sm_90a; this GPU is {torch.cuda.get_device_capability()}")
         if shutil.which("nvcc") is None:
             pytest.skip("nvcc is not on PATH: the CUDA library cannot be built")
-        from rl_engine.ops.attention.cuda import attention_cuda, attention_decode_cuda
+        from rl_engine.ops.attention.api import attention_cuda, attention_decode_cuda
 
         return attention_cuda, attention_decode_cuda, torch.bfloat16
     from rl_engine.ops.attention.reference import attention_decode_reference, attention_reference
@@ -113,7 +113,7 @@ def legacy_triton(tmp_path_factory):
 @pytest.mark.parametrize("lens", [PREFILL, CHUNKED, (VARLEN, VARLEN)], ids=["prefill-4133", "chunked", "varlen"])
 def test_gpu_finite_inputs_same_bits_as_old_triton_kernels(lens, gpu, legacy_triton):
     """The split loops and masked-tile path change no bit on finite inputs on the H200."""
-    from rl_engine.ops.attention.triton import attention_decode_triton, attention_triton
+    from rl_engine.ops.attention.api import attention_decode_triton, attention_triton
 
     g = torch.Generator().manual_seed(21)
     h, hkv, d = QWEN3_8B.heads, QWEN3_8B.kv_heads, QWEN3_8B.head_dim
@@ -142,9 +142,9 @@ def test_gpu_finite_inputs_same_bits_as_old_triton_kernels(lens, gpu, legacy_tri
 def test_gpu_batch_invariant_logp_masked_rows_absent(backend, poison, gpu):
     _impls(backend)  # skips cuda_bf16 where it cannot run
     if backend == "triton_cuda_bf16":
-        from rl_engine.ops.batch_invariant_logp.triton import batch_invariant_logp_triton as impl
+        from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_triton as impl
     else:
-        from rl_engine.ops.batch_invariant_logp.cuda import batch_invariant_logp_cuda as impl
+        from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_cuda as impl
     check_logp_mask(impl, POISONS[poison], device=gpu, shape=(2, 33, 151936))
 
 
@@ -153,7 +153,7 @@ def test_gpu_batch_invariant_logp_masked_rows_absent(backend, poison, gpu):
 def test_gpu_pack_padding_absent(backend, poison, gpu):
     _impls(backend)
     if backend == "triton_cuda_bf16":
-        from rl_engine.ops.pack.triton import pack_triton as p, unpack_triton as u
+        from rl_engine.ops.pack.api import pack_triton as p, unpack_triton as u
     else:
-        from rl_engine.ops.pack.cuda import pack_cuda as p, unpack_cuda as u
+        from rl_engine.ops.pack.api import pack_cuda as p, unpack_cuda as u
     check_pack_padding(p, u, torch.bfloat16, POISONS[poison], device=gpu)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -16,9 +17,19 @@ from rl_engine.errors import InputError
 from rl_engine.ops._validate import check_cu_seqlens, check_same_device, check_tensor
 
 
+class LaunchPlan(NamedTuple):
+    """What the launchers read of a validated varlen call: host ints, no tensors."""
+
+    batch: int
+    max_lq: int
+    max_lk: int
+
+
 @dataclass(frozen=True)
 class VarlenPlan:
-    """Host-side facts about a validated varlen call (the launcher needs them)."""
+    """Host-side facts about a validated varlen call (the launcher needs them). Built once by
+    :func:`check_varlen`; a caller that keeps it can hand it back to skip reading cu_seqlens again
+    (the capture-safe form of a varlen call)."""
 
     cu_q: tuple[int, ...]
     cu_k: tuple[int, ...]
@@ -34,6 +45,9 @@ class VarlenPlan:
     @property
     def max_lk(self) -> int:
         return max((self.cu_k[b + 1] - self.cu_k[b] for b in range(self.batch)), default=0)
+
+    def launch_plan(self) -> LaunchPlan:
+        return LaunchPlan(self.batch, self.max_lq, self.max_lk)
 
 
 def _check_scale(scale: object) -> None:
@@ -108,11 +122,14 @@ def check_decode(
     *,
     dtype: torch.dtype,
     kernel: bool,
-) -> list[int]:
-    """Validate a decode call; return ``cache_seqlens`` as a host list.
+    validate: bool = True,
+) -> list[int] | None:
+    """Validate a decode call; return ``cache_seqlens`` as a host list (None without ``validate``).
 
     q [B, H, D], k_cache and v_cache [B, S_max, Hkv, D] of ``dtype`` with unit stride on D (other
-    strides free); cache_seqlens int32 [B], contiguous, same device, every value in [0, S_max].
+    strides free); cache_seqlens int32 [B], contiguous, same device, every value in [0, S_max]
+    (the range only with ``validate``: it reads device values, a host synchronisation; skip it
+    inside a CUDA graph capture, where the caller guarantees the range).
     """
     check_tensor("q", q, dtype=dtype, ndim=3, contiguous_last=True)
     check_tensor("k_cache", k_cache, dtype=dtype, ndim=4, contiguous_last=True)
@@ -126,9 +143,11 @@ def check_decode(
     _check_heads(h, hkv, d, dk, kernel=kernel)
     check_tensor("cache_seqlens", cache_seqlens, dtype=torch.int32, shape=(b,), contiguous=True)
     check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens)
+    _check_scale(scale)
+    if not validate:
+        return None
     lens = [int(x) for x in cache_seqlens.tolist()]
     for i, n in enumerate(lens):
         if n < 0 or n > s_max:
             raise InputError(f"cache_seqlens: entry {i} is {n}, outside [0, S_max={s_max}]")
-    _check_scale(scale)
     return lens

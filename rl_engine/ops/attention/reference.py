@@ -4,7 +4,7 @@ Math: scaled dot-product attention (Vaswani et al. 2017, eq. 1) with a causal ma
 attention (Ainslie et al. 2023) as Hugging Face Qwen3 ``repeat_kv`` does it (query head ``h`` uses
 KV head ``h // (H / Hkv)``). Query ``i`` of a sequence with ``Lq`` queries and ``Lk`` keys sits at
 position ``Lk - Lq + i`` and sees keys ``0 .. Lk - Lq + i``. A row with no visible key is exactly 0
-(pitfall P10). Masked means absent (docs/declared-semantics.md): a value at a position a query
+(``docs/pitfalls.md`` P10). Masked means absent (docs/declared-semantics.md): a value at a position a query
 cannot see (a future key, another sequence, a cache slot past the length) enters no product of
 that query, forward or backward, so a NaN/inf there changes nothing; a visible NaN/inf makes the
 outputs it reaches NaN. Gradients come from autograd through this FP32 definition, with the two

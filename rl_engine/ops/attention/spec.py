@@ -8,7 +8,7 @@ another shape and compares, bit for bit, the rows that must not change:
                  the same sequences inside the canonical varlen batch (gradient: dq, dk, dv);
 * ``chunk``   - the last sequence's queries in chunks of odd sizes against the growing key prefix
                  (chunked prefill, ``Lq < Lk``), then its last queries as decode steps through
-                 ``attention_decode`` (one at a time, and batched), vs the full call (pitfall P8;
+                 ``attention_decode`` (one at a time, and batched), vs the full call (``docs/pitfalls.md`` P8;
                  gradient: dq of the chunks);
 * ``padding`` - zero-length sequences inserted around and between the sequences; q/k/v as slices
                  of larger NaN-filled buffers; decode against a KV cache with NaN junk past
@@ -29,14 +29,15 @@ from typing import Any
 
 import torch
 
-from rl_engine.ops.attention.cuda import attention_cuda, attention_decode_cuda
-from rl_engine.ops.attention.reference import attention_decode_reference, attention_reference
-from rl_engine.ops.attention.torch_bf16 import attention_decode_torch_bf16, attention_torch_bf16
-from rl_engine.ops.attention.triton import (
+from rl_engine.ops.attention.api import (
+    attention_cuda,
+    attention_decode_cuda,
     attention_decode_triton,
     attention_triton,
     attention_triton_size_dependent_kv_block,
 )
+from rl_engine.ops.attention.reference import attention_decode_reference, attention_reference
+from rl_engine.ops.attention.torch_bf16 import attention_decode_torch_bf16, attention_torch_bf16
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 from rl_engine.ops.spec import Case, OpSpec, Pair, Workload, make_generator, randn
 from rl_engine.ops.transforms import plant_ulp

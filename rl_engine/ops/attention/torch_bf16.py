@@ -4,7 +4,7 @@ Per sequence, as ``transformers.models.qwen3.modeling_qwen3.eager_attention_forw
 ``repeat_kv`` for GQA, ``attn_weights = matmul(query, keyᵀ) * scaling`` in BF16, an additive
 causal mask of ``finfo(bf16).min``, ``softmax(attn_weights, dim=-1, dtype=torch.float32)
 .to(query.dtype)``, then ``matmul(attn_weights, value)`` in BF16. One deviation from HF: a row with
-no visible key returns exactly 0 (the op's declared policy, pitfall P10) instead of a uniform
+no visible key returns exactly 0 (the op's declared policy, ``docs/pitfalls.md`` P10) instead of a uniform
 average; such rows only occur in decode with ``cache_seqlens == 0``. A second: the two matmuls
 keep masked terms absent (a NaN/inf at a key a query cannot see does not reach it, forward or
 backward; docs/declared-semantics.md), and a visible score of -inf is NaN (a non-finite key is not

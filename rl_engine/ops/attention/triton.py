@@ -12,16 +12,16 @@ the FP32 probabilities, FP32 accumulator ``acc``), ``P`` rounded to BF16 for ``a
 ``out = acc / l`` (IEEE division, ``div_rn``) is rounded to BF16 once, and ``lse = m + log(l)``
 (FP32) is kept for the backward.
 
-Path independence (pitfall P8). The bits of one query row depend only on its own scores: the KV
+Path independence (``docs/pitfalls.md`` P8). The bits of one query row depend only on its own scores: the KV
 blocks are the same absolute blocks ``[j*BLOCK_N, (j+1)*BLOCK_N)`` of its sequence whatever the
 call (full prefill, a chunk of queries with ``Lq < Lk``, an ``Lq = 1`` step, or
-:func:`attention_decode_triton`), and they are visited in the same order. A query block stops at
+:func:`attention_decode_fwd`), and they are visited in the same order. A query block stops at
 the KV block holding the causal limit of its *last* row, so earlier rows of the block may see
 extra blocks that are entirely masked for them; such a block leaves the row's state bitwise
 unchanged: its row max is ``-inf`` so ``m`` is unchanged, the rescale factor is forced to exactly
 1 (``alpha = 1`` when ``m_new == m``, never ``exp(-inf - -inf)``), every ``p`` is
 ``exp(-inf) = 0`` so ``l`` and ``acc`` get exact zeros added. Rows that never see a key keep
-``l = 0`` and are written as exact zeros (pitfall P10). Keys past the sequence's end (or past
+``l = 0`` and are written as exact zeros (``docs/pitfalls.md`` P10). Keys past the sequence's end (or past
 ``cache_seqlens``) are never loaded (masked loads), so junk there cannot leak in.
 Masked means absent (issue #17, docs/declared-semantics.md). ``0 * NaN = NaN``, so a masked
 probability of exactly 0 is not enough when the value at a masked key is NaN / inf. Each loop is
@@ -61,9 +61,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, mma, upcast_dots
-from rl_engine.ops.attention._checks import VarlenPlan, check_decode, check_varlen
+from rl_engine.ops._triton_common import FP_FUSION, mma, upcast_dots
+from rl_engine.ops.attention._checks import LaunchPlan
 
 BLOCK_M = 64
 """Query rows per program in the varlen forward and in the dQ kernel."""
@@ -397,14 +396,16 @@ def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
 # ---------------------------------------------------------------------------------------------
 # Launchers
 # ---------------------------------------------------------------------------------------------
-def _forward(q, k, v, cu_q, cu_k, scale: float, plan: VarlenPlan, *, block_m: int = BLOCK_M,
-             block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-             num_stages: int = NUM_STAGES) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_fwd(q, k, v, cu_q, cu_k, scale: float, plan: LaunchPlan, *, block_m: int = BLOCK_M,
+                  block_n: int = 0, num_warps: int = NUM_WARPS,
+                  num_stages: int = NUM_STAGES) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the varlen forward; returns (out [Tq, H, D] bf16, lse [H, Tq] fp32).
 
-    The keyword arguments are parameters only so tests, the negative control and benchmarks can
-    vary them; the public path always uses the module constants.
+    ``plan``: the host facts of the validated call (``batch``, ``max_lq``, ``max_lk``). The keyword
+    arguments are parameters only so tests, the negative control and benchmarks can vary them
+    (``block_n`` 0 is :data:`BLOCK_N`); the public path always uses the module constants.
     """
+    block_n = block_n or BLOCK_N
     tq, h, d = q.shape
     hkv = k.shape[1]
     out = torch.empty((tq, h, d), dtype=torch.bfloat16, device=q.device)
@@ -424,8 +425,10 @@ def _forward(q, k, v, cu_q, cu_k, scale: float, plan: VarlenPlan, *, block_m: in
     return out, lse
 
 
-def _decode(q, k_cache, v_cache, cache_seqlens, scale: float, *, block_m: int = BLOCK_M_DECODE,
-            block_n: int = BLOCK_N, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES) -> torch.Tensor:
+def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, block_m: int = BLOCK_M_DECODE,
+                         block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
+                         num_stages: int = NUM_STAGES) -> torch.Tensor:
+    """Launch one decode step; returns out [B, H, D] bf16 (validated inputs, no host reads)."""
     bsz, h, d = q.shape
     hkv = k_cache.shape[2]
     group = h // hkv
@@ -444,7 +447,8 @@ def _decode(q, k_cache, v_cache, cache_seqlens, scale: float, *, block_m: int = 
     return out
 
 
-def _backward(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: VarlenPlan):
+def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchPlan):
+    """Launch the deterministic backward; returns (dq, dk, dv) bf16 (do bf16, unit stride on D)."""
     tq, h, d = q.shape
     tk, hkv, _ = k.shape
     group = h // hkv
@@ -482,115 +486,3 @@ def _backward(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: VarlenPlan)
             enable_fp_fusion=FP_FUSION,
         )
     return dq, dk, dv
-
-
-class _AttentionTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, scale, plan, block_n):
-        out, lse = _forward(q, k, v, cu_q, cu_k, scale, plan, block_n=block_n)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.scale = scale
-        ctx.plan = plan
-        return out
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        do = do.to(torch.bfloat16)
-        if do.shape[-1] > 1 and do.stride(-1) != 1:
-            do = do.contiguous()
-        dq, dk, dv = _backward(q, k, v, out, lse, do, cu_q, cu_k, ctx.scale, ctx.plan)
-        return dq, dk, dv, None, None, None, None, None
-
-
-def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, *, block_n: int) -> torch.Tensor:
-    plan = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, dtype=torch.bfloat16, kernel=True)
-    check_triton_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    return _AttentionTriton.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, float(scale), plan, block_n)
-
-
-def attention_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Causal varlen GQA attention with Triton kernels (forward and backward).
-
-    q [Tq, H, D], k/v [Tk, Hkv, D] bfloat16 with unit stride on D (token / head strides free, so
-    views of a fused qkv buffer work); cu_seqlens_q / cu_seqlens_k int32 [B+1] on the same device
-    -> [Tq, H, D] bfloat16. Query ``i`` of sequence ``b`` sits at position ``Lk - Lq + i`` and sees
-    keys ``0 .. Lk - Lq + i``; query head ``h`` uses KV head ``h // (H / Hkv)``. FP32 scores,
-    softmax and accumulation, one rounding to BF16 (see the module's Design notes). Backward:
-    dq [Tq, H, D], dk / dv [Tk, Hkv, D] bfloat16, deterministic (no atomics).
-    Math: Vaswani et al. 2017; online softmax and backward of FlashAttention-2 (Dao 2023).
-    Masked means absent (docs/declared-semantics.md): k / v of keys a query cannot see (future
-    keys, other sequences) and q / dO of queries that cannot see a key take no part in that
-    query's output or that key's gradients, so NaN / inf there changes nothing (bitwise). A
-    non-finite q or visible k makes the row NaN, a visible non-finite v component makes that
-    output component non-finite (NaN or inf).
-
-    Raises
-    ------
-    InputError
-        Wrong dtype, shape or device, non-unit stride on D, D not a power of two >= 16,
-        ``H % Hkv != 0``, malformed cu_seqlens, or ``Lq > Lk`` for a sequence.
-    BackendUnavailable
-        Tensors not on a CUDA device (and the Triton interpreter is off).
-    """
-    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, block_n=BLOCK_N)
-
-
-def attention_decode_triton(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cache_seqlens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """One decode step against a static KV cache (inference only, no gradient).
-
-    q [B, H, D], k_cache / v_cache [B, S_max, Hkv, D] bfloat16 (unit stride on D, other strides
-    free), cache_seqlens int32 [B] in [0, S_max] -> [B, H, D] bfloat16. Query ``b`` sees cache
-    slots ``0 .. cache_seqlens[b] - 1`` (the caller has written the current token's k/v at slot
-    ``cache_seqlens[b] - 1``); slots past it are never read. ``cache_seqlens[b] == 0`` gives 0.
-    Bitwise equal to the same query's row of :func:`attention_triton` in a full prefill (same
-    ``BLOCK_N``, same KV block order, same per-row code). Masked means absent: NaN / inf in the slots past ``cache_seqlens[b]`` changes nothing; a
-    visible one makes the outputs it reaches non-finite (docs/declared-semantics.md).
-
-    Raises
-    ------
-    InputError
-        Wrong dtype, shape or device, non-unit stride on D, D not a power of two >= 16,
-        ``H % Hkv != 0``, cache_seqlens outside [0, S_max], or inputs that require grad while
-        grad mode is on (decode is inference only).
-    BackendUnavailable
-        Tensors not on a CUDA device (and the Triton interpreter is off).
-    """
-    check_decode(q, k_cache, v_cache, cache_seqlens, scale, dtype=torch.bfloat16, kernel=True)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
-        raise InputError("attention_decode is inference only: call it under torch.no_grad() or on tensors "
-                         "that do not require grad")
-    check_triton_device(q, k_cache, v_cache, cache_seqlens)
-    return _decode(q, k_cache, v_cache, cache_seqlens, float(scale))
-
-
-def attention_triton_size_dependent_kv_block(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """NEGATIVE CONTROL, never a backend: the KV block size depends on the sequence lengths.
-
-    ``BLOCK_N = 16`` when every sequence has at most 16 queries (decode steps, small chunks),
-    else the normal ``BLOCK_N``: a "smaller tiles for short calls" heuristic. A decode step then
-    splits the keys into other blocks than the prefill, so the online softmax rescales at other
-    points and the bits change; the ``chunk`` invariance check must catch it.
-    """
-    plan = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, dtype=torch.bfloat16, kernel=True)
-    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, block_n=16 if plan.max_lq <= 16 else BLOCK_N)

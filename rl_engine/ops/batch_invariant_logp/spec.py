@@ -24,10 +24,9 @@ from typing import Any
 
 import torch
 
-from rl_engine.ops.batch_invariant_logp.cuda import batch_invariant_logp_cuda
+from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_cuda, batch_invariant_logp_triton
 from rl_engine.ops.batch_invariant_logp.reference import batch_invariant_logp_reference
 from rl_engine.ops.batch_invariant_logp.torch_bf16 import batch_invariant_logp_torch_bf16
-from rl_engine.ops.batch_invariant_logp.triton import batch_invariant_logp_triton
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 from rl_engine.ops.logp.spec import draw_logits, draw_targets
 from rl_engine.ops.spec import Case, OpSpec, Pair, Workload, make_generator, standard_normal

@@ -29,11 +29,8 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.backends.cuda_launch import check_cuda_device, launch
-from rl_engine.errors import InputError
-from rl_engine.ops.det_gemm.topology import check_contract_topology as _check_topology
-from rl_engine.ops._validate import check_same_device, check_tensor
-from rl_engine.ops.det_gemm.api import mid_split_bounds
+from rl_engine.backends.cuda_launch import launch
+from rl_engine.ops.det_gemm.topology import mid_split_bounds
 
 TREE_DEPTH = 2
 """Depth of the K tree; must equal the contract's ``declared_exceptions.det_gemm.tree_depth``."""
@@ -50,14 +47,18 @@ on M and N."""
 
 
 def use_leaf_split(m: int, n: int, depth: int) -> bool:
-    """Whether :func:`_launch` takes the leaf-parallel form for an ``[m, n]`` output."""
+    """Whether :func:`det_gemm_launch` takes the leaf-parallel form for an ``[m, n]`` output."""
     return depth > 0 and -(-m // TILE) * -(-n // TILE) < LEAF_SPLIT_BELOW_TILES
 
 
-def _launch(a: torch.Tensor, b: torch.Tensor, depth: int, leaf_split: bool | None = None) -> torch.Tensor:
+def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False,
+                    leaf_split: bool | None = None) -> torch.Tensor:
     """C [M, N] bf16 = tree-reduced a [M, K] @ b [K, N]; any strides (no copies).
 
-    ``leaf_split`` forces the form (None: :func:`use_leaf_split`); tests compare the two."""
+    ``leaf_split`` forces the form (None: :func:`use_leaf_split`); tests compare the two.
+    ``fp32_merge`` (the Triton negative control's knob) must be False here."""
+    if fp32_merge:
+        raise ValueError("the FP32-merge negative control exists only for triton_cuda_bf16")
     m, k = a.shape
     n = b.shape[1]
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
@@ -77,55 +78,3 @@ def _launch(a: torch.Tensor, b: torch.Tensor, depth: int, leaf_split: bool | Non
     launch(a.device, "rl_det_gemm", a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
            c.stride(0), c.stride(1), depth, *bounds)
     return c
-
-
-class _DetGemmCuda(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b, depth):
-        ctx.save_for_backward(a, b)
-        return _launch(a, b, depth)
-
-    @staticmethod
-    def backward(ctx, dc):
-        a, b = ctx.saved_tensors
-        dc = dc.to(torch.bfloat16)
-        da = _launch(dc, b.t(), TREE_DEPTH) if ctx.needs_input_grad[0] else None
-        db = _launch(a.t(), dc, TREE_DEPTH) if ctx.needs_input_grad[1] else None
-        return da, db, None
-
-
-def check_contract_topology() -> None:
-    """Raise ContractError when this module's tree differs from the contract's declaration."""
-    _check_topology(TREE_DEPTH, "the CUDA det_gemm kernel")
-
-
-def det_gemm_cuda(a: torch.Tensor, b: torch.Tensor, *, tree_depth: int = TREE_DEPTH) -> torch.Tensor:
-    """Deterministic GEMM with the contract's K tree, CUDA C++. a: [M, K] bfloat16, b: [K, N]
-    bfloat16 -> [M, N] bfloat16.
-
-    Any strides on either operand (e.g. ``b = W.t()`` for a weight ``W [N, K]``); no copies. FP32
-    accumulation inside each leaf (tensor cores), BF16 rounding of each leaf and each merge
-    (contract ``declared_exceptions.det_gemm``, Option B). ``tree_depth`` is ``TREE_DEPTH`` (2) for
-    a full product; a tensor-parallel rank holding K/2 (K/4) of the reduction passes 1 (0).
-    Backward: da [M, K], db [K, N] bfloat16 by the same tree on transposed views.
-
-    Raises
-    ------
-    ContractError
-        ``TREE_DEPTH`` or the tree's dtypes differ from the contract (checked at every call).
-    InputError
-        a or b is not a 2-D bfloat16 tensor, their K sizes differ, they sit on different devices,
-        or ``tree_depth`` is not an int in ``[0, TREE_DEPTH]``.
-    BackendUnavailable
-        No CUDA GPU of compute capability 9.0, tensors not on it, or ``nvcc`` missing.
-    """
-    check_contract_topology()
-    check_tensor("a", a, dtype=torch.bfloat16, ndim=2)
-    check_tensor("b", b, dtype=torch.bfloat16, ndim=2)
-    if a.shape[1] != b.shape[0]:
-        raise InputError(f"a is [M, K] = {list(a.shape)} but b is [K, N] = {list(b.shape)}: K differs")
-    check_same_device(a=a, b=b)
-    if isinstance(tree_depth, bool) or not isinstance(tree_depth, int) or not 0 <= tree_depth <= TREE_DEPTH:
-        raise InputError(f"tree_depth must be an int in [0, {TREE_DEPTH}], got {tree_depth!r}")
-    check_cuda_device(a, b)
-    return _DetGemmCuda.apply(a, b, tree_depth)

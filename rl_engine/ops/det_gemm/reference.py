@@ -1,4 +1,4 @@
-"""FP32 reference for det_gemm (WS1 §3.1, §9.3; DESIGN row 2): a plain FP32 GEMM of the upcast inputs.
+"""FP32 reference for det_gemm (WS1 §3.1, §9.3; ``docs/decisions.md``): a plain FP32 GEMM of the upcast inputs.
 
 The reference does not model the BF16 merge tree of the kernels: it is the exact-as-FP32-allows
 product the candidate is judged against.

@@ -20,15 +20,15 @@ from typing import Any
 import torch
 
 from rl_engine.contract import load_contract
-from rl_engine.ops.det_gemm.cuda import det_gemm_cuda
-from rl_engine.ops.det_gemm.api import tp_split_det_gemm
-from rl_engine.ops.det_gemm.reference import det_gemm_reference
-from rl_engine.ops.det_gemm.torch_bf16 import det_gemm_torch_bf16
-from rl_engine.ops.det_gemm.triton import (
+from rl_engine.ops.det_gemm.api import (
+    det_gemm_cuda,
     det_gemm_triton,
     det_gemm_triton_depth_from_m,
     det_gemm_triton_fp32_merge,
+    tp_split_det_gemm,
 )
+from rl_engine.ops.det_gemm.reference import det_gemm_reference
+from rl_engine.ops.det_gemm.torch_bf16 import det_gemm_torch_bf16
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 from rl_engine.ops.spec import Case, OpSpec, Pair, Workload, make_generator, randn
 from rl_engine.ops.transforms import plant_ulp, rowwise_transforms

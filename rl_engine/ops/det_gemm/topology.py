@@ -1,9 +1,10 @@
-"""The declared det_gemm topology check shared by every backend (contract ``declared_exceptions.det_gemm``)."""
+"""The declared det_gemm topology shared by every backend (contract ``declared_exceptions.det_gemm``):
+the check of a kernel's tree against the contract, and the mid-split leaf bounds."""
 
 from __future__ import annotations
 
 from rl_engine.contract import load_contract
-from rl_engine.errors import ContractError
+from rl_engine.errors import ContractError, InputError
 
 
 def check_contract_topology(tree_depth: int, implementation: str) -> None:
@@ -20,3 +21,19 @@ def check_contract_topology(tree_depth: int, implementation: str) -> None:
                 f"declared_exceptions/det_gemm/{key}: the contract says {declared.get(key)!r}, "
                 f"{implementation} implements {value!r}"
             )
+
+
+def mid_split_bounds(lo: int, hi: int, depth: int) -> list[int]:
+    """Leaf boundaries of ``[lo, hi)`` split by the mid-split rule ``depth`` times.
+
+    Returns ``2**depth + 1`` non-decreasing integers from ``lo`` to ``hi``; leaf ``i`` is
+    ``[bounds[i], bounds[i + 1])``. Example: ``mid_split_bounds(0, 97, 2) == [0, 24, 48, 72, 97]``.
+    """
+    if depth < 0:
+        raise InputError(f"tree depth must be >= 0, got {depth}")
+    if hi < lo:
+        raise InputError(f"empty range [{lo}, {hi})")
+    if depth == 0:
+        return [lo, hi]
+    mid = lo + (hi - lo) // 2
+    return mid_split_bounds(lo, mid, depth - 1) + mid_split_bounds(mid, hi, depth - 1)[1:]

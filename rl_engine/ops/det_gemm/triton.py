@@ -43,11 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, mma, upcast_dots
-from rl_engine.ops.det_gemm.topology import check_contract_topology as _check_topology
-from rl_engine.ops._validate import check_same_device, check_tensor
-from rl_engine.ops.det_gemm.api import mid_split_bounds
+from rl_engine.ops._triton_common import FP_FUSION, mma, upcast_dots
+from rl_engine.ops.det_gemm.topology import mid_split_bounds
 
 TREE_DEPTH = 2
 """Depth of the K tree; must equal the contract's ``declared_exceptions.det_gemm.tree_depth``."""
@@ -217,11 +214,12 @@ MERGE_BLOCK = 1024
 
 
 def use_leaf_split(m: int, n: int, depth: int, fp32_merge: bool = False) -> bool:
-    """Whether :func:`_launch` takes the leaf-parallel form for an ``[m, n]`` output."""
+    """Whether :func:`det_gemm_launch` takes the leaf-parallel form for an ``[m, n]`` output."""
     return depth > 0 and not fp32_merge and triton.cdiv(m, BM) * triton.cdiv(n, BN) < LEAF_SPLIT_BELOW_TILES
 
 
-def _launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool, leaf_split: bool | None = None) -> torch.Tensor:
+def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False,
+                    leaf_split: bool | None = None) -> torch.Tensor:
     """C [M, N] bf16 = tree-reduced a [M, K] @ b [K, N]; any strides (no copies of a or b).
 
     ``leaf_split`` forces the form (None: :func:`use_leaf_split`); tests compare the two."""
@@ -266,81 +264,3 @@ def _launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool, leaf
         enable_fp_fusion=FP_FUSION,
     )
     return c
-
-
-class _DetGemmTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b, depth, fp32_merge):
-        ctx.save_for_backward(a, b)
-        ctx.fp32_merge = fp32_merge
-        return _launch(a, b, depth, fp32_merge)
-
-    @staticmethod
-    def backward(ctx, dc):
-        a, b = ctx.saved_tensors
-        dc = dc.to(torch.bfloat16)
-        da = _launch(dc, b.t(), TREE_DEPTH, ctx.fp32_merge) if ctx.needs_input_grad[0] else None
-        db = _launch(a.t(), dc, TREE_DEPTH, ctx.fp32_merge) if ctx.needs_input_grad[1] else None
-        return da, db, None, None
-
-
-def check_contract_topology() -> None:
-    """Raise ContractError when this module's tree differs from the contract's declaration."""
-    _check_topology(TREE_DEPTH, "the Triton det_gemm kernel")
-
-
-def _validate(a: torch.Tensor, b: torch.Tensor, tree_depth: int) -> None:
-    check_tensor("a", a, dtype=torch.bfloat16, ndim=2)
-    check_tensor("b", b, dtype=torch.bfloat16, ndim=2)
-    if a.shape[1] != b.shape[0]:
-        raise InputError(f"a is [M, K] = {list(a.shape)} but b is [K, N] = {list(b.shape)}: K differs")
-    check_same_device(a=a, b=b)
-    if isinstance(tree_depth, bool) or not isinstance(tree_depth, int) or not 0 <= tree_depth <= TREE_DEPTH:
-        raise InputError(f"tree_depth must be an int in [0, {TREE_DEPTH}], got {tree_depth!r}")
-
-
-def _det_gemm(a: torch.Tensor, b: torch.Tensor, tree_depth: int, fp32_merge: bool) -> torch.Tensor:
-    check_contract_topology()
-    _validate(a, b, tree_depth)
-    check_triton_device(a, b)
-    return _DetGemmTriton.apply(a, b, tree_depth, fp32_merge)
-
-
-def det_gemm_triton(a: torch.Tensor, b: torch.Tensor, *, tree_depth: int = TREE_DEPTH) -> torch.Tensor:
-    """Deterministic GEMM with the contract's K tree. a: [M, K] bfloat16, b: [K, N] bfloat16 ->
-    [M, N] bfloat16.
-
-    Any strides on either operand (e.g. ``b = W.t()`` for a weight ``W [N, K]``); no copies are
-    made. FP32 accumulation inside each leaf, BF16 rounding of each leaf and each merge (contract
-    ``declared_exceptions.det_gemm``, Option B). ``tree_depth`` is ``TREE_DEPTH`` (2) for a full
-    product; a tensor-parallel rank holding K/2 (K/4) of the reduction passes 1 (0).
-    Backward: da [M, K], db [K, N] bfloat16 by the same tree on transposed views.
-
-    Raises
-    ------
-    ContractError
-        ``TREE_DEPTH`` or the tree's dtypes differ from the contract (checked at every call).
-    InputError
-        a or b is not a 2-D bfloat16 tensor, their K sizes differ, they sit on different devices,
-        or ``tree_depth`` is not an int in ``[0, TREE_DEPTH]``.
-    BackendUnavailable
-        The tensors are not on a CUDA device (and the Triton interpreter is off).
-    """
-    return _det_gemm(a, b, tree_depth, False)
-
-
-def det_gemm_triton_fp32_merge(a: torch.Tensor, b: torch.Tensor, *, tree_depth: int = TREE_DEPTH) -> torch.Tensor:
-    """KNOWN-BREAKING control (not for use): the same tree with FP32 leaves and FP32 merges, one
-    rounding at the end (Option A). A K split merged in BF16 cannot reproduce it, so the ``tp``
-    transform must catch it. a: [M, K] bfloat16, b: [K, N] bfloat16 -> [M, N] bfloat16."""
-    return _det_gemm(a, b, tree_depth, True)
-
-
-def det_gemm_triton_depth_from_m(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """KNOWN-BREAKING control (not for use): a size-dependent configuration whose tree depth is
-    chosen from M (0 for M = 1, 1 for M in 2..3, 2 from M = 4). Row bits then depend on the batch
-    size, so the ``batch`` transform must catch it. a: [M, K] bfloat16, b: [K, N] bfloat16 ->
-    [M, N] bfloat16."""
-    m = a.shape[0] if isinstance(a, torch.Tensor) and a.dim() == 2 else 1
-    depth = min(TREE_DEPTH, max(m, 1).bit_length() - 1)
-    return _det_gemm(a, b, depth, False)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.backends.cuda_launch import check_cuda_device, launch, unit_last
-from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
+from rl_engine.backends.cuda_launch import launch
 
 
-def _fwd(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def embedding_fwd(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """out [T, E] bf16 = weight[ids] for validated ids [T] int64 in [0, V), weight [V, E] bf16."""
     t = ids.shape[0]
     e = weight.shape[1]
     out = torch.empty((t, e), dtype=torch.bfloat16, device=weight.device)
@@ -26,7 +26,8 @@ def _fwd(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _bwd(ids: torch.Tensor, dy: torch.Tensor, v: int) -> torch.Tensor:
+def embedding_bwd(ids: torch.Tensor, dy: torch.Tensor, v: int) -> torch.Tensor:
+    """dweight [V, E] bf16: per referenced row the FP32 sum of its tokens' dy rows in token order."""
     t, e = dy.shape
     dw = torch.zeros((v, e), dtype=torch.bfloat16, device=dy.device)
     if t == 0 or e == 0:
@@ -42,42 +43,3 @@ def _bwd(ids: torch.Tensor, dy: torch.Tensor, v: int) -> torch.Tensor:
     launch(dy.device, "rl_embedding_bwd", seg_ids, starts, ends, order, dy, dw, seg_ids.shape[0], e, dy.stride(0),
            dw.stride(0))
     return dw
-
-
-class _EmbeddingCuda(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, ids, weight):
-        ctx.save_for_backward(ids)
-        ctx.vocab = weight.shape[0]
-        return _fwd(ids, weight)
-
-    @staticmethod
-    def backward(ctx, dy):
-        (ids,) = ctx.saved_tensors
-        if not ctx.needs_input_grad[1]:
-            return None, None
-        return None, _bwd(ids, unit_last(dy.to(torch.bfloat16)), ctx.vocab)
-
-
-def embedding_cuda(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Token embedding with CUDA C++ kernels. ids: [T] int64, weight: [V, E] bfloat16 -> [T, E] bfloat16.
-
-    Forward rows are exact copies of weight rows. Backward: dweight [V, E] bfloat16, each
-    referenced row the FP32 sum of its tokens' upstream rows in token order (stable sort +
-    segment sums, no atomics), rounded once; unreferenced rows are 0.
-
-    Raises
-    ------
-    InputError
-        ids is not a 1-D int64 tensor; weight is not a 2-D bfloat16 tensor with unit stride on E;
-        they sit on different devices; or an id lies outside ``[0, V)`` (pitfall P9: nothing is
-        wrapped or clamped). Checked before any launch.
-    BackendUnavailable
-        No CUDA GPU of compute capability 9.0, tensors not on it, or ``nvcc`` missing.
-    """
-    check_tensor("ids", ids, dtype=torch.int64, ndim=1)
-    check_tensor("weight", weight, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
-    check_same_device(ids=ids, weight=weight)
-    check_index_range("ids", ids, weight.shape[0])
-    check_cuda_device(ids, weight)
-    return _EmbeddingCuda.apply(ids, weight)

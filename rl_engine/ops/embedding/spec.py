@@ -28,10 +28,9 @@ from typing import Any
 
 import torch
 
-from rl_engine.ops.embedding.cuda import embedding_cuda
+from rl_engine.ops.embedding.api import embedding_cuda, embedding_triton
 from rl_engine.ops.embedding.reference import embedding_reference
 from rl_engine.ops.embedding.torch_bf16 import embedding_torch_bf16
-from rl_engine.ops.embedding.triton import embedding_triton
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 from rl_engine.ops.spec import Case, OpSpec, Pair, Workload, make_generator, randint, randn
 from rl_engine.ops.transforms import plant_ulp, rowwise_transforms
@@ -47,7 +46,7 @@ def _cases(w: Workload, seed: int, device: torch.device) -> list[Case]:
     for i, t in enumerate(w.token_counts):
         g = make_generator(seed + 1 + i)
         ids = randint(w.vocab, (t,), g, device=device)
-        if t > 1:  # the first and last rows of the table (pitfall P9 boundaries)
+        if t > 1:  # the first and last rows of the table (``docs/pitfalls.md`` P9 boundaries)
             ids[0] = 0
             ids[-1] = w.vocab - 1
         cases.append(Case(id=f"T{t}-V{w.vocab}-E{w.hidden}", inputs={"ids": ids, "weight": weight},

@@ -16,8 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, check_triton_device
-from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
+from rl_engine.ops._triton_common import FP_FUSION
 
 BLOCK = 1024
 """Columns per program (a fixed constant; the column grid covers E)."""
@@ -50,7 +49,8 @@ def _embedding_bwd_kernel(seg_ids_ptr, seg_start_ptr, seg_end_ptr, order_ptr, dy
     tl.store(dw_ptr + idx * stride_dw + cols, acc.to(tl.bfloat16), mask=mask)
 
 
-def _launch_fwd(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def embedding_fwd(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """out [T, E] bf16 = weight[ids] for validated ids [T] int64 in [0, V), weight [V, E] bf16."""
     t = ids.shape[0]
     e = weight.shape[1]
     out = torch.empty((t, e), dtype=torch.bfloat16, device=weight.device)
@@ -71,7 +71,8 @@ def _segments(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return seg_ids.contiguous(), starts.to(torch.int64), ends.to(torch.int64), order.contiguous()
 
 
-def _launch_bwd(ids: torch.Tensor, dy: torch.Tensor, v: int) -> torch.Tensor:
+def embedding_bwd(ids: torch.Tensor, dy: torch.Tensor, v: int) -> torch.Tensor:
+    """dweight [V, E] bf16: per referenced row the FP32 sum of its tokens' dy rows in token order."""
     t, e = dy.shape
     dw = torch.zeros((v, e), dtype=torch.bfloat16, device=dy.device)
     if t and e:
@@ -81,43 +82,3 @@ def _launch_bwd(ids: torch.Tensor, dy: torch.Tensor, v: int) -> torch.Tensor:
             enable_fp_fusion=FP_FUSION,
         )
     return dw
-
-
-class _EmbeddingTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, ids, weight):
-        ctx.save_for_backward(ids)
-        ctx.vocab = weight.shape[0]
-        return _launch_fwd(ids, weight)
-
-    @staticmethod
-    def backward(ctx, dy):
-        (ids,) = ctx.saved_tensors
-        dy = dy.to(torch.bfloat16)
-        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
-        dw = _launch_bwd(ids, dy, ctx.vocab) if ctx.needs_input_grad[1] else None
-        return None, dw
-
-
-def embedding_triton(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Token embedding with Triton kernels. ids: [T] int64, weight: [V, E] bfloat16 -> [T, E] bfloat16.
-
-    Forward rows are exact copies of weight rows (no arithmetic). Backward: dweight [V, E]
-    bfloat16, each referenced row the FP32 sum of its tokens' upstream rows in token order
-    (stable sort + segment sums, no atomics), rounded once; unreferenced rows are 0.
-
-    Raises
-    ------
-    InputError
-        ids is not a 1-D int64 tensor with unit stride; weight is not a 2-D bfloat16 tensor with
-        unit stride on E; they sit on different devices; or an id lies outside ``[0, V)``
-        (pitfall P9: nothing is wrapped or clamped). Checked before any launch.
-    BackendUnavailable
-        The tensors are not on a CUDA device (and the Triton interpreter is off).
-    """
-    check_tensor("ids", ids, dtype=torch.int64, ndim=1, contiguous_last=True)
-    check_tensor("weight", weight, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
-    check_same_device(ids=ids, weight=weight)
-    check_index_range("ids", ids, weight.shape[0])
-    check_triton_device(ids, weight)
-    return _EmbeddingTriton.apply(ids, weight)

@@ -6,7 +6,7 @@ function of V only), in increasing chunk order, through one ``[T, 4096]`` FP32 s
 
 Forward, per chunk: the logits chunk is computed by the lm_head GEMM (``rl_gemm_bf16_f32out``: BF16
 WMMA tiles, one FP32 accumulator over E in increasing order, FP32 out, never rounded to BF16;
-contract ``declared_exceptions.logits_for_scoring``, pitfall P5), then ``rl_logp_partial`` records
+contract ``declared_exceptions.logits_for_scoring``, ``docs/pitfalls.md`` P5), then ``rl_logp_partial`` records
 that chunk's FP32 (max, sum-exp) per row and the target's logit; ``rl_logp_finish`` combines the
 chunks in order: ``out = (z_t - m) - log(s)``. These are exactly the kernels of ``lm_head`` and
 ``logp``, so for the same inputs ``linear_logp`` equals ``logp(lm_head(hidden, weight))`` bit for
@@ -27,12 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.backends.cuda_launch import check_cuda_device, launch
-from rl_engine.errors import InputError
-from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
+from rl_engine.backends.cuda_launch import launch
 from rl_engine.ops.lm_head.cuda import gemm_f32_out, gemm_fp32_math
 from rl_engine.ops.logp.cuda import chunk_v
-from rl_engine.ops.logp.triton import check_temperature
 
 
 def _chunks(v: int) -> list[tuple[int, int, int]]:
@@ -40,7 +37,8 @@ def _chunks(v: int) -> list[tuple[int, int, int]]:
     return [(c, c * cv, min(v, (c + 1) * cv)) for c in range(-(-v // cv))]
 
 
-def _forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float):
+def linear_logp_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """(logprobs, row max, log sum-exp) FP32 [T] of validated hidden [T, E], weight [V, E] bf16, targets [T]."""
     t = hidden.shape[0]
     v = weight.shape[0]
     dev = hidden.device
@@ -64,7 +62,8 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
     return out, rmax, rlog
 
 
-def _backward(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need_dw):
+def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need_dw):
+    """(dhidden [T, E] or None, dweight [V, E] or None) bf16 from the upstream g [T] FP32."""
     t, e = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
@@ -96,58 +95,3 @@ def _backward(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need
     if dh_acc is not None:
         dh = dh_acc.to(torch.bfloat16)
     return dh, dw
-
-
-class _LinearLogpCuda(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature):
-        out, rmax, rlog = _forward(hidden, weight, targets, temperature)
-        ctx.save_for_backward(hidden, weight, targets, rmax, rlog)
-        ctx.temperature = temperature
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        hidden, weight, targets, rmax, rlog = ctx.saved_tensors
-        need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if not (need_dh or need_dw):
-            return None, None, None, None
-        dh, dw = _backward(hidden, weight, targets, g, rmax, rlog, ctx.temperature, need_dh, need_dw)
-        return dh, dw, None, None
-
-
-def linear_logp_cuda(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                     temperature: float = 1.0) -> torch.Tensor:
-    """Fused LM head + log-softmax + gather, CUDA C++. hidden: [T, E] bfloat16, weight: [V, E]
-    bfloat16, targets: [T] int64 -> [T] float32; no [T, V] buffer in forward or backward.
-
-    ``out[t] = log_softmax((hidden[t] @ weight.T) / temperature)[targets[t]]``. The logits are the
-    FP32 accumulator of BF16 tensor-core products, never rounded to BF16; max, sum-exp and the
-    output are FP32 (contract ``declared_exceptions.logits_for_scoring``; pitfalls P4, P5, P11);
-    bitwise equal to ``logp_cuda(lm_head_cuda(hidden, weight), targets, temperature)``. Backward:
-    dhidden [T, E] and dweight [V, E] bfloat16 from FP32 dlogits chunks, FP32 math, fixed order,
-    one rounding; scratch [T, 4096] FP32 (plus [T, E] FP32 when V > 4096). No atomics.
-
-    Raises
-    ------
-    InputError
-        hidden / weight not 2-D bfloat16 with unit stride on E, mismatched E, E or V = 0, targets
-        not int64 [T] on the same device, a target outside [0, V), or a temperature that is not a
-        finite number > 0.
-    BackendUnavailable
-        No CUDA GPU of compute capability 9.0, tensors not on it, or ``nvcc`` missing.
-    """
-    check_tensor("hidden", hidden, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
-    t, e = hidden.shape
-    check_tensor("weight", weight, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
-    if weight.shape[1] != e:
-        raise InputError(f"weight: expected shape [V, {e}] (E of hidden), got {list(weight.shape)}")
-    check_tensor("targets", targets, dtype=torch.int64, shape=(t,))
-    check_same_device(hidden=hidden, weight=weight, targets=targets)
-    v = weight.shape[0]
-    if v < 1 or e < 1:
-        raise InputError(f"weight: V and E must be >= 1, got shape {list(weight.shape)}")
-    tau = check_temperature(temperature)
-    check_index_range("targets", targets, v)
-    check_cuda_device(hidden, weight, targets)
-    return _LinearLogpCuda.apply(hidden, weight, targets, tau)

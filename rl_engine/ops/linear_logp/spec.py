@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.linear_logp.cuda import linear_logp_cuda
+from rl_engine.ops.linear_logp.api import linear_logp_cuda, linear_logp_triton
 from rl_engine.ops.linear_logp.reference import linear_logp_reference
 from rl_engine.ops.linear_logp.torch_bf16 import linear_logp_torch_bf16
-from rl_engine.ops.linear_logp.triton import linear_logp_triton
 from rl_engine.ops.logp.spec import token_counts
 from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, standard_normal
 from rl_engine.ops.transforms import rowwise_transforms

@@ -1,7 +1,7 @@
 """``linear_logp`` as naive Hugging Face-style code runs it: BF16 logits, BF16 log-softmax.
 
 The relative-criterion baseline (contract ``relative_criterion``), not a recommended path: the
-BF16 logits alone move logprobs by up to 0.12 at logit scale 80 (pitfall P5).
+BF16 logits alone move logprobs by up to 0.12 at logit scale 80 (``docs/pitfalls.md`` P5).
 """
 
 import torch

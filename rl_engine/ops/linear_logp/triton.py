@@ -3,7 +3,7 @@ without a ``[T, V]`` logits buffer, forward and backward.
 
 Logits tiles ``[BLOCK_M, BLOCK_V]`` come from the FP32 accumulator of ``mma`` over E (BF16
 operands, E looped in fixed ``BLOCK_E`` chunks in increasing order) and are never rounded to BF16
-(contract ``declared_exceptions.logits_for_scoring``, pitfall P5).
+(contract ``declared_exceptions.logits_for_scoring``, ``docs/pitfalls.md`` P5).
 
 Forward, two kernels:
 
@@ -41,10 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, mma, upcast_dots
-from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
-from rl_engine.ops.logp.triton import check_temperature
+from rl_engine.ops._triton_common import FP_FUSION, mma, upcast_dots
 
 BLOCK_M = 64
 """Rows per logits tile (forward and the dlogits recompute)."""
@@ -240,7 +237,8 @@ def _bwd_dweight_kernel(
 # launchers
 
 
-def _forward(hidden, weight, targets, temperature):
+def linear_logp_fwd(hidden, weight, targets, temperature):
+    """(logprobs, row max, log sum-exp) FP32 [T] of validated hidden [T, E], weight [V, E] bf16, targets [T]."""
     t, e = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
@@ -268,7 +266,8 @@ def _forward(hidden, weight, targets, temperature):
     return out, rmax, rlog
 
 
-def _backward(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need_dw):
+def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need_dw):
+    """(dhidden [T, E] or None, dweight [V, E] or None) bf16 from the upstream g [T] FP32."""
     t, e = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
@@ -311,60 +310,3 @@ def _backward(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need
                 enable_fp_fusion=FP_FUSION,
             )
     return dh, dw
-
-
-class _LinearLogpTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature):
-        out, rmax, rlog = _forward(hidden, weight, targets, temperature)
-        ctx.save_for_backward(hidden, weight, targets, rmax, rlog)
-        ctx.temperature = temperature
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        hidden, weight, targets, rmax, rlog = ctx.saved_tensors
-        need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if not (need_dh or need_dw):
-            return None, None, None, None
-        dh, dw = _backward(hidden, weight, targets, g, rmax, rlog, ctx.temperature, need_dh, need_dw)
-        return dh, dw, None, None
-
-
-def linear_logp_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                       temperature: float = 1.0) -> torch.Tensor:
-    """Fused LM head + log-softmax + gather. hidden: [T, E] bfloat16, weight: [V, E] bfloat16,
-    targets: [T] int64 -> [T] float32; no [T, V] buffer in forward or backward.
-
-    ``out[t] = log_softmax((hidden[t] @ weight.T) / temperature)[targets[t]]``. The logits are the
-    FP32 accumulator of BF16 x BF16 ``mma`` (IEEE input precision), never rounded to BF16; max,
-    sum-exp and the output are FP32 (contract ``declared_exceptions.logits_for_scoring``; pitfalls
-    P4, P5, P11). Backward: dhidden [T, E] bfloat16 and dweight [V, E] bfloat16 from FP32 dlogits
-    tiles ``g * (onehot - softmax) / temperature``, each stored as a BF16 pair ``hi + lo`` (16
-    significant bits) and multiplied through BF16-operand ``mma`` (tensor cores), accumulated in
-    FP32 in a fixed order and rounded once; the scratch memory is two [T, 4096] BF16 dlogits
-    chunks (plus [T, E] FP32 when V > 4096). Deterministic, no atomics.
-
-    Raises
-    ------
-    InputError
-        hidden / weight not 2-D bfloat16 with unit stride on E, mismatched E, E or V = 0, targets
-        not int64 [T] on the same device, a target outside [0, V), or a temperature that is not a
-        finite number > 0.
-    BackendUnavailable
-        The tensors are not on a CUDA device (and the Triton interpreter is off).
-    """
-    check_tensor("hidden", hidden, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
-    t, e = hidden.shape
-    check_tensor("weight", weight, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
-    if weight.shape[1] != e:
-        raise InputError(f"weight: expected shape [V, {e}] (E of hidden), got {list(weight.shape)}")
-    check_tensor("targets", targets, dtype=torch.int64, shape=(t,))
-    check_same_device(hidden=hidden, weight=weight, targets=targets)
-    v = weight.shape[0]
-    if v < 1 or e < 1:
-        raise InputError(f"weight: V and E must be >= 1, got shape {list(weight.shape)}")
-    tau = check_temperature(temperature)
-    check_index_range("targets", targets, v)
-    check_triton_device(hidden, weight, targets)
-    return _LinearLogpTriton.apply(hidden, weight, targets, tau)

@@ -36,9 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, mma, upcast_dots
-from rl_engine.ops._validate import check_same_device, check_tensor
+from rl_engine.ops._triton_common import FP_FUSION, mma, upcast_dots
 
 GROUP_M = 8
 FWD_BM, FWD_BN, FWD_BK, FWD_WARPS, FWD_STAGES = 128, 256, 64, 8, 3
@@ -105,41 +103,14 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, fp32_operand
     return c
 
 
-class _LmHeadTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight):
-        ctx.save_for_backward(hidden, weight)
-        return _gemm(hidden, weight.t(), torch.float32, False)
-
-    @staticmethod
-    def backward(ctx, dlogits):
-        hidden, weight = ctx.saved_tensors
-        dlogits = dlogits.to(torch.float32)
-        dhidden = _gemm(dlogits, weight, torch.bfloat16, True) if ctx.needs_input_grad[0] else None
-        dweight = _gemm(dlogits.t(), hidden, torch.bfloat16, True) if ctx.needs_input_grad[1] else None
-        return dhidden, dweight
+def lm_head_fwd(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """logits [T, V] fp32 = hidden [T, E] bf16 @ weight [V, E]ᵀ (validated inputs)."""
+    return _gemm(hidden, weight.t(), torch.float32, False)
 
 
-def lm_head_triton(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """FP32 logits with Triton. hidden: [T, E] bfloat16 (unit stride on E), weight: [V, E]
-    bfloat16 (any strides) -> logits [T, V] float32.
-
-    FP32 accumulation over all of E in increasing order, FP32 output (contract
-    ``logits_for_scoring``; pitfall P5). Backward with FP32 upstream dlogits [T, V]: dhidden [T, E]
-    and dweight [V, E] bfloat16, FP32 operands and accumulation, one rounding.
-
-    Raises
-    ------
-    InputError
-        hidden or weight is not a 2-D bfloat16 tensor, hidden has a non-unit stride on E, their E
-        sizes differ, or they sit on different devices.
-    BackendUnavailable
-        The tensors are not on a CUDA device (and the Triton interpreter is off).
-    """
-    check_tensor("hidden", hidden, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
-    check_tensor("weight", weight, dtype=torch.bfloat16, ndim=2)
-    if hidden.shape[1] != weight.shape[1]:
-        raise InputError(f"hidden is [T, E] = {list(hidden.shape)} but weight is [V, E] = {list(weight.shape)}: E differs")
-    check_same_device(hidden=hidden, weight=weight)
-    check_triton_device(hidden, weight)
-    return _LmHeadTriton.apply(hidden, weight)
+def lm_head_bwd(hidden: torch.Tensor, weight: torch.Tensor, dlogits: torch.Tensor, need_dh: bool,
+                need_dw: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(dhidden [T, E], dweight [V, E]) bf16 from FP32 dlogits [T, V]; each only when needed."""
+    dhidden = _gemm(dlogits, weight, torch.bfloat16, True) if need_dh else None
+    dweight = _gemm(dlogits.t(), hidden, torch.bfloat16, True) if need_dw else None
+    return dhidden, dweight

@@ -6,7 +6,7 @@ chunks of ``rl_logp_chunk_v() = 4096`` entries (a constant: the cut depends on V
 of ``z = logits / temperature`` (Milakov & Gimelshein 2018): thread ``i`` visits entries ``i, i +
 256, ...`` of the chunk in increasing order, then a fixed warp butterfly and the 8 warps in order.
 ``rl_logp_finish``: one thread per row combines the chunk pairs in chunk order and writes
-``out = (z_t - m) - log(s)`` (FP32), keeping ``m`` and ``log(s)`` for the backward (pitfalls P4,
+``out = (z_t - m) - log(s)`` (FP32), keeping ``m`` and ``log(s)`` for the backward (``docs/pitfalls.md`` P4,
 P11). ``rl_logp_bwd``: ``dlogits = (onehot * g - p * g) / temperature`` with
 ``p = exp((z - m) - log(s))``, FP32.
 
@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.backends.cuda_launch import check_cuda_device, launch, query
-from rl_engine.ops.logp.triton import _check_logp_inputs
+from rl_engine.backends.cuda_launch import launch, query
 
 
 def chunk_v() -> int:
@@ -29,12 +28,18 @@ def chunk_v() -> int:
     return query("rl_logp_chunk_v")
 
 
+def _fixed_chunks(block_v: int) -> None:
+    if block_v:
+        raise ValueError("the V chunk of cuda_bf16 is fixed (rl_logp_chunk_v); only the Triton negative control varies it")
+
+
 def forward_rows(logits3: torch.Tensor, targets2: torch.Tensor, mask2: torch.Tensor | None,
-                 temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 temperature: float, block_v: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-probs of validated ``logits3 [O, I, V]`` fp32, ``targets2 [O, I]``, optional ``mask2``.
 
-    Returns (logprobs, row max, log sum-exp), each FP32 ``[O * I]``.
+    Returns (logprobs, row max, log sum-exp), each FP32 ``[O * I]``. ``block_v`` must be 0.
     """
+    _fixed_chunks(block_v)
     o, i, v = logits3.shape
     rows = o * i
     dev = logits3.device
@@ -57,8 +62,9 @@ def forward_rows(logits3: torch.Tensor, targets2: torch.Tensor, mask2: torch.Ten
 
 
 def backward_rows(logits3: torch.Tensor, targets2: torch.Tensor, mask2: torch.Tensor | None, g: torch.Tensor,
-                  rmax: torch.Tensor, rlog: torch.Tensor, temperature: float) -> torch.Tensor:
+                  rmax: torch.Tensor, rlog: torch.Tensor, temperature: float, block_v: int = 0) -> torch.Tensor:
     """dlogits FP32 ``[O, I, V]`` (contiguous) of :func:`forward_rows`; zero rows where the mask is False."""
+    _fixed_chunks(block_v)
     o, i, v = logits3.shape
     rows = o * i
     dx = torch.empty((o, i, v), dtype=torch.float32, device=logits3.device)
@@ -71,44 +77,3 @@ def backward_rows(logits3: torch.Tensor, targets2: torch.Tensor, mask2: torch.Te
            dx.stride(1), rows, i, 0, v, float(temperature), targets2, targets2.stride(0), targets2.stride(1),
            mask_u8, smo, smi, g, rmax, rlog)
     return dx
-
-
-class _LogpCuda(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, temperature):
-        out, rmax, rlog = forward_rows(logits.unsqueeze(0), targets.unsqueeze(0), None, temperature)
-        ctx.save_for_backward(logits, targets, rmax, rlog)
-        ctx.temperature = temperature
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        logits, targets, rmax, rlog = ctx.saved_tensors
-        if not ctx.needs_input_grad[0]:
-            return None, None, None
-        dx = backward_rows(logits.unsqueeze(0), targets.unsqueeze(0), None, g, rmax, rlog, ctx.temperature)
-        return dx[0], None, None
-
-
-def logp_cuda(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Log-probability of each target token, CUDA C++. logits: [T, V] float32, targets: [T] int64 ->
-    [T] float32.
-
-    ``out[t] = log_softmax(logits[t] / temperature)[targets[t]]``. Everything is FP32: the logits
-    are never rounded to BF16, the max and sum-exp accumulate in FP32 over fixed V chunks in a
-    fixed order, and the output is FP32 (contract ``dtype_policy.logprob_output``,
-    ``declared_exceptions.logits_for_scoring``; pitfalls P4, P11). Backward: dlogits [T, V] float32
-    = ``g * (onehot(target) - softmax(logits / temperature)) / temperature``. ``-inf`` logits
-    contribute 0; NaN or ``+inf`` logits give NaN, as in ``torch.log_softmax``.
-
-    Raises
-    ------
-    InputError
-        logits is not 2-D float32 with unit stride on V, V is 0, targets is not int64 [T] on the
-        same device, a target is outside [0, V), or temperature is not a finite number > 0.
-    BackendUnavailable
-        No CUDA GPU of compute capability 9.0, tensors not on it, or ``nvcc`` missing.
-    """
-    tau = _check_logp_inputs(logits, targets, temperature)
-    check_cuda_device(logits, targets)
-    return _LogpCuda.apply(logits, targets, tau)

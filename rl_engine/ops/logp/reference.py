@@ -2,7 +2,7 @@
 
 Math: the log-sum-exp definition with the row max subtracted, written out in FP32:
 ``(z - m) - log(sum(exp(z - m)))`` with ``m = max(z)``. Not ``torch.log_softmax``: on the CPU it
-accumulated the sum-exp of a 151936-wide row so that pitfall P4's third case came out 4.9e-5 off
+accumulated the sum-exp of a 151936-wide row so that ``docs/pitfalls.md`` P4's third case came out 4.9e-5 off
 (-2.0665400 instead of -2.0665891, above the contract's FP32 logprob atol), while ``torch.sum``
 (cascade summation on the CPU, a tree on the GPU) gives the correctly rounded value. Everything is
 FP32 under :func:`fp32_reference_guard`.

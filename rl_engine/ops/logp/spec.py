@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.logp.cuda import logp_cuda
+from rl_engine.ops.logp.api import logp_cuda, logp_triton, logp_triton_size_dependent
 from rl_engine.ops.logp.reference import logp_reference
 from rl_engine.ops.logp.torch_bf16 import logp_torch_bf16
-from rl_engine.ops.logp.triton import logp_triton, logp_triton_size_dependent
 from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, standard_normal
 from rl_engine.ops.transforms import rowwise_transforms
 
@@ -66,7 +65,7 @@ def _case(t: int, v: int, seed: int, device: torch.device, temperature: float) -
 def _cases(w: Workload, seed: int, device: torch.device) -> list[Case]:
     counts = token_counts(w)
     cases = [_case(t, w.vocab, seed + i, device, 1.0) for i, t in enumerate(counts)]
-    # One temperature case (pitfall P11): both sides of every comparison use the same value.
+    # One temperature case (``docs/pitfalls.md`` P11): both sides of every comparison use the same value.
     cases.append(_case(counts[1], w.vocab, seed + len(counts), device, 0.7))
     return cases
 

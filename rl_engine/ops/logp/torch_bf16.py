@@ -2,7 +2,7 @@
 
 This is the relative-criterion baseline (contract ``relative_criterion``), not a recommended path:
 rounding the logits and the log-softmax to BF16 loses up to ~0.06 per logprob at V = 151936
-(pitfalls P4, P5).
+(``docs/pitfalls.md`` P4, P5).
 """
 
 import torch

@@ -5,7 +5,7 @@ constant, never derived from T) in increasing order, with an online max and sum-
 (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"). Tail lanes beyond V load
 ``-inf`` and contribute exactly 0 to the sum. The result is ``(z_t - m) - log(s)`` with
 ``z = logits / temperature``, ``m`` the row max of ``z`` and ``s = sum(exp(z - m))``, all FP32
-(pitfalls P4, P11). The row max ``m`` and ``log(s)`` are saved for backward (together they are the
+(``docs/pitfalls.md`` P4, P11). The row max ``m`` and ``log(s)`` are saved for backward (together they are the
 FP32 log-sum-exp ``lse = m + log(s)``; keeping the two parts avoids rounding ``lse`` at large logit
 scales).
 
@@ -19,16 +19,11 @@ index ``[O, I]`` with strides and an optional row mask.
 
 from __future__ import annotations
 
-import math
-from numbers import Real
-
 import torch
 import triton
 import triton.language as tl
 
-from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import FP_FUSION, check_triton_device
-from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
+from rl_engine.ops._triton_common import FP_FUSION
 
 BLOCK_V = 4096
 """Width of the V tiles of the online log-sum-exp (fixed; never derived from T)."""
@@ -148,13 +143,14 @@ def forward_rows(
     targets2: torch.Tensor,
     mask2: torch.Tensor | None,
     temperature: float,
-    block_v: int = BLOCK_V,
+    block_v: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the forward kernel; returns (logprobs, row max, log sum-exp), each FP32 ``[O * I]``.
 
-    Inputs are validated by the caller. ``block_v`` is :data:`BLOCK_V` except in the negative
-    control :func:`logp_triton_size_dependent`.
+    Inputs are validated by the caller. ``block_v`` 0 is :data:`BLOCK_V`; another width only in
+    the negative control ``logp_triton_size_dependent``.
     """
+    block_v = block_v or BLOCK_V
     o, i, v = logits3.shape
     rows = o * i
     dev = logits3.device
@@ -183,9 +179,10 @@ def backward_rows(
     rmax: torch.Tensor,
     rlog: torch.Tensor,
     temperature: float,
-    block_v: int = BLOCK_V,
+    block_v: int = 0,
 ) -> torch.Tensor:
     """Launch the backward kernel; returns dlogits FP32 ``[O, I, V]`` (contiguous)."""
+    block_v = block_v or BLOCK_V
     o, i, v = logits3.shape
     rows = o * i
     dx = torch.empty((o, i, v), dtype=torch.float32, device=logits3.device)
@@ -203,110 +200,3 @@ def backward_rows(
             enable_fp_fusion=FP_FUSION,
         )
     return dx
-
-
-# --------------------------------------------------------------------------------------------------
-# validation shared by the logprob ops
-
-
-def check_temperature(temperature: object) -> float:
-    """``temperature`` is a real number, finite and > 0; returns it as a Python float.
-
-    Raises InputError otherwise (a bool, a tensor, 0, a negative value, NaN or inf).
-    """
-    if isinstance(temperature, bool) or not isinstance(temperature, Real):
-        raise InputError(f"temperature: expected a Python number, got {type(temperature).__name__}")
-    value = float(temperature)
-    if not math.isfinite(value) or value <= 0.0:
-        raise InputError(f"temperature: expected a finite number > 0, got {value}")
-    return value
-
-
-def _check_logp_inputs(logits: torch.Tensor, targets: torch.Tensor, temperature: object) -> float:
-    check_tensor("logits", logits, dtype=torch.float32, ndim=2, contiguous_last=True)
-    t, v = logits.shape
-    check_tensor("targets", targets, dtype=torch.int64, shape=(t,))
-    check_same_device(logits=logits, targets=targets)
-    if v < 1:
-        raise InputError(f"logits: the vocabulary axis V is empty (shape {list(logits.shape)})")
-    tau = check_temperature(temperature)
-    check_index_range("targets", targets, v)
-    return tau
-
-
-# --------------------------------------------------------------------------------------------------
-# autograd
-
-
-class _LogpTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, temperature, block_v):
-        out, rmax, rlog = forward_rows(logits.unsqueeze(0), targets.unsqueeze(0), None, temperature, block_v)
-        ctx.save_for_backward(logits, targets, rmax, rlog)
-        ctx.temperature = temperature
-        ctx.block_v = block_v
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        logits, targets, rmax, rlog = ctx.saved_tensors
-        if not ctx.needs_input_grad[0]:
-            return None, None, None, None
-        dx = backward_rows(logits.unsqueeze(0), targets.unsqueeze(0), None, g, rmax, rlog,
-                           ctx.temperature, ctx.block_v)
-        return dx[0], None, None, None
-
-
-def logp_triton(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Log-probability of each target token. logits: [T, V] float32, targets: [T] int64 -> [T] float32.
-
-    ``out[t] = log_softmax(logits[t] / temperature)[targets[t]]``. Everything is FP32: the logits
-    are never rounded to BF16, the max and sum-exp accumulate in FP32 over fixed V tiles of
-    :data:`BLOCK_V` in increasing order, and the output is FP32 (contract
-    ``dtype_policy.logprob_output``, ``declared_exceptions.logits_for_scoring``; pitfalls P4, P11).
-    Backward: dlogits [T, V] float32 = ``g * (onehot(target) - softmax(logits / temperature)) /
-    temperature``. Entries of ``logits`` equal to ``-inf`` are allowed and contribute 0; NaN or
-    ``+inf`` logits give NaN, as in ``torch.log_softmax``.
-
-    Raises
-    ------
-    InputError
-        logits is not 2-D float32 with unit stride on V, V is 0, targets is not int64 [T] on the
-        same device, a target is outside [0, V), or temperature is not a finite number > 0.
-    BackendUnavailable
-        The tensors are not on a CUDA device (and the Triton interpreter is off).
-    """
-    tau = _check_logp_inputs(logits, targets, temperature)
-    check_triton_device(logits, targets)
-    return _LogpTriton.apply(logits, targets, tau, BLOCK_V)
-
-
-DECODE_ROWS = 8
-"""The negative control's "decode-sized batch": at most this many rows take its BF16-logits path."""
-
-
-def _size_dependent_block_v(t: int) -> int:
-    # The V tile picked from the row count: 4096 for one row, halved per doubling of T, at least 256.
-    return max(256, BLOCK_V >> max(t - 1, 0).bit_length())
-
-
-def logp_triton_size_dependent(logits: torch.Tensor, targets: torch.Tensor,
-                               temperature: float = 1.0) -> torch.Tensor:
-    """NEGATIVE CONTROL, never use: :func:`logp_triton` with two choices made from the row count T.
-
-    * The V tile follows T (4096 for one row, halved per doubling of T, at least 256), so a row's
-      FP32 sum-exp is grouped differently alone than inside a batch. The logprob often absorbs that
-      (log() of a sum moved by one ulp rarely moves), so on its own this was seen to slip through
-      the gate's check on the H200 at T = 1027.
-    * Batches of at most :data:`DECODE_ROWS` rows take a "decode fast path" that rounds the logits
-      to BF16 first (pitfall P5's train/inference mismatch, made size dependent), which moves
-      nearly every logprob.
-
-    The ``batch`` invariance transform must catch it. Same signature and dtypes as
-    :func:`logp_triton`.
-    """
-    tau = _check_logp_inputs(logits, targets, temperature)
-    check_triton_device(logits, targets)
-    if logits.shape[0] <= DECODE_ROWS:
-        logits = logits.to(torch.bfloat16).to(torch.float32)
-    return _LogpTriton.apply(logits, targets, tau, _size_dependent_block_v(logits.shape[0]))

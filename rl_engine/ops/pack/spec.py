@@ -23,11 +23,10 @@ from typing import Any
 
 import torch
 
-from rl_engine.ops.pack.cuda import pack_cuda
+from rl_engine.ops.pack.api import pack_cuda, pack_triton
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 from rl_engine.ops.pack.reference import pack_reference
 from rl_engine.ops.pack.torch_bf16 import pack_torch_bf16
-from rl_engine.ops.pack.triton import pack_triton
 from rl_engine.ops.spec import Case, OpSpec, Pair, Workload, make_generator, randn
 from rl_engine.ops.transforms import plant_ulp
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.qk_norm.cuda import qk_norm_cuda
+from rl_engine.ops.qk_norm.api import qk_norm_cuda, qk_norm_triton
 from rl_engine.ops.qk_norm.reference import qk_norm_reference
 from rl_engine.ops.qk_norm.torch_bf16 import qk_norm_torch_bf16
-from rl_engine.ops.qk_norm.triton import qk_norm_triton
 from rl_engine.ops.rms_norm.spec import norm_weight
 from rl_engine.ops.rope.spec import split_axis1_transform
 from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, randn

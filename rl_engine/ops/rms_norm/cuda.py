@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.backends.cuda_launch import check_cuda_device, launch, query, unit_last
-from rl_engine.ops._validate import check_same_device, check_tensor
-from rl_engine.ops.rms_norm.triton import check_eps_order
+from rl_engine.backends.cuda_launch import launch, query
 
 
 def _rows_view(x: torch.Tensor) -> tuple[int, int, int, int, int]:
@@ -34,7 +32,12 @@ def _rows_view(x: torch.Tensor) -> tuple[int, int, int, int, int]:
     return x.shape[0], x.shape[1], x.shape[2], x.stride(0), x.stride(1)
 
 
-def _fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool,
+                 split: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward on validated rows ([T, E] or [T, H, D]); returns (y like x in BF16,
+    rstd [rows] FP32). ``split`` (the Triton negative control's knob) must be 0 here."""
+    if split:
+        raise ValueError("the split-reduction negative control exists only for triton_cuda_bf16")
     t, h, n, sxt, sxh = _rows_view(x)
     y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
     rows = t * h
@@ -45,8 +48,10 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool) -> tuple[t
     return y, rstd
 
 
-def _bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, need_dx: bool,
-         need_dw: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, need_dx: bool,
+                 need_dw: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Launch the backward (dy BF16 with unit stride on the last axis); returns (dx like x or
+    None, dweight [E] or None), BF16, each launched only when needed."""
     t, h, n, sxt, sxh = _rows_view(x)
     _, _, _, sdyt, sdyh = _rows_view(dy)
     rows = t * h
@@ -62,47 +67,3 @@ def _bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Te
         partial = torch.empty((max(chunks, 1), n), dtype=torch.float32, device=x.device)
         launch(x.device, "rl_rms_norm_bwd_dw", x, dy, rstd, partial, dw, rows, max(h, 1), n, sxt, sxh, sdyt, sdyh)
     return dx, dw
-
-
-class _RmsNormCuda(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps, hf):
-        y, rstd = _fwd(x, weight, eps, hf)
-        ctx.save_for_backward(x, weight, rstd)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dw = _bwd(x, weight, unit_last(dy.to(torch.bfloat16)), rstd, ctx.needs_input_grad[0],
-                      ctx.needs_input_grad[1])
-        return dx, dw, None, None
-
-
-def rms_norm_rows_cuda(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str) -> torch.Tensor:
-    """Launch on validated inputs ([T, E] or [T, H, D] with weight [last axis])."""
-    check_cuda_device(x, weight)
-    return _RmsNormCuda.apply(x, weight, float(eps), order == "hf")
-
-
-def rms_norm_cuda(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str = "hf") -> torch.Tensor:
-    """RMSNorm with CUDA C++ kernels. x: [T, E] bfloat16, weight: [E] bfloat16 -> [T, E] bfloat16.
-
-    FP32 statistics (one fixed-order sum per row), then ``order="hf"``: ``bf16(weight * bf16(x *
-    rstd))`` (Hugging Face Qwen3RMSNorm) or ``order="fused"``: ``bf16(x * rstd * weight)``.
-    ``eps`` has no default (pitfall P12). Backward: dx [T, E] and dweight [E] bfloat16, FP32 math,
-    dweight reduced over T in fixed chunks without atomics.
-
-    Raises
-    ------
-    InputError
-        x is not a 2-D bfloat16 tensor with unit stride on E; weight is not bfloat16 [E] with unit
-        stride; devices differ; eps is not a finite number >= 0; order is not "hf" or "fused".
-    BackendUnavailable
-        No CUDA GPU of compute capability 9.0, tensors not on it, or ``nvcc`` missing.
-    """
-    check_tensor("x", x, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
-    check_tensor("weight", weight, dtype=torch.bfloat16, shape=(x.shape[1],), contiguous_last=True)
-    check_same_device(x=x, weight=weight)
-    check_eps_order(eps, order)
-    return rms_norm_rows_cuda(x, weight, eps, order)

@@ -1,7 +1,7 @@
 """Spec of RMSNorm: reduction class; row t of x (plus weight, eps, order) gives row t of y.
 
 Cases: the row-wise token counts in the declared ``hf`` order, plus one case in the ``fused``
-order. Weights near 1 (like trained RMSNorm weights), eps from the workload (pitfall P12).
+order. Weights near 1 (like trained RMSNorm weights), eps from the workload (``docs/pitfalls.md`` P12).
 
 Invariance: row-wise in x for ``batch``, ``chunk``, ``padding`` and ``layout`` (the generic
 transforms; dweight sums over rows, so it is compared under ``layout`` only). ``controls`` holds
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.rms_norm.cuda import rms_norm_cuda
+from rl_engine.ops.rms_norm.api import rms_norm_cuda, rms_norm_size_dependent_control, rms_norm_triton
 from rl_engine.ops.rms_norm.reference import rms_norm_reference
 from rl_engine.ops.rms_norm.torch_bf16 import rms_norm_torch_bf16
-from rl_engine.ops.rms_norm.triton import rms_norm_size_dependent_control, rms_norm_triton
 from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, randn, standard_normal
 from rl_engine.ops.transforms import rowwise_transforms
 

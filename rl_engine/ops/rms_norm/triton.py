@@ -25,17 +25,12 @@ the same function, so the two backends give the same bits):
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, row_sum_fixed
-from rl_engine.ops._validate import check_same_device, check_tensor
+from rl_engine.ops._triton_common import FP_FUSION, row_sum_fixed
 
-ORDERS = ("hf", "fused")
 ROWS_PER_PROGRAM = 64
 """Rows per backward stage-1 program (fixed; sets the dweight partial-sum tree; the CUDA
 backend's ``NORM_DW_ROWS``)."""
@@ -165,7 +160,10 @@ def _rows_view(x: torch.Tensor) -> tuple[int, int, int, int, int]:
     return x.shape[0], x.shape[1], x.shape[2], x.stride(0), x.stride(1)
 
 
-def _launch_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool, split: int = 0):
+def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool,
+                 split: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward on validated rows ([T, E] or [T, H, D]); returns (y like x in BF16,
+    rstd [rows] FP32). ``split`` > 0 only for the negative control (BF16-rounded partial sums)."""
     t, h, e, sxt, sxh = _rows_view(x)
     y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
     n_rows = t * h
@@ -189,7 +187,10 @@ def _launch_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool, spl
     return y, rstd
 
 
-def _launch_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor):
+def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, need_dx: bool,
+                 need_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the backward (dy BF16 with unit stride on the last axis); returns (dx like x,
+    dweight [E]), both BF16. One kernel computes both, so both are returned whatever is needed."""
     t, h, e, sxt, sxh = _rows_view(x)
     _, _, _, sdyt, sdyh = _rows_view(dy)
     dx = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
@@ -211,72 +212,3 @@ def _launch_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: t
     )
     _dw_reduce_kernel[(triton.cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK, enable_fp_fusion=FP_FUSION)
     return dx, dw
-
-
-class _RmsNormTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps, hf, split):
-        y, rstd = _launch_fwd(x, weight, eps, hf, split)
-        ctx.save_for_backward(x, weight, rstd)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        dy = dy.to(torch.bfloat16)
-        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
-        dx, dw = _launch_bwd(x, weight, dy, rstd)
-        return dx, dw, None, None, None
-
-
-def check_eps_order(eps: object, order: object) -> None:
-    """``eps`` a finite number >= 0 (no default anywhere: pitfall P12); ``order`` in ORDERS."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise InputError(f"eps: expected a finite number >= 0 from the model config, got {eps!r}")
-    if order not in ORDERS:
-        raise InputError(f"order: expected one of {ORDERS}, got {order!r}")
-
-
-def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str, split: int = 0) -> torch.Tensor:
-    """Launch on validated inputs ([T, E] or [T, H, D]); ``split`` > 0 only for the negative control."""
-    check_triton_device(x, weight)
-    return _RmsNormTriton.apply(x, weight, float(eps), order == "hf", split)
-
-
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str = "hf") -> torch.Tensor:
-    """RMSNorm with Triton kernels. x: [T, E] bfloat16, weight: [E] bfloat16 -> [T, E] bfloat16.
-
-    FP32 statistics (one fixed-order row sum, :func:`row_sum_fixed`), then ``order="hf"``:
-    ``bf16(weight * bf16(x * rstd))`` (Hugging Face Qwen3RMSNorm) or ``order="fused"``:
-    ``bf16(x * rstd * weight)``. ``eps`` has no default (pitfall P12). Backward: dx [T, E] and
-    dweight [E] bfloat16, FP32 math, dweight reduced over T in fixed chunks without atomics.
-
-    Raises
-    ------
-    InputError
-        x is not a 2-D bfloat16 tensor with unit stride on E; weight is not bfloat16 [E] with unit
-        stride; devices differ; eps is not a finite number >= 0; order is not "hf" or "fused".
-    BackendUnavailable
-        The tensors are not on a CUDA device (and the Triton interpreter is off).
-    """
-    check_tensor("x", x, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
-    check_tensor("weight", weight, dtype=torch.bfloat16, shape=(x.shape[1],), contiguous_last=True)
-    check_same_device(x=x, weight=weight)
-    check_eps_order(eps, order)
-    return rms_norm_rows(x, weight, eps, order)
-
-
-CONTROL_SPLIT_BELOW = 4
-"""The negative control splits the row reduction when T < this (a 'decode' heuristic)."""
-
-
-def rms_norm_size_dependent_control(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                                    order: str = "hf") -> torch.Tensor:
-    """NEGATIVE CONTROL, deliberately NOT batch-invariant: for T < 4 the mean of squares is split
-    into 4 parts with BF16-rounded partial sums (a split chosen from T). The batch transform must
-    catch it. Same signature and validation as :func:`rms_norm_triton`."""
-    check_tensor("x", x, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
-    check_tensor("weight", weight, dtype=torch.bfloat16, shape=(x.shape[1],), contiguous_last=True)
-    check_same_device(x=x, weight=weight)
-    check_eps_order(eps, order)
-    return rms_norm_rows(x, weight, eps, order, split=4 if x.shape[0] < CONTROL_SPLIT_BELOW else 0)

@@ -15,12 +15,10 @@ from collections.abc import Sequence
 
 import torch
 
-from rl_engine.ops.rope.cuda import rope_cuda
+from rl_engine.ops.rope.api import cos_sin, rope_cuda, rope_triton
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
-from rl_engine.ops.rope.api import cos_sin
 from rl_engine.ops.rope.reference import rope_reference
 from rl_engine.ops.rope.torch_bf16 import rope_torch_bf16
-from rl_engine.ops.rope.triton import rope_triton
 from rl_engine.ops.spec import Case, OpSpec, Pair, TransformFn, Workload, make_generator, randn
 from rl_engine.ops.transforms import plant_ulp, rowwise_transforms
 

@@ -13,9 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import FP_FUSION, check_triton_device
-from rl_engine.ops._validate import check_same_device, check_tensor
+from rl_engine.ops._triton_common import FP_FUSION
 
 BLOCK_H = 8
 """Heads per program (a fixed constant; the head grid covers H)."""
@@ -44,7 +42,9 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, n_heads, half,
     tl.store(yo + half, y2.to(tl.bfloat16), mask=mask)
 
 
-def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neg_sin: bool) -> torch.Tensor:
+def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neg_sin: bool) -> torch.Tensor:
+    """y [T, H, D] bf16 = x rotated by (cos, sin) [T, D/2] fp32; ``neg_sin`` rotates back (the
+    backward of the rotation is the rotation by -sin)."""
     t, h, d = x.shape
     y = torch.empty((t, h, d), dtype=torch.bfloat16, device=x.device)
     if t and h and d:
@@ -56,47 +56,3 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neg_sin: bool
             enable_fp_fusion=FP_FUSION,
         )
     return y
-
-
-class _RopeTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, cos, sin):
-        ctx.save_for_backward(cos, sin)
-        return _launch(x, cos, sin, False)
-
-    @staticmethod
-    def backward(ctx, dy):
-        cos, sin = ctx.saved_tensors
-        dy = dy.to(torch.bfloat16)
-        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
-        return _launch(dy, cos, sin, True), None, None
-
-
-def validate_rope_inputs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Shared input checks of the kernel backends (raise InputError before any launch)."""
-    check_tensor("x", x, dtype=torch.bfloat16, ndim=3, contiguous_last=True)
-    t, _, d = x.shape
-    if d % 2:
-        raise InputError(f"x: head dim D must be even for rotate-half RoPE, got shape {list(x.shape)}")
-    check_tensor("cos", cos, dtype=torch.float32, shape=(t, d // 2), contiguous_last=True)
-    check_tensor("sin", sin, dtype=torch.float32, shape=(t, d // 2), contiguous_last=True)
-    check_same_device(x=x, cos=cos, sin=sin)
-
-
-def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE with Triton kernels. x: [T, H, D] bfloat16, cos/sin: [T, D/2] float32 -> [T, H, D] bfloat16.
-
-    ``out = [x1*cos - x2*sin, x2*cos + x1*sin]`` (Hugging Face Qwen3 rotate-half), FP32 math,
-    one rounding to BF16. Backward: dx [T, H, D] bfloat16 (cos/sin take no gradient).
-
-    Raises
-    ------
-    InputError
-        x is not a 3-D bfloat16 tensor with unit stride on D, D is odd, cos/sin are not float32
-        [T, D/2] with unit stride on the last axis, or the tensors sit on different devices.
-    BackendUnavailable
-        The tensors are not on a CUDA device (and the Triton interpreter is off).
-    """
-    validate_rope_inputs(x, cos, sin)
-    check_triton_device(x, cos, sin)
-    return _RopeTriton.apply(x, cos, sin)

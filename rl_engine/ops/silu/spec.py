@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.silu.cuda import silu_cuda
+from rl_engine.ops.silu.api import silu_cuda, silu_triton
 from rl_engine.ops.silu.reference import silu_reference
 from rl_engine.ops.silu.torch_bf16 import silu_torch_bf16
-from rl_engine.ops.silu.triton import silu_triton
 from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, randn
 from rl_engine.ops.transforms import rowwise_transforms
 

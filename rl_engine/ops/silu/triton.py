@@ -13,8 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, div_ieee, exp_ieee
-from rl_engine.ops._validate import check_tensor
+from rl_engine.ops._triton_common import FP_FUSION, div_ieee, exp_ieee
 
 BLOCK = 1024
 
@@ -41,7 +40,8 @@ def _silu_bwd_kernel(x_ptr, dy_ptr, dx_ptr, n_cols, stride_x, stride_dy, stride_
     tl.store(dx_ptr + row * stride_dx + cols, dx.to(tl.bfloat16), mask=mask)
 
 
-def _launch_fwd(x: torch.Tensor) -> torch.Tensor:
+def silu_fwd(x: torch.Tensor) -> torch.Tensor:
+    """y [T, F] bf16 of validated x [T, F] bf16 (unit stride on F)."""
     t, f = x.shape
     y = torch.empty((t, f), dtype=torch.bfloat16, device=x.device)
     if t and f:
@@ -49,7 +49,8 @@ def _launch_fwd(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def _launch_bwd(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+def silu_bwd(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """dx [T, F] bf16 of x and dy [T, F] bf16 (unit stride on F)."""
     t, f = x.shape
     dx = torch.empty((t, f), dtype=torch.bfloat16, device=x.device)
     if t and f:
@@ -58,33 +59,3 @@ def _launch_bwd(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
             enable_fp_fusion=FP_FUSION,
         )
     return dx
-
-
-class _SiluTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return _launch_fwd(x)
-
-    @staticmethod
-    def backward(ctx, dy):
-        (x,) = ctx.saved_tensors
-        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
-        return _launch_bwd(x, dy.to(torch.bfloat16))
-
-
-def silu_triton(x: torch.Tensor) -> torch.Tensor:
-    """SiLU with Triton kernels. x: [T, F] bfloat16 (unit stride on F) -> [T, F] bfloat16.
-
-    FP32 inside, one rounding to BF16. Backward: dx [T, F] bfloat16.
-
-    Raises
-    ------
-    InputError
-        x is not a 2-D bfloat16 tensor with unit stride on the last axis.
-    BackendUnavailable
-        x is not on a CUDA device (and the Triton interpreter is off).
-    """
-    check_tensor("x", x, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
-    check_triton_device(x)
-    return _SiluTriton.apply(x)

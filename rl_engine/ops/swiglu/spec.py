@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.swiglu.cuda import swiglu_cuda
+from rl_engine.ops.swiglu.api import swiglu_cuda, swiglu_triton
 from rl_engine.ops.rope.spec import split_axis1_transform
 from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, randn
 from rl_engine.ops.swiglu.reference import swiglu_reference
 from rl_engine.ops.swiglu.torch_bf16 import swiglu_torch_bf16
-from rl_engine.ops.swiglu.triton import swiglu_triton
 from rl_engine.ops.transforms import rowwise_transforms
 
 

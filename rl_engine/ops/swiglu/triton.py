@@ -17,9 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import FP_FUSION, check_triton_device, div_ieee, exp_ieee
-from rl_engine.ops._validate import check_same_device, check_tensor
+from rl_engine.ops._triton_common import FP_FUSION, div_ieee, exp_ieee
 
 BLOCK = 1024
 
@@ -51,7 +49,8 @@ def _swiglu_bwd_kernel(g_ptr, u_ptr, dy_ptr, dg_ptr, du_ptr, n_cols, stride_g, s
     tl.store(du_ptr + row * stride_du + cols, du.to(tl.bfloat16), mask=mask)
 
 
-def _launch_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def swiglu_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """y [T, F] bf16 of validated gate, up [T, F] bf16 (unit stride on F)."""
     t, f = gate.shape
     y = torch.empty((t, f), dtype=torch.bfloat16, device=gate.device)
     if t and f:
@@ -62,7 +61,8 @@ def _launch_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def _launch_bwd(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def swiglu_bwd(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dgate, dup) [T, F] bf16 of gate, up, dy [T, F] bf16 (unit stride on F)."""
     t, f = gate.shape
     dg = torch.empty((t, f), dtype=torch.bfloat16, device=gate.device)
     du = torch.empty((t, f), dtype=torch.bfloat16, device=gate.device)
@@ -73,39 +73,3 @@ def _launch_bwd(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> tuple
             enable_fp_fusion=FP_FUSION,
         )
     return dg, du
-
-
-class _SwigluTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gate, up):
-        ctx.save_for_backward(gate, up)
-        return _launch_fwd(gate, up)
-
-    @staticmethod
-    def backward(ctx, dy):
-        gate, up = ctx.saved_tensors
-        dy = dy.to(torch.bfloat16)
-        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
-        return _launch_bwd(gate, up, dy)
-
-
-def swiglu_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """SwiGLU with Triton kernels. gate, up: [T, F] bfloat16 (unit stride on F) -> [T, F] bfloat16.
-
-    ``silu(gate) * up`` in FP32, one rounding to BF16. Backward: dgate, dup [T, F] bfloat16.
-
-    Raises
-    ------
-    InputError
-        gate or up is not a 2-D bfloat16 tensor with unit stride on F, their shapes differ, or
-        they sit on different devices.
-    BackendUnavailable
-        The tensors are not on a CUDA device (and the Triton interpreter is off).
-    """
-    check_tensor("gate", gate, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
-    check_tensor("up", up, dtype=torch.bfloat16, ndim=2, contiguous_last=True)
-    if gate.shape != up.shape:
-        raise InputError(f"gate and up must have the same shape [T, F], got {list(gate.shape)} and {list(up.shape)}")
-    check_same_device(gate=gate, up=up)
-    check_triton_device(gate, up)
-    return _SwigluTriton.apply(gate, up)
