@@ -228,7 +228,7 @@ def check_declared_exceptions(root: Path, contract: Contract) -> AuditRow:
         if dg.TREE_DEPTH != c.det_gemm["tree_depth"]:
             findings.append(f"det_gemm.{backend_module} TREE_DEPTH {dg.TREE_DEPTH} != contract tree_depth {c.det_gemm['tree_depth']}")
         for op in ("rms_norm", "qk_norm"):
-            mod = importlib.import_module(f"rl_engine.ops.{op}.{backend_module}")
+            mod = importlib.import_module(f"rl_engine.ops.{op}.api")
             fn = getattr(mod, f"{op}_{backend_module}")
             default = inspect.signature(fn).parameters["order"].default
             basis.append(f"{_where(fn, root)} order default {default!r}")

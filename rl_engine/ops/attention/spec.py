@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from rl_engine.ops.attention.api import (
+from rl_engine.ops.attention.op import (
     attention_cuda,
     attention_decode_cuda,
     attention_decode_triton,

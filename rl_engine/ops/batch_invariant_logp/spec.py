@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from rl_engine.ops.batch_invariant_logp.api import batch_invariant_logp_cuda, batch_invariant_logp_triton
+from rl_engine.ops.batch_invariant_logp.op import batch_invariant_logp_cuda, batch_invariant_logp_triton
 from rl_engine.ops.batch_invariant_logp.reference import batch_invariant_logp_reference
 from rl_engine.ops.batch_invariant_logp.torch_bf16 import batch_invariant_logp_torch_bf16
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from rl_engine.contract import load_contract
-from rl_engine.ops.det_gemm.api import (
+from rl_engine.ops.det_gemm.op import (
     det_gemm_cuda,
     det_gemm_triton,
     det_gemm_triton_depth_from_m,

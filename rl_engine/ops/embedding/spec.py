@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from rl_engine.ops.embedding.api import embedding_cuda, embedding_triton
+from rl_engine.ops.embedding.op import embedding_cuda, embedding_triton
 from rl_engine.ops.embedding.reference import embedding_reference
 from rl_engine.ops.embedding.torch_bf16 import embedding_torch_bf16
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient

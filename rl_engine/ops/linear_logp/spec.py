@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.linear_logp.api import linear_logp_cuda, linear_logp_triton
+from rl_engine.ops.linear_logp.op import linear_logp_cuda, linear_logp_triton
 from rl_engine.ops.linear_logp.reference import linear_logp_reference
 from rl_engine.ops.linear_logp.torch_bf16 import linear_logp_torch_bf16
 from rl_engine.ops.logp.spec import token_counts

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.lm_head.api import lm_head_cuda, lm_head_triton
+from rl_engine.ops.lm_head.op import lm_head_cuda, lm_head_triton
 from rl_engine.ops.lm_head.reference import lm_head_reference
 from rl_engine.ops.lm_head.torch_bf16 import lm_head_torch_bf16
 from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, randn

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.logp.api import logp_cuda, logp_triton, logp_triton_size_dependent
+from rl_engine.ops.logp.op import logp_cuda, logp_triton, logp_triton_size_dependent
 from rl_engine.ops.logp.reference import logp_reference
 from rl_engine.ops.logp.torch_bf16 import logp_torch_bf16
 from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, standard_normal

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from rl_engine.ops.pack.api import pack_cuda, pack_triton
+from rl_engine.ops.pack.op import pack_cuda, pack_triton
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 from rl_engine.ops.pack.reference import pack_reference
 from rl_engine.ops.pack.torch_bf16 import pack_torch_bf16

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.qk_norm.api import qk_norm_cuda, qk_norm_triton
+from rl_engine.ops.qk_norm.op import qk_norm_cuda, qk_norm_triton
 from rl_engine.ops.qk_norm.reference import qk_norm_reference
 from rl_engine.ops.qk_norm.torch_bf16 import qk_norm_torch_bf16
 from rl_engine.ops.rms_norm.spec import norm_weight

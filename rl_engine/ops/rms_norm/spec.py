@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.rms_norm.api import rms_norm_cuda, rms_norm_size_dependent_control, rms_norm_triton
+from rl_engine.ops.rms_norm.op import rms_norm_cuda, rms_norm_size_dependent_control, rms_norm_triton
 from rl_engine.ops.rms_norm.reference import rms_norm_reference
 from rl_engine.ops.rms_norm.torch_bf16 import rms_norm_torch_bf16
 from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, randn, standard_normal

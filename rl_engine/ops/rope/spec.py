@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rl_engine.ops.rope.api import cos_sin, rope_cuda, rope_triton
+from rl_engine.ops.rope.op import cos_sin, rope_cuda, rope_triton
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 from rl_engine.ops.rope.reference import rope_reference
 from rl_engine.ops.rope.torch_bf16 import rope_torch_bf16

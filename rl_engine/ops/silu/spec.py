@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.silu.api import silu_cuda, silu_triton
+from rl_engine.ops.silu.op import silu_cuda, silu_triton
 from rl_engine.ops.silu.reference import silu_reference
 from rl_engine.ops.silu.torch_bf16 import silu_torch_bf16
 from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, randn

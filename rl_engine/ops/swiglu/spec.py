@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.swiglu.api import swiglu_cuda, swiglu_triton
+from rl_engine.ops.swiglu.op import swiglu_cuda, swiglu_triton
 from rl_engine.ops.rope.spec import split_axis1_transform
 from rl_engine.ops.spec import Case, OpSpec, Workload, make_generator, randn
 from rl_engine.ops.swiglu.reference import swiglu_reference
