@@ -2,32 +2,17 @@
 
 Nothing happens at import: no environment reads that switch code paths, no builds, no global
 torch flags and no seeds. See ``rl_engine.env`` for the environment variables the package reads.
+
+This module is the public facade: modules inside the package never import it (they take ``OPS``
+and ``__version__`` from :mod:`rl_engine.constants`), which keeps it out of every import cycle.
 """
 
-__version__ = "0.1.0"
-
-OPS = (
-    "embedding",
-    "rope",
-    "silu",
-    "swiglu",
-    "pack",
-    "rms_norm",
-    "qk_norm",
-    "lm_head",
-    "det_gemm",
-    "attention",
-    "logp",
-    "linear_logp",
-    "batch_invariant_logp",
-)
-"""The 13 required ops, in the order they appear in a Qwen3 dense forward pass (model op order)."""
-
+from rl_engine.constants import OPS, __version__
 
 
 def register_backend(*args, **kwargs):
-    """Register an external backend for the gate; see :func:`rl_engine.backends.plugins.register_backend`."""
-    from rl_engine.backends.plugins import register_backend as _register
+    """Register an external backend for the gate; see :func:`rl_engine.backends.registry.register_backend`."""
+    from rl_engine.backends.registry import register_backend as _register
 
     return _register(*args, **kwargs)
 

@@ -1,15 +1,35 @@
-"""Provenance: what ran, where, with which software (WS1 §10)."""
+"""Provenance: what ran, where, with which software (WS1 §10), and which kernel source it was.
+
+:func:`kernel_id` names the exact source of an implementation (``op/backend/function@hash``); the
+gate, the chain and the TP runs record it with every result.
+"""
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
+import inspect
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rl_engine import __version__, env
+from rl_engine import env
+from rl_engine.constants import __version__
+
+
+def kernel_id(op: str, backend: str, impl: Callable[..., Any]) -> str:
+    """``op/backend/function@source-hash``: identifies the exact kernel source that ran (the hash is
+    the first 12 hex digits of the SHA-256 of the file defining ``impl``, after unwrapping)."""
+    try:
+        impl = inspect.unwrap(impl)
+        src = inspect.getsourcefile(impl)
+        digest = hashlib.sha256(Path(src).read_bytes()).hexdigest()[:12] if src else "unknown"
+    except (TypeError, OSError):
+        digest = "unknown"
+    return f"{op}/{backend}/{getattr(impl, '__name__', 'impl')}@{digest}"
 
 
 def _git(args: list[str], cwd: Path) -> str | None:

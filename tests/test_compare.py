@@ -1,6 +1,6 @@
 """Comparators of rl_engine.gate.compare against torch.testing.assert_close and the WS1 standard.
 
-Thresholds come from the contract; perturbations are built as bit patterns (pitfall P7), never
+Thresholds come from the contract; perturbations are built as bit patterns (docs/pitfalls.md P7), never
 as decimal offsets.
 """
 
@@ -136,7 +136,7 @@ def test_signed_zeros_pass_accuracy_fail_bitwise(tol, n):
 
 
 # ------------------------------------------------------------------------------------------------
-# pitfall P7, exactly
+# docs/pitfalls.md P7, exactly
 
 
 def test_p7_bitwise():
@@ -332,35 +332,37 @@ def test_gradient_norm_metrics():
     cls = "elementwise"
     tp = CONTRACT.grad_norm_threshold("rel_peak", cls)
     tr = CONTRACT.grad_norm_threshold("rms_ratio", cls)
+    thr = CONTRACT.grad_norm_thresholds(cls)  # the comparator gets the thresholds, not the contract
+    assert (thr.rel_peak, thr.rms_ratio) == (tp, tr)
     zero = torch.zeros(4, 5)
-    rep = gradient_norm_metrics("g", zero, zero, CONTRACT, cls)
+    rep = gradient_norm_metrics("g", zero, zero, thr)
     assert rep.passed and rep.rel_peak == 0.0 and rep.rms_ratio == 0.0
     for bits in (1, 0x3A800000):  # the smallest subnormal, and 2^-10
         err = zero.clone()
         err.view(torch.int32)[1, 1] = bits
-        rep = gradient_norm_metrics("g", err, zero, CONTRACT, cls)
+        rep = gradient_norm_metrics("g", err, zero, thr)
         assert not rep.passed and math.isinf(rep.rel_peak) and math.isinf(rep.rms_ratio)
     # uniform relative error e gives rel_peak == rms_ratio == e (up to FP32 rounding)
     ref = torch.ones(64)
     lo = min(tp, tr) / 2
-    rep_lo = gradient_norm_metrics("g", ref * (1 + lo), ref, CONTRACT, cls)
+    rep_lo = gradient_norm_metrics("g", ref * (1 + lo), ref, thr)
     assert rep_lo.passed
     assert rep_lo.rel_peak == pytest.approx(lo, rel=2.0 ** -16) and rep_lo.rms_ratio == pytest.approx(lo, rel=2.0 ** -16)
     hi = max(tp, tr) * 2
-    rep = gradient_norm_metrics("g", ref * (1 + hi), ref, CONTRACT, cls)
+    rep = gradient_norm_metrics("g", ref * (1 + hi), ref, thr)
     assert not rep.passed
     assert rep.rel_peak_threshold == tp and rep.rms_ratio_threshold == tr
     # scale invariance: tiny and huge gradients (squares under/overflow FP32) give the same metrics
     for exp in (-100, -80, 60):
         scale = 2.0 ** exp
-        tiny = gradient_norm_metrics("g", ref * (1 + lo) * scale, ref * scale, CONTRACT, cls)
+        tiny = gradient_norm_metrics("g", ref * (1 + lo) * scale, ref * scale, thr)
         assert (tiny.passed, tiny.rel_peak, tiny.rms_ratio) == (rep_lo.passed, rep_lo.rel_peak, rep_lo.rms_ratio)
-        wrong = gradient_norm_metrics("g", torch.zeros_like(ref), ref * scale, CONTRACT, cls)
+        wrong = gradient_norm_metrics("g", torch.zeros_like(ref), ref * scale, thr)
         assert not wrong.passed and wrong.rel_peak == 1.0 and wrong.rms_ratio == 1.0
     # only the RMS ratio fails: error between the two thresholds
     mid = (tr + tp) / 2 if tr < tp else None
     if mid is not None:
-        rep = gradient_norm_metrics("g", ref * (1 + mid), ref, CONTRACT, cls)
+        rep = gradient_norm_metrics("g", ref * (1 + mid), ref, thr)
         assert not rep.passed and rep.rel_peak <= tp and rep.rms_ratio > tr
 
 
@@ -372,12 +374,12 @@ def test_dlogp_is_lhs_minus_rhs():
     rhs = torch.zeros(4, dtype=torch.float64)
     d = 2.0 ** -4
     lhs = rhs + d
-    rep = chain_metrics(lhs, rhs, CONTRACT)
+    rep = chain_metrics(lhs, rhs, CONTRACT.chain_thresholds())
     want = math.exp(d) - 1 - d
     flipped = math.exp(-d) - 1 + d
     assert want != flipped
     assert rep.metrics["approx_kl0"]["value"] == pytest.approx(want, rel=2.0 ** -40)
-    rep2 = chain_metrics(rhs, lhs, CONTRACT)
+    rep2 = chain_metrics(rhs, lhs, CONTRACT.chain_thresholds())
     assert rep2.metrics["approx_kl0"]["value"] == pytest.approx(flipped, rel=2.0 ** -40)
     assert rep.metrics["max_abs_dlogp"]["value"] == d and rep.metrics["mean_abs_dlogp"]["value"] == d
     assert rep.roles == CONTRACT.data["chain"]["roles"]["train_infer_logprob_parity"]
@@ -388,7 +390,7 @@ def test_approx_kl0_formula():
     lhs = -torch.rand(50, generator=g, dtype=torch.float64) * 5
     rhs = lhs + torch.randn(50, generator=g, dtype=torch.float64) * 2.0 ** -7
     d = (lhs - rhs).numpy()
-    rep = chain_metrics(lhs, rhs, CONTRACT)
+    rep = chain_metrics(lhs, rhs, CONTRACT.chain_thresholds())
     assert rep.metrics["approx_kl0"]["value"] == pytest.approx(float(np.mean(np.exp(d) - 1 - d)), rel=2.0 ** -30)
     assert rep.metrics["max_abs_dlogp"]["value"] == float(np.abs(d).max())
     assert rep.metrics["mean_abs_dlogp"]["value"] == pytest.approx(float(np.abs(d).mean()), rel=2.0 ** -40)
@@ -422,12 +424,12 @@ def test_clipfrac0_uses_the_contract_interval(edge):
     lhs = rhs.clone()
     lhs[3] = rhs[3] + inside
     assert float(lhs[3] - rhs[3]) == inside
-    rep = chain_metrics(lhs, rhs, CONTRACT)
+    rep = chain_metrics(lhs, rhs, CONTRACT.chain_thresholds())
     assert rep.metrics["clipfrac0"]["value"] == 0.0 and rep.metrics["clipfrac0"]["passed"]
     assert rep.clip_interval == (lo, hi)
     lhs[3] = rhs[3] + outside
     assert float(lhs[3] - rhs[3]) == outside
-    rep = chain_metrics(lhs, rhs, CONTRACT)
+    rep = chain_metrics(lhs, rhs, CONTRACT.chain_thresholds())
     assert rep.metrics["clipfrac0"]["value"] == 1 / n
     assert not rep.metrics["clipfrac0"]["passed"] and not rep.passed
 
@@ -438,25 +440,25 @@ def test_strict_profile_fails_on_one_ulp_and_names_the_first_token():
     rhs = next_up(lhs.abs(), 5).neg()   # one ulp of magnitude at token 5
     rhs = next_up(rhs.abs(), 11).neg()  # and at token 11
     assert int((fp32_bits(lhs) != fp32_bits(rhs)).sum()) == 2
-    ws1 = chain_metrics(lhs, rhs, CONTRACT, profile="ws1")
+    ws1 = chain_metrics(lhs, rhs, CONTRACT.chain_thresholds("ws1"))
     assert ws1.passed and ws1.first_nonzero_token == 5 and ws1.bitwise_equal_tokens == 14
-    strict = chain_metrics(lhs, rhs, CONTRACT, profile="strict")
+    strict = chain_metrics(lhs, rhs, CONTRACT.chain_thresholds("strict"))
     assert not strict.passed
     assert strict.first_nonzero_token == 5
     assert strict.metrics["strict_dlogp_zero"]["value"] == 2 and not strict.metrics["strict_dlogp_zero"]["passed"]
-    assert chain_metrics(lhs, lhs.clone(), CONTRACT, profile="strict").passed
+    assert chain_metrics(lhs, lhs.clone(), CONTRACT.chain_thresholds("strict")).passed
 
 
 def test_chain_shape_mismatch_raises():
     with pytest.raises(ValueError, match="shapes"):
-        chain_metrics(torch.zeros(4), torch.zeros(5), CONTRACT)
+        chain_metrics(torch.zeros(4), torch.zeros(5), CONTRACT.chain_thresholds())
 
 
-def test_chain_unknown_profile_raises():
+def test_chain_unknown_profile_raises():  # the thresholds of a profile the contract lacks
     from rl_engine.errors import ContractError
 
-    with pytest.raises(ContractError):
-        chain_metrics(torch.zeros(4), torch.zeros(4), CONTRACT, profile="lenient")
+    with pytest.raises(ContractError, match="lenient"):
+        CONTRACT.chain_thresholds("lenient")
 
 
 def test_histograms_put_each_error_in_its_bin():

@@ -1,4 +1,4 @@
-"""No tolerance literal outside the contract (DESIGN row 13, standard §2.2).
+"""No tolerance literal outside the contract (docs/decisions.md 13, standard §2.2).
 
 An AST scan of every .py under rl_engine/ and tests/ fails on
 * a keyword argument named atol / rtol / tol / tolerance / threshold whose value is a numeric literal;

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import rl_engine
-from rl_engine.backends.plugins import unregister_backend
+from rl_engine.backends.registry import unregister_backend
 from rl_engine.cli.main import main
 from rl_engine.contract import load_contract
 from rl_engine.errors import RLEngineError

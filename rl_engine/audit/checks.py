@@ -1,5 +1,8 @@
 """The audit checks. Each returns an :class:`AuditRow` whose ``basis`` points at ``file:line``.
 
+The checks that compare the code with the contract receive the contract from :func:`run_audit`
+(which the gate and ``rl-engine audit`` call with the contract they loaded); none loads it.
+
 A row is ``conformant`` only when its check ran and found nothing; the table can therefore never
 claim more than the code does.
 """
@@ -14,8 +17,9 @@ from typing import Any
 
 import torch
 
-from rl_engine import OPS
+from rl_engine.constants import OPS
 from rl_engine.audit import scan
+from rl_engine.contract import Contract
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 CONFORMANT, NONCONFORMANT = "conformant", "non-conformant"
@@ -60,15 +64,14 @@ def check_tf32_dots(root: Path) -> AuditRow:
     return AuditRow(f"every tl.dot has input_precision='ieee' ({total} found)", status, basis, findings)
 
 
-def check_fp_contraction(root: Path) -> AuditRow:
+def check_fp_contraction(root: Path, contract: Contract) -> AuditRow:
     """The contract's FP contraction policy, checked from the code: every Triton launch passes
     ``enable_fp_fusion=FP_FUSION``, ``FP_FUSION`` equals the contract, and the CUDA flags carry
     ``-fmad=false`` exactly when the contract says ``nvcc_fmad = false``."""
     from rl_engine.backends.cuda_build import NVCC_FLAGS
-    from rl_engine.contract import load_contract
     from rl_engine.ops._triton_common import FP_FUSION
 
-    c = load_contract()
+    c = contract
     findings, basis, total = [], [], 0
     sources = {path: path.read_text() for path in scan.python_files(root)}
     kernels = set().union(*(scan.jit_kernel_names(src, _rel(p, root)) for p, src in sources.items()))
@@ -192,13 +195,11 @@ def check_reference_dtypes(root: Path) -> AuditRow:
                     CONFORMANT if not findings else NONCONFORMANT, basis, findings)
 
 
-def check_logprob_dtypes(root: Path, backends: list[str]) -> AuditRow:
-    from rl_engine.contract import load_contract
+def check_logprob_dtypes(root: Path, backends: list[str], contract: Contract) -> AuditRow:
     from rl_engine.ops.execute import run_forward
     from rl_engine.ops.registry import get_spec
     from rl_engine.ops.spec import WORKLOADS
 
-    contract = load_contract()
     ops = list(contract.data["op_classes"]["logprob"]) + ["lm_head"]
     findings, basis = [], []
     for op in ops:
@@ -216,10 +217,8 @@ def check_logprob_dtypes(root: Path, backends: list[str]) -> AuditRow:
                     CONFORMANT if not findings else NONCONFORMANT, basis, findings)
 
 
-def check_declared_exceptions(root: Path) -> AuditRow:
-    from rl_engine.contract import load_contract
-
-    c = load_contract()
+def check_declared_exceptions(root: Path, contract: Contract) -> AuditRow:
+    c = contract
     findings, basis = [], []
     import importlib
 
@@ -244,14 +243,13 @@ def check_declared_exceptions(root: Path) -> AuditRow:
                     CONFORMANT if not findings else NONCONFORMANT, basis, findings)
 
 
-def check_bitwise_comparator(root: Path) -> AuditRow:
-    from rl_engine.contract import load_contract
+def check_bitwise_comparator(root: Path, contract: Contract) -> AuditRow:
     from rl_engine.gate.compare import compare_bitwise
 
     pos = torch.tensor([0x0000], dtype=torch.int16).view(torch.bfloat16)
     neg = torch.tensor([-0x8000], dtype=torch.int16).view(torch.bfloat16)
-    rep = compare_bitwise("probe", pos, neg, load_contract().nan_policy)
-    same = compare_bitwise("probe", pos, pos.clone(), load_contract().nan_policy)
+    rep = compare_bitwise("probe", pos, neg, contract.nan_policy)
+    same = compare_bitwise("probe", pos, pos.clone(), contract.nan_policy)
     findings = []
     if rep.passed:
         findings.append("+0 and -0 judged equal")
@@ -262,8 +260,7 @@ def check_bitwise_comparator(root: Path) -> AuditRow:
 
 
 def check_gate_coverage(root: Path, backends: list[str]) -> AuditRow:
-    from rl_engine.contract import load_contract
-    from rl_engine.gate.runner import JUDGMENTS, GateConfig, plan
+    from rl_engine.gate.plan import JUDGMENTS, GateConfig, plan
     from rl_engine.ops.registry import get_spec
     from rl_engine.ops.spec import TRANSFORMS, WORKLOADS
 
@@ -287,29 +284,33 @@ def check_gate_coverage(root: Path, backends: list[str]) -> AuditRow:
             d = spec.transform(t)
             if isinstance(d, str) and not d.strip():
                 findings.append(f"{op}: transform {t} is N/A without a reason")
-    _ = load_contract()
     return AuditRow(f"every required op has all its cells registered in the gate ({', '.join(backends)})",
                     CONFORMANT if not findings else NONCONFORMANT, [_where(plan, root)], findings)
 
 
-def run_audit(root: Path | None = None, execute: bool = True) -> list[AuditRow]:
-    """Run every check. ``execute=False`` skips the checks that run code (static scans only)."""
+def run_audit(root: Path | None = None, execute: bool = True, contract: Contract | None = None) -> list[AuditRow]:
+    """Run every check. ``execute=False`` skips the checks that run code (static scans only).
+    ``contract``: the contract the checks compare the code with (default: the shipped one, read
+    here — the audit is an entry point of its own)."""
+    if contract is None:
+        from rl_engine.contract import load_contract
+
+        contract = load_contract()
     root = root or PACKAGE_ROOT
-    rows = [check_tf32_dots(root), check_tolerance_literals(root), check_fp_contraction(root)]
+    rows = [check_tf32_dots(root), check_tolerance_literals(root), check_fp_contraction(root, contract)]
     if execute:
         rows.append(check_reference_guard(root))
         from rl_engine.backends.registry import availability
-        from rl_engine.contract import load_contract
 
-        required = load_contract().required_backends()
+        required = contract.required_backends()
         runnable = [b for b in required if availability(b)[0]]
         rows.append(check_reference_dtypes(root))
-        logprob = check_logprob_dtypes(root, runnable)
+        logprob = check_logprob_dtypes(root, runnable, contract)
         skipped = [f"{b} not run here: {availability(b)[1]}" for b in required if b not in runnable]
         if skipped:
             logprob.component += " — " + "; ".join(skipped)
         rows.append(logprob)
-        rows.append(check_declared_exceptions(root))
-        rows.append(check_bitwise_comparator(root))
+        rows.append(check_declared_exceptions(root, contract))
+        rows.append(check_bitwise_comparator(root, contract))
         rows.append(check_gate_coverage(root, required))
     return rows

@@ -1,9 +1,9 @@
 """Static scans of the package source (AST based, nothing is imported or executed).
 
 * :func:`tolerance_literals` — numeric literals given to tolerance-named keywords, parameters
-  or variables (DESIGN row 13: thresholds come only from the contract);
+  or variables (docs/decisions.md 13: thresholds come only from the contract);
 * :func:`unsafe_dots` — ``tl.dot`` calls without an explicit ``input_precision="ieee"``
-  (WS1 §9.7, pitfall P6);
+  (WS1 §9.7, docs/pitfalls.md P6);
 """
 
 from __future__ import annotations

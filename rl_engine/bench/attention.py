@@ -4,7 +4,7 @@ Prefill: one causal sequence of T tokens (T > 16), q ``[T, H, D]``, k / v ``[T, 
 (Qwen3-8B: H = 32, Hkv = 8, D = 128), against ``F.scaled_dot_product_attention`` forced to the
 flash backend (``is_causal=True``, ``enable_gqa=True``, inputs pre-laid-out as ``[1, H, T, D]``).
 TFLOP/s from the exact causal pair count (:func:`rl_engine.bench.counts.causal_pairs`). Target:
-forward >= 0.7x SDPA for 2k-8k tokens; forward + backward has no target in DESIGN.md.
+forward >= 0.7x SDPA for 2k-8k tokens; forward + backward has no target.
 
 Decode: B sequences (B = the token count, B <= 128), each one query against a full cache of
 ``Dims.decode_context`` keys (4096), k / v cache ``[B, L, Hkv, D]``. GB/s of the bytes that must

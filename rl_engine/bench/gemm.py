@@ -7,7 +7,7 @@ det_gemm ``a [M, K] @ b [K, N]`` with M = the token count, at four projection sh
 GB/s of the operands and result against the copy bandwidth (target >= 0.7x), plus cuBLAS's GB/s.
 
 lm_head ``hidden [T, E] @ weight[V, E]^T`` -> FP32 logits: against ``torch.matmul`` (cuBLAS, BF16
-out) followed by ``.float()``, the Hugging Face path to FP32 logits; no target in DESIGN.md.
+out) followed by ``.float()``, the Hugging Face path to FP32 logits; no target in :mod:`rl_engine.bench.targets`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ PROJECTIONS = {
 }
 QUICK_PROJECTIONS = ("q_proj/o_proj", "gate/up_proj", "down_proj")
 DECODE_MAX_TOKENS = 16
-"""Token counts up to this are decode shapes (bandwidth-bound; DESIGN.md "M <= 16")."""
+"""Token counts up to this are decode shapes (bandwidth-bound; the decode target's "M <= 16")."""
 
 
 def _det_gemm_case(proj: str, tokens: int) -> Case:

@@ -130,7 +130,7 @@ def render_md(doc: dict[str, Any]) -> str:
     rows = doc["rows"]
     judged = [r for r in rows if r["meets_target"] is not None]
     missed = [r for r in judged if not r["meets_target"]]
-    lines += ["## Targets (DESIGN.md \"Performance targets\")", ""]
+    lines += ["## Targets (docs/decisions.md \"Performance targets\")", ""]
     if not judged:
         lines += ["No target judged in this run" + (" (dry run)." if doc["dry_run"] else "."), ""]
     else:

@@ -3,7 +3,7 @@
 One row per (case, backend, baseline): ``value`` is ours in the case's metric, ``baseline_value``
 the baseline's (an implementation timed in the same process right beside ours, or a peak measured
 in the same run), ``ratio = value / baseline_value``, and ``target`` / ``meets_target`` where
-DESIGN.md sets a target for that row (:mod:`rl_engine.bench.targets`). Ours is measured once per
+a target is set for that row (:mod:`rl_engine.bench.targets`). Ours is measured once per
 (case, backend) and each baseline once per case, so every backend's row divides by the same
 baseline measurement.
 """

@@ -1,4 +1,5 @@
-"""Performance targets of DESIGN.md "Performance targets", as data.
+"""The performance targets, as data: this module is their one home (``docs/decisions.md``,
+"Performance targets", says what they are for).
 
 These are performance goals measured side by side in one run on one H200, never accuracy
 thresholds. ``target_ratio`` is compared with the row's ``ratio`` (ours / baseline) in the
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass
 class Target:
     key: str
     kernel: str
-    """The DESIGN.md row, in words."""
+    """The target, in words."""
     baseline: str
     """What the ratio divides by (``copy`` / ``cublas`` peaks or an implementation label)."""
     target_ratio: float
@@ -40,10 +41,10 @@ class Target:
 
 
 ELEMENTWISE_MIN_TOKENS = 1024
-"""DESIGN.md gives the rms_norm / rope / swiglu bandwidth targets without a shape; they are judged
+"""The rms_norm / rope / swiglu bandwidth targets were set without a shape; they are judged
 from 1024 tokens up, where the tensors (16-100 MB at Qwen3-8B sizes) take several microseconds to
 stream and launch latency no longer decides the rate. Smaller rows are reported without a target.
-(det_gemm decode and attention decode keep their targets at every size: DESIGN.md names M = 1.)"""
+(det_gemm decode and attention decode keep their targets at every size: those targets name M = 1.)"""
 
 TARGETS: dict[str, Target] = {t.key: t for t in (
     Target("det_gemm.prefill", "det_gemm, prefill shapes (M >= 1024) of Qwen3-8B", "cublas_same_shape",

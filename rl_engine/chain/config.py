@@ -6,7 +6,7 @@ V vocab (``vocab_size``).
 
 Fields that change the numbers and that some code bases fill in silently are REQUIRED here:
 ``head_dim`` (Qwen3 is not ``hidden_size // num_attention_heads``: Qwen3-0.6B has 1024 / 16 = 64 but
-``head_dim`` 128), ``rms_norm_eps`` (pitfall P12), ``rope_theta`` (pitfall P3) and
+``head_dim`` 128), ``rms_norm_eps`` (docs/pitfalls.md P12), ``rope_theta`` (docs/pitfalls.md P3) and
 ``tie_word_embeddings``. A missing one raises :class:`ConfigError` naming the field.
 
 Source: ``transformers.models.qwen3.configuration_qwen3.Qwen3Config`` and the Qwen3 ``config.json``
@@ -181,7 +181,7 @@ class Qwen3Config:
 
 
 PRESETS: dict[str, Qwen3Config] = {
-    # pitfall P1's model: 2 layers, hidden 256, 4 query heads, 2 KV heads, head dim 64, V = 151936
+    # the model of docs/pitfalls.md P1: 2 layers, hidden 256, 4 query heads, 2 KV heads, head dim 64, V = 151936
     "tiny": Qwen3Config(vocab_size=151936, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-6,
                         rope_theta=1e6, tie_word_embeddings=False, max_position_embeddings=40960),

@@ -10,9 +10,9 @@ Layouts:
 
 * ``smoke`` — 3 short sequences (6 active tokens, 2 decode steps; two sequences finish early), for
   the tiny chain in the Triton interpreter.
-* ``p1`` — pitfall P1: 8 sequences of lengths 5..12, prompt length 1 (every token after the
+* ``p1`` — docs/pitfalls.md P1: 8 sequences of lengths 5..12, prompt length 1 (every token after the
   first is scored: 60 active tokens).
-* ``p8`` — pitfall P8: one sequence, a 16-token prompt and 9 completion tokens, i.e. a 16-token
+* ``p8`` — docs/pitfalls.md P8: one sequence, a 16-token prompt and 9 completion tokens, i.e. a 16-token
   prefill + 8 decode steps against a 24-token teacher-forced pass (25 ids; the last one is only a
   target).
 * ``qwen3-8b`` — 8 sequences with prompts of 7 to 3963 tokens and 128-150 completion tokens each
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from rl_engine.chain.model import SeqBatch
+from rl_engine.chain.scoring import SeqBatch
 from rl_engine.errors import InputError
 
 LAYOUTS: dict[str, tuple[tuple[int, int], ...]] = {

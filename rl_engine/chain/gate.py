@@ -1,4 +1,4 @@
-"""The gate's chain-parity cell (WS1 §8, DESIGN rows 10 and 15).
+"""The gate's chain-parity cell (WS1 §8, docs/decisions.md 10 and 15).
 
 ``chain_parity_cell(backend, workload, contract, seed)`` runs, for each (seed, logit scale) of
 the workload's plan, on seeded synthetic weights and a seeded token fixture:
@@ -12,7 +12,7 @@ Status is ``green`` iff the strict profile holds (every active token's logprob b
 both styles, the project's target) AND the ws1 gate metrics hold, over all runs together; the
 reason says which failed. On a mismatch the first divergence (token, layer, op) is localised.
 
-Workloads: ``smoke`` runs the ``tiny-smoke`` model (the tiny Qwen3 of pitfall P1 with a 5000-token
+Workloads: ``smoke`` runs the ``tiny-smoke`` model (the tiny Qwen3 of docs/pitfalls.md P1 with a 5000-token
 vocabulary, so the Triton CPU interpreter finishes in well under a minute) on the ``smoke``
 fixture; ``qwen3-8b`` runs the Qwen3-8B architecture on the ``qwen3-8b`` fixture (1115 active
 tokens in 8 sequences per run, one sequence beyond 4096 positions), three seeds with logit scales
@@ -31,9 +31,10 @@ import torch
 
 from rl_engine.chain.config import get_config
 from rl_engine.chain.fixtures import make_fixture
-from rl_engine.chain.model import SAMPLING, Qwen3Model
+from rl_engine.chain.model import Qwen3Model
 from rl_engine.chain.parity import (PROFILES, abs_stats, flat_metrics, localize_first_divergence, parity_report,
                                     run_styles)
+from rl_engine.chain.scoring import SAMPLING
 from rl_engine.chain.weights import synthetic_weights
 from rl_engine.contract import Contract
 from rl_engine.errors import RLEngineError
@@ -70,7 +71,7 @@ def chain_kernel_id(backend: str, kernel_ids: dict[str, str]) -> str:
     """``chain/<backend>/qwen3_dense@<hash>``: hash of the chain sources and every op's kernel id."""
     h = hashlib.sha256()
     here = Path(inspect.getsourcefile(Qwen3Model) or "")
-    for name in ("model.py", "parity.py", "gate.py"):
+    for name in ("model.py", "scoring.py", "parity.py", "gate.py"):
         p = here.parent / name
         if p.is_file():
             h.update(p.read_bytes())
@@ -107,18 +108,18 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
         key = (plan["model"], plan["fixture"], run_seed, scale, str(device))
         reused = key in _SHARED_RUNS
         if not reused:  # the gold and the baseline do not depend on the judged backend
-            ref_model = Qwen3Model(weights, REFERENCE)
+            ref_model = Qwen3Model(weights, REFERENCE, norm_order=contract.rms_norm_order)
             ref = run_styles(ref_model, batch, head=HEAD, rollout=False)
             del ref_model
             _free(device)
-            base_model = Qwen3Model(weights, BASELINE)
+            base_model = Qwen3Model(weights, BASELINE, norm_order=contract.rms_norm_order)
             base = run_styles(base_model, batch, head=HEAD)
             del base_model
             if len(_SHARED_RUNS) >= _SHARED_RUNS_MAX:
                 _SHARED_RUNS.clear()
             _SHARED_RUNS[key] = (ref, base)
         ref, base = _SHARED_RUNS[key]
-        model = Qwen3Model(weights, backend)
+        model = Qwen3Model(weights, backend, norm_order=contract.rms_norm_order)
         ours = run_styles(model, batch, head=HEAD)
         kernel_ids.update(ours.kernel_ids)
         rep = parity_report(ours, contract, PROFILES, ref.train)
@@ -146,8 +147,8 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
     lhs, rhs = torch.cat(ours_train), torch.cat(ours_roll)
     digest = BitsDigest()
     digest.add_all((("teacher_forcing_logprobs", lhs), ("rollout_logprobs", rhs)))
-    reports = {p: chain_metrics(lhs, rhs, contract, p) for p in PROFILES}
-    base_rep = chain_metrics(torch.cat(base_train), torch.cat(base_roll), contract, "ws1")
+    reports = {p: chain_metrics(lhs, rhs, contract.chain_thresholds(p)) for p in PROFILES}
+    base_rep = chain_metrics(torch.cat(base_train), torch.cat(base_roll), contract.chain_thresholds("ws1"))
     ref_all = torch.cat(refs)
     strict, ws1 = reports["strict"], reports["ws1"]
     flat = flat_metrics(ws1)

@@ -1,26 +1,34 @@
-"""The Qwen3 dense forward, built only from the project's ops, serving two execution styles.
+"""The Qwen3 dense model, built only from the project's ops, and its static KV cache.
 
-Shape glossary: B batch (sequences), S_max KV-cache slots, T packed tokens, N active tokens,
+Shape glossary: B batch (sequences), S_max KV-cache slots, T packed tokens, N scored rows,
 E hidden, F ffn, H query heads, Hkv KV heads, D head dim, V vocab.
 
 One :meth:`Qwen3Model.forward` serves
 
-* **packed varlen** calls (``cu_seqlens``): training-style teacher forcing over a batch of whole
-  sequences, and the rollout-style prefill of the prompts (which also writes K/V into a static
-  cache), and
-* **decode** calls: one token for each of the B sequences against the static KV cache
-  (``attention_decode``).
+* **packed varlen** calls (``cu_seqlens``): training-style teacher forcing over whole sequences,
+  and the rollout-style prefill of the prompts (which also writes K/V into a :class:`KVCache`);
+* **decode** calls: one token for each of the B sequences against the static KV cache.
 
-Every op is the project's op for the chosen backend (``get_spec(op).impls[backend]``, the
-signatures of ``docs/ops-api.md``): ``embedding``, ``rms_norm`` (HF order from the contract),
-``det_gemm`` for every projection as ``x @ W.T`` with ``b = W.t()`` (a transposed view, no
-copy), ``qk_norm``, ``rope`` with FP32 cos/sin from ``rl_engine.ops.rope.cos_sin``, ``attention``
-/ ``attention_decode``, ``swiglu``, and the logprob head ``linear_logp`` (or ``lm_head`` + ``logp``).
+Every op comes from the model's :class:`OpTable`, which resolves ``op`` on the chosen backend
+through the backend registry (:func:`rl_engine.backends.registry.check_backend`) on first use, with
+the signatures of ``docs/ops-api.md``: ``embedding``, ``rms_norm`` (the contract's rounding order),
+``det_gemm`` for every projection as ``x @ W.T`` with ``b = W.t()`` (a transposed view, no copy),
+``qk_norm``, ``rope`` with FP32 cos/sin from ``rl_engine.ops.rope.cos_sin``, ``attention`` /
+``attention_decode``, ``swiglu``, and the logprob head ``linear_logp`` (or ``lm_head`` + ``logp``).
 Residual adds are plain tensor adds in the execution dtype (BF16 for kernel backends, as Hugging
-Face does). ``reference_fp32`` runs the whole model in FP32 on upcast weights (WS1 §3.1).
+Face does). ``reference_fp32`` runs the whole model in FP32 on upcast weights.
+
+Each op call names its site (``"q_proj"``, ``"attn_residual"``, ...): the plain table ignores it;
+the recording table of :mod:`rl_engine.chain.scoring` hands every output to a recorder under
+``layer{i}.{site}`` (first-divergence localisation), so the forward carries no recording code.
 
 K and V enter the cache after RoPE, rounded to the execution dtype exactly once (by the rope /
-projection op that produced them), and the prefill attention reads those same values (pitfall P8).
+projection op that produced them), and the prefill attention reads those same values
+(``docs/pitfalls.md`` P8).
+
+A decode step does not read a device value on the host once its inputs are validated: callers
+that validated a whole plan (positions below ``S_max`` and the RoPE table) pass ``checked=True``
+(``score_rollout``, the rollout engine), and the step is then free of host syncs.
 
 Math source: ``transformers/models/qwen3/modeling_qwen3.py`` (Qwen3DecoderLayer, Qwen3Attention,
 Qwen3MLP, Qwen3RMSNorm, rotate-half RoPE).
@@ -28,8 +36,7 @@ Qwen3MLP, Qwen3RMSNorm, rotate-half RoPE).
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +45,9 @@ import torch
 from rl_engine.backends.registry import check_backend
 from rl_engine.chain.config import Qwen3Config
 from rl_engine.chain.weights import Qwen3Weights
-from rl_engine.errors import BackendUnavailable, InputError, RLEngineError
+from rl_engine.errors import InputError, RLEngineError
+from rl_engine.provenance import kernel_id
 
-CHAIN_OPS = ("embedding", "rms_norm", "qk_norm", "det_gemm", "rope", "attention", "swiglu",
-             "linear_logp", "lm_head", "logp")
 HEADS = ("linear_logp", "lm_head_logp")
 
 LAYER_OP_ORDER = (
@@ -49,99 +55,52 @@ LAYER_OP_ORDER = (
     "attention", "o_proj", "attn_residual", "post_attention_layernorm", "gate_proj", "up_proj",
     "swiglu", "down_proj", "mlp_residual",
 )
-"""Activations recorded per layer, in forward order (first-divergence localisation)."""
-
-_DECODE_FUNCTIONS = {
-    "reference_fp32": ("rl_engine.ops.attention.reference", ("attention_decode_reference", "attention_decode")),
-    "torch_bf16": ("rl_engine.ops.attention.torch_bf16", ("attention_decode_torch_bf16", "attention_decode")),
-    "triton_cuda_bf16": ("rl_engine.ops.attention.triton", ("attention_decode_triton", "attention_decode")),
-}
+"""The op sites of one decoder layer, in forward order (first-divergence localisation)."""
 
 
-class ChainOps:
-    """The op implementations of one backend, resolved lazily through the op registry.
+def _add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b
 
-    ``ops.call("rms_norm", x=..., weight=..., eps=..., order=...)`` runs
-    ``get_spec("rms_norm").impls[backend]``. ``attention_decode`` comes from the attention op's
-    ``DECODE_IMPLS`` table (or its backend module). An external backend registered with
-    ``rl_engine.register_backend`` supplies every op it provides (``attention_decode`` under that
-    name). A missing op raises BackendUnavailable naming it.
+
+class OpTable:
+    """The op implementations of one backend, resolved through the registry on first use.
+
+    ``table(site, op, **kwargs)`` runs ``op`` (``site`` is for wrappers, see module docstring).
+    ``add`` is the residual add, a plain tensor add. :meth:`replace` gives a table with some
+    implementations swapped (the row-parallel model, negative controls).
+
+    Raises
+    ------
+    BackendUnavailable, RLEngineError
+        On construction, the backend is unknown or cannot run here; on first use of an op, the
+        backend does not provide it.
     """
 
-    def __init__(self, backend: str):
-        from rl_engine.backends.registry import BACKENDS
-
+    def __init__(self, backend: str, impls: Mapping[str, Callable[..., Any]] | None = None):
         self.backend = backend
-        self._impls: dict[str, Callable[..., Any]] = {}
-        self._plugin = None
-        if backend in BACKENDS:
-            check_backend(backend)
-        else:  # an external backend registered through rl_engine.backends.plugins
-            from rl_engine.backends.plugins import get_plugin
-
-            plugin = get_plugin(backend)
-            if plugin is None:
-                check_backend(backend)  # raises: unknown backend
-            ok, why = plugin.availability()
-            if not ok:
-                raise BackendUnavailable(f"backend {backend} cannot run here: {why}")
-            self._plugin = plugin
+        self._backend = check_backend(backend)
+        self._impls: dict[str, Callable[..., Any]] = dict(impls or {})
 
     def impl(self, op: str) -> Callable[..., Any]:
-        if op in self._impls:
-            return self._impls[op]
-        if self._plugin is not None:
-            fn = self._plugin.ops.get(op)
-            if fn is None:
-                raise BackendUnavailable(f"chain: backend {self.backend} does not provide {op}, which the chain needs")
+        fn = self._impls.get(op)
+        if fn is None:
+            fn = _add if op == "add" else self._backend.impl(op)
             self._impls[op] = fn
-            return fn
-        if op == "attention_decode":
-            fn = self._decode_impl()
-        else:
-            from rl_engine.ops.registry import get_spec
-
-            try:
-                spec = get_spec(op)
-            except ModuleNotFoundError as exc:
-                raise BackendUnavailable(f"chain: op {op} is not implemented yet "
-                                         f"(rl_engine/ops/{op}/spec.py cannot be imported: {exc})") from exc
-            if self.backend not in spec.impls:
-                raise BackendUnavailable(f"chain: op {op} has no {self.backend} implementation")
-            fn = spec.impls[self.backend]
-        self._impls[op] = fn
         return fn
 
-    def _decode_impl(self) -> Callable[..., Any]:
-        try:  # the attention op's own table, when it has one
-            from rl_engine.ops.attention.spec import DECODE_IMPLS
-
-            if self.backend in DECODE_IMPLS:
-                return DECODE_IMPLS[self.backend]
-        except ImportError:
-            pass
-        if self.backend not in _DECODE_FUNCTIONS:
-            raise BackendUnavailable(f"chain: no attention_decode for backend {self.backend}")
-        module_name, names = _DECODE_FUNCTIONS[self.backend]
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            raise BackendUnavailable(f"chain: {module_name} cannot be imported ({exc}); "
-                                     f"attention_decode for {self.backend} is missing") from exc
-        for n in names:
-            fn = getattr(module, n, None)
-            if callable(fn):
-                return fn
-        raise BackendUnavailable(f"chain: {module_name} has none of {names} (attention_decode for {self.backend})")
-
-    def call(self, op: str, **kwargs: Any) -> torch.Tensor:
+    def __call__(self, site: str, op: str, **kwargs: Any) -> torch.Tensor:
         return self.impl(op)(**kwargs)
 
-    def kernel_ids(self) -> dict[str, str]:
-        """``op -> op/backend/function@source-hash`` for every op this model has run."""
-        from rl_engine.gate.runner import kernel_id
+    def scope(self, prefix: str) -> OpTable:
+        """The table for the sites of one layer (the plain table has no use for the prefix)."""
+        return self
 
-        return {op: kernel_id(op, self.backend, fn) for op, fn in sorted(self._impls.items())}
+    def replace(self, **impls: Callable[..., Any]) -> OpTable:
+        return OpTable(self.backend, {**self._impls, **impls})
+
+    def kernel_ids(self) -> dict[str, str]:
+        """``op -> op/backend/function@source-hash`` for every op this table has run."""
+        return {op: kernel_id(op, self.backend, fn) for op, fn in sorted(self._impls.items()) if op != "add"}
 
 
 @dataclass
@@ -171,17 +130,21 @@ class KVCache:
         return self.k[0].shape[1]
 
 
-Recorder = Callable[[str, torch.Tensor], None]
-"""``recorder(where, x)``: called with every op output [T, ...] of a forward call
-(``where`` like ``layer3.q_proj``, ``embedding``, ``final_norm``)."""
+@dataclass(frozen=True)
+class _Step:
+    """Where one forward call writes and reads the cache (built by :meth:`Qwen3Model._step`)."""
+
+    rows: torch.Tensor | None  # cache row of every token, [T] (None: no cache)
+    cache_seqlens: torch.Tensor | None  # decode: int32 [B] = positions + 1
 
 
 class Qwen3Model:
     """Qwen3 dense model on one backend.
 
     ``weights`` are BF16 (:class:`Qwen3Weights`); for ``reference_fp32`` they are upcast to FP32
-    once here (the same values). ``norm_order`` defaults to the contract's
-    ``declared_exceptions.rms_norm_rounding_order`` (``hf``).
+    once here (the same values). ``norm_order`` is the RMSNorm rounding order the contract
+    declares (``contract.rms_norm_order``, ``hf``); when left out it is read from the contract
+    file, for callers that have no contract in hand.
 
     Raises
     ------
@@ -192,10 +155,10 @@ class Qwen3Model:
     """
 
     def __init__(self, weights: Qwen3Weights, backend: str, *, norm_order: str | None = None):
-        self.ops = ChainOps(backend)
+        self.ops = OpTable(backend)
         self.backend = backend
         self.config = weights.config
-        if norm_order is None:
+        if norm_order is None:  # a public entry point: the contract is read here when not handed in
             from rl_engine.contract import load_contract
 
             norm_order = load_contract().rms_norm_order
@@ -211,38 +174,66 @@ class Qwen3Model:
         self.device = weights.device
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    # -- pieces ----------------------------------------------------------------------------------
-    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # -- inputs ----------------------------------------------------------------------------------
+    def check_positions(self, lo: int, hi: int, s_max: int | None = None, what: str = "positions") -> None:
+        """Validate a plan's position range ``[lo, hi]`` once, on the host (no device read):
+        inside the RoPE table and, with ``s_max``, inside the cache."""
+        if lo < 0 or hi >= self.config.max_position_embeddings:
+            raise InputError(f"{what}: range [{lo}, {hi}] outside [0, max_position_embeddings="
+                             f"{self.config.max_position_embeddings})")
+        if s_max is not None and hi >= s_max:
+            raise InputError(f"{what}: position {hi} beyond the cache's S_max={s_max}")
+
+    def _check_device_positions(self, positions: torch.Tensor, s_max: int | None, what: str) -> None:
+        if positions.numel():  # reads two device values: the unvalidated path only
+            self.check_positions(int(positions.min()), int(positions.max()), s_max, what)
+
+    def rope_tables(self, positions: torch.Tensor, *, checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, D/2] float32 for ``positions`` [T] int64.
 
         Rows of one table ``cos_sin(arange(max_position_embeddings))`` built once per model, so a
-        position gets the same bits in every call (whatever the batch around it).
+        position gets the same bits in every call (whatever the batch around it). Unless
+        ``checked``, the positions are validated first (InputError outside the table).
         """
         from rl_engine.ops.rope import cos_sin
 
         if self._rope_table is None:
             pos = torch.arange(self.config.max_position_embeddings, dtype=torch.int64, device=self.device)
             self._rope_table = cos_sin(pos, self.config.rope_theta, self.config.head_dim)
-        if positions.numel():
-            hi = int(positions.max())
-            lo = int(positions.min())
-            if lo < 0 or hi >= self.config.max_position_embeddings:
-                raise InputError(f"positions: range [{lo}, {hi}] outside [0, max_position_embeddings="
-                                 f"{self.config.max_position_embeddings})")
+        if not checked:
+            self._check_device_positions(positions, None, "positions")
         cos, sin = self._rope_table
         return cos.index_select(0, positions).contiguous(), sin.index_select(0, positions).contiguous()
 
-    def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``x [T, K] @ W[N, K].T`` through det_gemm with ``b = W.t()`` (a transposed view)."""
-        return self.ops.call("det_gemm", a=x, b=w.t())
-
-    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return self.ops.call("rms_norm", x=x, weight=w, eps=self.config.rms_norm_eps, order=self.norm_order)
+    def _step(self, ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None,
+              cache: KVCache | None, decode: bool, checked: bool) -> _Step:
+        t = int(ids.shape[0])
+        if ids.dim() != 1 or positions.shape != ids.shape:
+            raise InputError(f"ids and positions must be [T] of one length, got {list(ids.shape)} and "
+                             f"{list(positions.shape)}")
+        if decode:
+            if cache is None:
+                raise InputError("decode=True needs a KV cache")
+            if t != cache.batch:
+                raise InputError(f"decode: {t} tokens for a cache of batch {cache.batch}; one token per sequence")
+            if not checked:
+                self._check_device_positions(positions, cache.s_max, "decode")
+            return _Step(torch.arange(t, device=ids.device), (positions + 1).to(torch.int32))
+        if cu_seqlens is None:
+            raise InputError("a packed varlen forward needs cu_seqlens")
+        if not checked:
+            self._check_device_positions(positions, None if cache is None else cache.s_max, "prefill")
+        if cache is None:
+            return _Step(None, None)
+        lens = cu_seqlens[1:] - cu_seqlens[:-1]
+        if lens.numel() != cache.batch:
+            raise InputError(f"prefill: {lens.numel()} sequences for a cache of batch {cache.batch}")
+        return _Step(torch.repeat_interleave(torch.arange(lens.numel(), device=ids.device), lens.long()), None)
 
     # -- the forward -------------------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None,
-                cache: KVCache | None = None, decode: bool = False,
-                recorder: Recorder | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, decode: bool = False, checked: bool = False,
+                ops: OpTable | None = None) -> torch.Tensor:
         """Run the decoder stack and the final norm. Returns hidden [T, E] (execution dtype).
 
         Packed varlen (``decode=False``): ids, positions [T] int64 (positions restart at 0 in each
@@ -254,108 +245,70 @@ class Qwen3Model:
         required; K/V of the token are written to slot ``positions[b]``, then
         ``attention_decode(q [B, H, D], k_cache, v_cache, cache_seqlens=positions + 1, scale)``.
 
+        ``checked=True``: the caller has validated the positions (:meth:`check_positions`); no
+        device value is read on the host. ``ops``: the op table to run (default ``self.ops``).
+
         Raises
         ------
         InputError
             Inconsistent shapes, positions outside the cache or the RoPE table.
         """
-        cfg = self.config
-        h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        t = int(ids.shape[0])
-        if ids.dim() != 1 or positions.shape != ids.shape:
-            raise InputError(f"ids and positions must be [T] of one length, got {list(ids.shape)} and "
-                             f"{list(positions.shape)}")
-        rec = recorder or (lambda where, x: None)
-        if decode:
-            if cache is None:
-                raise InputError("decode=True needs a KV cache")
-            if t != cache.batch:
-                raise InputError(f"decode: {t} tokens for a cache of batch {cache.batch}; one token per sequence")
-            rows = torch.arange(t, device=ids.device)
-            if t and int(positions.max()) >= cache.s_max:
-                raise InputError(f"decode: position {int(positions.max())} beyond the cache's S_max={cache.s_max}")
-            cache_seqlens = (positions + 1).to(torch.int32)
-        else:
-            if cu_seqlens is None:
-                raise InputError("a packed varlen forward needs cu_seqlens")
-            if cache is not None:
-                lens = cu_seqlens[1:] - cu_seqlens[:-1]
-                if lens.numel() != cache.batch:
-                    raise InputError(f"prefill: {lens.numel()} sequences for a cache of batch {cache.batch}")
-                rows = torch.repeat_interleave(torch.arange(lens.numel(), device=ids.device), lens.long())
-                if t and int(positions.max()) >= cache.s_max:
-                    raise InputError(f"prefill: position {int(positions.max())} beyond S_max={cache.s_max}")
-        cos, sin = self.rope_tables(positions)
-        x = self.ops.call("embedding", ids=ids, weight=self.weights.embed_tokens)
-        rec("embedding", x)
+        f = ops or self.ops
+        step = self._step(ids, positions, cu_seqlens, cache, decode, checked)
+        cos, sin = self.rope_tables(positions, checked=True)
+        x = f("embedding", "embedding", ids=ids, weight=self.weights.embed_tokens)
         for li, lw in enumerate(self.weights.layers):
-            p = f"layer{li}."
-            residual = x
-            xn = self._norm(x, lw.input_layernorm)
-            rec(p + "input_layernorm", xn)
-            q = self._linear(xn, lw.q_proj)
-            rec(p + "q_proj", q)
-            k = self._linear(xn, lw.k_proj)
-            rec(p + "k_proj", k)
-            v = self._linear(xn, lw.v_proj)
-            rec(p + "v_proj", v)
-            q = self.ops.call("qk_norm", x=q.reshape(t, h, d), weight=lw.q_norm, eps=cfg.rms_norm_eps,
-                              order=self.norm_order)
-            rec(p + "q_norm", q)
-            k = self.ops.call("qk_norm", x=k.reshape(t, hkv, d), weight=lw.k_norm, eps=cfg.rms_norm_eps,
-                              order=self.norm_order)
-            rec(p + "k_norm", k)
-            q = self.ops.call("rope", x=q, cos=cos, sin=sin)
-            rec(p + "q_rope", q)
-            k = self.ops.call("rope", x=k, cos=cos, sin=sin)
-            rec(p + "k_rope", k)
-            v = v.reshape(t, hkv, d)
-            if cache is not None:
-                # the one rounding of K/V happened in rope / v_proj; the cache stores those bits
-                cache.k[li][rows, positions] = k
-                cache.v[li][rows, positions] = v
-            if decode:
-                a = self.ops.call("attention_decode", q=q, k_cache=cache.k[li], v_cache=cache.v[li],
-                                  cache_seqlens=cache_seqlens, scale=cfg.attention_scale)
-            else:
-                a = self.ops.call("attention", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
-                                  scale=cfg.attention_scale)
-            rec(p + "attention", a)
-            o = self._linear(a.reshape(t, h * d), lw.o_proj)
-            rec(p + "o_proj", o)
-            x = residual + o
-            rec(p + "attn_residual", x)
-            residual = x
-            xn = self._norm(x, lw.post_attention_layernorm)
-            rec(p + "post_attention_layernorm", xn)
-            g = self._linear(xn, lw.gate_proj)
-            rec(p + "gate_proj", g)
-            u = self._linear(xn, lw.up_proj)
-            rec(p + "up_proj", u)
-            m = self.ops.call("swiglu", gate=g, up=u)
-            rec(p + "swiglu", m)
-            dn = self._linear(m, lw.down_proj)
-            rec(p + "down_proj", dn)
-            x = residual + dn
-            rec(p + "mlp_residual", x)
-        x = self._norm(x, self.weights.norm)
-        rec("final_norm", x)
-        return x
+            x = self._layer(f.scope(f"layer{li}."), li, lw, x, positions, cos, sin, cu_seqlens, cache, step)
+        return self._norm(f, "final_norm", x, self.weights.norm)
 
+    def _norm(self, f: OpTable, site: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return f(site, "rms_norm", x=x, weight=w, eps=self.config.rms_norm_eps, order=self.norm_order)
+
+    def _layer(self, f: OpTable, li: int, lw: Any, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor, cu_seqlens: torch.Tensor | None, cache: KVCache | None, step: _Step) -> torch.Tensor:
+        """One Qwen3DecoderLayer: ``x + attn(norm(x))``, then ``+ mlp(norm(.))``."""
+        cfg = self.config
+        t, h, hkv, d = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        xn = self._norm(f, "input_layernorm", x, lw.input_layernorm)
+        q = f("q_proj", "det_gemm", a=xn, b=lw.q_proj.t())
+        k = f("k_proj", "det_gemm", a=xn, b=lw.k_proj.t())
+        v = f("v_proj", "det_gemm", a=xn, b=lw.v_proj.t()).reshape(t, hkv, d)
+        q = f("q_norm", "qk_norm", x=q.reshape(t, h, d), weight=lw.q_norm, eps=cfg.rms_norm_eps, order=self.norm_order)
+        k = f("k_norm", "qk_norm", x=k.reshape(t, hkv, d), weight=lw.k_norm, eps=cfg.rms_norm_eps, order=self.norm_order)
+        q = f("q_rope", "rope", x=q, cos=cos, sin=sin)
+        k = f("k_rope", "rope", x=k, cos=cos, sin=sin)
+        if cache is not None:  # the one rounding of K/V happened in rope / v_proj; the cache stores those bits
+            cache.k[li][step.rows, positions] = k
+            cache.v[li][step.rows, positions] = v
+        if step.cache_seqlens is not None:
+            a = f("attention", "attention_decode", q=q, k_cache=cache.k[li], v_cache=cache.v[li],
+                  cache_seqlens=step.cache_seqlens, scale=cfg.attention_scale)
+        else:
+            a = f("attention", "attention", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
+                  scale=cfg.attention_scale)
+        x = f("attn_residual", "add", a=x, b=f("o_proj", "det_gemm", a=a.reshape(t, h * d), b=lw.o_proj.t()))
+        xn = self._norm(f, "post_attention_layernorm", x, lw.post_attention_layernorm)
+        g = f("gate_proj", "det_gemm", a=xn, b=lw.gate_proj.t())
+        u = f("up_proj", "det_gemm", a=xn, b=lw.up_proj.t())
+        m = f("swiglu", "swiglu", gate=g, up=u)
+        return f("mlp_residual", "add", a=x, b=f("down_proj", "det_gemm", a=m, b=lw.down_proj.t()))
+
+    # -- the head ----------------------------------------------------------------------------------
     def logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, *, head: str = "linear_logp",
                  temperature: float = 1.0) -> torch.Tensor:
         """FP32 logprobs [N] of ``targets`` [N] int64 given final hidden rows [N, E].
 
         ``head="linear_logp"``: fused ``linear_logp(hidden, lm_head, targets, temperature)``;
         ``head="lm_head_logp"``: ``logp(lm_head(hidden, W) [N, V] fp32, targets, temperature)``.
-        Logits are FP32 in both (DESIGN row 14).
+        Logits are FP32 in both (``docs/decisions.md`` 14).
         """
+        f = self.ops
         if head == "linear_logp":
-            out = self.ops.call("linear_logp", hidden=hidden, weight=self.weights.lm_head, targets=targets,
-                                temperature=temperature)
+            out = f("logp", "linear_logp", hidden=hidden, weight=self.weights.lm_head, targets=targets,
+                    temperature=temperature)
         elif head == "lm_head_logp":
-            logits = self.ops.call("lm_head", hidden=hidden, weight=self.weights.lm_head)
-            out = self.ops.call("logp", logits=logits, targets=targets, temperature=temperature)
+            logits = f("lm_head", "lm_head", hidden=hidden, weight=self.weights.lm_head)
+            out = f("logp", "logp", logits=logits, targets=targets, temperature=temperature)
         else:
             raise InputError(f"head must be one of {HEADS}, got {head!r}")
         if out.dtype != torch.float32:
@@ -364,183 +317,4 @@ class Qwen3Model:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """FP32 logits [N, V] of final hidden rows [N, E] (``lm_head`` op)."""
-        return self.ops.call("lm_head", hidden=hidden, weight=self.weights.lm_head)
-
-
-# -- batches of sequences ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SeqBatch:
-    """Sequences to score: token ids [L_b] int64 per sequence, and the prompt length P_b of each.
-
-    The active tokens of sequence b are its completion tokens ``tokens[b][P_b:]`` (C_b = L_b - P_b
-    of them, C_b >= 1, P_b >= 1); token ``t`` is scored given tokens ``< t``.
-    """
-
-    tokens: tuple[torch.Tensor, ...]
-    prompt_lens: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        if len(self.tokens) != len(self.prompt_lens):
-            raise InputError(f"{len(self.tokens)} sequences but {len(self.prompt_lens)} prompt lengths")
-        for b, (tok, p) in enumerate(zip(self.tokens, self.prompt_lens)):
-            if tok.dim() != 1 or tok.dtype != torch.int64:
-                raise InputError(f"sequence {b}: expected [L] int64 token ids, got {list(tok.shape)} {tok.dtype}")
-            if not 1 <= p < tok.numel():
-                raise InputError(f"sequence {b}: prompt length {p} must be in [1, L-1] with L={tok.numel()}")
-
-    @property
-    def batch(self) -> int:
-        return len(self.tokens)
-
-    def completion_lens(self) -> list[int]:
-        return [int(t.numel()) - p for t, p in zip(self.tokens, self.prompt_lens)]
-
-    @property
-    def active_tokens(self) -> int:
-        return sum(self.completion_lens())
-
-    def subset(self, idx: Sequence[int]) -> SeqBatch:
-        return SeqBatch(tuple(self.tokens[i] for i in idx), tuple(self.prompt_lens[i] for i in idx))
-
-    def active_index(self) -> list[tuple[int, int]]:
-        """(sequence, position of the scored token) of every active token, in output order."""
-        return [(b, p) for b, (tok, pl) in enumerate(zip(self.tokens, self.prompt_lens))
-                for p in range(pl, int(tok.numel()))]
-
-
-def _cu(lengths: Sequence[int], device: torch.device) -> torch.Tensor:
-    cu = [0]
-    for n in lengths:
-        cu.append(cu[-1] + int(n))
-    return torch.tensor(cu, dtype=torch.int32, device=device)
-
-
-class TokenKeys:
-    """Global token keys for recording: key = offset[b] + position, one per (sequence, position)."""
-
-    def __init__(self, batch: SeqBatch):
-        self.offsets = [0]
-        for tok in batch.tokens:
-            self.offsets.append(self.offsets[-1] + int(tok.numel()))
-        self.total = self.offsets[-1]
-
-    def key(self, b: int, pos: int) -> int:
-        return self.offsets[b] + pos
-
-    def locate(self, key: int) -> tuple[int, int]:
-        for b in range(len(self.offsets) - 1):
-            if key < self.offsets[b + 1]:
-                return b, key - self.offsets[b]
-        raise IndexError(key)
-
-
-def score_teacher_forcing(model: Qwen3Model, batch: SeqBatch, *, head: str = "linear_logp",
-                          temperature: float = 1.0, micro_batch: int | None = None,
-                          recorder: Any = None) -> torch.Tensor:
-    """Training style: packed varlen forward over whole sequences, logprob of token t+1 given <= t.
-
-    Returns FP32 [N] for the active (completion) tokens in :meth:`SeqBatch.active_index` order.
-    ``micro_batch`` splits the sequences into consecutive groups of that many, scored by separate
-    forwards (the result must not depend on it: pitfall P1). ``recorder`` (an
-    :class:`rl_engine.chain.parity.ActivationRecorder`) sees every op output.
-    """
-    dev = model.device
-    groups = [list(range(batch.batch))]
-    if micro_batch is not None:
-        if micro_batch < 1:
-            raise InputError(f"micro_batch must be >= 1, got {micro_batch}")
-        groups = [list(range(i, min(i + micro_batch, batch.batch))) for i in range(0, batch.batch, micro_batch)]
-    keys = TokenKeys(batch) if recorder is not None else None
-    out = []
-    with torch.no_grad():
-        for grp in groups:
-            sub = batch.subset(grp)
-            lens = [int(t.numel()) for t in sub.tokens]
-            ids = torch.cat(list(sub.tokens)).to(dev)
-            positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in lens]).to(dev)
-            cu = _cu(lens, dev)
-            if recorder is not None:
-                recorder.set_rows([keys.key(b, p) for b in grp for p in range(int(batch.tokens[b].numel()))])
-            hidden = model.forward(ids, positions, cu_seqlens=cu, recorder=recorder)
-            rows, targets = [], []
-            start = 0
-            for tok, pl, n in zip(sub.tokens, sub.prompt_lens, lens):
-                rows.extend(range(start + pl - 1, start + n - 1))
-                targets.append(tok[pl:])
-                start += n
-            rows_t = torch.tensor(rows, dtype=torch.int64, device=dev)
-            h_act = hidden.index_select(0, rows_t)
-            lp = model.logprobs(h_act, torch.cat(targets).to(dev), head=head, temperature=temperature)
-            if recorder is not None:
-                recorder.set_rows([keys.key(b, p - 1) for b in grp
-                                   for p in range(batch.prompt_lens[b], int(batch.tokens[b].numel()))])
-                recorder("logp", lp)
-            out.append(lp)
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float32, device=dev)
-
-
-def score_rollout(model: Qwen3Model, batch: SeqBatch, *, head: str = "linear_logp", temperature: float = 1.0,
-                  recorder: Any = None, cache_fill: float = float("nan")) -> torch.Tensor:
-    """Rollout style: prefill every prompt (packed varlen, K/V into a static cache), then decode
-    token by token for all B sequences at once, fed the batch's own completion tokens.
-
-    Decode step ``s`` feeds token ``P_b + s`` of every sequence b (one step = B tokens) and scores
-    token ``P_b + s + 1``; the prefill's last row scores token ``P_b``. A sequence whose
-    completion is shorter than the longest keeps being fed a dummy token (id 0 at position
-    ``L_b - 1``, a slot no later step of that sequence reads) whose results are discarded, so
-    every step has B rows. The cache has ``S_max = max_b L_b`` slots. Sampling settings: temperature as given, no
-    top-k, no top-p (the tokens are the fixture's, not sampled).
-
-    Returns FP32 [N] in :meth:`SeqBatch.active_index` order.
-    """
-    dev = model.device
-    cfg = model.config
-    bsz = batch.batch
-    comp = batch.completion_lens()
-    steps = max(comp) - 1
-    s_max = max(int(t.numel()) for t in batch.tokens)
-    keys = TokenKeys(batch) if recorder is not None else None
-    per_seq: list[list[torch.Tensor]] = [[] for _ in range(bsz)]
-    with torch.no_grad():
-        cache = KVCache.allocate(cfg, bsz, s_max, model.dtype, dev, fill=cache_fill)
-        # prefill
-        plens = list(batch.prompt_lens)
-        ids = torch.cat([t[:p] for t, p in zip(batch.tokens, plens)]).to(dev)
-        positions = torch.cat([torch.arange(p, dtype=torch.int64) for p in plens]).to(dev)
-        cu = _cu(plens, dev)
-        if recorder is not None:
-            recorder.set_rows([keys.key(b, p) for b in range(bsz) for p in range(plens[b])])
-        hidden = model.forward(ids, positions, cu_seqlens=cu, cache=cache, recorder=recorder)
-        last = torch.tensor([int(c) - 1 for c in cu[1:].tolist()], dtype=torch.int64, device=dev)
-        targets = torch.stack([t[p] for t, p in zip(batch.tokens, plens)]).to(dev)
-        lp = model.logprobs(hidden.index_select(0, last), targets, head=head, temperature=temperature)
-        if recorder is not None:
-            recorder.set_rows([keys.key(b, plens[b] - 1) for b in range(bsz)])
-            recorder("logp", lp)
-        for b in range(bsz):
-            per_seq[b].append(lp[b : b + 1])
-        # decode
-        for s in range(steps):
-            live = [s < comp[b] - 1 for b in range(bsz)]
-            step_ids = torch.tensor([int(batch.tokens[b][plens[b] + s]) if live[b] else 0 for b in range(bsz)],
-                                    dtype=torch.int64, device=dev)
-            step_pos = torch.tensor([plens[b] + s if live[b] else plens[b] + comp[b] - 1 for b in range(bsz)],
-                                    dtype=torch.int64, device=dev)
-            step_tgt = torch.tensor([int(batch.tokens[b][plens[b] + s + 1]) if live[b] else 0 for b in range(bsz)],
-                                    dtype=torch.int64, device=dev)
-            if recorder is not None:
-                recorder.set_rows([keys.key(b, plens[b] + s) if live[b] else -1 for b in range(bsz)])
-            hidden = model.forward(step_ids, step_pos, cache=cache, decode=True, recorder=recorder)
-            lp = model.logprobs(hidden, step_tgt, head=head, temperature=temperature)
-            if recorder is not None:
-                recorder("logp", lp)
-            for b in range(bsz):
-                if live[b]:
-                    per_seq[b].append(lp[b : b + 1])
-    parts = [torch.cat(p) for p in per_seq]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32, device=dev)
-
-
-SAMPLING = {"temperature": 1.0, "top_k": None, "top_p": None,
-            "tokens": "fed from the fixture (teacher-forced decode), not sampled"}
-"""Sampling settings of both styles, recorded with every result (pitfall P11)."""
+        return self.ops("lm_head", "lm_head", hidden=hidden, weight=self.weights.lm_head)

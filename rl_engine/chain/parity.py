@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from rl_engine.chain.fixtures import Fixture
-from rl_engine.chain.model import SAMPLING, Qwen3Model, SeqBatch, TokenKeys, score_rollout, score_teacher_forcing
+from rl_engine.chain.model import Qwen3Model
+from rl_engine.chain.scoring import SAMPLING, SeqBatch, TokenKeys, score_rollout, score_teacher_forcing
 from rl_engine.contract import Contract
 from rl_engine.gate.compare import _quantile, chain_metrics
 
@@ -66,10 +67,10 @@ def row_digest(x: torch.Tensor) -> torch.Tensor:
 
 
 class ActivationRecorder:
-    """Recorder passed to :meth:`Qwen3Model.forward` (and the scoring functions).
+    """Recorder passed to the scoring functions (``recorder(site, x)``, fed by their recording op table).
 
     The scoring function calls :meth:`set_rows` with the global key (see
-    :class:`~rl_engine.chain.model.TokenKeys`) of every row of the next forward call (-1 for
+    :class:`~rl_engine.chain.scoring.TokenKeys`) of every row of the next forward call (-1 for
     rows to ignore); each op output is then reduced to per-row digests. With ``capture`` (a set of
     keys) the full rows of those tokens are also kept (on the CPU) for every op.
     """
@@ -276,7 +277,7 @@ def parity_report(run: StyleRun, contract: Contract, profiles: Sequence[str] = P
     out: dict[str, Any] = {"backend": run.backend, "seconds": run.seconds, "profiles": {}}
     if run.rollout is not None:
         for p in profiles:
-            rep = chain_metrics(run.train, run.rollout, contract, p)
+            rep = chain_metrics(run.train, run.rollout, contract.chain_thresholds(p))
             out["profiles"][p] = {"passed": rep.passed, "summary": rep.summary(), "metrics": rep.metrics,
                                   **{k: v for k, v in flat_metrics(rep).items() if k != "passed"}}
     if reference is not None:

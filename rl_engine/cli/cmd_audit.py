@@ -25,8 +25,9 @@ def run(args) -> int:
     if not torch.cuda.is_available() and not env.triton_interpret():
         env.enable_triton_interpreter()
     from rl_engine.audit import run_audit
+    from rl_engine.contract import load_contract
 
-    rows = run_audit(Path(args.root) if args.root else None, execute=not args.static_only)
+    rows = run_audit(Path(args.root) if args.root else None, execute=not args.static_only, contract=load_contract())
     ok = all(r.status == "conformant" for r in rows)
     if args.json:
         print(json.dumps({"conformant": ok, "rows": [r.as_dict() for r in rows]}, indent=1))

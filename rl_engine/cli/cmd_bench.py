@@ -45,7 +45,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="after this many seconds, record the remaining cases as skipped and finish the reports")
-    p.add_argument("--check-targets", action="store_true", help="exit 1 when a DESIGN.md target is missed")
+    p.add_argument("--check-targets", action="store_true", help="exit 1 when a performance target (docs/decisions.md) is missed")
     p.set_defaults(func=run)
 
 

@@ -38,7 +38,7 @@ def run(args) -> int:
     print(f"contract: {info['contract']['contract_version']} ({info['contract']['path']})")
     for b, v in info["backends"].items():
         print(f"backend {b:18s} {'available' if v['available'] else 'unavailable'}: {v['reason']}")
-    from rl_engine.backends.plugins import plugin_names
+    from rl_engine.backends.registry import backend_names
 
-    print(f"plugin backends (adapters load on request): {', '.join(plugin_names())}")
+    print(f"plugin backends (adapters load on request): {', '.join(n for n in backend_names() if n not in BACKENDS)}")
     return 0

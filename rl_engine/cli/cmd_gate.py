@@ -15,7 +15,7 @@ JUDGMENT_NAMES = ("forward_accuracy", "gradient_accuracy", "forward_invariance",
 
 
 def register(sub) -> None:
-    from rl_engine import OPS
+    from rl_engine.constants import OPS
     from rl_engine.cli.args import add_list, command
 
     p = command(sub, "gate", "run the WS1 four-judgment gate and write evidence + reports", [
@@ -91,7 +91,8 @@ def _check_out(out: Path) -> None:
 def run(args) -> int:
     import torch
 
-    from rl_engine import OPS, env
+    from rl_engine import env
+    from rl_engine.constants import OPS
     from rl_engine.errors import RLEngineError
 
     gpu = torch.cuda.is_available()
@@ -140,10 +141,10 @@ def run(args) -> int:
     badj = [j for j in judgments if j not in JUDGMENTS]
     if badj:
         raise RLEngineError(f"unknown judgment(s) {badj}; valid: {', '.join(JUDGMENTS)}")
-    backends, left_out = resolve_backends(args.backend)
+    contract = load_contract()  # the run's one contract, handed to everything below
+    backends, left_out = resolve_backends(args.backend, contract)
     out = Path(args.out)
     _check_out(out)
-    contract = load_contract()
     kernels = [b for b in backends if b in ("triton_cuda_bf16", "cuda_bf16")]
     why = "GPU present" if gpu else ("no GPU: Triton kernels run in the CPU interpreter" if kernels else "no GPU")
     chosen = "chosen by default" if args.workload is None else "requested"
@@ -206,7 +207,7 @@ def _stale_kernel_ids(old) -> list[str]:
     """Kept op cells whose recorded kernel id (it hashes the implementation's source file) differs
     from the current source's: a modified file edited again between the run and its resumption."""
     from rl_engine.backends.registry import BACKENDS
-    from rl_engine.gate.runner import kernel_id
+    from rl_engine.provenance import kernel_id
     from rl_engine.ops.registry import get_spec
 
     stale, seen = [], {}

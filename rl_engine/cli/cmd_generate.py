@@ -95,6 +95,7 @@ def run(args) -> int:
     from rl_engine.chain.config import PRESETS, Qwen3Config
     from rl_engine.chain.model import Qwen3Model
     from rl_engine.chain.weights import load_checkpoint, synthetic_weights
+    from rl_engine.contract import load_contract
     from rl_engine.errors import RLEngineError
     from rl_engine.rollout import generate
     from rl_engine.rollout.engine import plan_generation
@@ -111,10 +112,11 @@ def run(args) -> int:
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                     stop_token_ids=args.stop_token_ids, max_batch=args.max_batch)
     plan_generation(config, prompts, args.max_new_tokens, **settings)  # every input error before the model
-    check_backend(args.backend)
+    contract = load_contract()
+    check_backend(args.backend, contract)
     weights = (load_checkpoint(path, config, device=device) if path is not None
                else synthetic_weights(config, args.weights_seed, logit_scale=args.logit_scale, device=device))
-    model = Qwen3Model(weights, args.backend)
+    model = Qwen3Model(weights, args.backend, norm_order=contract.rms_norm_order)
     res = generate(model, prompts, args.max_new_tokens, **settings)
     interpreted = env.triton_interpret() and args.backend == "triton_cuda_bf16"
     where = "Triton CPU interpreter" if interpreted else str(device)

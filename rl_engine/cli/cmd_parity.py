@@ -52,7 +52,7 @@ def register(sub) -> None:
                    help="how logprobs are computed: linear_logp (the fused head) or "
                         "lm_head_logp (lm_head then logp) (default: linear_logp)")
     p.add_argument("--temperature", type=float, default=1.0,
-                   help="divides the logits on both sides (pitfall P11), e.g. 0.7 (default 1.0)")
+                   help="divides the logits on both sides (docs/pitfalls.md P11), e.g. 0.7 (default 1.0)")
     p.add_argument("--no-reference", action="store_true", help="skip the FP32 reference chain (model-level accuracy)")
     p.add_argument("--baseline", action="store_true", help="also run the torch_bf16 chain and report it beside ours")
     p.add_argument("--no-localize", action="store_true", help="do not search the first diverging layer/op on a mismatch")
@@ -128,8 +128,9 @@ def run(args) -> int:
     from rl_engine.gate.compare import chain_metrics
 
     t0 = time.perf_counter()
-    check_backend(args.backend)
     contract = load_contract()
+    check_backend(args.backend, contract)
+    order = contract.rms_norm_order
     device = torch.device("cuda" if gpu else "cpu")
     if args.tokens is not None and args.tokens < 1:
         raise RLEngineError(f"--tokens must be >= 1, got {args.tokens}")
@@ -173,9 +174,9 @@ def run(args) -> int:
         fixtures.append(fixture)
         ref = None
         if not args.no_reference:
-            ref = run_styles(Qwen3Model(weights, "reference_fp32"), fixture.batch(), head=args.head,
+            ref = run_styles(Qwen3Model(weights, "reference_fp32", norm_order=order), fixture.batch(), head=args.head,
                              temperature=args.temperature, rollout=False).train
-        model = Qwen3Model(weights, args.backend)
+        model = Qwen3Model(weights, args.backend, norm_order=order)
         rep = check_parity(model, fixture, contract, head=args.head, temperature=args.temperature,
                            reference=ref, localize=not args.no_localize)
         kernel_ids.update(rep["kernel_ids"])
@@ -183,7 +184,7 @@ def run(args) -> int:
         roll_all.append(rep["_logp"]["rollout"].cpu())
         entry = {"seed": seed, "logit_scale": None if checkpoint is not None else scale, **_strip(rep)}
         if args.baseline:
-            base = run_styles(Qwen3Model(weights, "torch_bf16"), fixture.batch(), head=args.head,
+            base = run_styles(Qwen3Model(weights, "torch_bf16", norm_order=order), fixture.batch(), head=args.head,
                               temperature=args.temperature)
             base_rep = parity_report(base, contract, PROFILES, ref)
             entry["baseline_torch_bf16"] = _strip(base_rep)
@@ -199,7 +200,7 @@ def run(args) -> int:
                   f"position {fd['token']['pos']} ({fd['differing_tokens']} tokens differ there)", file=sys.stderr)
         del model
     lhs, rhs = torch.cat(train_all), torch.cat(roll_all)
-    agg = {p: chain_metrics(lhs, rhs, contract, p) for p in PROFILES}
+    agg = {p: chain_metrics(lhs, rhs, contract.chain_thresholds(p)) for p in PROFILES}
     passed = agg[args.profile].passed
     result = {
         "schema_version": PARITY_SCHEMA, "kind": "parity", "contract": contract.identity(),
@@ -329,7 +330,7 @@ def run_report(args) -> int:
     for name, t in ((args.lhs, lhs), (args.rhs, rhs)):
         if Path(name).suffix.lower() != ".jsonl" and t.dtype != torch.float32:
             notes.append(f"{name} holds {str(t.dtype).replace('torch.', '')} logprobs; WS1 logprobs are float32")
-    reports = {p: chain_metrics(lhs, rhs, contract, p) for p in ("ws1", "strict")}
+    reports = {p: chain_metrics(lhs, rhs, contract.chain_thresholds(p)) for p in ("ws1", "strict")}
     chosen = reports[args.profile]
     d = (lhs.double() - rhs.double()).abs()
     worst = int(torch.argmax(torch.nan_to_num(d, nan=math.inf))) if d.numel() else None

@@ -24,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     # every command module imported by name: one that fails to import is an error, never a missing command
-    from rl_engine import __version__
+    from rl_engine.constants import __version__
     from rl_engine.cli import (cmd_audit, cmd_bench, cmd_compare, cmd_contract, cmd_env, cmd_gate, cmd_generate,
                                cmd_parity, cmd_report)
     from rl_engine.cli.args import EXIT_CODES

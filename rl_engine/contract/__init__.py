@@ -5,10 +5,13 @@ Use :func:`load_contract`; never write a tolerance literal anywhere else.
 
 from rl_engine.contract.loader import (
     CONTRACT_VERSION,
+    ChainThresholds,
     Contract,
+    GradNormThresholds,
     Tolerance,
     default_contract_path,
     load_contract,
 )
 
-__all__ = ["CONTRACT_VERSION", "Contract", "Tolerance", "default_contract_path", "load_contract"]
+__all__ = ["CONTRACT_VERSION", "ChainThresholds", "Contract", "GradNormThresholds", "Tolerance", "default_contract_path",
+           "load_contract"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import jsonschema
 
-from rl_engine import OPS
+from rl_engine.constants import OPS
 from rl_engine.errors import ContractError
 
 CONTRACT_VERSION = "ws1-c1-v4"
@@ -45,6 +45,34 @@ class Tolerance:
 
     def as_dict(self) -> dict[str, Any]:
         return {"atol": self.atol, "rtol": self.rtol, "source": self.source}
+
+
+@dataclass(frozen=True)
+class GradNormThresholds:
+    """The gradient-normalisation thresholds of one op class (``gradient_normalisation``)."""
+
+    op_class: str
+    rel_peak: float
+    rms_ratio: float
+
+
+@dataclass(frozen=True)
+class ChainThresholds:
+    """What the chain-parity comparator needs from the contract for one profile: each metric's
+    threshold, decision (``gate`` or ``monitor``) and status, the clip interval of ``clipfrac0``,
+    whether dlogp must be exactly zero (``strict``), and the lhs/rhs roles."""
+
+    profile: str
+    metrics: dict[str, dict[str, Any]]
+    clip_interval: tuple[float, float]
+    dlogp_exactly_zero: bool
+    roles: dict[str, str]
+
+    def metric(self, name: str) -> dict[str, Any]:
+        try:
+            return self.metrics[name]
+        except KeyError as exc:
+            raise ContractError(f"chain/metrics/{name}: not in the contract") from exc
 
 
 def _field(path: Any) -> str:
@@ -107,6 +135,11 @@ class Contract:
         except KeyError as exc:
             raise ContractError(f"gradient_normalisation/{metric}/thresholds/{op_class}: not in the contract") from exc
 
+    def grad_norm_thresholds(self, op_class: str) -> GradNormThresholds:
+        """Both gradient-normalisation thresholds of ``op_class``, for the comparator."""
+        return GradNormThresholds(op_class, self.grad_norm_threshold("rel_peak", op_class),
+                                  self.grad_norm_threshold("rms_ratio", op_class))
+
     # -- invariance ---------------------------------------------------------------------------
     @property
     def nan_policy(self) -> str:
@@ -132,6 +165,15 @@ class Contract:
         if name not in profiles:
             raise ContractError(f"chain/profiles: unknown profile {name!r}; known: {sorted(profiles)}")
         return dict(profiles[name])
+
+    def chain_thresholds(self, profile: str = "ws1") -> ChainThresholds:
+        """Everything :func:`rl_engine.gate.compare.chain_metrics` judges ``profile`` by.
+
+        Raises ContractError for an unknown profile."""
+        prof = self.chain_profile(profile)
+        return ChainThresholds(profile, {name: self.chain_metric(name) for name in self.chain_metric_names()},
+                               self.clip_interval, bool(prof.get("dlogp_exactly_zero")),
+                               dict(self.data["chain"]["roles"]["train_infer_logprob_parity"]))
 
     # -- FP contraction (precision_flags) ---------------------------------------------------------
     @property

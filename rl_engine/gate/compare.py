@@ -1,18 +1,19 @@
 """Comparators. Each returns a structured report (never a bare boolean).
 
 * :func:`compare_accuracy` — WS1 §4.1: ``abs(c - r) <= atol + rtol * abs(r)``, both sides upcast to
-  FP32, the reference on the right. Non-finite values follow pitfall P7: NaN never passes (NaN vs
+  FP32, the reference on the right. Non-finite values follow docs/pitfalls.md P7: NaN never passes (NaN vs
   NaN fails), equal infinities pass, an infinity against anything else fails.
-* :func:`compare_relative` — the relative criterion (DESIGN row 11): candidate max error <= k x
+* :func:`compare_relative` — the relative criterion (docs/decisions.md 11): candidate max error <= k x
   the ``torch_bf16`` max error against the same FP32 reference.
-* :func:`gradient_norm_metrics` — rel-peak and RMS ratio (DESIGN row 12).
+* :func:`gradient_norm_metrics` — rel-peak and RMS ratio (docs/decisions.md 12).
 * :func:`compare_bitwise` — WS1 §4.2: shape and dtype first, then raw bits on an integer view;
   +0 and -0 differ; NaN handled by the contract's ``nan_policy``.
 * :func:`chain_metrics` — WS1 §8: ``dlogp = lhs - rhs`` (lhs = training-style teacher forcing,
   rhs = inference-style rollout decode).
 
-Reports are dataclasses with ``as_dict()`` for evidence. Thresholds always come from a
-:class:`~rl_engine.contract.Contract`.
+Reports are dataclasses with ``as_dict()`` for evidence. Thresholds always come from the contract,
+handed in as values (:class:`~rl_engine.contract.Tolerance`, ``GradNormThresholds``,
+``ChainThresholds``, the NaN policy): a comparator never sees the whole contract.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from rl_engine.contract import Contract, Tolerance
+from rl_engine.contract import ChainThresholds, GradNormThresholds, Tolerance
 
 _INT_VIEW = {
     torch.bfloat16: torch.int16,
@@ -275,7 +276,7 @@ class GradNormReport:
 
 
 def gradient_norm_metrics(path: str, candidate: torch.Tensor, reference: torch.Tensor,
-                          contract: Contract, op_class: str) -> GradNormReport:
+                          thresholds: GradNormThresholds) -> GradNormReport:
     """rel-peak = max|c - r| / max|r|; RMS ratio = rms(c - r) / rms(r). A zero reference with a
     zero error gives 0; a zero reference with any error gives inf. Each RMS is taken of the tensor
     divided by its peak, so the squares of tiny gradients (below ~1e-19) do not underflow to 0."""
@@ -293,8 +294,7 @@ def gradient_norm_metrics(path: str, candidate: torch.Tensor, reference: torch.T
         rms_err, rms_ref = _rms(err, peak_err), _rms(r, peak_ref)
         rel_peak = 0.0 if peak_err == 0 else (peak_err / peak_ref if peak_ref > 0 else math.inf)
         rms_ratio = 0.0 if rms_err == 0 else (rms_err / rms_ref if rms_ref > 0 else math.inf)
-    tp = contract.grad_norm_threshold("rel_peak", op_class)
-    tr = contract.grad_norm_threshold("rms_ratio", op_class)
+    tp, tr = thresholds.rel_peak, thresholds.rms_ratio
     passed = (rel_peak <= tp) and (rms_ratio <= tr) and math.isfinite(rel_peak) and math.isfinite(rms_ratio)
     return GradNormReport(path, bool(passed), rel_peak, tp, rms_ratio, tr)
 
@@ -415,17 +415,17 @@ class ChainReport:
                 f"{self.bitwise_equal_tokens}/{self.active_tokens} tokens bitwise equal")
 
 
-def chain_metrics(lhs_logp: torch.Tensor, rhs_logp: torch.Tensor, contract: Contract, profile: str = "ws1") -> ChainReport:
+def chain_metrics(lhs_logp: torch.Tensor, rhs_logp: torch.Tensor, thresholds: ChainThresholds) -> ChainReport:
     """WS1 §8 metrics of ``dlogp = lhs - rhs`` over the active tokens.
 
     lhs = training-style teacher forcing, rhs = inference-style rollout decode (the roles the
     contract fixes). Both are FP32 logprobs of the same tokens, flat ``[N]``.
-    ``profile="strict"`` additionally requires dlogp == 0 (bitwise equal logprobs) for every token.
+    ``thresholds`` (``contract.chain_thresholds(profile)``) holds the profile's thresholds; the
+    ``strict`` profile additionally requires dlogp == 0 (bitwise equal logprobs) for every token.
     """
     if tuple(lhs_logp.shape) != tuple(rhs_logp.shape):
         raise ValueError(f"lhs and rhs cover different tokens: shapes {list(lhs_logp.shape)} vs {list(rhs_logp.shape)}")
-    prof = contract.chain_profile(profile)
-    lo, hi = contract.clip_interval
+    lo, hi = thresholds.clip_interval
     lhs = lhs_logp.detach().reshape(-1).to(torch.float64).cpu()
     rhs = rhs_logp.detach().reshape(-1).to(torch.float64).cpu()
     d = lhs - rhs
@@ -440,7 +440,7 @@ def chain_metrics(lhs_logp: torch.Tensor, rhs_logp: torch.Tensor, contract: Cont
     }
     metrics = {}
     for name, value in values.items():
-        spec = contract.chain_metric(name)
+        spec = thresholds.metric(name)
         ok = value <= float(spec["threshold"]) and math.isfinite(value)
         metrics[name] = {"value": value, "threshold": float(spec["threshold"]), "passed": bool(ok),
                          "decision": spec["decision"], "status": spec["status"]}
@@ -449,12 +449,12 @@ def chain_metrics(lhs_logp: torch.Tensor, rhs_logp: torch.Tensor, contract: Cont
     equal = lhs32 == rhs32
     nz = torch.nonzero(~equal)
     passed = all(m["passed"] for m in metrics.values() if m["decision"] == "gate")
-    if prof.get("dlogp_exactly_zero"):
+    if thresholds.dlogp_exactly_zero:
         metrics["strict_dlogp_zero"] = {"value": float(n - int(equal.sum())), "threshold": 0.0,
                                         "passed": bool(equal.all()), "decision": "gate", "status": "in_force"}
         passed = passed and bool(equal.all())
-    roles = contract.data["chain"]["roles"]["train_infer_logprob_parity"]
-    return ChainReport(profile=profile, passed=bool(passed), active_tokens=n, metrics=metrics,
+    roles = thresholds.roles
+    return ChainReport(profile=thresholds.profile, passed=bool(passed), active_tokens=n, metrics=metrics,
                        **dict(zip(("p99_abs_dlogp", "p999_abs_dlogp"), _quantiles(absd, (0.99, 0.999)))),
                        bitwise_equal_tokens=int(equal.sum()),
                        first_nonzero_token=int(nz[0, 0]) if nz.numel() else None,

@@ -50,14 +50,10 @@ def outputs_for(op: str, backend: str, workload_name: str, seed: int, device: to
 
 
 def _has_backward(op: str, backend: str) -> bool:
-    from rl_engine.backends.registry import BACKENDS
+    from rl_engine.backends.registry import external_backend
 
-    if backend in BACKENDS:
-        return True
-    from rl_engine.backends.plugins import get_plugin
-
-    plugin = get_plugin(backend)
-    return plugin is not None and op in plugin.backward
+    plugin = external_backend(backend)
+    return plugin is None or op in plugin.backward
 
 
 def main(argv: list[str] | None = None) -> int:

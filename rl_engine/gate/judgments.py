@@ -148,7 +148,7 @@ def gradient_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract:
             acc = compare_accuracy(path, g, r, tol)
             base_acc = pr.baseline_accuracy(path, b, r, tol)
             rel = compare_relative(path, acc.max_abs_error, base_acc.max_abs_error, factor)
-            norm = gradient_norm_metrics(path, g, r, contract, op_class)
+            norm = gradient_norm_metrics(path, g, r, contract.grad_norm_thresholds(op_class))
             reports.append({"case": pr.case.id, "accuracy": acc.as_dict(), "relative": rel.as_dict(),
                             "grad_norm": norm.as_dict(),
                             "baseline_accuracy": {k: base_acc.as_dict()[k] for k in ("max_abs_error", "mean_abs_error", "p99_abs_error", "passed", "histogram", "ulp_histogram")}})

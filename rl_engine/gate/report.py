@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rl_engine import OPS
+from rl_engine.constants import OPS
 from rl_engine.jsonio import write_bytes_atomic, write_text_atomic
 
 STATUSES = ("green", "red", "n/a", "not provided")

@@ -9,112 +9,29 @@ interrupted; ``complete: false`` until the end).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import inspect
 import shutil
 import signal
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rl_engine import OPS, provenance
-from rl_engine.backends.registry import BACKENDS, KERNEL_BACKENDS, availability, check_backend
+from rl_engine import provenance
+from rl_engine.backends.registry import external_backend
+from rl_engine.constants import OPS
 from rl_engine.contract import Contract
 from rl_engine.errors import RLEngineError
 from rl_engine.gate import evidence as evidence_io
 from rl_engine.gate import judgments as J
+from rl_engine.gate.plan import (DEFAULT_JUDGMENTS, JUDGMENTS, CellKey, GateConfig,  # noqa: F401 (re-exported)
+                                 plan, resolve_backends)
 from rl_engine.ops.registry import get_spec
 from rl_engine.ops.spec import TRANSFORMS, Workload
-
-JUDGMENTS = ("forward_accuracy", "gradient_accuracy", "forward_invariance", "gradient_invariance", "repeat",
-             "chain_parity")
-DEFAULT_JUDGMENTS = JUDGMENTS
-
-
-@dataclass(frozen=True)
-class CellKey:
-    op: str
-    backend: str
-    judgment: str
-    transform: str | None = None
-
-
-@dataclass
-class GateConfig:
-    ops: list[str]
-    backends: list[str]
-    judgments: list[str]
-    workload: Workload
-    out_dir: Path
-    seed: int = 0
-    requested_backends: list[str] = field(default_factory=list)
-    left_out: list[dict[str, str]] = field(default_factory=list)
-    cell_timeout: float | None = None
-    """Seconds a cell may run before it is marked red with reason ``timeout`` (None: no limit)."""
-    resume: dict[str, Any] | None = None
-    """A previous, incomplete evidence to finish (cells already there are kept, not re-run)."""
-
-
-def resolve_backends(requested: str | None) -> tuple[list[str], list[dict[str, str]]]:
-    """``None``/``"all"``: every kernel backend that can run here (the rest listed with reasons).
-    A named backend must be able to run, else BackendUnavailable (exit 2)."""
-    if requested in (None, "all"):
-        judged, left = [], []
-        for b in KERNEL_BACKENDS:
-            ok, why = availability(b)
-            (judged if ok else left).append(b if ok else {"backend": b, "reason": why})
-        if not judged:
-            raise RLEngineError("no kernel backend can run on this machine: "
-                                + "; ".join(f"{d['backend']}: {d['reason']}" for d in left))
-        return judged, left
-    names = list(dict.fromkeys(n.strip() for n in requested.split(",") if n.strip()))
-    if not names:
-        raise RLEngineError(f"--backend {requested!r} names no backend; give a backend name or 'all'")
-    for n in names:
-        if n in ("reference_fp32", "torch_bf16"):
-            raise RLEngineError(f"{n} is the gate's {'gold reference' if n == 'reference_fp32' else 'relative-criterion baseline'}, "
-                                "not a backend it judges; judge triton_cuda_bf16, cuda_bf16 or a plugin")
-        check_backend(n)
-    return names, []
-
-
-def kernel_id(op: str, backend: str, impl: Callable[..., Any]) -> str:
-    """``op/backend/function@source-hash``: identifies the exact kernel source that ran."""
-    try:
-        impl = inspect.unwrap(impl)
-        src = inspect.getsourcefile(impl)
-        digest = hashlib.sha256(Path(src).read_bytes()).hexdigest()[:12] if src else "unknown"
-    except (TypeError, OSError):
-        digest = "unknown"
-    return f"{op}/{backend}/{getattr(impl, '__name__', 'impl')}@{digest}"
-
-
-def plan(config: GateConfig) -> list[CellKey]:
-    """The cells in run order: the chain cells first (the repeat judgment's fresh processes, started
-    with the run, do their work meanwhile), then op by op in the model's op order."""
-    keys: list[CellKey] = []
-    if "chain_parity" in config.judgments:
-        keys += [CellKey("chain", b, "chain_parity", None) for b in config.backends]
-    for op in config.ops:
-        for backend in config.backends:
-            for j in config.judgments:
-                if j == "chain_parity":
-                    continue
-                if j == "repeat":
-                    keys.append(CellKey(op, backend, j))
-                    continue
-                if j in ("forward_invariance", "gradient_invariance"):
-                    keys += [CellKey(op, backend, j, t) for t in TRANSFORMS]
-                else:
-                    keys.append(CellKey(op, backend, j))
-    return keys
-
+from rl_engine.provenance import kernel_id
 
 def _cell(key: CellKey, status: str, reason: str, details: dict[str, Any], duration: float, kid: str | None) -> dict[str, Any]:
     cell = {"op": key.op, "backend": key.backend, "judgment": key.judgment, "transform": key.transform,
@@ -211,14 +128,12 @@ class _FreshRuns:
         import sys
         import tempfile
 
-        import rl_engine
-
         self.out_dir.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=self.out_dir.resolve(), prefix=".repeat-"))
         (tmp / "owner.pid").write_text(f"{os.getpid()}\n")
         cmd = [sys.executable, "-m", "rl_engine.gate.fresh", "--backend", backend, "--workload", self.workload.name,
                "--seed", str(self.seed), "--ops", *ops, "--out", str(tmp / "fresh.pt"), "--parent-pid", str(os.getpid())]
-        package_root = Path(rl_engine.__file__).resolve().parent.parent
+        package_root = Path(__file__).resolve().parents[2]  # the folder holding rl_engine/
         # inherits the environment; stderr goes to a file so a chatty child cannot block on a full pipe
         try:
             with open(tmp / "stderr.txt", "w") as err:
@@ -325,17 +240,9 @@ def _plugin_impl(impl):
     return call
 
 
-def _plugin(backend: str):
-    if backend in BACKENDS:
-        return None
-    from rl_engine.backends.plugins import get_plugin
-
-    return get_plugin(backend)
-
-
 def run_cell(state: _OpState, key: CellKey, contract: Contract) -> tuple[str, str, dict[str, Any], str | None]:
     spec = state.spec
-    plugin = _plugin(key.backend)
+    plugin = external_backend(key.backend)
     if plugin is not None:
         impl = plugin.ops.get(key.op)
         if impl is None:
@@ -382,7 +289,7 @@ def _with_impl(spec, backend: str, impl):
 
 
 def _chain_cells(config: GateConfig, contract: Contract, backend: str) -> tuple[str, str, dict[str, Any], str | None]:
-    if backend not in BACKENDS:
+    if external_backend(backend) is not None:
         return NOT_PROVIDED, f"backend {backend} is judged op by op; the Qwen3 chain runs on built-in backends only", {}, None
     try:
         from rl_engine.chain.gate import chain_parity_cell
@@ -428,7 +335,7 @@ def cross_backend(config: GateConfig, device: torch.device) -> list[dict[str, An
     same inputs, and whether they are bitwise equal. For the ops whose arithmetic the contract
     declares identical on both backends (:data:`CROSS_BACKEND_DECLARED`,
     ``docs/declared-arithmetic.md``) every case, forward outputs and input gradients; for the
-    others the first case's forward outputs. Not a judgment (DESIGN row 16 is a target)."""
+    others the first case's forward outputs. Not a judgment (decision 16 of docs/decisions.md is a target)."""
     from rl_engine.gate.compare import compare_bitwise
     from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 
@@ -444,7 +351,7 @@ def cross_backend(config: GateConfig, device: torch.device) -> list[dict[str, An
         try:
             impls = {}
             for b in config.backends:
-                plugin = _plugin(b)
+                plugin = external_backend(b)
                 impl = spec.impls.get(b) if plugin is None else plugin.ops.get(op)
                 if impl is not None:
                     impls[b] = impl
@@ -579,7 +486,7 @@ def _run_gate_locked(config: GateConfig, contract: Contract, on_cell, device: to
     try:
         from rl_engine.audit import run_audit
 
-        rows = run_audit()
+        rows = run_audit(contract=contract)
         evidence["audit"] = {"conformant": all(r.status == "conformant" for r in rows), "rows": [r.as_dict() for r in rows]}
     except Exception as exc:  # the audit must not cost the run; its failure is recorded
         evidence["audit"] = {"conformant": False, "rows": [], "error": f"{type(exc).__name__}: {exc}"}
@@ -615,7 +522,7 @@ def _run_gate_locked(config: GateConfig, contract: Contract, on_cell, device: to
 
 def _fresh_process_can_rebuild(backend: str) -> bool:
     """False for a plugin registered from Python in this process only (a new process cannot load it)."""
-    plugin = _plugin(backend)
+    plugin = external_backend(backend)
     return plugin is None or plugin.origin != "python"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from rl_engine import OPS
+from rl_engine.constants import OPS
 from rl_engine.errors import RLEngineError
 from rl_engine.ops.spec import OpSpec
 

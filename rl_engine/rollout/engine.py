@@ -227,7 +227,9 @@ class Engine:
         are fed token 0 at position 0 (a row no sequence reads). Returns tokens, logprobs, and the
         ``stopped`` / ``finished`` masks [B_max] bool.
         """
-        hidden = self.model.forward(self.slot_token, self.slot_pos, cache=self.cache, decode=True)
+        # checked: every position a slot is fed is below s_max <= max_position_embeddings (the plan and
+        # the constructor validated that), so the step reads no device value on the host
+        hidden = self.model.forward(self.slot_token, self.slot_pos, cache=self.cache, decode=True, checked=True)
         tok, lp = self._sample(hidden, self.slot_seq, self.slot_ids, self.slot_pos + 1, params)
         live = self.slot_live
         stopped = live & torch.isin(tok, stop)

@@ -6,7 +6,7 @@ The sampling distribution of a row with FP32 logits ``z`` [V] is defined in ``do
 ("Sampling definition"); in short:
 
 1. ``s = z / temperature`` in FP32 (one IEEE division per entry, the same operation the ``logp``
-   kernel performs, pitfall P11).
+   kernel performs, docs/pitfalls.md P11).
 2. **Order**: tokens ranked by ``s`` descending, ties by the lower token id (a stable sort).
 3. **top-k**: keep the first ``top_k`` ranks (exactly ``min(top_k, V)`` tokens).
 4. **top-p** (nucleus, Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration"): on
@@ -58,7 +58,7 @@ _EXP_UNDERFLOW = -708.0  # exp(x) for x below this counts as 0 (it is below the 
 # -- sampling settings ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings of one ``generate`` call (recorded with every result, pitfall P11).
+    """Sampling settings of one ``generate`` call (recorded with every result, docs/pitfalls.md P11).
 
     ``temperature``: finite >= 0 (0 = greedy). ``top_k``: None (off) or an integer >= 1.
     ``top_p``: None (off) or a number in (0, 1] (1 = off). ``seed``: an integer in [0, 2^64).

@@ -3,7 +3,7 @@
 A trainer recomputes the logprob of each sampled token with a packed teacher-forcing forward over
 ``prompt + completion``; for the policy-gradient ratio to be exactly 1 on-policy, that number must
 be the rollout's, bit for bit. :func:`score_completions` does the trainer's side with the same ops:
-one packed varlen forward (as :func:`rl_engine.chain.model.score_teacher_forcing`), the FP32
+one packed varlen forward (as :func:`rl_engine.chain.scoring.score_teacher_forcing`), the FP32
 ``lm_head`` logits of the rows that predict completion tokens, and the same top-k / top-p mask and
 ``logp`` call as the sampler (:func:`rl_engine.rollout.sampling.sampling_logprobs`). See
 ``docs/rollout.md``.

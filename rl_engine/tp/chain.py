@@ -2,9 +2,10 @@
 
 Shape glossary: T tokens, E hidden, F ffn, H query heads, D head dim.
 
-:class:`RowParallelQwen3Model` is :class:`rl_engine.chain.model.Qwen3Model` with one hook changed:
-every linear layer (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``,
-``down_proj``; ``x [T, K] @ W[N, K].T``) runs as :func:`rl_engine.tp.row_parallel_det_gemm`. Each
+:class:`RowParallelQwen3Model` is :class:`rl_engine.chain.model.Qwen3Model` with one entry of its op
+table changed: ``det_gemm``, which every linear layer (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``,
+``down_proj``; ``x [T, K] @ W[N, K].T``) calls and nothing else does, runs as
+:func:`rl_engine.tp.row_parallel_det_gemm`. Each
 rank holds the full activations and the full weights (the simplest correct layout: no activation is
 ever sharded across an op other than the GEMM), takes its contiguous K slice of ``x`` and of
 ``W.t()`` (the contract's mid-split, :func:`rl_engine.tp.shard_bounds`), runs det_gemm on it with a
@@ -14,7 +15,7 @@ on every rank, so every rank ends with the same activations.
 
 For an Option B det_gemm the split product is bitwise equal to the unsplit one, so teacher forcing
 through this model must give FP32 logprobs bitwise equal to the single-process model's, and hence
-to the single-process rollout decode (strict profile, DESIGN row 15).
+to the single-process rollout decode (strict profile, docs/decisions.md 15).
 
 Forward only (teacher-forcing scoring under ``torch.no_grad``): the collectives carry no gradient.
 """
@@ -46,8 +47,7 @@ class RowParallelQwen3Model(Qwen3Model):
     Raises
     ------
     RLEngineError
-        No initialised process group, or :class:`Qwen3Model` no longer routes its projections
-        through ``_linear`` (the hook this wrapper overrides).
+        No initialised process group.
     InputError
         An unknown merge path or an unsupported world size; see :func:`row_parallel_det_gemm`.
     BackendUnavailable
@@ -58,9 +58,6 @@ class RowParallelQwen3Model(Qwen3Model):
                  norm_order: str | None = None):
         import torch.distributed as dist
 
-        if not callable(getattr(Qwen3Model, "_linear", None)):
-            raise RLEngineError("rl_engine.chain.model.Qwen3Model has no _linear hook: the row-parallel wrapper "
-                                "cannot route its projections")
         if not dist.is_available() or not dist.is_initialized():
             raise RLEngineError("RowParallelQwen3Model needs an initialised torch.distributed process group")
         super().__init__(weights, backend, norm_order=norm_order)
@@ -69,11 +66,15 @@ class RowParallelQwen3Model(Qwen3Model):
         self.merge = merge
         self.merge_path = resolve_merge(merge, self.world_size, str(dist.get_backend(group)))
         self.linear_calls = 0
+        det_gemm = self.ops.impl("det_gemm")
 
-    def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``x [T, K] @ W[N, K].T`` -> [T, N] bfloat16, split over the ranks along K."""
-        self.linear_calls += 1
-        return row_parallel_full(x, w.t(), self.group, merge=self.merge_path, backend=self.ops.impl("det_gemm"))
+        def row_parallel_det_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            """``a [T, K] @ b [K, N]`` (``b = W.t()``) -> [T, N] bfloat16, split over the ranks along K."""
+            self.linear_calls += 1
+            return row_parallel_full(a, b, self.group, merge=self.merge_path, backend=det_gemm)
+
+        row_parallel_det_gemm.__wrapped__ = det_gemm  # the kernel id names the det_gemm kernel each rank runs
+        self.ops = self.ops.replace(det_gemm=row_parallel_det_gemm)
 
 
 def expected_linear_calls(model: Qwen3Model, forwards: int) -> int:

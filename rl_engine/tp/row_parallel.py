@@ -7,7 +7,7 @@ A row-parallel linear layer splits the reduction axis K over the ranks: rank r h
 slice ``[k_r, k_{r+1})`` of the activations ``x [M, K]`` and of the weight ``b = W.t() [K, N]``,
 computes a partial product over its slice, and the partial products are summed across ranks.
 
-The contract's ``declared_exceptions.det_gemm`` (Option B, DESIGN row 1) makes that sum bitwise
+The contract's ``declared_exceptions.det_gemm`` (Option B, docs/decisions.md 1) makes that sum bitwise
 equal to the unsplit product: the slices are the top ``log2(WS)`` levels of the mid-split tree
 (:func:`rl_engine.ops.det_gemm.mid_split_bounds`), rank r runs det_gemm on its slice with a tree
 ``log2(WS)`` levels shallower (``tree_depth - log2(WS)``), which reproduces that subtree of the
@@ -271,7 +271,7 @@ def row_parallel_det_gemm(x_shard: torch.Tensor, w_shard: torch.Tensor, group: A
     leaf, BF16 leaves and merges. The partials are merged in BF16 by ``merge`` (see the module
     docstring: ``auto``, ``all_reduce_bf16``, ``gather_tree_bf16``; ``gather_fp32_control`` is a
     known-breaking control). FP32 appears only in single adds of two BF16 values (and in the
-    control's sums). Math source: contract ``declared_exceptions.det_gemm`` (WS1 §9.2, DESIGN row 1).
+    control's sums). Math source: contract ``declared_exceptions.det_gemm`` (WS1 §9.2, docs/decisions.md 1).
 
     Raises
     ------

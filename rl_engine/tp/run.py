@@ -135,7 +135,7 @@ def det_gemm_cell(ctx: RankContext, cfg: TPRunConfig, kernel_backend: str, merge
     """One det_gemm cell (collective). ``merge == gather_fp32_control`` makes it the negative control."""
     from rl_engine.backends.registry import resolve_impl
     from rl_engine.gate.compare import compare_bitwise
-    from rl_engine.gate.runner import kernel_id
+    from rl_engine.provenance import kernel_id
     from rl_engine.ops.det_gemm import tp_split_det_gemm
     from rl_engine.tp.row_parallel import rank_tree_depth, row_parallel_full, shard_bounds
 
@@ -217,7 +217,8 @@ class ChainRun:
     def __init__(self, ctx: RankContext, cfg: TPRunConfig, kernel_backend: str):
         from rl_engine.chain.config import get_config
         from rl_engine.chain.fixtures import make_fixture
-        from rl_engine.chain.model import Qwen3Model, score_rollout, score_teacher_forcing
+        from rl_engine.chain.model import Qwen3Model
+        from rl_engine.chain.scoring import score_rollout, score_teacher_forcing
         from rl_engine.chain.weights import synthetic_weights
 
         self.ctx, self.backend = ctx, kernel_backend
@@ -257,8 +258,7 @@ class ChainRun:
 def chain_cell(ctx: RankContext, cfg: TPRunConfig, run: ChainRun, merge: str, contract: Any) -> dict[str, Any]:
     """TP teacher forcing vs the single-process rollout decode (collective)."""
     from rl_engine.chain.gate import chain_kernel_id
-    from rl_engine.chain.model import SAMPLING, score_rollout, score_teacher_forcing
-    from rl_engine.chain.model import TokenKeys
+    from rl_engine.chain.scoring import SAMPLING, TokenKeys, score_rollout, score_teacher_forcing
     from rl_engine.chain.parity import ActivationRecorder, first_divergence_from, flat_metrics
     from rl_engine.gate.compare import chain_metrics, compare_bitwise
     from rl_engine.tp.chain import PROJECTIONS, RowParallelQwen3Model, expected_linear_calls
@@ -274,8 +274,8 @@ def chain_cell(ctx: RankContext, cfg: TPRunConfig, run: ChainRun, merge: str, co
     ranks_agree = all(g["digest"] == got[0]["digest"] for g in got)
     calls_ok = all(g["linear_calls"] == expected_linear_calls(model, 1) for g in got)
     weights_same = all(h == run.weights_hashes[0] for h in run.weights_hashes)
-    strict = chain_metrics(tp_train, run.single_rollout, contract, "strict")
-    ws1 = chain_metrics(tp_train, run.single_rollout, contract, "ws1")
+    strict = chain_metrics(tp_train, run.single_rollout, contract.chain_thresholds("strict"))
+    ws1 = chain_metrics(tp_train, run.single_rollout, contract.chain_thresholds("ws1"))
     nan_policy = contract.nan_policy
     vs_single_train = compare_bitwise("tp teacher forcing vs single-process teacher forcing",
                                       run.single_train, tp_train, nan_policy)

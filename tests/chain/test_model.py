@@ -1,4 +1,4 @@
-"""The Qwen3 chain on the tiny model: pitfalls P1 and P8 at chain level, the strict profile in the
+"""The Qwen3 chain on the tiny model: docs/pitfalls.md P1 and P8 at chain level, the strict profile in the
 Triton interpreter, reference vs torch_bf16 sanity, and first-divergence localisation."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rl_engine.chain.fixtures import make_fixture
-from rl_engine.chain.model import LAYER_OP_ORDER, Qwen3Model, SeqBatch, score_rollout, score_teacher_forcing
+from rl_engine.chain.model import LAYER_OP_ORDER, Qwen3Model
+from rl_engine.chain.scoring import SeqBatch, score_rollout, score_teacher_forcing
 from rl_engine.chain.parity import (ActivationRecorder, PlantedChange, first_divergence_from,
                                     localize_first_divergence)
 from rl_engine.errors import InputError
@@ -36,7 +37,7 @@ def test_p1_micro_batching_is_bitwise_invariant(triton_model, contract):
     single = score_teacher_forcing(triton_model, batch, micro_batch=1)
     assert whole.dtype == torch.float32 and whole.numel() == batch.active_tokens == 60
     assert _bitwise(whole, pairs) and _bitwise(whole, single)
-    rep = chain_metrics(whole, single, contract, "strict")
+    rep = chain_metrics(whole, single, contract.chain_thresholds("strict"))
     assert rep.passed and rep.metrics["max_abs_dlogp"]["value"] == 0 and rep.metrics["approx_kl0"]["value"] == 0
 
 
@@ -46,13 +47,12 @@ def test_p1_check_catches_a_batch_dependent_gemm(micro_weights, contract):
     from rl_engine.ops.det_gemm.triton import det_gemm_triton
 
     model = Qwen3Model(micro_weights, TRITON)
-    model.ops.impl("det_gemm")
-    model.ops._impls["det_gemm"] = lambda a, b: det_gemm_triton(a, b, tree_depth=1 if a.shape[0] > 8 else 2)
+    model.ops = model.ops.replace(det_gemm=lambda a, b: det_gemm_triton(a, b, tree_depth=1 if a.shape[0] > 8 else 2))
     batch = make_fixture("p1", 11, model.config.vocab_size).batch()
     both = score_teacher_forcing(model, batch.subset([0, 1]))  # lengths 5 + 6: M = 11 rows
     alone = score_teacher_forcing(model, batch.subset([0]))  # M = 5 rows
     assert not _bitwise(both[: alone.numel()], alone)
-    assert not chain_metrics(both[: alone.numel()], alone, contract, "strict").passed
+    assert not chain_metrics(both[: alone.numel()], alone, contract.chain_thresholds("strict")).passed
 
 
 # ---------------------------------------------------------------- P8: prefill + decode == teacher forcing
@@ -60,14 +60,14 @@ def test_p8_prefill_plus_decode_equals_teacher_forcing(triton_model, contract):
     fx = make_fixture("p8", 3, triton_model.config.vocab_size)
     batch = fx.batch()
     assert batch.prompt_lens == (16,) and batch.completion_lens() == [9]  # 16-token prefill + 8 decode steps
-    from rl_engine.chain.model import TokenKeys
+    from rl_engine.chain.scoring import TokenKeys
 
     keys = TokenKeys(batch)
     rt, rr = ActivationRecorder(keys.total), ActivationRecorder(keys.total)
     train = score_teacher_forcing(triton_model, batch, recorder=rt)
     roll = score_rollout(triton_model, batch, recorder=rr)
     assert _bitwise(train, roll)
-    assert chain_metrics(train, roll, contract, "strict").passed
+    assert chain_metrics(train, roll, contract.chain_thresholds("strict")).passed
     # every activation of every op at positions 0..23 (K/V written to the cache included) is bitwise equal
     assert first_divergence_from(rt, rr, batch) is None
     assert all(bool(rr.seen[f"layer0.{op}"][:24].all()) for op in LAYER_OP_ORDER)
@@ -208,3 +208,29 @@ def test_positions_beyond_table_raise(tiny_weights):
     m = Qwen3Model(tiny_weights, "torch_bf16")
     with pytest.raises(InputError, match="max_position_embeddings"):
         m.rope_tables(torch.tensor([tiny_weights.config.max_position_embeddings], device=m.device))
+
+
+# ---------------------------------------------------------------- decode without host syncs
+def test_rollout_decode_reads_no_device_value_once_the_plan_is_validated(micro_weights, monkeypatch):
+    """score_rollout validates every position of its plan once, on the host, before the prefill;
+    its forwards then never read a device value back (the position check is the only such read
+    in the model). Control: an unchecked decode forward does run it, and bad positions still get
+    a clear error."""
+    from rl_engine.chain.model import KVCache
+
+    model = Qwen3Model(micro_weights, "torch_bf16")
+    batch = make_fixture(((3, 2), (4, 3)), 9, model.config.vocab_size).batch()
+    reads = []
+    real = Qwen3Model._check_device_positions
+    monkeypatch.setattr(Qwen3Model, "_check_device_positions",
+                        lambda self, *a, **k: (reads.append(a[-1]), real(self, *a, **k)))
+    checked = score_rollout(model, batch)
+    assert reads == [] and checked.numel() == batch.active_tokens
+    cache = KVCache.allocate(model.config, 1, 4, model.dtype, model.device)
+    ids = torch.zeros(1, dtype=torch.int64, device=model.device)
+    model.forward(ids, torch.zeros_like(ids), cache=cache, decode=True)
+    assert reads == ["decode"]
+    with pytest.raises(InputError, match="S_max=4"):
+        model.forward(ids, torch.full_like(ids, 4), cache=cache, decode=True)
+    with pytest.raises(InputError, match="max_position_embeddings"):
+        model.check_positions(0, model.config.max_position_embeddings)

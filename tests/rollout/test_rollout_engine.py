@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_engine.chain.model import SeqBatch, score_teacher_forcing
+from rl_engine.chain.scoring import SeqBatch, score_teacher_forcing
 from rl_engine.rollout import generate, score_completions
 from rl_engine.rollout.compare import compare_completions
 from rl_engine.rollout.sampling import RowKeyedSampler
@@ -59,7 +59,7 @@ def test_invariance_check_catches_a_row_keyed_sampler(rollout_model):
 
 def test_invariance_check_catches_a_batch_dependent_kernel(rollout_weights, alone):
     """Negative control at the kernel level: an lm_head that rounds the logits to BF16 when it gets
-    more than one row (a "decode fast path", pitfall P5 made size dependent). A run alone only ever
+    more than one row (a "decode fast path", docs/pitfalls.md P5 made size dependent). A run alone only ever
     gives it one row, so the alone results above stand for it; two-slot decode steps must be caught."""
     from rl_engine.chain.model import Qwen3Model
 
@@ -70,7 +70,7 @@ def test_invariance_check_catches_a_batch_dependent_kernel(rollout_weights, alon
         logits = exact(hidden=hidden, weight=weight)
         return logits if hidden.shape[0] == 1 else logits.to(torch.bfloat16).to(torch.float32)
 
-    model.ops._impls["lm_head"] = size_dependent
+    model.ops = model.ops.replace(lm_head=size_dependent)
     res = generate(model, PROMPTS, BUDGETS, max_batch=2, **FILTERED)
     rep = compare_completions(alone, res.completions)
     assert rep.compared == (0, 1, 2) and not rep.equal

@@ -97,15 +97,17 @@ def test_top_p_keeps_the_smallest_prefix_that_reaches_p():
 @pytest.fixture(scope="module")
 def no_launch_model(rollout_weights):
     """A model whose every op raises: a bad argument must be refused before any of them runs."""
-    from rl_engine.chain.model import Qwen3Model
-
-    model = Qwen3Model(rollout_weights, "triton_cuda_bf16")
+    from rl_engine.chain.model import OpTable, Qwen3Model
 
     def launched(op, **kwargs):
         raise AssertionError(f"{op} ran before the bad input was refused")
 
-    model.ops.call = launched
-    model.ops.impl = lambda op: partial(launched, op)
+    class NoLaunch(OpTable):
+        def impl(self, op):
+            return partial(launched, op)
+
+    model = Qwen3Model(rollout_weights, "triton_cuda_bf16")
+    model.ops = NoLaunch("triton_cuda_bf16")
     return model
 
 

@@ -5,14 +5,15 @@
 * ``liger`` — Liger-Kernel's RMSNorm, RoPE, SwiGLU and fused linear cross-entropy (as a logprob);
   needs a CUDA GPU.
 
-Asking for an adapter whose library is missing raises BackendUnavailable (exit 2).
+An adapter whose library is missing is a backend that cannot run, with the reason (asking for it
+exits 2).
 """
 
 from __future__ import annotations
 
 import importlib
 
-from rl_engine.backends.plugins import BackendPlugin
+from rl_engine.backends.backend import Backend
 
 ADAPTERS = {
     "hf_transformers": "rl_engine.backends.adapters.hf_transformers",
@@ -20,5 +21,6 @@ ADAPTERS = {
 }
 
 
-def load(name: str) -> BackendPlugin:
+def load(name: str) -> Backend:
+    """The adapter's backend; raises BackendUnavailable when its library is missing."""
     return importlib.import_module(ADAPTERS[name]).make_plugin()

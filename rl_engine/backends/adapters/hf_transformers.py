@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.backends.plugins import BackendPlugin
+from rl_engine.backends.backend import Backend, plugin_backend
 from rl_engine.errors import BackendUnavailable
 from rl_engine.ops._validate import check_cu_seqlens, check_tensor
 
@@ -35,7 +35,7 @@ def _norm(m, x: torch.Tensor, weight: torch.Tensor, eps: float, order: str) -> t
     return torch.func.functional_call(module, {"weight": weight}, (x,))
 
 
-def make_plugin() -> BackendPlugin:
+def make_plugin() -> Backend:
     m, act = _import()
     silu_fn = act["silu"]
 
@@ -89,5 +89,5 @@ def make_plugin() -> BackendPlugin:
         return torch.cat(parts, dim=0)
 
     ops = {"rms_norm": rms_norm, "qk_norm": qk_norm, "rope": rope, "silu": silu, "swiglu": swiglu, "attention": attention}
-    return BackendPlugin("hf_transformers", ops, backward=set(ops), batch_invariant=set(ops),
-                         description="Hugging Face transformers Qwen3 building blocks (eager PyTorch)")
+    return plugin_backend("hf_transformers", ops, backward=True, batch_invariant=True, origin="adapter",
+                          description="Hugging Face transformers Qwen3 building blocks (eager PyTorch)")

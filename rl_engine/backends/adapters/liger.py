@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.backends.plugins import BackendPlugin
+from rl_engine.backends.backend import Backend, plugin_backend
 from rl_engine.errors import BackendUnavailable
 
 
@@ -20,7 +20,7 @@ def _available() -> tuple[bool, str]:
     return True, "liger-kernel and a CUDA GPU present"
 
 
-def make_plugin() -> BackendPlugin:
+def make_plugin() -> Backend:
     try:
         from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
@@ -52,5 +52,5 @@ def make_plugin() -> BackendPlugin:
         return -loss.float()
 
     ops = {"rms_norm": rms_norm, "rope": rope, "swiglu": swiglu, "linear_logp": linear_logp}
-    return BackendPlugin("liger", ops, backward=set(ops), batch_invariant=set(ops),
-                         description="Liger-Kernel 0.8.x Triton kernels", available=_available)
+    return plugin_backend("liger", ops, backward=True, batch_invariant=True, origin="adapter",
+                          description="Liger-Kernel 0.8.x Triton kernels", available=_available)

@@ -1,0 +1,89 @@
+"""What a gate run judges: its configuration and the cells it plans, in run order.
+
+Shared by the runner (:mod:`rl_engine.gate.runner`), which runs the cells, and the audit
+(:mod:`rl_engine.audit.checks`), which checks that every required cell is planned; neither needs
+the other for this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl_engine.backends.registry import KERNEL_BACKENDS, availability, check_backend
+from rl_engine.errors import RLEngineError
+from rl_engine.ops.spec import TRANSFORMS, Workload
+
+JUDGMENTS = ("forward_accuracy", "gradient_accuracy", "forward_invariance", "gradient_invariance", "repeat",
+             "chain_parity")
+DEFAULT_JUDGMENTS = JUDGMENTS
+
+
+@dataclass(frozen=True)
+class CellKey:
+    op: str
+    backend: str
+    judgment: str
+    transform: str | None = None
+
+
+@dataclass
+class GateConfig:
+    ops: list[str]
+    backends: list[str]
+    judgments: list[str]
+    workload: Workload
+    out_dir: Path
+    seed: int = 0
+    requested_backends: list[str] = field(default_factory=list)
+    left_out: list[dict[str, str]] = field(default_factory=list)
+    cell_timeout: float | None = None
+    """Seconds a cell may run before it is marked red with reason ``timeout`` (None: no limit)."""
+    resume: dict[str, Any] | None = None
+    """A previous, incomplete evidence to finish (cells already there are kept, not re-run)."""
+
+
+def resolve_backends(requested: str | None, contract: Any = None) -> tuple[list[str], list[dict[str, str]]]:
+    """``None``/``"all"``: every kernel backend that can run here (the rest listed with reasons).
+    A named backend must be able to run, else BackendUnavailable (exit 2); given the contract, a
+    name it declares out of scope raises ContractError (exit 2)."""
+    if requested in (None, "all"):
+        judged, left = [], []
+        for b in KERNEL_BACKENDS:
+            ok, why = availability(b)
+            (judged if ok else left).append(b if ok else {"backend": b, "reason": why})
+        if not judged:
+            raise RLEngineError("no kernel backend can run on this machine: "
+                                + "; ".join(f"{d['backend']}: {d['reason']}" for d in left))
+        return judged, left
+    names = list(dict.fromkeys(n.strip() for n in requested.split(",") if n.strip()))
+    if not names:
+        raise RLEngineError(f"--backend {requested!r} names no backend; give a backend name or 'all'")
+    for n in names:
+        if n in ("reference_fp32", "torch_bf16"):
+            raise RLEngineError(f"{n} is the gate's {'gold reference' if n == 'reference_fp32' else 'relative-criterion baseline'}, "
+                                "not a backend it judges; judge triton_cuda_bf16, cuda_bf16 or a plugin")
+        check_backend(n, contract)
+    return names, []
+
+
+def plan(config: GateConfig) -> list[CellKey]:
+    """The cells in run order: the chain cells first (the repeat judgment's fresh processes, started
+    with the run, do their work meanwhile), then op by op in the model's op order."""
+    keys: list[CellKey] = []
+    if "chain_parity" in config.judgments:
+        keys += [CellKey("chain", b, "chain_parity", None) for b in config.backends]
+    for op in config.ops:
+        for backend in config.backends:
+            for j in config.judgments:
+                if j == "chain_parity":
+                    continue
+                if j == "repeat":
+                    keys.append(CellKey(op, backend, j))
+                    continue
+                if j in ("forward_invariance", "gradient_invariance"):
+                    keys += [CellKey(op, backend, j, t) for t in TRANSFORMS]
+                else:
+                    keys.append(CellKey(op, backend, j))
+    return keys
