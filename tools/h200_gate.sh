@@ -10,9 +10,10 @@ mkdir -p "$OUT"
 rl-engine env --json >"$OUT/env.json"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv >>"$OUT/env.json.txt" 2>&1
 if [ "${SKIP_TESTS:-0}" != "1" ]; then
-  # TEST_ARGS picks tests (default: every test marked gpu)
+  # TEST_ARGS picks tests (default: every test marked gpu); one process (no xdist: one GPU, and
+  # the device installs no test plugins)
   # shellcheck disable=SC2086
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q ${TEST_ARGS:--x -m gpu tests} 2>&1 | tail -n 60 >"$OUT/gpu-tests.log"
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -o addopts=-ra ${TEST_ARGS:--x -m gpu tests} 2>&1 | tail -n 60 >"$OUT/gpu-tests.log"
   tail -n 5 "$OUT/gpu-tests.log"
 fi
 # GATE_TIMEOUT leaves time to pack a partial run (finish it later with --resume)

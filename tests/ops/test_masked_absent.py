@@ -101,12 +101,6 @@ def _impls(backend, request):
     if backend == "reference_fp32":
         return attention_reference, attention_decode_reference, torch.float32, nullcontext()
     if backend == "torch_bf16":
-        if torch.backends.cpu.get_cpu_capability() not in ("DEFAULT", "AVX2") and request.node.name.split("[")[0] in (
-                "test_attention_prefill_future_keys_absent", "test_attention_chunked_prefill_future_keys_absent",
-                "test_attention_backward_blind_queries_absent"):
-            pytest.skip("known open defect: on an AVX-512 CPU (the H200 host, torch 2.11) torch_bf16's BF16 CPU "
-                        "path still lets a planted future key reach the row before it (NaN); passes on AVX2 hosts. "
-                        "torch_bf16 is the unvalidated baseline path, judged only on finite gate inputs")
         return attention_torch_bf16, attention_decode_torch_bf16, torch.bfloat16, nullcontext()
     if backend == "triton_cuda_bf16":
         if ON_GPU_HOST:
@@ -341,8 +335,13 @@ def test_finite_inputs_same_bits_as_old_reference(case):
 
 @pytest.mark.parametrize("case", list(FINITE_CASES))
 def test_finite_inputs_same_bits_as_old_torch_bf16(case):
+    """Against the old formulation run with the same CPU GEMM (oneDNN off, as the masked products
+    now run on a CPU: ``reference._plain_cpu_gemm``; on an AVX2 host oneDNN has no BF16 GEMM anyway)."""
     inputs = _finite_inputs(*FINITE_CASES[case], seed=12)
-    _assert_all_same(_fwd_bwd(attention_torch_bf16, *inputs), _fwd_bwd(_old_torch_bf16, *inputs), f"torch_bf16 {case}")
+    new = _fwd_bwd(attention_torch_bf16, *inputs)
+    with torch.backends.mkldnn.flags(enabled=False):
+        old = _fwd_bwd(_old_torch_bf16, *inputs)
+    _assert_all_same(new, old, f"torch_bf16 {case}")
 
 
 # ------------------------------------------------------------ batch_invariant_logp's row mask

@@ -47,10 +47,11 @@ def _absent_matmul(a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor, *, as_t
     b_ok = torch.isfinite(b)
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
     a_kept = a if a_masked else torch.where(keep, a, zero)
-    if as_transpose:
-        out = torch.matmul(torch.where(b_ok, b, zero).transpose(-1, -2), a_kept.transpose(-1, -2)).transpose(-1, -2)
-    else:
-        out = torch.matmul(a_kept, torch.where(b_ok, b, zero))
+    with _plain_cpu_gemm(a):
+        if as_transpose:
+            out = torch.matmul(torch.where(b_ok, b, zero).transpose(-1, -2), a_kept.transpose(-1, -2)).transpose(-1, -2)
+        else:
+            out = torch.matmul(a_kept, torch.where(b_ok, b, zero))
     # (nonfinite(b)ᵀ @ keepᵀ)ᵀ: a batched [..., N, K] times a 2-D [K, M] folds the batch into rows,
     # so the [M, K] mask is never expanded to [..., M, K].
     # The count is an FP32 product of 0/1 values (exact), whatever a's dtype: on an AVX-512 host the
@@ -59,6 +60,18 @@ def _absent_matmul(a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor, *, as_t
     count = torch.matmul((~b_ok).to(torch.float32).transpose(-1, -2),
                          keep.transpose(0, 1).to(torch.float32)).transpose(-1, -2)
     return torch.where(count > 0, torch.full((), float("nan"), dtype=out.dtype, device=out.device), out)
+
+
+def _plain_cpu_gemm(a: torch.Tensor):
+    """BF16 products on the CPU without oneDNN. Measured on the H200 host (AVX-512, torch 2.11):
+    oneDNN's BF16 GEMM gave row ``i`` of ``a @ b`` other bits when only a row ``k`` of ``b`` with
+    ``a[i, k] == 0`` changed (a planted future key moved the query row before it); with oneDNN off
+    the result did not move, and it is the GEMM an AVX2 host runs anyway. Every product of the
+    masked scores and ``P V`` (forward and backward) uses it, so ``torch_bf16`` attention on a CPU
+    runs one GEMM on every host. Other dtypes and devices are left alone."""
+    if a.device.type == "cpu" and a.dtype == torch.bfloat16:
+        return torch.backends.mkldnn.flags(enabled=False)
+    return contextlib.nullcontext()
 
 
 def _backward_guard(dtype: torch.dtype):
@@ -88,7 +101,8 @@ class MaskedProduct(torch.autograd.Function):
         a, b, keep = ctx.saved_tensors
         zero = torch.zeros((), dtype=g.dtype, device=g.device)
         with _backward_guard(g.dtype):
-            da = torch.where(keep, torch.matmul(g, b.transpose(-1, -2)), zero) if ctx.needs_input_grad[0] else None
+            with _plain_cpu_gemm(g):
+                da = torch.where(keep, torch.matmul(g, b.transpose(-1, -2)), zero) if ctx.needs_input_grad[0] else None
             db = _absent_matmul(a.transpose(-1, -2), g, keep.transpose(0, 1)) if ctx.needs_input_grad[1] else None
         return da, db, None
 
@@ -110,7 +124,8 @@ class MaskedScores(torch.autograd.Function):
     def forward(ctx, q, k, keep, scale):
         ctx.save_for_backward(q, k, keep)
         ctx.scale = scale
-        s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+        with _plain_cpu_gemm(q):
+            s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
         s.masked_fill_(s == float("-inf"), float("nan"))
         return s.masked_fill_(~keep, float("-inf"))
 
