@@ -17,7 +17,7 @@ from rl_engine.bench.targets import TARGETS, target_for
 from rl_engine.cli.main import main
 
 RL_ENGINE = Path(sys.executable).parent / "rl-engine"
-DEFAULT_ROW_COUNT = 284
+DEFAULT_ROW_COUNT = 318
 """Rows of a default run (6 token counts, both backends), counted by hand:
 det_gemm 4 projections x 2 backends x (2 decode tokens x 2 baselines + 4 prefill tokens x 1) = 64;
 lm_head 6 x 2 = 12; attention fwd 4 x 2 = 8, fwd+bwd 8, decode 3 x 2 x 2 = 12;
@@ -244,7 +244,7 @@ def test_targets_are_design_data():
     assert {k: (t.target_ratio, t.sense) for k, t in TARGETS.items()} == {
         "det_gemm.prefill": (0.8, ">="), "det_gemm.decode": (0.7, ">="), "attention.fwd": (0.7, ">="),
         "attention.decode": (0.6, ">="), "rms_norm": (0.85, ">="), "rope": (0.8, ">="), "swiglu": (0.95, ">="),
-        "linear_logp.memory": (1 / 16, "<="), "linear_logp.time": (1.1, "<="),
+        "linear_logp.memory": (1 / 16, "<="), "linear_logp.time": (1.1, "<="), "chain.decode": (1 / 1.5, ">="),
     }
     assert target_for("det_gemm.prefill", 1024) is not None and target_for("det_gemm.prefill", 128) is None
     assert target_for("det_gemm.decode", 16) is not None and target_for("det_gemm.decode", 17) is None
@@ -382,3 +382,21 @@ def test_real_bench_short(tmp_path):
     for r in doc["rows"]:
         assert r["status"] == "measured" and r["value"] > 0 and r["ratio"] > 0
         assert r["spread"]["p20_ms"] <= r["spread"]["median_ms"] <= r["spread"]["p80_ms"]
+
+
+def test_chain_decode_bound_counts_every_weight_once_and_the_kv_cache():
+    """The weight + KV-read bound of one Qwen3-8B decode step, written out by hand, and the rows
+    that carry the chain.decode target (the graph rows at the three (B, context) of issue #19)."""
+    from rl_engine.bench import chain
+    from rl_engine.bench.common import QWEN3_8B
+    from rl_engine.chain.config import get_config
+
+    c = get_config("qwen3-8b")
+    per_layer = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 12288 * 4096 + 2 * 4096 + 2 * 128
+    weights = 36 * per_layer + 4096 + 151936 * 4096  # layers, final norm, lm_head (untied)
+    assert chain.step_bytes(c, 1, 0) == 2 * (weights + 4096)  # + one embedding row, not the table
+    assert chain.step_bytes(c, 2, 10) - chain.step_bytes(c, 2, 0) == 2 * (2 * 36 * 2 * 10 * 8 * 128)
+    cases = chain.cases("chain_decode", [], quick=False)
+    targeted = [k for k in cases if any(b.target for b in k.baselines)]
+    assert sorted((k.tokens, k.sizes(QWEN3_8B, k.tokens)["context"]) for k in targeted) == sorted(chain.TARGETED)
+    assert {k.variant for k in targeted} == {"graph"} and {k.variant for k in cases} == {"graph", "eager"}

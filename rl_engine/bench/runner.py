@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
-from rl_engine.bench import attention, gemm, logprob, norm
+from rl_engine.bench import attention, chain, gemm, logprob, norm
 from rl_engine.bench.common import HIGHER_IS_BETTER, QWEN3_8B, TINY, Case, Pool, tiny_tokens
 from rl_engine.bench.targets import TARGETS, target_for
 from rl_engine.errors import RLEngineError
 
 SCHEMA_VERSION = "rl_engine.bench/1"
-FAMILIES: dict[str, Any] = {"gemm": gemm, "attention": attention, "norm": norm, "logprob": logprob}
+FAMILIES: dict[str, Any] = {"gemm": gemm, "attention": attention, "norm": norm, "logprob": logprob, "chain": chain}
 BENCH_OPS: dict[str, str] = {op: fam for fam, mod in FAMILIES.items() for op in mod.OPS}
 """Bench item -> family, in run order."""
 ALIASES = {"attention": attention.OPS, **{fam: mod.OPS for fam, mod in FAMILIES.items()}}

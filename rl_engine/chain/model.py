@@ -174,6 +174,32 @@ class Qwen3Model:
         self.device = weights.device
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    def capture_safe_ops(self) -> OpTable:
+        """The op table with the three checks that read device values left out: ``embedding``
+        (ids in ``[0, V)``), ``attention_decode`` (``cache_seqlens`` in ``[0, S_max]``) and ``logp``
+        (targets in ``[0, V)``) run with ``validate=False``; every shape, dtype and device check
+        stays. For a decode step captured in a CUDA graph or compiled (a host read of a device value
+        cannot be captured): the caller guarantees those values, e.g. ids and positions the engine's
+        plan validated on the host, tokens drawn by ``argmax`` over ``[0, V)``.
+
+        Raises
+        ------
+        InputError
+            The backend is not a kernel backend (only those have the ``validate=False`` forms).
+        """
+        from rl_engine.backends.registry import KERNEL_BACKENDS
+        from rl_engine.ops.attention.api import attention_decode_kernel
+        from rl_engine.ops.embedding.api import embedding_kernel
+        from rl_engine.ops.logp.api import logp_kernel
+
+        if self.backend not in KERNEL_BACKENDS:
+            raise InputError(f"capture_safe_ops: {self.backend} is not a kernel backend ({', '.join(KERNEL_BACKENDS)})")
+        b = self.backend
+        return self.ops.replace(
+            embedding=lambda ids, weight: embedding_kernel(ids, weight, backend=b, validate=False),
+            attention_decode=lambda **kw: attention_decode_kernel(**kw, backend=b, validate=False),
+            logp=lambda **kw: logp_kernel(**kw, backend=b, validate=False))
+
     # -- inputs ----------------------------------------------------------------------------------
     def check_positions(self, lo: int, hi: int, s_max: int | None = None, what: str = "positions") -> None:
         """Validate a plan's position range ``[lo, hi]`` once, on the host (no device read):
@@ -315,6 +341,6 @@ class Qwen3Model:
             raise RLEngineError(f"{head} on {self.backend} returned {out.dtype}; logprobs must be float32")
         return out
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """FP32 logits [N, V] of final hidden rows [N, E] (``lm_head`` op)."""
-        return self.ops("lm_head", "lm_head", hidden=hidden, weight=self.weights.lm_head)
+    def logits(self, hidden: torch.Tensor, *, ops: OpTable | None = None) -> torch.Tensor:
+        """FP32 logits [N, V] of final hidden rows [N, E] (``lm_head`` op; ``ops`` as in :meth:`forward`)."""
+        return (ops or self.ops)("lm_head", "lm_head", hidden=hidden, weight=self.weights.lm_head)

@@ -101,3 +101,9 @@ def check_triton_device(*tensors: torch.Tensor) -> None:
                 "triton_cuda_bf16 needs CUDA tensors; CPU tensors run only under TRITON_INTERPRET=1"
             )
         raise BackendUnavailable(f"triton_cuda_bf16 cannot run on device {t.device}")
+
+
+if env.triton_interpret():
+    # installed at import too, not only by check_triton_device: a launcher called directly (a test,
+    # a tool) before any op entry point must not run on the interpreter's host-BLAS dot
+    _interpreter.install()

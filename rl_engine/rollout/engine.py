@@ -19,9 +19,16 @@ noise by (seed, sequence id, position), never by the slot, and every sampling st
 (:mod:`rl_engine.rollout.sampling`). ``tests/rollout/test_rollout_engine.py`` shows it bitwise (alone, in a
 full static batch, joining a running batch mid-way) with a row-keyed sampler as negative control.
 
-Designed for CUDA graphs later (not done yet): the step state lives in device tensors of fixed
-shape, the step is one forward + one sampling call over all slots; the scheduler reads one small
-tensor per step (which slots finished) to refill slots.
+CUDA graph (``cuda_graph=True``, the default on a GPU): the step state lives in device tensors of
+fixed shape and the whole decode step (36 layers, the head, sampling, the state update) is one
+CUDA graph captured when the engine is built, replayed once per step; the ops run in their
+capture-safe form (:meth:`rl_engine.chain.model.Qwen3Model.capture_safe_ops`: the only checks
+left out are the ones that read device values, and the engine guarantees those: prompt ids are
+validated on the host, drawn tokens come from ``argmax`` over ``[0, V)``, positions stay below
+``S_max``, which the plan validated). The graph computes exactly what the eager step computes
+(same kernels, same launch arguments), so a replay gives the eager step's bits
+(``tests/chain/test_capture_gpu.py``). Per step the host reads one small tensor (which slots
+finished) and copies the drawn tokens and their logprobs out of the graph's output buffers.
 """
 
 from __future__ import annotations
@@ -168,10 +175,21 @@ class Engine:
 
     ``model``: a :class:`Qwen3Model` on a kernel backend. ``s_max``: positions per cache slot (a
     prompt plus its budget must fit). ``sampler``: :class:`Sampler` (tests pass the negative
-    control :class:`rl_engine.rollout.sampling.RowKeyedSampler`).
+    control :class:`rl_engine.rollout.sampling.RowKeyedSampler`). ``cuda_graph``: capture the
+    decode step in a CUDA graph (default: on when the model is on a CUDA device and a kernel
+    backend); the graph is captured for ``params`` and ``stop_token_ids``, which :meth:`run` must
+    then be given unchanged.
+
+    Raises
+    ------
+    InputError
+        ``max_batch`` < 1, ``s_max`` < 2 or beyond the model's positions, ``cuda_graph=True``
+        off a CUDA device or on a non-kernel backend, or ``cuda_graph`` without ``params``.
     """
 
-    def __init__(self, model: Qwen3Model, max_batch: int, s_max: int, *, sampler: Sampler | None = None):
+    def __init__(self, model: Qwen3Model, max_batch: int, s_max: int, *, sampler: Sampler | None = None,
+                 cuda_graph: bool | None = None, params: SamplingParams | None = None,
+                 stop_token_ids: tuple[int, ...] = ()):
         if not _int_like(max_batch) or max_batch < 1:
             raise InputError(f"max_batch: expected an integer >= 1, got {max_batch!r}")
         if not _int_like(s_max) or s_max < 2:
@@ -193,7 +211,26 @@ class Engine:
         self.slot_budget = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
         self.slot_live = torch.zeros(self.max_batch, dtype=torch.bool, device=dev)
         self.slot_ids = torch.arange(self.max_batch, dtype=torch.int64, device=dev)
-        self._logp = model.ops.impl("logp")
+        from rl_engine.backends.registry import KERNEL_BACKENDS
+
+        graphable = dev.type == "cuda" and model.backend in KERNEL_BACKENDS
+        if cuda_graph is None:
+            cuda_graph = graphable and params is not None
+        if cuda_graph and not graphable:
+            raise InputError(f"cuda_graph=True needs a CUDA device and a kernel backend ({', '.join(KERNEL_BACKENDS)}); "
+                             f"the model is {model.backend} on {dev}")
+        if cuda_graph and params is None:
+            raise InputError("cuda_graph=True: the graph is captured for one SamplingParams; pass params=")
+        # the capture-safe table only leaves out checks of device values; eager steps use the same
+        # form so both paths launch the same kernels (the engine guarantees those values itself)
+        self._ops = model.capture_safe_ops() if model.backend in KERNEL_BACKENDS else model.ops
+        self._logp = self._ops.impl("logp")
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._graph_key = (params, tuple(stop_token_ids))
+        self._graph_out: tuple[torch.Tensor, ...] | None = None
+        if cuda_graph:  # the graph reads this stop-token tensor: the engine keeps it alive
+            self._graph_stop = torch.tensor(tuple(stop_token_ids), dtype=torch.int64, device=dev)
+            self._capture(params, self._graph_stop)
 
     # -- pieces -----------------------------------------------------------------------------------
     def _slot_cache(self, slot: int) -> KVCache:
@@ -205,7 +242,7 @@ class Engine:
 
     def _sample(self, hidden: torch.Tensor, seq_ids: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                 params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model.logits(hidden)
+        logits = self.model.logits(hidden, ops=self._ops)
         return self.sampler.sample(self._logp, logits, seq_ids, slots, positions, params)
 
     def _prefill(self, slot: int, req: _Request, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,7 +266,8 @@ class Engine:
         """
         # checked: every position a slot is fed is below s_max <= max_position_embeddings (the plan and
         # the constructor validated that), so the step reads no device value on the host
-        hidden = self.model.forward(self.slot_token, self.slot_pos, cache=self.cache, decode=True, checked=True)
+        hidden = self.model.forward(self.slot_token, self.slot_pos, cache=self.cache, decode=True, checked=True,
+                                    ops=self._ops)
         tok, lp = self._sample(hidden, self.slot_seq, self.slot_ids, self.slot_pos + 1, params)
         live = self.slot_live
         stopped = live & torch.isin(tok, stop)
@@ -240,22 +278,60 @@ class Engine:
         self.slot_pos.copy_(torch.where(self.slot_live, self.slot_pos + 1, torch.zeros_like(self.slot_pos)))
         return tok, lp, stopped, finished
 
+    def _capture(self, params: SamplingParams, stop: torch.Tensor) -> None:
+        """Capture :meth:`_decode_step` over the static slot state in a CUDA graph.
+
+        Run once eagerly on a side stream first (Triton compiles, the CUDA library loads, the
+        allocator warms up: none of that can happen inside a capture), with every slot idle (token
+        0 at position 0: it writes position 0 of each cache row, which a prefill NaN-fills before
+        a sequence uses the row); the slot state is then reset, and the capture records the
+        launches without running them.
+        """
+        state = (self.slot_token, self.slot_pos, self.slot_count, self.slot_live)
+        saved = [t.clone() for t in state]
+        side = torch.cuda.Stream(self.model.device)
+        side.wait_stream(torch.cuda.current_stream(self.model.device))
+        with torch.no_grad():
+            with torch.cuda.stream(side):
+                self._decode_step(params, stop)
+            torch.cuda.current_stream(self.model.device).wait_stream(side)
+            for t, v in zip(state, saved):
+                t.copy_(v)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                tok, lp, stopped, finished = self._decode_step(params, stop)
+                done = torch.stack([finished, stopped])
+        self.graph = graph
+        self._graph_out = (tok, lp, done)
+
+    def step(self, params: SamplingParams, stop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One decode step (graph replay or eager); returns tokens [B_max] int64, logprobs
+        [B_max] FP32 (fresh tensors, safe to keep) and ``done`` [2, B_max] bool (finished, stopped)."""
+        if self.graph is None:
+            tok, lp, stopped, finished = self._decode_step(params, stop)
+            return tok, lp, torch.stack([finished, stopped])
+        self.graph.replay()
+        tok, lp, done = self._graph_out
+        return tok.clone(), lp.clone(), done.clone()
+
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, requests: list[_Request], params: SamplingParams,
             stop_token_ids: tuple[int, ...]) -> tuple[int, int, list[tuple[int, int, int]]]:
-        """Generate every request (in queue order); returns (decode steps, prefills, admissions)."""
+        """Generate every request (in queue order); returns (decode steps, prefills, admissions).
+
+        Raises InputError when the engine holds a CUDA graph captured for other ``params`` or
+        ``stop_token_ids``."""
+        if self.graph is not None and (params, tuple(stop_token_ids)) != self._graph_key:
+            raise InputError("the engine's CUDA graph was captured for other sampling settings or stop tokens")
         dev = self.model.device
         stop = torch.tensor(stop_token_ids, dtype=torch.int64, device=dev)
         queue = deque(requests)
         slots: list[_Request | None] = [None] * self.max_batch
         steps = prefills = 0
         admissions: list[tuple[int, int, int]] = []
-
-        def record(req: _Request, tok: torch.Tensor, lp: torch.Tensor) -> bool:
-            """Append one token; True when the sequence is finished."""
-            req.tokens.append(tok)
-            req.logprobs.append(lp)
-            return len(req.tokens) >= req.budget
+        step_tok: list[torch.Tensor] = []  # [B_max] per decode step; requests keep (step, slot) indices
+        step_lp: list[torch.Tensor] = []
+        where: dict[int, list[tuple[int, int]]] = {}
 
         with torch.no_grad():
             while True:
@@ -266,11 +342,14 @@ class Engine:
                         admissions.append((req.seq_id, s, steps))
                         tok, lp = self._prefill(s, req, params)
                         prefills += 1
+                        req.tokens.append(tok)
+                        req.logprobs.append(lp)
                         is_stop = bool(torch.isin(tok, stop).any()) if stop.numel() else False
-                        if record(req, tok, lp) or is_stop:
+                        if req.budget <= 1 or is_stop:
                             req.finish_reason = "stop" if is_stop else "length"
                             continue
                         slots[s] = req
+                        where[req.index] = []
                         self.slot_token[s] = tok[0]
                         self.slot_pos[s] = len(req.prompt)
                         self.slot_seq[s] = req.seq_id
@@ -280,15 +359,26 @@ class Engine:
                 live = [s for s in range(self.max_batch) if slots[s] is not None]
                 if not live:
                     break
-                tok, lp, stopped, finished = self._decode_step(params, stop)
-                steps += 1
-                done = torch.stack([finished, stopped]).tolist()  # the one host read per step
+                tok, lp, done_t = self.step(params, stop)
+                step_tok.append(tok)
+                step_lp.append(lp)
+                done = done_t.tolist()  # the one host read per step
                 for s in live:
                     req = slots[s]
-                    record(req, tok[s : s + 1], lp[s : s + 1])
+                    where[req.index].append((steps, s))
                     if done[0][s]:
                         req.finish_reason = "stop" if done[1][s] else "length"
                         slots[s] = None
+                steps += 1
+            if steps:  # one gather per request from the per-step outputs
+                all_tok, all_lp = torch.stack(step_tok), torch.stack(step_lp)
+                for req in requests:
+                    idx = where.get(req.index)
+                    if idx:
+                        st = torch.tensor([i for i, _ in idx], dtype=torch.int64, device=dev)
+                        sl = torch.tensor([j for _, j in idx], dtype=torch.int64, device=dev)
+                        req.tokens.append(all_tok[st, sl])
+                        req.logprobs.append(all_lp[st, sl])
         return steps, prefills, admissions
 
 
@@ -339,7 +429,7 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, seed: int = 0,
              stop_token_ids: Sequence[int] | None = None, max_batch: int = DEFAULT_MAX_BATCH,
              seq_ids: Sequence[int] | None = None, s_max: int | None = None,
-             sampler: Sampler | None = None) -> GenerationResult:
+             sampler: Sampler | None = None, cuda_graph: bool | None = None) -> GenerationResult:
     """Sample completions of ``prompts`` with continuous batching; see ``docs/rollout.md``.
 
     Parameters
@@ -365,6 +455,9 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
         id reproduces it in any batch.
     s_max
         Cache positions per slot (default ``max_b (P_b + C_b)``).
+    cuda_graph
+        Replay the decode step as one CUDA graph (default: on for a kernel backend on a CUDA
+        device; :class:`Engine`). The bits are the eager step's.
 
     Returns
     -------
@@ -391,7 +484,8 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
     # never more slots than sequences: an idle slot costs a full row of every decode op (a batch of
     # one prompt at max_batch=8 would run lm_head over 8 rows); the bits do not depend on it
     slots = min(int(max_batch), len(plist))
-    engine = Engine(model, slots, int(s_max), sampler=sampler)
+    engine = Engine(model, slots, int(s_max), sampler=sampler, cuda_graph=cuda_graph, params=params,
+                    stop_token_ids=plan.stop_token_ids)
     reqs = [_Request(i, sid, p, b) for i, (sid, p, b) in enumerate(zip(plan.seq_ids, plist, plan.budgets))]
     steps, prefills, admissions = engine.run(reqs, params, plan.stop_token_ids)
     if model.device.type == "cuda":

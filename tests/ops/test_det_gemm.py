@@ -126,6 +126,41 @@ def test_leaf_parallel_form_equals_fused_form(device, m, k, n, transposed, depth
     assert not bits_equal(split, dg_triton.det_gemm_launch(a, b, depth, True, leaf_split=False))
 
 
+@pytest.mark.parametrize("m,k,n", [(1, 300, 200), (16, 257, 130), (3, 128, 65)])
+def test_decode_tiles_give_the_prefill_tiles_bits(device, m, k, n):
+    """The narrow decode tiles of the leaf-parallel form and its prefill tiles (and the fused form)
+    compute every element from the same BK blocks in the same order: same bits on random inputs."""
+    g = spec_mod.make_generator(m * 7919 + n)
+    a = spec_mod.randn((m, k), g, device=device)
+    b = spec_mod.randn((n, k), g, scale=k ** -0.5, device=device).t()
+    assert dg_triton.leaf_tiles(m) == dg_triton.DECODE_TILES != dg_triton.PREFILL_TILES
+    decode = dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=True, tiles=dg_triton.DECODE_TILES)
+    prefill = dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=True, tiles=dg_triton.PREFILL_TILES)
+    assert bits_equal(decode, prefill)
+    assert bits_equal(decode, dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=False))
+    assert not bits_equal(decode, dg_triton.det_gemm_launch(a, b, 1, False, leaf_split=True,
+                                                            tiles=dg_triton.DECODE_TILES))  # the tree matters
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the H200's tl.dot, not the interpreter's")
+@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (4096, 6144),
+                                 (4096, 24576)], ids=["q_o", "kv", "gate_up", "down", "qkv", "gate_up_fused"])
+def test_decode_tiles_equal_the_prefill_path_at_qwen3_8b_shapes(k, n):
+    """On the GPU the bits of ``tl.dot`` could depend on the tile shape (the MMA instruction and
+    its operand layout change with it): the decode tiles must give the fused prefill form's bits at
+    every Qwen3-8B projection shape (and the fused q/k/v and gate/up widths), for M = 1, 5, 16,
+    and a row alone must equal the same row inside a 256-row prefill batch."""
+    g = torch.Generator(device="cuda").manual_seed(k + n)
+    w = (torch.randn((n, k), generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16)
+    big = torch.randn((256, k), generator=g, device="cuda").to(torch.bfloat16)
+    prefill = dg_triton.det_gemm_launch(big, w.t(), 2, False, leaf_split=False)
+    for m in (1, 5, 16):
+        out = dg_triton.det_gemm_launch(big[:m], w.t(), 2, False)
+        assert dg_triton.use_leaf_split(m, n, 2) and dg_triton.leaf_tiles(m) == dg_triton.DECODE_TILES
+        assert bits_equal(out, prefill[:m]), (m, k, n)
+
+
 def test_leaf_parallel_form_is_chosen_by_output_tiles_only():
     assert dg_triton.use_leaf_split(1, 4096, 2) and dg_triton.use_leaf_split(257, 4096, 2)
     assert not dg_triton.use_leaf_split(4096, 4096, 2)

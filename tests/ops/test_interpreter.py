@@ -225,3 +225,24 @@ def test_libdevice_exp_is_the_interpreters_exp(device):
     e = _interpreter.exp_fp32(-xf)
     want = torch.from_numpy((xf / (np.float32(1.0) + e)).astype(np.float32)).to(torch.bfloat16)
     assert torch.equal(silu_triton(x).view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's arithmetic: CPU only")
+def test_a_kernel_launched_before_any_op_entry_point_gets_the_projects_arithmetic():
+    """A fresh process that imports a kernel module and launches it directly (no op entry point,
+    so no check_triton_device) must already run the project's interpreter arithmetic: a test
+    calling det_gemm's launcher first once got the interpreter's stock ``np.matmul`` dot instead.
+    The control: with the interpreter off, importing the module installs nothing."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from rl_engine.ops.det_gemm import triton as dg\nfrom rl_engine.ops import _interpreter\n"
+            "print(_interpreter._INSTALLED)")
+    runs = {}
+    for flag in ("1", "0"):
+        env = {**os.environ, "TRITON_INTERPRET": flag, "PYTHONPATH": str(ROOT)}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs[flag] = out.stdout.strip().splitlines()[-1]
+    assert runs == {"1": "True", "0": "False"}

@@ -17,7 +17,11 @@ the BF16 leaf in a workspace ``[2^depth, M, N]``, and a second kernel applies th
 ``2^depth`` times as many programs stream the weight. Same instructions per leaf, same roundings,
 same bits as the fused form (tested on random inputs); the choice depends only on M and N.
 
-Tile configuration, fixed for every M, N and K (never derived from the problem size):
+Decode tiles: for M <= 16 the leaf-parallel form runs ``[16, 64]`` tiles (:data:`DECODE_TILES`,
+4 warps), so a GEMV gets ``N / 64 * 2^depth`` programs; the tile shape changes which program
+computes an element, never the element's BK blocks, order or roundings (tested: same bits).
+
+Tile configuration of the fused form, fixed for every M, N and K (never derived from the problem size):
 ``BM = BN = 128``, ``BK = 64``, ``num_warps = 8``, ``num_stages = 4``, grouped program order with
 ``GROUP_M = 8`` (the order only changes which program computes a tile, not any tile's arithmetic).
 Chosen by a sweep on H200 (triton 3.6): 128 x 256 tiles and 4 warps were slower; the bits of every
@@ -38,6 +42,8 @@ reduction axis (N for da, M for db), which TP does not split.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -204,6 +210,30 @@ def _det_gemm_merge_kernel(w_ptr, c_ptr, M, N, s_cm, s_cn, DEPTH: tl.constexpr, 
     tl.store(c_ptr + r * s_cm + col * s_cn, out, mask=ok)
 
 
+@dataclass(frozen=True)
+class LeafTiles:
+    """Tile configuration of the leaf-parallel form: ``[bm, bn]`` output tiles, ``BK`` fixed."""
+
+    bm: int
+    bn: int
+    num_warps: int
+    num_stages: int
+
+
+PREFILL_TILES = LeafTiles(BM, BN, NUM_WARPS, NUM_STAGES)
+DECODE_TILES = LeafTiles(16, 64, 4, 4)
+"""Leaf-parallel tiles for a decode-sized output (M <= ``DECODE_TILES.bm``): a GEMV streams the
+weight, and narrow tiles give it ``N / bn * 2^depth`` programs instead of ``N / 128 * 2^depth``.
+Only the tile shape and the launch configuration differ from :data:`PREFILL_TILES`: the same
+``BK = 64`` blocks in increasing k inside each leaf, the same roundings and merges, so the bits are
+the prefill form's (tested on random inputs, on the H200 at every Qwen3-8B projection shape)."""
+
+
+def leaf_tiles(m: int) -> LeafTiles:
+    """The leaf-parallel tile configuration for ``m`` output rows (depends on nothing else)."""
+    return DECODE_TILES if m <= DECODE_TILES.bm else PREFILL_TILES
+
+
 LEAF_SPLIT_BELOW_TILES = 264
 """The leaf-parallel form runs when the fused kernel would have fewer ``[BM, BN]`` tiles than this
 (twice the H200's 132 SMs): decode-sized M (a GEMV per weight read) then gets ``2^depth`` times as
@@ -219,10 +249,11 @@ def use_leaf_split(m: int, n: int, depth: int, fp32_merge: bool = False) -> bool
 
 
 def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False,
-                    leaf_split: bool | None = None) -> torch.Tensor:
+                    leaf_split: bool | None = None, tiles: LeafTiles | None = None) -> torch.Tensor:
     """C [M, N] bf16 = tree-reduced a [M, K] @ b [K, N]; any strides (no copies of a or b).
 
-    ``leaf_split`` forces the form (None: :func:`use_leaf_split`); tests compare the two."""
+    ``leaf_split`` forces the form (None: :func:`use_leaf_split`); ``tiles`` the leaf-parallel
+    form's tiles (None: :func:`leaf_tiles`); tests compare the forms and tiles."""
     m, k = a.shape
     n = b.shape[1]
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
@@ -240,13 +271,14 @@ def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bo
     else:
         k1, k2, k3 = 0, 0, 0
     if leaf_split:
+        t = tiles or leaf_tiles(m)
         w = torch.empty((1 << depth, m, n), dtype=torch.bfloat16, device=a.device)
-        grid = (triton.cdiv(m, BM) * triton.cdiv(n, BN), 1 << depth)
+        grid = (triton.cdiv(m, t.bm) * triton.cdiv(n, t.bn), 1 << depth)
         _det_gemm_leaves_kernel[grid](
             a, b, w, m, n, k, k1, k2, k3, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             BK * a.stride(1), BK * b.stride(0),
-            DEPTH=depth, BM=BM, BN=BN, BK=BK, UPCAST=upcast_dots(), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-            enable_fp_fusion=FP_FUSION,
+            DEPTH=depth, BM=t.bm, BN=t.bn, BK=BK, UPCAST=upcast_dots(), num_warps=t.num_warps,
+            num_stages=t.num_stages, enable_fp_fusion=FP_FUSION,
         )
         _det_gemm_merge_kernel[(triton.cdiv(m * n, MERGE_BLOCK),)](
             w, c, m, n, c.stride(0), c.stride(1), DEPTH=depth, BLOCK=MERGE_BLOCK, num_warps=4, enable_fp_fusion=FP_FUSION)

@@ -1,0 +1,205 @@
+"""Whole-chain benchmark: one rollout decode step of Qwen3-8B (issue #19).
+
+``chain_decode``: B sequences (the row's ``tokens``), each with ``context`` cached positions, take
+one decode step: embedding, 36 decoder layers against the static KV cache, the final norm, the
+FP32 ``lm_head`` and the engine's sampler (temperature 1, Gumbel-max) — what
+:class:`rl_engine.rollout.engine.Engine` runs per step, without its slot bookkeeping. Weights are
+seeded synthetic Qwen3-8B weights (:func:`rl_engine.chain.weights.synthetic_weights`), the cache
+holds random values; every sequence sits at position ``context - 1``.
+
+Variants: ``graph`` (the step captured once in a CUDA graph, the timed call is the replay) and
+``eager`` (the same step from Python, op by op). Metric: GB/s of the bytes the step must read —
+every weight once (the embedding table only for the B rows it gathers) and the whole KV cache —
+so ``ratio`` against the copy bandwidth measured in the same run is the fraction of the
+weight + KV-read bound and ``1 / ratio`` is the step time as a multiple of that bound (target
+``chain.decode``: ratio >= 1 / 1.5). Hugging Face ``Qwen3ForCausalLM`` (sdpa, eager, on the same
+weight tensors, a DynamicCache of the same length, cropped back after each step) is a second
+baseline where ``transformers`` is installed and its cache fits (``B * context <= 131072``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rl_engine.bench.common import Baseline, Case, Dims
+
+OPS = ("chain_decode",)
+BATCHES = (1, 16, 64)
+CONTEXTS = (1024, 8192)
+QUICK_CONTEXTS = (1024,)
+TARGETED = ((1, 1024), (64, 1024), (16, 8192))
+"""(B, context) of the graph rows that carry the ``chain.decode`` target (issue #19's targets)."""
+HF_MAX_CACHED = 16 * 8192
+"""Largest ``B * context`` with a Hugging Face row: its DynamicCache is a second copy of the cache."""
+
+_WEIGHTS: dict[tuple[str, str], Any] = {}
+
+
+DRY_RUN_CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e6,
+                      tie_word_embeddings=False, max_position_embeddings=256)
+"""The ``--dry-run`` model: one layer, V = 512 (every op of the step runs once in the CPU interpreter)."""
+
+
+def _config(d: Dims):
+    from rl_engine.chain.config import Qwen3Config, get_config
+
+    return get_config("qwen3-8b") if d.name == "qwen3-8b" else Qwen3Config(**DRY_RUN_CONFIG)
+
+
+def _weights(d: Dims, device: torch.device):
+    """Synthetic weights, generated once per process and device (8B: ~16 GB of the GPU)."""
+    key = (d.name, str(device))
+    if key not in _WEIGHTS:
+        from rl_engine.chain.weights import synthetic_weights
+
+        _WEIGHTS.clear()
+        _WEIGHTS[key] = synthetic_weights(_config(d), 0, logit_scale=2.0, device=device)
+    return _WEIGHTS[key]
+
+
+def step_bytes(config, batch: int, context: int) -> int:
+    """Bytes one decode step must read: every weight (BF16) once, B embedding rows instead of the
+    table, and K and V of ``context`` positions in every layer."""
+    from rl_engine.chain.weights import expected_shapes
+
+    n = 0
+    for name, shape in expected_shapes(config).items():
+        numel = 1
+        for s in shape:
+            numel *= s
+        n += batch * config.hidden_size if name == "model.embed_tokens.weight" else numel
+    kv = 2 * config.num_hidden_layers * batch * context * config.num_key_value_heads * config.head_dim
+    return 2 * (n + kv)
+
+
+def step_flops(config, batch: int, context: int) -> int:
+    """2 x (weights touched + attention's q.k and p.v) per sequence."""
+    dense = step_bytes(config, 1, 0) // 2
+    attn = 4 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * context
+    return 2 * batch * dense + batch * attn
+
+
+def _build(s: dict[str, int], d: Dims, pool) -> dict[str, Any]:
+    from rl_engine.chain.model import KVCache
+
+    device = pool.device
+    weights = _weights(d, device)
+    cfg = weights.config
+    b, ctx = s["B"], s["context"]
+    g = torch.Generator(device=device).manual_seed(b * 100003 + ctx)
+    cache = KVCache.allocate(cfg, b, ctx, torch.bfloat16, device, fill=0.0)
+    for t in (*cache.k, *cache.v):
+        t.normal_(generator=g)
+    return {"weights": weights, "cache": cache, "B": b, "context": ctx,
+            "ids": torch.randint(0, cfg.vocab_size, (b,), generator=g, device=device),
+            "pos": torch.full((b,), ctx - 1, dtype=torch.int64, device=device),
+            "seq": torch.arange(b, dtype=torch.int64, device=device)}
+
+
+def decode_step_fn(model, st: dict[str, Any]):
+    """The engine's step over fixed state: forward (decode, capture-safe ops), logits, sample."""
+    from rl_engine.rollout.sampling import Sampler, SamplingParams
+
+    ops = model.capture_safe_ops()
+    logp = ops.impl("logp")
+    sampler, params = Sampler(), SamplingParams(temperature=1.0, seed=0)
+    model.check_positions(0, st["context"] - 1, st["context"], "decode")  # the plan, once, on the host
+
+    def step():
+        hidden = model.forward(st["ids"], st["pos"], cache=st["cache"], decode=True, checked=True, ops=ops)
+        return sampler.sample(logp, model.logits(hidden, ops=ops), st["seq"], st["seq"], st["pos"] + 1, params)
+
+    return step
+
+
+def _ours(variant: str):
+    def make(backend: str, st: dict[str, Any]):
+        from rl_engine.chain.model import Qwen3Model
+
+        model = Qwen3Model(st["weights"], backend)
+        step = decode_step_fn(model, st)
+        with torch.no_grad():
+            if variant == "eager" or st["cache"].k[0].device.type != "cuda":
+                return (lambda: _no_grad(step)), None if variant == "eager" else "no GPU: eager (dry run)"
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+        st.setdefault("graphs", []).append(graph)  # freed with the case's state
+        return graph.replay, None
+
+    return make
+
+
+def _no_grad(fn):
+    with torch.no_grad():
+        return fn()
+
+
+def _hf(st: dict[str, Any]):
+    """Hugging Face Qwen3ForCausalLM (sdpa) decode step on the same weight tensors and a cache of the
+    same length (random values); the cache is cropped back to ``context - 1`` after each step."""
+    import transformers
+    from transformers import DynamicCache
+
+    weights = st["weights"]
+    cfg = transformers.Qwen3Config(**{k: v for k, v in weights.config.to_hf_dict().items()
+                                      if k not in ("architectures", "model_type", "torch_dtype")})
+    cfg._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = transformers.Qwen3ForCausalLM(cfg)
+    model.load_state_dict(weights.state_dict(), assign=True, strict=False)
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=cfg, device=weights.device)
+    model.eval()
+    b, ctx = st["B"], st["context"]
+    cache = DynamicCache(config=cfg)
+    for li in range(cfg.num_hidden_layers):  # HF layout [B, Hkv, L, D]
+        cache.update(st["cache"].k[li][:, : ctx - 1].transpose(1, 2).contiguous(),
+                     st["cache"].v[li][:, : ctx - 1].transpose(1, 2).contiguous(), li)
+    ids = st["ids"][:, None]
+    pos = st["pos"][:, None]
+
+    def step():
+        with torch.no_grad():
+            out = model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
+            cache.crop(ctx - 1)
+            return out.logits
+
+    st["hf_model"] = model
+    return step, "transformers.Qwen3ForCausalLM, sdpa attention, eager (no graph), DynamicCache cropped per step"
+
+
+def _case(batch: int, context: int, variant: str) -> Case:
+    def sizes(d: Dims, t: int) -> dict[str, int]:
+        c = _config(d)
+        ctx = context if d.name == "qwen3-8b" else min(context, d.decode_context)
+        return {"B": t, "context": ctx, "layers": c.num_hidden_layers, "E": c.hidden_size, "V": c.vocab_size}
+
+    def count(s):
+        from rl_engine.bench.common import QWEN3_8B, TINY
+
+        c = _config(QWEN3_8B if s["E"] == QWEN3_8B.hidden else TINY)
+        return step_flops(c, s["B"], s["context"]), step_bytes(c, s["B"], s["context"])
+
+    target = "chain.decode" if variant == "graph" and (batch, context) in TARGETED else None
+    baselines = [Baseline("copy bandwidth (weight + KV-read bound)", peak="copy", target=target, primary=True)]
+    if variant == "graph" and batch * context <= HF_MAX_CACHED:
+        baselines.append(Baseline("Hugging Face Qwen3ForCausalLM (sdpa)", make=_hf, requires="transformers",
+                                  needs_cuda=True))
+    return Case(op="chain_decode", family="chain", kernel_op="chain", variant=variant, tokens=batch,
+                metric="GB/s", sizes=sizes, label=lambda s: f"B{s['B']}-ctx{s['context']}-L{s['layers']}",
+                count=count, build=_build, ours=_ours(variant), baselines=baselines)
+
+
+def cases(op: str, tokens: list[int], quick: bool) -> list[Case]:
+    if op != "chain_decode":
+        raise KeyError(op)
+    contexts = QUICK_CONTEXTS if quick else CONTEXTS
+    return [_case(b, c, v) for c in contexts for b in BATCHES for v in ("graph", "eager")]

@@ -1,0 +1,81 @@
+"""Where one Qwen3-8B decode step spends its GPU time (issue #19): torch.profiler over replays of
+the captured step (``rl_engine.bench.chain``'s step: forward, lm_head, sampler), per kernel name.
+
+Usage: ``python tools/decode_profile.py [--backend triton_cuda_bf16] [--batch 1] [--context 1024]
+[--replays 5] [--json PATH]``. Prints the step's wall time per replay (CUDA events), the summed
+kernel time per replay, the number of kernels per replay, and the kernels by total time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import defaultdict
+
+import torch
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", default="triton_cuda_bf16")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--replays", type=int, default=5)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    from rl_engine.bench import chain
+    from rl_engine.bench.common import QWEN3_8B, Pool
+    from rl_engine.chain.model import Qwen3Model
+
+    st = chain._build({"B": args.batch, "context": args.context}, QWEN3_8B, Pool(torch.device("cuda"), 0))
+    model = Qwen3Model(st["weights"], args.backend)
+    step = chain.decode_step_fn(model, st)
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(args.replays):
+        graph.replay()
+    t1.record()
+    torch.cuda.synchronize()
+    wall_ms = t0.elapsed_time(t1) / args.replays
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    per_name: dict[str, list[float]] = defaultdict(list)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_name[e.name].append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
+    total_us = sum(sum(v) for v in per_name.values()) / args.replays
+    launches = sum(len(v) for v in per_name.values()) / args.replays
+    bound = chain.step_bytes(model.config, args.batch, args.context)
+    print(f"{args.backend} B={args.batch} ctx={args.context}: graph replay {wall_ms:.3f} ms/step, kernel time "
+          f"{total_us / 1e3:.3f} ms/step over {launches:.0f} kernels; bytes to read {bound / 1e9:.2f} GB")
+    rows = sorted(((sum(v) / args.replays, len(v) / args.replays, k) for k, v in per_name.items()), reverse=True)
+    for us, n, name in rows[: args.top]:
+        print(f"  {us / 1e3:8.3f} ms {n:6.0f}x  {name[:110]}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"backend": args.backend, "batch": args.batch, "context": args.context, "wall_ms": wall_ms,
+                       "kernel_ms": total_us / 1e3, "kernels": launches, "bytes": bound,
+                       "by_kernel": [{"name": k, "ms": us / 1e3, "count": n} for us, n, k in rows]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
