@@ -2,9 +2,11 @@
 
 For every Qwen3-8B projection shape (and the fused q/k/v and gate/up widths) and M in {1, 16},
 each candidate :class:`rl_engine.ops.det_gemm.triton.LeafTiles` is launched, its output compared
-bit for bit with the fused prefill form (128 x 128 tiles), and timed with
-``triton.testing.do_bench`` next to ``torch.matmul`` (cuBLAS) on the same operands and a
-device-to-device copy of 1 GiB, all in the same process. Prints one line per (shape, M, config)
+bit for bit with the fused prefill form (128 x 128 tiles), and timed next to ``torch.matmul``
+(cuBLAS) on the same operands and a device-to-device copy of 1 GiB, all in the same process.
+Timing is what a captured decode step sees: ``CALLS`` launches back to back captured in one CUDA
+graph, the graph replayed ``REPLAYS`` times between CUDA events (no host overhead per call; the
+weight, 8-200 MB, is re-read every call, and L2 (50 MB) holds at most part of it). Prints one line per (shape, M, config)
 and writes ``--json`` (default ``$OUT/det_gemm_decode_sweep.json``).
 
 Bandwidth counts the bytes a GEMV must move: the weight, the activations and the output (BF16).
@@ -29,8 +31,33 @@ SHAPES = {"q_proj/o_proj": (4096, 4096), "kv_proj": (4096, 1024), "gate/up_proj"
           "down_proj": (12288, 4096), "qkv_fused": (4096, 6144), "gate_up_fused": (4096, 24576)}
 
 
+CALLS, REPLAYS = 20, 5
+
+
 def _gbps(nbytes: int, ms: float) -> float:
     return nbytes / ms / 1e6
+
+
+def graph_ms(fn) -> float:
+    """ms per call of ``fn``: CALLS calls captured in one CUDA graph, replayed REPLAYS times."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(CALLS):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(REPLAYS):
+        g.replay()
+    t1.record()
+    torch.cuda.synchronize()
+    return t0.elapsed_time(t1) / (CALLS * REPLAYS)
 
 
 def main() -> int:
@@ -58,9 +85,9 @@ def main() -> int:
             a = torch.randn((m, k), generator=g, device=dev).to(torch.bfloat16)
             ref = dg.det_gemm_launch(a, w.t(), 2, False, leaf_split=False)
             nbytes = 2 * (n * k + m * k + m * n)
-            cublas_ms = triton.testing.do_bench(lambda: a @ w.t(), warmup=25, rep=100)
+            cublas_ms = graph_ms(lambda: a @ w.t())
             cur = dg.det_gemm_launch(a, w.t(), 2, False)  # what the launcher picks today
-            cur_ms = triton.testing.do_bench(lambda: dg.det_gemm_launch(a, w.t(), 2, False), warmup=25, rep=100)
+            cur_ms = graph_ms(lambda: dg.det_gemm_launch(a, w.t(), 2, False))
             print(f"{name} M={m}: cuBLAS {cublas_ms * 1e3:.1f} us ({_gbps(nbytes, cublas_ms):.0f} GB/s); "
                   f"launcher default {cur_ms * 1e3:.1f} us ({_gbps(nbytes, cur_ms):.0f} GB/s) "
                   f"same bits {torch.equal(cur.view(torch.int16), ref.view(torch.int16))}")
@@ -68,8 +95,7 @@ def main() -> int:
                 try:
                     out = dg.det_gemm_launch(a, w.t(), 2, False, leaf_split=True, tiles=cfg)
                     same = bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
-                    ms = triton.testing.do_bench(
-                        lambda: dg.det_gemm_launch(a, w.t(), 2, False, leaf_split=True, tiles=cfg), warmup=25, rep=100)
+                    ms = graph_ms(lambda: dg.det_gemm_launch(a, w.t(), 2, False, leaf_split=True, tiles=cfg))
                     err = None
                 except Exception as exc:  # a config that does not compile is a row, not the end
                     same, ms, err = None, None, f"{type(exc).__name__}: {str(exc)[:200]}"

@@ -49,6 +49,9 @@ from rl_engine.errors import InputError, RLEngineError
 from rl_engine.provenance import kernel_id
 
 HEADS = ("linear_logp", "lm_head_logp")
+MODEL_OPS = ("embedding", "rms_norm", "det_gemm", "qk_norm", "rope", "attention", "attention_decode", "swiglu",
+             "lm_head", "logp", "linear_logp")
+"""Every op a forward or a head may call (resolved when the model is built)."""
 
 LAYER_OP_ORDER = (
     "input_layernorm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "q_rope", "k_rope",
@@ -76,27 +79,43 @@ class OpTable:
         backend does not provide it.
     """
 
-    def __init__(self, backend: str, impls: Mapping[str, Callable[..., Any]] | None = None):
+    def __init__(self, backend: str, impls: Mapping[str, Callable[..., Any]] | None = None,
+                 resolved: Mapping[str, Callable[..., Any]] | None = None):
         self.backend = backend
         self._backend = check_backend(backend)
-        self._impls: dict[str, Callable[..., Any]] = dict(impls or {})
+        self._impls: dict[str, Callable[..., Any]] = dict(impls or {})  # the ops this table has run
+        self._resolved: dict[str, Callable[..., Any]] = dict(resolved or {})  # looked up ahead (resolve)
 
     def impl(self, op: str) -> Callable[..., Any]:
         fn = self._impls.get(op)
         if fn is None:
-            fn = _add if op == "add" else self._backend.impl(op)
+            fn = self._resolved.get(op) or (_add if op == "add" else self._backend.impl(op))
             self._impls[op] = fn
         return fn
 
     def __call__(self, site: str, op: str, **kwargs: Any) -> torch.Tensor:
         return self.impl(op)(**kwargs)
 
+    def resolve(self, ops: tuple[str, ...]) -> OpTable:
+        """Look up ``ops`` now instead of on first use (an op the backend does not provide still
+        raises on first use), so a forward under ``torch.compile`` finds every implementation
+        resolved: the registry's lookup imports modules, which dynamo cannot trace."""
+        from rl_engine.errors import BackendUnavailable
+
+        for op in ops:
+            if op not in self._impls and op not in self._resolved:
+                try:
+                    self._resolved[op] = self._backend.impl(op)
+                except BackendUnavailable:
+                    pass
+        return self
+
     def scope(self, prefix: str) -> OpTable:
         """The table for the sites of one layer (the plain table has no use for the prefix)."""
         return self
 
     def replace(self, **impls: Callable[..., Any]) -> OpTable:
-        return OpTable(self.backend, {**self._impls, **impls})
+        return OpTable(self.backend, {**self._impls, **impls}, {k: v for k, v in self._resolved.items() if k not in impls})
 
     def kernel_ids(self) -> dict[str, str]:
         """``op -> op/backend/function@source-hash`` for every op this table has run."""
@@ -155,7 +174,7 @@ class Qwen3Model:
     """
 
     def __init__(self, weights: Qwen3Weights, backend: str, *, norm_order: str | None = None):
-        self.ops = OpTable(backend)
+        self.ops = OpTable(backend).resolve(MODEL_OPS)
         self.backend = backend
         self.config = weights.config
         if norm_order is None:  # a public entry point: the contract is read here when not handed in
@@ -188,7 +207,7 @@ class Qwen3Model:
             The backend is not a kernel backend (only those have the ``validate=False`` forms).
         """
         from rl_engine.backends.registry import KERNEL_BACKENDS
-        from rl_engine.ops.attention.api import attention_decode_kernel
+        from rl_engine.ops.attention.api import attention_decode_kernel, attention_kernel
         from rl_engine.ops.embedding.api import embedding_kernel
         from rl_engine.ops.logp.api import logp_kernel
 
@@ -197,8 +216,29 @@ class Qwen3Model:
         b = self.backend
         return self.ops.replace(
             embedding=lambda ids, weight: embedding_kernel(ids, weight, backend=b, validate=False),
+            attention=lambda plan=None, **kw: attention_kernel(**kw, backend=b, plan=plan),
             attention_decode=lambda **kw: attention_decode_kernel(**kw, backend=b, validate=False),
             logp=lambda **kw: logp_kernel(**kw, backend=b, validate=False))
+
+    def varlen_plan(self, cu_seqlens: torch.Tensor, tokens: int) -> Any:
+        """The attention :class:`~rl_engine.ops.attention.VarlenPlan` of a packed varlen forward over
+        ``tokens`` tokens split by ``cu_seqlens`` int32 [B+1] (reads cu_seqlens on the host once):
+        hand it to :meth:`forward` with the :meth:`capture_safe_ops` table, and that forward reads
+        no device value (``torch.compile(fullgraph=True)``).
+
+        Raises
+        ------
+        InputError
+            cu_seqlens malformed or not ending at ``tokens``.
+        """
+        from rl_engine.ops.attention.op import check_varlen
+
+        cfg = self.config
+        row = torch.empty((1, 1, cfg.head_dim), dtype=torch.bfloat16, device=cu_seqlens.device)  # shapes only
+        q = row.expand(tokens, cfg.num_attention_heads, cfg.head_dim)
+        kv = row.expand(tokens, cfg.num_key_value_heads, cfg.head_dim)
+        return check_varlen(q, kv, kv, cu_seqlens, cu_seqlens, cfg.attention_scale, dtype=torch.bfloat16,
+                            kernel=True)
 
     # -- inputs ----------------------------------------------------------------------------------
     def check_positions(self, lo: int, hi: int, s_max: int | None = None, what: str = "positions") -> None:
@@ -259,7 +299,7 @@ class Qwen3Model:
     # -- the forward -------------------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None,
                 cache: KVCache | None = None, decode: bool = False, checked: bool = False,
-                ops: OpTable | None = None) -> torch.Tensor:
+                ops: OpTable | None = None, plan: Any = None) -> torch.Tensor:
         """Run the decoder stack and the final norm. Returns hidden [T, E] (execution dtype).
 
         Packed varlen (``decode=False``): ids, positions [T] int64 (positions restart at 0 in each
@@ -273,6 +313,9 @@ class Qwen3Model:
 
         ``checked=True``: the caller has validated the positions (:meth:`check_positions`); no
         device value is read on the host. ``ops``: the op table to run (default ``self.ops``).
+        ``plan``: the :meth:`varlen_plan` of ``cu_seqlens`` for a packed call (with the
+        :meth:`capture_safe_ops` table, whose attention accepts it): attention then does not read
+        cu_seqlens again.
 
         Raises
         ------
@@ -284,14 +327,15 @@ class Qwen3Model:
         cos, sin = self.rope_tables(positions, checked=True)
         x = f("embedding", "embedding", ids=ids, weight=self.weights.embed_tokens)
         for li, lw in enumerate(self.weights.layers):
-            x = self._layer(f.scope(f"layer{li}."), li, lw, x, positions, cos, sin, cu_seqlens, cache, step)
+            x = self._layer(f.scope(f"layer{li}."), li, lw, x, positions, cos, sin, cu_seqlens, cache, step, plan)
         return self._norm(f, "final_norm", x, self.weights.norm)
 
     def _norm(self, f: OpTable, site: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return f(site, "rms_norm", x=x, weight=w, eps=self.config.rms_norm_eps, order=self.norm_order)
 
     def _layer(self, f: OpTable, li: int, lw: Any, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor, cu_seqlens: torch.Tensor | None, cache: KVCache | None, step: _Step) -> torch.Tensor:
+               sin: torch.Tensor, cu_seqlens: torch.Tensor | None, cache: KVCache | None, step: _Step,
+               plan: Any = None) -> torch.Tensor:
         """One Qwen3DecoderLayer: ``x + attn(norm(x))``, then ``+ mlp(norm(.))``."""
         cfg = self.config
         t, h, hkv, d = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -310,8 +354,9 @@ class Qwen3Model:
             a = f("attention", "attention_decode", q=q, k_cache=cache.k[li], v_cache=cache.v[li],
                   cache_seqlens=step.cache_seqlens, scale=cfg.attention_scale)
         else:
+            planned = {} if plan is None else {"plan": plan}
             a = f("attention", "attention", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
-                  scale=cfg.attention_scale)
+                  scale=cfg.attention_scale, **planned)
         x = f("attn_residual", "add", a=x, b=f("o_proj", "det_gemm", a=a.reshape(t, h * d), b=lw.o_proj.t()))
         xn = self._norm(f, "post_attention_layernorm", x, lw.post_attention_layernorm)
         g = f("gate_proj", "det_gemm", a=xn, b=lw.gate_proj.t())

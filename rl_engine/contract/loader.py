@@ -292,4 +292,11 @@ def load_contract(path: str | Path | None = None) -> Contract:
     ContractError
         The file is missing, is not JSON, or breaks the schema (the message names the field).
     """
-    return _load_cached(str(Path(path).resolve()) if path is not None else str(default_contract_path()))
+    if path is None:  # the shipped contract: one object per process, found without touching the file system again
+        if not _DEFAULT:
+            _DEFAULT.append(_load_cached(str(default_contract_path())))
+        return _DEFAULT[0]
+    return _load_cached(str(Path(path).resolve()))
+
+
+_DEFAULT: list[Contract] = []

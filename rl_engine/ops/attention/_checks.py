@@ -40,11 +40,11 @@ class VarlenPlan:
 
     @property
     def max_lq(self) -> int:
-        return max((self.cu_q[b + 1] - self.cu_q[b] for b in range(self.batch)), default=0)
+        return max([0] + [self.cu_q[b + 1] - self.cu_q[b] for b in range(self.batch)])  # no default=: dynamo
 
     @property
     def max_lk(self) -> int:
-        return max((self.cu_k[b + 1] - self.cu_k[b] for b in range(self.batch)), default=0)
+        return max([0] + [self.cu_k[b + 1] - self.cu_k[b] for b in range(self.batch)])
 
     def launch_plan(self) -> LaunchPlan:
         return LaunchPlan(self.batch, self.max_lq, self.max_lk)

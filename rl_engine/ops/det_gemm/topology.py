@@ -7,12 +7,22 @@ from rl_engine.contract import load_contract
 from rl_engine.errors import ContractError, InputError
 
 
+_AGREED: set[tuple[int, str, int]] = set()
+"""(tree depth, implementation, id of the contract object) already checked: the op path asks on every
+call, and the contract is loaded once per process, so the check costs one set lookup (and no file
+system call that torch.compile would have to trace)."""
+
+
 def check_contract_topology(tree_depth: int, implementation: str) -> None:
     """Raise ContractError when a kernel's tree differs from the contract's declaration.
 
     ``implementation`` names the kernel in the message (e.g. ``"the Triton det_gemm kernel"``).
     """
-    declared = load_contract().det_gemm
+    contract = load_contract()
+    key = (tree_depth, implementation, id(contract))
+    if key in _AGREED:
+        return
+    declared = contract.det_gemm
     expected = {"tree_depth": tree_depth, "split_topology": "mid_split", "leaf_accumulation": "float32",
                 "merge_dtype": "bfloat16", "output_dtype": "bfloat16"}
     for key, value in expected.items():
@@ -21,6 +31,7 @@ def check_contract_topology(tree_depth: int, implementation: str) -> None:
                 f"declared_exceptions/det_gemm/{key}: the contract says {declared.get(key)!r}, "
                 f"{implementation} implements {value!r}"
             )
+    _AGREED.add(key)
 
 
 def mid_split_bounds(lo: int, hi: int, depth: int) -> list[int]:
