@@ -133,7 +133,11 @@ def test_decode_tiles_give_the_prefill_tiles_bits(device, m, k, n):
     g = spec_mod.make_generator(m * 7919 + n)
     a = spec_mod.randn((m, k), g, device=device)
     b = spec_mod.randn((n, k), g, scale=k ** -0.5, device=device).t()
-    assert dg_triton.leaf_tiles(m) == dg_triton.DECODE_TILES != dg_triton.PREFILL_TILES
+    assert dg_triton.leaf_tiles(m, n) == dg_triton.DECODE_TILES_NARROW != dg_triton.PREFILL_TILES
+    assert dg_triton.leaf_tiles(m, 4096) == dg_triton.DECODE_TILES and dg_triton.leaf_tiles(17, n) == dg_triton.PREFILL_TILES
+    for tiles in (dg_triton.DECODE_TILES, dg_triton.DECODE_TILES_NARROW):
+        assert bits_equal(dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=True, tiles=tiles),
+                          dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=True, tiles=dg_triton.PREFILL_TILES))
     decode = dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=True, tiles=dg_triton.DECODE_TILES)
     prefill = dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=True, tiles=dg_triton.PREFILL_TILES)
     assert bits_equal(decode, prefill)
@@ -157,7 +161,8 @@ def test_decode_tiles_equal_the_prefill_path_at_qwen3_8b_shapes(k, n):
     prefill = dg_triton.det_gemm_launch(big, w.t(), 2, False, leaf_split=False)
     for m in (1, 5, 16):
         out = dg_triton.det_gemm_launch(big[:m], w.t(), 2, False)
-        assert dg_triton.use_leaf_split(m, n, 2) and dg_triton.leaf_tiles(m) == dg_triton.DECODE_TILES
+        assert dg_triton.use_leaf_split(m, n, 2) and dg_triton.leaf_tiles(m, n) in (
+            dg_triton.DECODE_TILES, dg_triton.DECODE_TILES_NARROW)
         assert bits_equal(out, prefill[:m]), (m, k, n)
 
 

@@ -17,9 +17,9 @@ the BF16 leaf in a workspace ``[2^depth, M, N]``, and a second kernel applies th
 ``2^depth`` times as many programs stream the weight. Same instructions per leaf, same roundings,
 same bits as the fused form (tested on random inputs); the choice depends only on M and N.
 
-Decode tiles: for M <= 16 the leaf-parallel form runs ``[16, 64]`` tiles (:data:`DECODE_TILES`,
-4 warps), so a GEMV gets ``N / 64 * 2^depth`` programs; the tile shape changes which program
-computes an element, never the element's BK blocks, order or roundings (tested: same bits).
+Decode tiles: for M <= 16 the leaf-parallel form runs ``[16, 128]`` tiles (``[16, 64]`` for
+N < 4096; :func:`leaf_tiles`); the tile shape changes which program computes an element, never the
+element's BK blocks, order or roundings (tested: same bits, on the H200 too).
 
 Tile configuration of the fused form, fixed for every M, N and K (never derived from the problem size):
 ``BM = BN = 128``, ``BK = 64``, ``num_warps = 8``, ``num_stages = 4``, grouped program order with
@@ -221,17 +221,27 @@ class LeafTiles:
 
 
 PREFILL_TILES = LeafTiles(BM, BN, NUM_WARPS, NUM_STAGES)
-DECODE_TILES = LeafTiles(16, 64, 4, 4)
-"""Leaf-parallel tiles for a decode-sized output (M <= ``DECODE_TILES.bm``): a GEMV streams the
-weight, and narrow tiles give it ``N / bn * 2^depth`` programs instead of ``N / 128 * 2^depth``.
-Only the tile shape and the launch configuration differ from :data:`PREFILL_TILES`: the same
-``BK = 64`` blocks in increasing k inside each leaf, the same roundings and merges, so the bits are
-the prefill form's (tested on random inputs, on the H200 at every Qwen3-8B projection shape)."""
+DECODE_TILES = LeafTiles(16, 128, 8, 4)
+"""Leaf-parallel tiles for a decode-sized output (M <= 16, N >= ``NARROW_N``): a GEMV streams the
+weight; 16-row tiles stop a 1-row product from paying for 128 rows of MMA work. Only the tile shape
+and the launch configuration differ from :data:`PREFILL_TILES`: the same ``BK = 64`` blocks in
+increasing k inside each leaf, the same roundings and merges, so the bits are the prefill form's
+(tested on random inputs; on the H200 at every Qwen3-8B projection shape,
+``tests/ops/test_det_gemm.py``). Chosen by ``tools/det_gemm_decode_sweep.py`` on the H200 (kernels
+timed back to back inside a CUDA graph, as in a captured decode step): 36 configurations, all with
+the same bits; at M = 1 this one ran q/o 8.2 us (cuBLAS 9.7), gate/up 28.0 (26.9), down 28.8 (30.0)."""
+DECODE_TILES_NARROW = LeafTiles(16, 64, 4, 4)
+"""The decode tiles for a narrow output (N < ``NARROW_N``, Qwen3-8B's k/v projections, N = 1024):
+128-wide tiles would leave 8 tiles x 4 leaves = 32 programs for 132 SMs; 64-wide ran 6.4 us at
+M = 1 (cuBLAS 6.2) where 128-wide ran 8.1."""
+NARROW_N = 4096
 
 
-def leaf_tiles(m: int) -> LeafTiles:
-    """The leaf-parallel tile configuration for ``m`` output rows (depends on nothing else)."""
-    return DECODE_TILES if m <= DECODE_TILES.bm else PREFILL_TILES
+def leaf_tiles(m: int, n: int) -> LeafTiles:
+    """The leaf-parallel tile configuration for an ``[m, n]`` output (depends on nothing else)."""
+    if m > DECODE_TILES.bm:
+        return PREFILL_TILES
+    return DECODE_TILES if n >= NARROW_N else DECODE_TILES_NARROW
 
 
 LEAF_SPLIT_BELOW_TILES = 264
@@ -271,7 +281,7 @@ def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bo
     else:
         k1, k2, k3 = 0, 0, 0
     if leaf_split:
-        t = tiles or leaf_tiles(m)
+        t = tiles or leaf_tiles(m, n)
         w = torch.empty((1 << depth, m, n), dtype=torch.bfloat16, device=a.device)
         grid = (triton.cdiv(m, t.bm) * triton.cdiv(n, t.bn), 1 << depth)
         _det_gemm_leaves_kernel[grid](
