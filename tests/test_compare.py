@@ -484,3 +484,23 @@ def test_accuracy_report_records_ulp_histogram():
     rep = compare_accuracy("t", cand, ref, CONTRACT.tolerance("forward", "elementwise", "bfloat16"))
     assert rep.ulp_histogram["counts"][0] == 2 and sum(rep.ulp_histogram["counts"]) == 3
     assert "bfloat16" in rep.ulp_histogram["unit"]
+
+
+def test_every_report_shares_one_base():
+    from rl_engine.gate import compare as cmp
+
+    for cls in (cmp.AccuracyReport, cmp.RelativeReport, cmp.GradNormReport, cmp.BitwiseReport, cmp.ChainReport):
+        assert issubclass(cls, cmp.Report) and cls.as_dict is cmp.Report.as_dict
+
+
+def test_bitwise_checks_device_and_optionally_strides():
+    """Same values on another device, or with other strides when asked, is a problem the report
+    names (the ``meta`` device stands in for a second device: no GPU needed); unasked, the same bits
+    in another layout pass."""
+    a = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    moved = compare_bitwise("x", a, torch.empty_like(a, device="meta"), "canonical_equal")
+    assert not moved.passed and "device differs: cpu vs meta" in moved.summary()
+    t = a.t().contiguous().t()  # same values, column-major
+    assert compare_bitwise("x", a, t, "canonical_equal").passed
+    strided = compare_bitwise("x", a, t, "canonical_equal", check_stride=True)
+    assert not strided.passed and "strides differ: [3, 1] vs [1, 2]" in strided.summary()

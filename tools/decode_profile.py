@@ -32,15 +32,9 @@ def main() -> int:
     st = chain._build({"B": args.batch, "context": args.context}, QWEN3_8B, Pool(torch.device("cuda"), 0))
     model = Qwen3Model(st["weights"], args.backend)
     step = chain.decode_step_fn(model, st)
-    with torch.no_grad():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
+    from rl_engine.graphs import capture
+
+    graph, _ = capture(step)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()

@@ -40,24 +40,9 @@ def _gbps(nbytes: int, ms: float) -> float:
 
 def graph_ms(fn) -> float:
     """ms per call of ``fn``: CALLS calls captured in one CUDA graph, replayed REPLAYS times."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(CALLS):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0.record()
-    for _ in range(REPLAYS):
-        g.replay()
-    t1.record()
-    torch.cuda.synchronize()
-    return t0.elapsed_time(t1) / (CALLS * REPLAYS)
+    from rl_engine.graphs import time_per_call
+
+    return time_per_call(fn, CALLS, REPLAYS)
 
 
 def main() -> int:

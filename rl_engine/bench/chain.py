@@ -121,17 +121,11 @@ def _ours(variant: str):
 
         model = Qwen3Model(st["weights"], backend)
         step = decode_step_fn(model, st)
-        with torch.no_grad():
-            if variant == "eager" or st["cache"].k[0].device.type != "cuda":
-                return (lambda: _no_grad(step)), None if variant == "eager" else "no GPU: eager (dry run)"
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                step()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                step()
+        if variant == "eager" or st["cache"].k[0].device.type != "cuda":
+            return (lambda: _no_grad(step)), None if variant == "eager" else "no GPU: eager (dry run)"
+        from rl_engine.graphs import capture
+
+        graph, _ = capture(step)
         st.setdefault("graphs", []).append(graph)  # freed with the case's state
         return graph.replay, None
 

@@ -6,12 +6,13 @@
 * :func:`compare_relative` — the relative criterion (docs/decisions.md 11): candidate max error <= k x
   the ``torch_bf16`` max error against the same FP32 reference.
 * :func:`gradient_norm_metrics` — rel-peak and RMS ratio (docs/decisions.md 12).
-* :func:`compare_bitwise` — WS1 §4.2: shape and dtype first, then raw bits on an integer view;
-  +0 and -0 differ; NaN handled by the contract's ``nan_policy``.
+* :func:`compare_bitwise` — WS1 §4.2: dtype, shape, device (and strides on request) first, then
+  raw bits on an integer view; +0 and -0 differ; NaN handled by the contract's ``nan_policy``.
 * :func:`chain_metrics` — WS1 §8: ``dlogp = lhs - rhs`` (lhs = training-style teacher forcing,
   rhs = inference-style rollout decode).
 
-Reports are dataclasses with ``as_dict()`` for evidence. Thresholds always come from the contract,
+Reports are dataclasses on one base, :class:`Report` (``passed``, ``summary()``, ``as_dict()`` for
+evidence); each names its path, e.g. ``rms_norm.bwd.dx`` or ``rope.fwd.batch:row 0 alone: output 0``. Thresholds always come from the contract,
 handed in as values (:class:`~rl_engine.contract.Tolerance`, ``GradNormThresholds``,
 ``ChainThresholds``, the NaN policy): a comparator never sees the whole contract.
 """
@@ -35,6 +36,20 @@ _INT_VIEW = {
 _HIST_EDGES = [10.0**e for e in range(-12, 3)]  # decades 1e-12 .. 1e2
 REL_DENOMINATOR_FLOOR = 1e-12
 """Denominator floor of the reported relative error (WS1 §4.1: an observation, not a verdict)."""
+
+
+class Report:
+    """The one base of every comparator's report: ``passed`` (the verdict), ``summary()`` (one line
+    for people, naming the path such as ``rms_norm.bwd.dx`` and the first problem) and ``as_dict()``
+    (the evidence record, every field). Subclasses are dataclasses."""
+
+    passed: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        raise NotImplementedError
 
 
 def _index(flat_index: int, shape: tuple[int, ...]) -> list[int]:
@@ -111,7 +126,7 @@ def ulp_histogram(abs_err: torch.Tensor, reference: torch.Tensor, dtype: torch.d
 
 
 @dataclass
-class AccuracyReport:
+class AccuracyReport(Report):
     path: str
     passed: bool
     atol: float
@@ -139,9 +154,6 @@ class AccuracyReport:
     ulp_histogram: dict[str, Any] = field(default_factory=dict)
     """The errors in ulps of the candidate's dtype (see :func:`ulp_histogram`)."""
     problem: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def summary(self) -> str:
         if self.problem:
@@ -231,7 +243,7 @@ def compare_accuracy(path: str, candidate: torch.Tensor, reference: torch.Tensor
 
 
 @dataclass
-class RelativeReport:
+class RelativeReport(Report):
     path: str
     passed: bool
     factor: float
@@ -239,9 +251,6 @@ class RelativeReport:
     baseline_max_abs_error: float
     bound: float
     baseline: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def summary(self) -> str:
         verdict = "ok" if self.passed else "FAIL"
@@ -258,16 +267,13 @@ def compare_relative(path: str, candidate_err: float, baseline_err: float, facto
 
 
 @dataclass
-class GradNormReport:
+class GradNormReport(Report):
     path: str
     passed: bool
     rel_peak: float
     rel_peak_threshold: float
     rms_ratio: float
     rms_ratio_threshold: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def summary(self) -> str:
         verdict = "ok" if self.passed else "FAIL"
@@ -300,7 +306,7 @@ def gradient_norm_metrics(path: str, candidate: torch.Tensor, reference: torch.T
 
 
 @dataclass
-class BitwiseReport:
+class BitwiseReport(Report):
     path: str
     passed: bool
     nan_policy: str
@@ -317,9 +323,6 @@ class BitwiseReport:
     worst_values: tuple[float, float] | None = None
     problem: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     def summary(self) -> str:
         if self.problem:
             return f"{self.path}: {self.problem}"
@@ -334,12 +337,18 @@ def _hex(v: int, width: int) -> str:
     return f"0x{v & ((1 << width) - 1):0{width // 4}X}"
 
 
-def compare_bitwise(path: str, canonical: torch.Tensor, transformed: torch.Tensor, nan_policy: str) -> BitwiseReport:
+def compare_bitwise(path: str, canonical: torch.Tensor, transformed: torch.Tensor, nan_policy: str, *,
+                    check_device: bool = True, check_stride: bool = False) -> BitwiseReport:
     """Raw-bit comparison (WS1 §4.2). ``nan_policy``:
 
     * ``canonical_equal`` — NaN equals NaN of the same sign whatever the payload;
     * ``bitwise_equal`` — NaNs compare by their bits like everything else;
     * ``always_differ`` — a NaN never equals anything.
+
+    Checked first, each a failing report with its ``problem`` (as ``torch.testing.assert_close``
+    checks them): dtype, shape, device (``check_device``; off where one side legitimately comes
+    from elsewhere, e.g. a fresh process's outputs read back on the host) and strides
+    (``check_stride``, off by default: a transform may lay out its output differently).
     """
     base = dict(path=path, nan_policy=nan_policy, shape_canonical=list(canonical.shape),
                 shape_transformed=list(transformed.shape),
@@ -351,6 +360,13 @@ def compare_bitwise(path: str, canonical: torch.Tensor, transformed: torch.Tenso
     if tuple(canonical.shape) != tuple(transformed.shape):
         return BitwiseReport(passed=False, numel=canonical.numel(), differing=canonical.numel(),
                              problem=f"shape differs: {list(canonical.shape)} vs {list(transformed.shape)}", **base)
+    if check_device and canonical.device != transformed.device:
+        return BitwiseReport(passed=False, numel=canonical.numel(), differing=canonical.numel(),
+                             problem=f"device differs: {canonical.device} vs {transformed.device}", **base)
+    if check_stride and canonical.stride() != transformed.stride():
+        return BitwiseReport(passed=False, numel=canonical.numel(), differing=canonical.numel(),
+                             problem=f"strides differ: {list(canonical.stride())} vs {list(transformed.stride())}",
+                             **base)
     if nan_policy not in ("canonical_equal", "bitwise_equal", "always_differ"):
         raise ValueError(f"unknown nan_policy {nan_policy!r}")
     a = canonical.detach().contiguous()
@@ -393,7 +409,7 @@ def compare_bitwise(path: str, canonical: torch.Tensor, transformed: torch.Tenso
 
 
 @dataclass
-class ChainReport:
+class ChainReport(Report):
     profile: str
     passed: bool
     active_tokens: int
@@ -404,9 +420,6 @@ class ChainReport:
     first_nonzero_token: int | None
     clip_interval: tuple[float, float]
     roles: dict[str, str]
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def summary(self) -> str:
         parts = [f"{k}={v['value']:.3e}" for k, v in self.metrics.items()]

@@ -287,20 +287,20 @@ class Engine:
         a sequence uses the row); the slot state is then reset, and the capture records the
         launches without running them.
         """
+        from rl_engine.graphs import capture
+
         state = (self.slot_token, self.slot_pos, self.slot_count, self.slot_live)
         saved = [t.clone() for t in state]
-        side = torch.cuda.Stream(self.model.device)
-        side.wait_stream(torch.cuda.current_stream(self.model.device))
-        with torch.no_grad():
-            with torch.cuda.stream(side):
-                self._decode_step(params, stop)
-            torch.cuda.current_stream(self.model.device).wait_stream(side)
+
+        def reset() -> None:
             for t, v in zip(state, saved):
                 t.copy_(v)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                tok, lp, stopped, finished = self._decode_step(params, stop)
-                done = torch.stack([finished, stopped])
+
+        def step() -> tuple[torch.Tensor, ...]:
+            tok, lp, stopped, finished = self._decode_step(params, stop)
+            return tok, lp, torch.stack([finished, stopped])
+
+        graph, (tok, lp, done) = capture(step, after_warmup=reset, device=self.model.device)
         self.graph = graph
         self._graph_out = (tok, lp, done)
 

@@ -278,9 +278,9 @@ def chain_cell(ctx: RankContext, cfg: TPRunConfig, run: ChainRun, merge: str, co
     ws1 = chain_metrics(tp_train, run.single_rollout, contract.chain_thresholds("ws1"))
     nan_policy = contract.nan_policy
     vs_single_train = compare_bitwise("tp teacher forcing vs single-process teacher forcing",
-                                      run.single_train, tp_train, nan_policy)
+                                      run.single_train, tp_train, nan_policy, check_device=False)
     single_parity = compare_bitwise("single-process teacher forcing vs single-process rollout",
-                                    run.single_rollout, run.single_train, nan_policy)
+                                    run.single_rollout, run.single_train, nan_policy, check_device=False)
     first_div = None
     if not strict.passed and ranks_agree and not control:
         # every rank re-runs the TP teacher forcing with a recorder (collective); the rollout side
