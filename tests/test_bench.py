@@ -17,7 +17,7 @@ from rl_engine.bench.targets import TARGETS, target_for
 from rl_engine.cli.main import main
 
 RL_ENGINE = Path(sys.executable).parent / "rl-engine"
-DEFAULT_ROW_COUNT = 318
+DEFAULT_ROW_COUNT = 320
 """Rows of a default run (6 token counts, both backends), counted by hand:
 det_gemm 4 projections x 2 backends x (2 decode tokens x 2 baselines + 4 prefill tokens x 1) = 64;
 lm_head 6 x 2 = 12; attention fwd 4 x 2 = 8, fwd+bwd 8, decode 3 x 2 x 2 = 12;
@@ -400,3 +400,16 @@ def test_chain_decode_bound_counts_every_weight_once_and_the_kv_cache():
     targeted = [k for k in cases if any(b.target for b in k.baselines)]
     assert sorted((k.tokens, k.sizes(QWEN3_8B, k.tokens)["context"]) for k in targeted) == sorted(chain.TARGETED)
     assert {k.variant for k in targeted} == {"graph"} and {k.variant for k in cases} == {"graph", "eager"}
+
+
+def test_chain_generate_bound_sums_the_decode_steps():
+    """The generation row's bytes: decode step i (1 .. C-1) reads every weight and a cache of P + i
+    positions per sequence; the first token comes from the prefill, which is not counted."""
+    from rl_engine.bench import chain
+    from rl_engine.chain.config import get_config
+
+    c = get_config("qwen3-8b")
+    assert chain.generate_bytes(c, 64, 128, 1) == 0
+    assert chain.generate_bytes(c, 64, 128, 3) == chain.step_bytes(c, 64, 129) + chain.step_bytes(c, 64, 130)
+    (case,) = chain.cases("chain_generate", [], quick=False)
+    assert case.measure == "once" and case.sizes(chain.QWEN3_8B, 64)["C"] == 512

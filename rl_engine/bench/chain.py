@@ -1,4 +1,4 @@
-"""Whole-chain benchmark: one rollout decode step of Qwen3-8B (issue #19).
+"""Whole-chain benchmarks: one rollout decode step of Qwen3-8B, and a whole generation (issue #19).
 
 ``chain_decode``: B sequences (the row's ``tokens``), each with ``context`` cached positions, take
 one decode step: embedding, 36 decoder layers against the static KV cache, the final norm, the
@@ -15,6 +15,11 @@ weight + KV-read bound and ``1 / ratio`` is the step time as a multiple of that 
 ``chain.decode``: ratio >= 1 / 1.5). Hugging Face ``Qwen3ForCausalLM`` (sdpa, eager, on the same
 weight tensors, a DynamicCache of the same length, cropped back after each step) is a second
 baseline where ``transformers`` is installed and its cache fits (``B * context <= 131072``).
+
+``chain_generate``: :func:`rl_engine.rollout.generate` of 64 prompts (128 random tokens each) x 512
+new tokens in one static batch, timed once after one warm-up generation; GB/s of the bytes its decode
+steps must read (:func:`generate_bytes`), so the ratio is again the fraction of the bound; the
+row's note gives the token count for tokens/s.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from typing import Any
 
 import torch
 
-from rl_engine.bench.common import Baseline, Case, Dims
+from rl_engine.bench.common import QWEN3_8B, Baseline, Case, Dims
 
-OPS = ("chain_decode",)
+OPS = ("chain_decode", "chain_generate")
 BATCHES = (1, 16, 64)
 CONTEXTS = (1024, 8192)
 QUICK_CONTEXTS = (1024,)
@@ -192,7 +197,59 @@ def _case(batch: int, context: int, variant: str) -> Case:
                 count=count, build=_build, ours=_ours(variant), baselines=baselines)
 
 
+GENERATE = {"prompts": 64, "prompt_len": 128, "new_tokens": 512}
+"""``chain_generate``: 64 prompts of 128 tokens, 512 new tokens each (issue #19's generation row)."""
+DRY_GENERATE = {"prompts": 2, "prompt_len": 3, "new_tokens": 2}
+
+
+def generate_bytes(config, prompts: int, prompt_len: int, new_tokens: int) -> int:
+    """Bytes the decode steps of a static batch must read: step ``i`` (1 .. C-1) feeds every sequence
+    at position ``P + i - 1`` over a cache of ``P + i`` positions (the prefills are not counted)."""
+    return sum(step_bytes(config, prompts, prompt_len + i) for i in range(1, new_tokens))
+
+
+def _generate_case() -> Case:
+    def sizes(d: Dims, t: int) -> dict[str, int]:
+        g = GENERATE if d.name == "qwen3-8b" else DRY_GENERATE
+        return {"B": g["prompts"], "P": g["prompt_len"], "C": g["new_tokens"], "layers": _config(d).num_hidden_layers}
+
+    def count(s):
+        from rl_engine.bench.common import QWEN3_8B, TINY
+
+        c = _config(QWEN3_8B if s["layers"] == 36 else TINY)
+        return 0, generate_bytes(c, s["B"], s["P"], s["C"])
+
+    def build(s, d, pool):
+        weights = _weights(d, pool.device)
+        g = torch.Generator().manual_seed(11)
+        prompts = torch.randint(0, weights.config.vocab_size, (s["B"], s["P"]), generator=g).tolist()
+        return {"weights": weights, "prompts": prompts, "new_tokens": s["C"]}
+
+    def ours(backend, st):
+        from rl_engine.chain.model import Qwen3Model
+        from rl_engine.rollout import generate
+
+        model = Qwen3Model(st["weights"], backend)
+        n = len(st["prompts"])
+
+        def run():
+            res = generate(model, st["prompts"], st["new_tokens"], temperature=1.0, seed=0, max_batch=n)
+            return [c.tokens for c in res.completions]
+
+        note = (f"{n} prompts x {len(st['prompts'][0])} tokens, {st['new_tokens']} new tokens each, one static "
+                f"batch, temperature 1; the time includes the per-prompt prefills and the graph capture; "
+                f"tokens/s = {n * st['new_tokens']} / time")
+        return run, note
+
+    return Case(op="chain_generate", family="chain", kernel_op="chain", variant="graph", tokens=GENERATE["prompts"],
+                metric="GB/s", sizes=sizes, label=lambda s: f"B{s['B']}-P{s['P']}-C{s['C']}-L{s['layers']}",
+                count=count, build=build, ours=ours, measure="once",
+                baselines=[Baseline("copy bandwidth (decode steps' weight + KV-read bound)", peak="copy", primary=True)])
+
+
 def cases(op: str, tokens: list[int], quick: bool) -> list[Case]:
+    if op == "chain_generate":
+        return [_generate_case()]
     if op != "chain_decode":
         raise KeyError(op)
     contexts = QUICK_CONTEXTS if quick else CONTEXTS

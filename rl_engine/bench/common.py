@@ -91,7 +91,8 @@ class Case:
     ours: Callable[[str, dict[str, Any]], Callable[[], Any]]
     baselines: list[Baseline] = field(default_factory=list)
     measure: str = "time"
-    """``time`` (do_bench) or ``memory`` (peak allocated bytes of one call)."""
+    """``time`` (do_bench), ``once`` (one timed call after one warm-up: calls of seconds) or
+    ``memory`` (peak allocated bytes of one call)."""
 
     @property
     def key(self) -> str:

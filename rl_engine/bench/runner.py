@@ -181,6 +181,10 @@ class _Runner:
 
                 run_once(fn)
                 res = Result("dry-run", note=note)
+            elif case.measure == "once":
+                from rl_engine.bench.timing import time_once
+
+                res = Result("measured", timing=time_once(fn), note=note)
             elif case.measure == "memory":
                 from rl_engine.bench.timing import memory_fn
 
