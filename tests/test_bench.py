@@ -106,8 +106,8 @@ def test_dry_run_bench_json_valid_and_complete(dry_run):
         assert r["value"] is None and r["baseline_value"] is None and r["ratio"] is None
         assert r["meets_target"] is None and r["spread"] is None
         assert r["dry_run_shape"] is not None
-    # every (op, variant, tokens, backend, baseline) appears exactly once
-    keys = [(r["op"], r["variant"], r["tokens"], r["backend"], r["baseline"]) for r in rows]
+    # every (op, variant, tokens, shape, backend, baseline) appears exactly once (chain_decode: one per context)
+    keys = [(r["op"], r["variant"], r["tokens"], r["shape"], r["backend"], r["baseline"]) for r in rows]
     assert len(set(keys)) == len(keys)
     # the cuda_bf16 backend is skipped with its reason; the Triton one ran every callable
     cuda = [r for r in rows if r["backend"] == "cuda_bf16"]
@@ -124,7 +124,9 @@ def test_dry_run_bench_json_valid_and_complete(dry_run):
         installed = False
     if not installed:
         assert all(r["baseline_status"] == "not installed" for r in liger)
-    others = [r for r in triton_rows if "Liger" not in r["baseline"]]
+    hf = [r for r in triton_rows if "Hugging Face" in r["baseline"]]  # chain_decode's GPU-only baseline
+    assert hf and all(r["baseline_status"] == "skipped" and "needs a CUDA GPU" in r["baseline_note"] for r in hf)
+    others = [r for r in triton_rows if "Liger" not in r["baseline"] and "Hugging Face" not in r["baseline"]]
     assert all(r["baseline_status"] == "dry-run" for r in others)
 
 
