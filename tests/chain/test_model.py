@@ -27,14 +27,25 @@ def triton_model(tiny_weights):
     return Qwen3Model(tiny_weights, TRITON)
 
 
+@pytest.fixture(scope="module")
+def pitfall_model(request):
+    """The model of the P1 / P8 tests: P1's tiny model on a GPU; on a CPU the 2-layer micro model
+    (``tests/chain/conftest.py``), whose forwards cost the Triton interpreter about a quarter of
+    tiny-smoke's. The subject is the chain's bitwise invariance, which does not depend on the sizes;
+    tiny-smoke's chain parity runs on the CPU in the smoke gate cell below."""
+    if torch.cuda.is_available():
+        return request.getfixturevalue("triton_model")
+    return Qwen3Model(request.getfixturevalue("micro_weights"), TRITON)
+
+
 # ---------------------------------------------------------------- P1: micro-batch size
-def test_p1_micro_batching_is_bitwise_invariant(triton_model, contract):
-    fx = make_fixture("p1", 11, triton_model.config.vocab_size)
+def test_p1_micro_batching_is_bitwise_invariant(pitfall_model, contract):
+    fx = make_fixture("p1", 11, pitfall_model.config.vocab_size)
     assert [int(t.numel()) for t in fx.tokens] == list(range(5, 13))
     batch = fx.batch()
-    whole = score_teacher_forcing(triton_model, batch)
-    pairs = score_teacher_forcing(triton_model, batch, micro_batch=2)
-    single = score_teacher_forcing(triton_model, batch, micro_batch=1)
+    whole = score_teacher_forcing(pitfall_model, batch)
+    pairs = score_teacher_forcing(pitfall_model, batch, micro_batch=2)
+    single = score_teacher_forcing(pitfall_model, batch, micro_batch=1)
     assert whole.dtype == torch.float32 and whole.numel() == batch.active_tokens == 60
     assert _bitwise(whole, pairs) and _bitwise(whole, single)
     rep = chain_metrics(whole, single, contract.chain_thresholds("strict"))
@@ -56,16 +67,16 @@ def test_p1_check_catches_a_batch_dependent_gemm(micro_weights, contract):
 
 
 # ---------------------------------------------------------------- P8: prefill + decode == teacher forcing
-def test_p8_prefill_plus_decode_equals_teacher_forcing(triton_model, contract):
-    fx = make_fixture("p8", 3, triton_model.config.vocab_size)
+def test_p8_prefill_plus_decode_equals_teacher_forcing(pitfall_model, contract):
+    fx = make_fixture("p8", 3, pitfall_model.config.vocab_size)
     batch = fx.batch()
     assert batch.prompt_lens == (16,) and batch.completion_lens() == [9]  # 16-token prefill + 8 decode steps
     from rl_engine.chain.scoring import TokenKeys
 
     keys = TokenKeys(batch)
     rt, rr = ActivationRecorder(keys.total), ActivationRecorder(keys.total)
-    train = score_teacher_forcing(triton_model, batch, recorder=rt)
-    roll = score_rollout(triton_model, batch, recorder=rr)
+    train = score_teacher_forcing(pitfall_model, batch, recorder=rt)
+    roll = score_rollout(pitfall_model, batch, recorder=rr)
     assert _bitwise(train, roll)
     assert chain_metrics(train, roll, contract.chain_thresholds("strict")).passed
     # every activation of every op at positions 0..23 (K/V written to the cache included) is bitwise equal
