@@ -197,13 +197,23 @@ class Engine:
         if s_max > model.config.max_position_embeddings:
             raise InputError(f"s_max {s_max} exceeds the model's max_position_embeddings "
                              f"{model.config.max_position_embeddings}")
+        from rl_engine.backends.registry import KERNEL_BACKENDS
+
+        graphable = model.device.type == "cuda" and model.backend in KERNEL_BACKENDS
+        if cuda_graph is None:
+            cuda_graph = graphable and params is not None
+        if cuda_graph and not graphable:  # before anything is allocated or launched
+            raise InputError(f"cuda_graph=True needs a CUDA device and a kernel backend ({', '.join(KERNEL_BACKENDS)}); "
+                             f"the model is {model.backend} on {model.device}")
+        if cuda_graph and params is None:
+            raise InputError("cuda_graph=True: the graph is captured for one SamplingParams; pass params=")
         self.model = model
         self.max_batch = int(max_batch)
         self.s_max = int(s_max)
         self.sampler = sampler or Sampler()
         dev = model.device
         self.cache = KVCache.allocate(model.config, self.max_batch, self.s_max, model.dtype, dev)
-        # per-slot step state (static tensors; a CUDA graph would capture the step over these)
+        # per-slot step state (static tensors: the CUDA graph captures the step over these)
         self.slot_token = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
         self.slot_pos = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
         self.slot_seq = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
@@ -211,16 +221,6 @@ class Engine:
         self.slot_budget = torch.zeros(self.max_batch, dtype=torch.int64, device=dev)
         self.slot_live = torch.zeros(self.max_batch, dtype=torch.bool, device=dev)
         self.slot_ids = torch.arange(self.max_batch, dtype=torch.int64, device=dev)
-        from rl_engine.backends.registry import KERNEL_BACKENDS
-
-        graphable = dev.type == "cuda" and model.backend in KERNEL_BACKENDS
-        if cuda_graph is None:
-            cuda_graph = graphable and params is not None
-        if cuda_graph and not graphable:
-            raise InputError(f"cuda_graph=True needs a CUDA device and a kernel backend ({', '.join(KERNEL_BACKENDS)}); "
-                             f"the model is {model.backend} on {dev}")
-        if cuda_graph and params is None:
-            raise InputError("cuda_graph=True: the graph is captured for one SamplingParams; pass params=")
         # the capture-safe table only leaves out checks of device values; eager steps use the same
         # form so both paths launch the same kernels (the engine guarantees those values itself)
         self._ops = model.capture_safe_ops() if model.backend in KERNEL_BACKENDS else model.ops
@@ -472,7 +472,8 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
         Before any kernel runs: a token id outside [0, V), an empty prompt, P + C beyond
         ``max_position_embeddings`` or ``s_max``, ``top_p`` outside (0, 1], ``top_k`` < 1, a negative
         or non-finite temperature, a seed that is not an integer in [0, 2^64), a ``max_new_tokens``,
-        ``max_batch`` or ``seq_ids`` of the wrong kind.
+        ``max_batch`` or ``seq_ids`` of the wrong kind; ``cuda_graph=True`` off a CUDA device or on a
+        backend that is not a kernel backend.
     """
     plan = plan_generation(model.config, prompts, max_new_tokens, temperature=temperature, top_k=top_k,
                            top_p=top_p, seed=seed, stop_token_ids=stop_token_ids, max_batch=max_batch,
