@@ -241,6 +241,15 @@ def sampling_logprobs(logp_fn, logits: torch.Tensor, tokens: torch.Tensor, param
     return logp_fn(logits=logits, targets=tokens, temperature=params.temperature)
 
 
+def _fused_draw_available(logits: torch.Tensor) -> bool:
+    """Whether the one-kernel draw (:mod:`rl_engine.rollout.gumbel_triton`) can run on these logits:
+    float32 on a CUDA device, or on the CPU under the Triton interpreter."""
+    from rl_engine import env
+
+    return logits.dtype == torch.float32 and (logits.device.type == "cuda" or (
+        logits.device.type == "cpu" and env.triton_interpret()))
+
+
 class Sampler:
     """Draws one token per row and its sampling-distribution logprob (module docstring).
 
@@ -262,6 +271,11 @@ class Sampler:
             return tokens, sampling_logprobs(logp_fn, logits, tokens, params)
         mask = kept_mask(logits, params)
         keys = row_keys(params.seed, self.key_ids(seq_ids, slots), positions)
+        if mask is None and _fused_draw_available(logits):  # one kernel, the same bits (gumbel_triton)
+            from rl_engine.rollout.gumbel_triton import gumbel_argmax
+
+            tokens = gumbel_argmax(logits.contiguous(), keys, params.temperature)
+            return tokens, sampling_logprobs(logp_fn, logits, tokens, params, mask)
         score = scaled_logits(logits, params).to(torch.float64) + gumbel_noise(uniforms(keys, logits.shape[1]))
         if mask is not None:
             score = torch.where(mask, score, torch.full_like(score, float("-inf")))

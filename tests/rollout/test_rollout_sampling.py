@@ -154,3 +154,40 @@ def test_the_no_launch_model_does_refuse_to_run(no_launch_model):
     """Control for the test above: valid input reaches an op, which raises."""
     with pytest.raises(AssertionError, match="ran before"):
         generate(no_launch_model, [[1, 2]], 1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
+def test_the_one_kernel_draw_computes_the_reference_scores_bit_for_bit(device, temperature):
+    """The fused Gumbel-max kernel (gumbel_triton) against the sampler's float64 torch path: every
+    score s + G (float64 bits) and the drawn token, at V = 777 and at the Qwen3 vocabulary's tail
+    width, with tied maxima and -inf logits; on the CPU in the Triton interpreter, on the H200 with
+    the GPU's float64 units. Control: a key off by one gives other scores."""
+    from rl_engine.rollout import sampling as ref
+    from rl_engine.rollout.gumbel_triton import gumbel_argmax
+
+    g = torch.Generator().manual_seed(int(temperature * 10))
+    for v in (777, 151936 % 4096 + 4096):
+        z = (torch.randn(4, v, generator=g) * 3).to(device)
+        z[1, 100] = z[1, 3] = z[1].max() + 50.0  # a tie far above the noise: the lower id must win
+        z[2, ::7] = float("-inf")
+        params = SamplingParams(temperature, seed=99)
+        keys = row_keys(params.seed, torch.tensor([5, 6, 7, 8], device=device), torch.tensor([0, 1, 2, 300], device=device))
+        want = ref.scaled_logits(z, params).to(torch.float64) + ref.gumbel_noise(uniforms(keys, v))
+        tokens, scores = gumbel_argmax(z, keys, temperature, return_scores=True)
+        assert torch.equal(scores.view(torch.int64), want.view(torch.int64))
+        assert torch.equal(tokens, torch.argmax(want, dim=1)) and int(tokens[1]) == 3
+        _, other = gumbel_argmax(z, keys + 1, temperature, return_scores=True)
+        assert not torch.equal(other.view(torch.int64), want.view(torch.int64))
+
+
+def test_the_one_kernel_draw_refuses_bad_input():
+    from rl_engine.rollout.gumbel_triton import gumbel_argmax
+
+    z = torch.zeros(2, 8)
+    keys = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(InputError, match="logits"):
+        gumbel_argmax(z.double(), keys, 1.0)
+    with pytest.raises(InputError, match="keys"):
+        gumbel_argmax(z, keys[:1], 1.0)
+    with pytest.raises(InputError, match="temperature"):
+        gumbel_argmax(z, keys, 0.0)
