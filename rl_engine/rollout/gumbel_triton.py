@@ -11,7 +11,9 @@ same float64 operations in the same order (each a single IEEE operation: no FMA 
 ``enable_fp_fusion`` off; every constant made a float64 from the same Python double; ``frexp`` by
 bit manipulation, exact for the normal numbers that occur here), the FP32 division rounded to
 nearest (``div_rn``), and argmax's rule: the first maximum, a NaN above everything. Tested against
-the reference sampler in the CPU interpreter and on the H200 (``tests/rollout/test_rollout_sampling.py``).
+the reference sampler bit for bit in the CPU interpreter (``tests/rollout/test_rollout_sampling.py``);
+not yet run on a GPU, so the sampler uses it there only once
+:data:`rl_engine.rollout.sampling.FUSED_DRAW_ON_CUDA` is turned on (after that test passes on the H200).
 """
 
 from __future__ import annotations

@@ -241,13 +241,22 @@ def sampling_logprobs(logp_fn, logits: torch.Tensor, tokens: torch.Tensor, param
     return logp_fn(logits=logits, targets=tokens, temperature=params.temperature)
 
 
+FUSED_DRAW_ON_CUDA = False
+"""Whether the engine draws with the one-kernel Gumbel-max (:mod:`rl_engine.rollout.gumbel_triton`) on
+a GPU. Off until its bit-for-bit test (``tests/rollout/test_rollout_sampling.py``) has passed on the
+H200: it has run only in the CPU interpreter so far, where it is on."""
+
+
 def _fused_draw_available(logits: torch.Tensor) -> bool:
-    """Whether the one-kernel draw (:mod:`rl_engine.rollout.gumbel_triton`) can run on these logits:
-    float32 on a CUDA device, or on the CPU under the Triton interpreter."""
+    """Whether the one-kernel draw runs on these logits: float32 under the Triton interpreter on the
+    CPU, or on a CUDA device once :data:`FUSED_DRAW_ON_CUDA` is on."""
     from rl_engine import env
 
-    return logits.dtype == torch.float32 and (logits.device.type == "cuda" or (
-        logits.device.type == "cpu" and env.triton_interpret()))
+    if logits.dtype != torch.float32:
+        return False
+    if logits.device.type == "cuda":
+        return FUSED_DRAW_ON_CUDA
+    return logits.device.type == "cpu" and env.triton_interpret()
 
 
 class Sampler:
