@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.ops._triton_common import FP_FUSION
-from rl_engine.rollout import sampling as ref
+from rl_engine.rollout import _f64 as ref
 
 BLOCK_V = 1024
 
