@@ -76,6 +76,16 @@ inline T __ldg(const T* p) {
     return *p;
 }
 
+// cp.async (common.cuh): a synchronous copy of src_bytes bytes, the rest of the 16 zero-filled.
+#define RL_HOST_EMU 1
+inline void cp_async16(void* dst, const void* src, int src_bytes) {
+    std::memcpy(dst, src, static_cast<size_t>(src_bytes));
+    std::memset(static_cast<unsigned char*>(dst) + src_bytes, 0, static_cast<size_t>(16 - src_bytes));
+}
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
+
 // ---------------------------------------------------------------------------------------------
 // WMMA emulation (16 x 16 x 16, BF16 operands, FP32 accumulator).
 // ---------------------------------------------------------------------------------------------

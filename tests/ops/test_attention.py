@@ -156,6 +156,41 @@ def test_decode_of_every_query_equals_prefill(device):
     assert_bitwise(full, attention_decode_triton(inp["q"], k_cache, v_cache, lens, inp["scale"]), "decode vs prefill")
 
 
+@pytest.mark.parametrize("d_split", [2, 4, 8])
+def test_decode_head_dim_split_keeps_the_bits(d_split, device):
+    """A decode launch whose programs each own D / d_split output columns gives the prefill rows'
+    bits, at Qwen3-8B head shapes (32 query heads over 8 KV heads, D = 128; 8 over 2 on the CPU), with lengths that end
+    inside a KV block and NaN written past every length (masked means absent). Control: a wrong
+    column offset (a split that loads the wrong V slice) must differ."""
+    g = torch.Generator(device="cpu").manual_seed(40 + d_split)
+    cpu = device.type == "cpu"  # the interpreter runs every program in Python: fewer heads there
+    h, hkv, d = (8, 2, 128) if cpu else (32, 8, 128)
+    lens_list = (1, 63, 130) if cpu else (1, 63, 64, 130, 1000, 1025)
+    s_max = max(lens_list) + 7
+    b = len(lens_list)
+    kc = torch.randn((b, s_max, hkv, d), generator=g).to(torch.bfloat16)
+    vc = torch.randn((b, s_max, hkv, d), generator=g).to(torch.bfloat16)
+    for i, n in enumerate(lens_list):
+        kc[i, n:] = float("nan")
+        vc[i, n:] = float("nan")
+    q = torch.randn((b, h, d), generator=g).to(torch.bfloat16)
+    kc, vc, q = kc.to(device), vc.to(device), q.to(device)
+    lens = torch.tensor(lens_list, dtype=torch.int32, device=device)
+    scale = d ** -0.5
+    whole = attn_triton.attention_decode_fwd(q, kc, vc, lens, scale, d_split=1)
+    split = attn_triton.attention_decode_fwd(q, kc, vc, lens, scale, d_split=d_split)
+    assert_bitwise(whole, split, f"d_split {d_split} vs 1")
+    # the prefill rows: each sequence's last query as a varlen forward over its own keys
+    for i, n in enumerate(lens_list):
+        cu = torch.tensor([0, 1], dtype=torch.int32, device=device)
+        cuk = torch.tensor([0, n], dtype=torch.int32, device=device)
+        pre = attention_triton(q[i : i + 1], kc[i, :n], vc[i, :n], cu, cuk, scale)
+        assert_bitwise(pre, split[i : i + 1], f"d_split {d_split}, length {n}: decode vs prefill")
+    shifted = attn_triton.attention_decode_fwd(q, kc, vc[:, :, :, list(range(1, d)) + [0]].contiguous(), lens, scale,
+                                               d_split=d_split)
+    assert not torch.equal(shifted.view(torch.int16), split.view(torch.int16)), "the control did not change the bits"
+
+
 # ---------------------------------------------------------------------------------------------
 # Pitfalls
 # ---------------------------------------------------------------------------------------------

@@ -246,6 +246,40 @@ def test_det_gemm_leaf_parallel_form_equals_fused_form(cuda_device, m, k, n, tra
     assert dg_cuda.use_leaf_split(1, 4096, 2) and not dg_cuda.use_leaf_split(4096, 4096, 2)
 
 
+@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (1056, 72)])
+def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
+    """At decode-sized M (<= 16) with a contiguous weight, the leaf-parallel form runs the streamed
+    decode kernel (gemv_leaf_kernel: cp.async ring, one warp per 16 x 16 fragment); its bits equal
+    the fused 128 x 128 kernel's at every Qwen3-8B projection shape and at a K whose leaves end inside a
+    32-wide step (1056: leaves of 264). Control: a depth-1 tree differs."""
+    from rl_engine.ops.det_gemm import cuda as dg_cuda
+
+    if cuda_device.type == "cpu" and n * k > 1056 * 72:
+        pytest.skip("Qwen3-8B shapes run on the GPU only (the host emulation runs one fiber per CUDA thread)")
+    w = _bf16((n, k), n + k, cuda_device, scale=k ** -0.5)
+    for m in (1, 5, 16):
+        a = _bf16((m, k), m, cuda_device)
+        fused = dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=False)
+        assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True), fused), f"M={m}"
+    assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True), fused)
+
+
+def test_lm_head_decode_rows_equal_prefill_rows(cuda_device):
+    """The FP32-output GEMM (lm_head logits) takes the streamed decode kernel for M <= 16 and the
+    128 x 128 kernel above; a row's FP32 logits are the same bits either way (batch invariance
+    across the two kernels). Control: a different hidden row differs."""
+    from rl_engine.ops.lm_head.cuda import gemm_f32_out
+
+    v, e = (3000, 4096) if cuda_device.type == "cuda" else (130, 256)
+    w = _bf16((v, e), 7, cuda_device, scale=e ** -0.5)
+    h = _bf16((40, e), 8, cuda_device)
+    big = gemm_f32_out(h, w.t())
+    for rows in ((0,), (3, 4, 5), tuple(range(16))):
+        small = gemm_f32_out(h[list(rows)], w.t())
+        assert torch.equal(small.view(torch.int32), big[list(rows)].view(torch.int32)), f"rows {rows}"
+    assert not torch.equal(gemm_f32_out(h[1:2], w.t()).view(torch.int32), big[:1].view(torch.int32))
+
+
 def test_det_gemm_any_strides_and_unaligned_views(cuda_device):
     a = _bf16((29, 75), 3, cuda_device)
     b = _bf16((75, 40), 4, cuda_device, scale=75 ** -0.5)
@@ -307,6 +341,28 @@ def test_attention_decode_bitwise_equals_prefill_rows(cuda_device, d):
                 assert _bits_equal(out[b], full[r]), (step, b)
             for b in set(range(len(lens))) - set(live):
                 assert bool((out[b] == 0).all()) and not bool(torch.signbit(out[b]).any())
+
+
+def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
+    """The decode kernel's head-dim split (blocks that each own D / d_split output columns and load
+    only that slice of V) gives the unsplit bits for d_split 2, 4, 8 at D = 128, with NaN written
+    past every length (masked means absent); d_split 0 (the library's choice) too. Control: a
+    cache whose V columns are rotated differs."""
+    from rl_engine.ops.attention import cuda as at_cuda
+
+    lens, h, hkv, d = (1, 63, 130), 8, 2, 128
+    kc = _bf16((len(lens), max(lens) + 5, hkv, d), 21, cuda_device)
+    vc = _bf16((len(lens), max(lens) + 5, hkv, d), 22, cuda_device)
+    for i, n in enumerate(lens):
+        kc[i, n:] = float("nan")
+        vc[i, n:] = float("nan")
+    q = _bf16((len(lens), h, d), 23, cuda_device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=cuda_device)
+    whole = at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=1)
+    for split in (2, 4, 8, 0):
+        assert _bits_equal(at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=split), whole), split
+    rolled = vc[:, :, :, list(range(1, d)) + [0]].contiguous()
+    assert not _bits_equal(at_cuda.attention_decode_fwd(q, kc, rolled, seqlens, d ** -0.5, d_split=4), whole)
 
 
 def test_attention_chunked_prefill_bitwise(cuda_device):

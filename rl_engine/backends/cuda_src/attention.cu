@@ -46,13 +46,19 @@ namespace {
 // The per-row online-softmax forward over KV blocks [0, n_stop) (see the file comment).
 // qs: this block's query tile in shared memory ([16 * RPT][D + 2]); row rg + 16 i is this
 // thread's row i, with causal limit lim[i] (-1 for a padding row). ks / vs / ps: scratch.
-template <int D, int RPT>
+// DSPLIT > 1 (decode only): the block owns output columns [d0, d0 + D / DSPLIT) and loads only
+// that slice of V (vs rows of Ld<D / DSPLIT>); the scores use all D, and each column's FMA chain is
+// the one DSPLIT = 1 runs, so the bits do not depend on DSPLIT.
+template <int D, int RPT, int DSPLIT = 1>
 __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs, float* ps, const bf16* k_base,
                                              const bf16* v_base, int64_t s_kt, int64_t s_vt, int64_t kv_len,
                                              int64_t n_stop, const int64_t (&lim)[RPT], float scale,
-                                             float (&o)[RPT][D / AT_LANES], float (&m)[RPT], float (&l)[RPT]) {
+                                             float (&o)[RPT][D / AT_LANES / DSPLIT], float (&m)[RPT], float (&l)[RPT],
+                                             int d0 = 0) {
     constexpr int LD = Ld<D>::value;
-    constexpr int DPT = D / AT_LANES;
+    constexpr int DV = D / DSPLIT;
+    constexpr int LDV = Ld<DV>::value;
+    constexpr int DPT = DV / AT_LANES;
     const int rg = threadIdx.x / AT_LANES;
     const int cs = threadIdx.x % AT_LANES;
 #pragma unroll
@@ -65,7 +71,7 @@ __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs,
     for (int64_t kv0 = 0; kv0 < n_stop; kv0 += AT_BKV) {
         __syncthreads();  // the previous block's ks / vs / ps are no longer read
         load_rows<D, AT_BKV>(ks, k_base, s_kt, kv0, kv_len);
-        load_rows<D, AT_BKV>(vs, v_base, s_vt, kv0, kv_len);
+        load_rows<DV, AT_BKV>(vs, v_base + d0, s_vt, kv0, kv_len);
         __syncthreads();
         float alpha[RPT];
 #pragma unroll
@@ -102,7 +108,7 @@ __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs,
             if (kv0 + AT_BKV - 1 <= lim[i]) {  // the row sees the whole block
                 for (int j = 0; j < AT_BKV; ++j) {
                     const float pj = ps[r * AT_PS_LD + j];
-                    const bf16* vr = vs + j * LD + cs;
+                    const bf16* vr = vs + j * LDV + cs;
 #pragma unroll
                     for (int dj = 0; dj < DPT; ++dj) o[i][dj] = __fmaf_rn(pj, f32(vr[AT_LANES * dj]), o[i][dj]);
                 }
@@ -110,7 +116,7 @@ __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs,
                 for (int j = 0; j < AT_BKV; ++j) {
                     const float pj = ps[r * AT_PS_LD + j];
                     const bool vis = kv0 + j <= lim[i];
-                    const bf16* vr = vs + j * LD + cs;
+                    const bf16* vr = vs + j * LDV + cs;
 #pragma unroll
                     for (int dj = 0; dj < DPT; ++dj)
                         o[i][dj] = __fmaf_rn(pj, absent_if_masked(f32(vr[AT_LANES * dj]), vis), o[i][dj]);
@@ -179,7 +185,9 @@ attn_fwd_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf
 }
 
 // Decode: block (b, kvh, head block) owns query heads kvh * group + [g0, g0 + 16) of sequence b.
-template <int D>
+// With DSPLIT > 1, blockIdx.z = head block * DSPLIT + slice: the block writes columns
+// [slice * D / DSPLIT, (slice + 1) * D / DSPLIT) of its heads (forward_rows: same bits).
+template <int D, int DSPLIT>
 __global__ void __launch_bounds__(AT_THREADS)
 attn_decode_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, const bf16* __restrict__ vc,
                    bf16* __restrict__ out, const int32_t* __restrict__ seqlens, int64_t group, int64_t s_qb,
@@ -188,16 +196,18 @@ attn_decode_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, cons
     constexpr int RPT = AT_RPT_DECODE;
     constexpr int BQ = AT_GROUPS * RPT;
     constexpr int LD = Ld<D>::value;
-    constexpr int DPT = D / AT_LANES;
+    constexpr int DV = D / DSPLIT;
+    constexpr int DPT = DV / AT_LANES;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* qs = reinterpret_cast<bf16*>(smem_raw);
     bf16* ks = qs + BQ * LD;
     bf16* vs = ks + AT_BKV * LD;
-    float* ps = reinterpret_cast<float*>(vs + AT_BKV * LD);
+    float* ps = reinterpret_cast<float*>(vs + AT_BKV * Ld<DV>::value);
 
     const int64_t b = blockIdx.x;
     const int64_t kvh = blockIdx.y;
-    const int64_t g0 = static_cast<int64_t>(blockIdx.z) * BQ;
+    const int64_t g0 = static_cast<int64_t>(blockIdx.z / DSPLIT) * BQ;
+    const int d0 = static_cast<int>(blockIdx.z % DSPLIT) * DV;
     const int64_t n = seqlens[b];
     const int rg = threadIdx.x / AT_LANES;
     const int cs = threadIdx.x % AT_LANES;
@@ -208,8 +218,8 @@ attn_decode_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, cons
 #pragma unroll
     for (int i = 0; i < RPT; ++i) lim[i] = (g0 + rg + AT_GROUPS * i < group) ? n - 1 : -1;
     float o[RPT][DPT], m[RPT], l[RPT];
-    forward_rows<D, RPT>(qs, ks, vs, ps, kc + b * s_kb + kvh * s_kh, vc + b * s_vb + kvh * s_vh, s_kt, s_vt, n, n, lim,
-                         scale, o, m, l);
+    forward_rows<D, RPT, DSPLIT>(qs, ks, vs, ps, kc + b * s_kb + kvh * s_kh, vc + b * s_vb + kvh * s_vh, s_kt, s_vt, n, n,
+                                 lim, scale, o, m, l, d0);
 #pragma unroll
     for (int i = 0; i < RPT; ++i) {
         const int64_t g = g0 + rg + AT_GROUPS * i;
@@ -217,7 +227,7 @@ attn_decode_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, cons
         const bool has = l[i] != 0.0f;
         bf16* orow = out + b * s_ob + (kvh * group + g) * s_oh;
 #pragma unroll
-        for (int dj = 0; dj < DPT; ++dj) orow[cs + AT_LANES * dj] = to_bf16(has ? o[i][dj] / l[i] : 0.0f);
+        for (int dj = 0; dj < DPT; ++dj) orow[d0 + cs + AT_LANES * dj] = to_bf16(has ? o[i][dj] / l[i] : 0.0f);
     }
 }
 
@@ -236,18 +246,52 @@ int launch_fwd(const void* q, const void* k, const void* v, void* out, void* lse
     return launch_status();
 }
 
-template <int D>
-int launch_decode(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch,
-                  int64_t kv_heads, int64_t group, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh,
-                  int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, cudaStream_t st) {
-    constexpr size_t smem = forward_smem<D, AT_RPT_DECODE>();
-    if (int e = prepare(attn_decode_kernel<D>, smem)) return e;
+template <int D, int DSPLIT>
+int launch_decode_split(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch,
+                        int64_t kv_heads, int64_t group, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt,
+                        int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale,
+                        cudaStream_t st) {
+    constexpr int BQ = AT_GROUPS * AT_RPT_DECODE;
+    constexpr size_t smem = static_cast<size_t>(BQ + AT_BKV) * Ld<D>::value * sizeof(bf16) +
+                            static_cast<size_t>(AT_BKV) * Ld<D / DSPLIT>::value * sizeof(bf16) +
+                            static_cast<size_t>(BQ) * AT_PS_LD * sizeof(float);
+    if (int e = prepare(attn_decode_kernel<D, DSPLIT>, smem)) return e;
     dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads),
-              static_cast<unsigned>(cdiv(group, AT_GROUPS * AT_RPT_DECODE)));
-    attn_decode_kernel<D><<<grid, AT_THREADS, smem, st>>>(
+              static_cast<unsigned>(cdiv(group, BQ) * DSPLIT));
+    attn_decode_kernel<D, DSPLIT><<<grid, AT_THREADS, smem, st>>>(
         static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const bf16*>(vc), static_cast<bf16*>(out),
         static_cast<const int32_t*>(seqlens), group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale);
     return launch_status();
+}
+
+// Decode launch: the head dim is split over DECODE_SPLIT blocks while the grid would have fewer
+// than DECODE_SPLIT_BELOW blocks (a speed choice from B and the head shapes only; same bits).
+constexpr int64_t DECODE_SPLIT_BELOW = 264;
+
+template <int D>
+int launch_decode(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch,
+                  int64_t kv_heads, int64_t group, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh,
+                  int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, int64_t dsplit,
+                  cudaStream_t st) {
+    const int64_t blocks = batch * kv_heads * cdiv(group, AT_GROUPS * AT_RPT_DECODE);
+    if (dsplit == 0) {
+        dsplit = 1;
+        while (blocks * dsplit < DECODE_SPLIT_BELOW && dsplit < 8 && D / (2 * dsplit) >= AT_LANES) dsplit *= 2;
+    }
+#define RL_DECODE(S) launch_decode_split<D, S>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, \
+                                               s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, st)
+    if (dsplit == 1) return RL_DECODE(1);
+    if constexpr (D / 2 >= AT_LANES) {
+        if (dsplit == 2) return RL_DECODE(2);
+    }
+    if constexpr (D / 4 >= AT_LANES) {
+        if (dsplit == 4) return RL_DECODE(4);
+    }
+    if constexpr (D / 8 >= AT_LANES) {
+        if (dsplit == 8) return RL_DECODE(8);
+    }
+#undef RL_DECODE
+    return static_cast<int>(cudaErrorInvalidValue);
 }
 
 }  // namespace
@@ -271,20 +315,27 @@ RL_EXPORT int rl_attention_fwd(const void* q, const void* k, const void* v, void
     }
 }
 
-// Decode step. q [B, H, D], caches [B, S_max, Hkv, D] (strides b, t, h), seqlens int32 [B], out [B, H, D].
-RL_EXPORT int rl_attention_decode(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, void* stream) {
+// Decode step with an explicit head-dim split d_split (0: the library's choice; else 1, 2, 4 or 8
+// with D / d_split >= 16). q [B, H, D], caches [B, S_max, Hkv, D] (strides b, t, h), seqlens int32 [B], out [B, H, D].
+RL_EXPORT int rl_attention_decode_split(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, int64_t d_split, void* stream) {
     if (batch == 0 || heads == 0) return 0;
     if (kv_heads <= 0 || heads % kv_heads || !grid_fits(batch, kv_heads)) return static_cast<int>(cudaErrorInvalidValue);
     const int64_t group = heads / kv_heads;
-    if (cdiv(group, AT_GROUPS * AT_RPT_DECODE) > 65535) return static_cast<int>(cudaErrorInvalidValue);
+    if (d_split < 0 || cdiv(group, AT_GROUPS * AT_RPT_DECODE) * (d_split ? d_split : 8) > 65535) return static_cast<int>(cudaErrorInvalidValue);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     switch (head_dim) {
-        case 16: return launch_decode<16>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
-        case 32: return launch_decode<32>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
-        case 64: return launch_decode<64>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
-        case 128: return launch_decode<128>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
-        case 256: return launch_decode<256>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
+        case 16: return launch_decode<16>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, d_split, st);
+        case 32: return launch_decode<32>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, d_split, st);
+        case 64: return launch_decode<64>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, d_split, st);
+        case 128: return launch_decode<128>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, d_split, st);
+        case 256: return launch_decode<256>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, d_split, st);
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
+}
+
+// Decode step (the library chooses the head-dim split). q [B, H, D], caches [B, S_max, Hkv, D]
+// (strides b, t, h), seqlens int32 [B], out [B, H, D].
+RL_EXPORT int rl_attention_decode(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, void* stream) {
+    return rl_attention_decode_split(q, kc, vc, out, seqlens, batch, heads, kv_heads, head_dim, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, 0, stream);
 }
 

@@ -47,6 +47,20 @@ __device__ __forceinline__ void put_bits(bf16* p, unsigned short v) {
     *reinterpret_cast<unsigned short*>(p) = v;
 }
 
+// Asynchronous 16-byte global -> shared copies (sm_80+ cp.async): src_bytes (0..16) bytes are read
+// and the rest of the 16 zero-filled; cp_async_wait<N> waits until at most N committed groups are
+// still in flight. The host emulator (tests/cuda_emu/emu.h) defines RL_HOST_EMU and its own
+// synchronous versions (the copy lands at once, so every wait is already satisfied).
+#ifndef RL_HOST_EMU
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+#endif
+
 __device__ __forceinline__ bool aligned16(const void* p) {
     return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }

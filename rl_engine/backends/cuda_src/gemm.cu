@@ -303,6 +303,107 @@ __global__ void __launch_bounds__(TB_THREADS) tree_leaf_kernel(TreeArgs g, bf16*
         }
 }
 
+// Decode form of a leaf (M <= GV_M, the weight streamed once): block (tile_n, leaf) owns rows
+// [0, M) x columns [n0, n0 + GV_N) of one leaf; each of its 4 warps owns one 16 x 16 accumulator
+// fragment and runs exactly the fused kernel's leaf loop for it: 32-wide K steps from the leaf's
+// first index in increasing k, each two wmma::mma_sync of 16 k (the same fragment types, so the
+// same HMMA instructions), the tail step zero-padded past the leaf's end, one rounding to BF16
+// (or the FP32 sum itself for the FP32-output GEMM). Only the way operands reach shared memory
+// differs: cp.async 16-byte copies into a GV_STAGES-deep ring, so several steps' weights are in
+// flight per block (the fused kernel loads one step at a time, latency-bound at M = 1). Needs
+// unit stride along K for both operands, 16-byte aligned rows and leaf bounds that are multiples
+// of 8 (the host checks; otherwise the generic leaf kernel runs). Rows past M are zero-filled.
+constexpr int GV_M = 16;
+constexpr int GV_N = 64;
+constexpr int GV_THREADS = 128;
+constexpr int GV_STAGES = 4;
+
+struct __align__(128) GemvSmem {
+    bf16 a[GV_STAGES][GV_M][TB_LD];
+    bf16 b[GV_STAGES][GV_N][TB_LD];
+    float stage[GV_THREADS / 32][16 * 16];
+};
+
+// Issue the copies of K step [k0, k0 + TB_K) (elements at or past hi zero-filled) into ring slot s.
+__device__ __forceinline__ void gemv_issue(GemvSmem& sm, int s, const TreeArgs& g, int64_t n0, int64_t k0,
+                                           int64_t hi) {
+    constexpr int VPR = TB_K / 8;  // 16-byte chunks per row of a step
+    for (int v = threadIdx.x; v < (GV_M + GV_N) * VPR; v += GV_THREADS) {
+        const int r = v / VPR;
+        const int kc = (v % VPR) * 8;
+        const int64_t gk = k0 + kc;
+        const int64_t left = hi - gk;
+        int bytes = left >= 8 ? 16 : (left > 0 ? static_cast<int>(left) * 2 : 0);
+        if (r < GV_M) {
+            const bool ok = r < g.M;
+            cp_async16(&sm.a[s][r][kc], ok && bytes ? g.a + r * g.s_am + gk : g.a, ok ? bytes : 0);
+        } else {
+            const int64_t n = n0 + (r - GV_M);
+            const bool ok = n < g.N;
+            cp_async16(&sm.b[s][r - GV_M][kc], ok && bytes ? g.b + n * g.s_bn + gk : g.b, ok ? bytes : 0);
+        }
+    }
+}
+
+template <bool OUT_F32>
+__global__ void __launch_bounds__(GV_THREADS) gemv_leaf_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
+    __shared__ GemvSmem sm;
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int64_t n0 = static_cast<int64_t>(blockIdx.x) * GV_N;
+    const int leaf = static_cast<int>(blockIdx.y);
+    const int64_t lo = g.bounds[leaf];
+    const int64_t hi = g.bounds[leaf + 1];
+    const int64_t steps = cdiv(hi - lo, TB_K);
+    FragC acc;
+    wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int s = 0; s < GV_STAGES - 1; ++s) {
+        if (s < steps) gemv_issue(sm, s, g, n0, lo + s * TB_K, hi);
+        cp_async_commit();
+    }
+    for (int64_t i = 0; i < steps; ++i) {
+        cp_async_wait<GV_STAGES - 2>();
+        __syncthreads();  // step i has landed for every thread; step i - 1's slot is free
+        const int64_t nxt = i + GV_STAGES - 1;
+        if (nxt < steps) gemv_issue(sm, static_cast<int>(nxt % GV_STAGES), g, n0, lo + nxt * TB_K, hi);
+        cp_async_commit();
+        const int s = static_cast<int>(i % GV_STAGES);
+#pragma unroll
+        for (int kk = 0; kk < TB_K; kk += 16) {
+            FragA fa;
+            FragB fb;
+            wmma::load_matrix_sync(fa, &sm.a[s][0][kk], TB_LD);
+            wmma::load_matrix_sync(fb, &sm.b[s][warp * 16][kk], TB_LD);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+    }
+    cp_async_wait<0>();
+    float* st = sm.stage[warp];
+    wmma::store_matrix_sync(st, acc, 16, wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 256; e += 32) {
+        const int64_t r = e / 16;
+        const int64_t c = n0 + warp * 16 + e % 16;
+        if (r < g.M && c < g.N) {
+            if (OUT_F32) {
+                static_cast<float*>(out)[r * s_om + c * s_on] = st[e];
+            } else {
+                static_cast<bf16*>(out)[leaf * g.M * g.N + r * s_om + c * s_on] = to_bf16(st[e]);
+            }
+        }
+    }
+}
+
+// Whether the decode form can run this product (host side; depends on M, layout and bounds only).
+bool gemv_ok(const TreeArgs& g, int leaves) {
+    if (g.M > GV_M || g.s_ak != 1 || g.s_bk != 1 || (g.s_am & 7) || (g.s_bn & 7)) return false;
+    if ((reinterpret_cast<uintptr_t>(g.a) & 15u) || (reinterpret_cast<uintptr_t>(g.b) & 15u)) return false;
+    for (int i = 0; i <= leaves; ++i)
+        if (g.bounds[i] & 7) return false;
+    return cdiv(g.N, GV_N) <= 2147483647LL;
+}
+
 constexpr int MERGE_THREADS = 256;
 
 // c = l0 + l1 (DEPTH 1) or (l0 + l1) + (l2 + l3) (DEPTH 2), each addition bf16(fp32 + fp32).
@@ -329,8 +430,13 @@ int launch_tree_leaves(const TreeArgs& g, int depth, bf16* w, cudaStream_t st) {
     if (g.bounds[0] != 0 || g.bounds[leaves] != g.K) return static_cast<int>(cudaErrorInvalidValue);
     for (int i = 0; i < leaves; ++i)
         if (g.bounds[i + 1] < g.bounds[i]) return static_cast<int>(cudaErrorInvalidValue);
-    dim3 grid(static_cast<unsigned>(gm), static_cast<unsigned>(gn), static_cast<unsigned>(leaves));
-    tree_leaf_kernel<<<grid, TB_THREADS, 0, st>>>(g, w);
+    if (gemv_ok(g, leaves)) {
+        dim3 ggrid(static_cast<unsigned>(cdiv(g.N, GV_N)), static_cast<unsigned>(leaves));
+        gemv_leaf_kernel<false><<<ggrid, GV_THREADS, 0, st>>>(g, w, g.N, 1);
+    } else {
+        dim3 grid(static_cast<unsigned>(gm), static_cast<unsigned>(gn), static_cast<unsigned>(leaves));
+        tree_leaf_kernel<<<grid, TB_THREADS, 0, st>>>(g, w);
+    }
     const int64_t blocks = cdiv(g.M * g.N, MERGE_THREADS);
     if (blocks >= 2147483647LL) return static_cast<int>(cudaErrorInvalidValue);
     bf16* c = static_cast<bf16*>(g.c);
@@ -354,6 +460,11 @@ int launch_tree(const TreeArgs& g, int depth, bool out_f32, cudaStream_t st) {
     dim3 grid(static_cast<unsigned>(gm), static_cast<unsigned>(gn));
     if (out_f32) {
         if (depth != 0) return static_cast<int>(cudaErrorInvalidValue);
+        if (gemv_ok(g, 1)) {  // decode-sized logits: the same single leaf, streamed
+            dim3 ggrid(static_cast<unsigned>(cdiv(g.N, GV_N)), 1u);
+            gemv_leaf_kernel<true><<<ggrid, GV_THREADS, 0, st>>>(g, g.c, g.s_cm, g.s_cn);
+            return launch_status();
+        }
         tree_gemm_kernel<0, true><<<grid, TB_THREADS, 0, st>>>(g);
     } else if (depth == 0) {
         tree_gemm_kernel<0, false><<<grid, TB_THREADS, 0, st>>>(g);

@@ -82,14 +82,22 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
     return dq, dk, dv
 
 
-def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float) -> torch.Tensor:
-    """Launch one decode step; returns out [B, H, D] bf16 (validated inputs, no host reads)."""
+def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_split: int = 0) -> torch.Tensor:
+    """Launch one decode step; returns out [B, H, D] bf16 (validated inputs, no host reads).
+
+    ``d_split`` (0: the library's choice, ``DECODE_SPLIT_BELOW`` in attention.cu): blocks per
+    (sequence, KV head) that each own ``D / d_split`` output columns (1, 2, 4 or 8; at least 16
+    columns each); the bits do not depend on it (tested), it is a parameter for tests."""
     bsz, h, d = q.shape
     hkv = k_cache.shape[2]
     out = torch.empty((bsz, h, d), dtype=torch.bfloat16, device=q.device)
     if bsz == 0:
         return out
-    launch(q.device, "rl_attention_decode", q, k_cache, v_cache, out, cache_seqlens, bsz, h, hkv, d,
-           q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-           v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), float(scale))
+    args = (q, k_cache, v_cache, out, cache_seqlens, bsz, h, hkv, d, q.stride(0), q.stride(1), k_cache.stride(0),
+            k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            out.stride(0), out.stride(1), float(scale))
+    if d_split:
+        launch(q.device, "rl_attention_decode_split", *args, int(d_split))
+    else:
+        launch(q.device, "rl_attention_decode", *args)
     return out

@@ -127,8 +127,9 @@ def _online_update(l_i, m_i, s):
 
 
 @triton.jit
-def _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kn, stride_vn, kv_len, n_full, n_stop, scale,
-             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+def _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kn, stride_vn, kv_len, n_full, n_stop, scale, dv0,
+             D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             UPCAST: tl.constexpr):
     """Online softmax over KV blocks ``[0, n_stop)`` in increasing order (rows see keys <= limit).
 
     Blocks ``[0, n_full)`` are visible to every real row of the tile (no masked entry; padding rows
@@ -138,8 +139,12 @@ def _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kn, stride_vn, kv_l
     at a masked key cannot reach the row ("masked means absent", docs/declared-semantics.md).
     In both, a *visible* score of -inf (a non-finite q or k) becomes NaN, so it cannot silently
     drop the key.
+
+    ``acc`` [BLOCK_M, DV] holds output columns ``[dv0, dv0 + DV)`` of the head (``DV = D``, ``dv0 = 0``
+    except in a decode program that owns a slice of the head dim): the scores always use all D.
     """
     offs_d = tl.arange(0, D)
+    offs_dv = dv0 + tl.arange(0, DV)
     offs_j = tl.arange(0, BLOCK_N)
     for start_n in range(0, n_full, BLOCK_N):
         offs_n = start_n + offs_j
@@ -148,7 +153,7 @@ def _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kn, stride_vn, kv_l
         s = s * scale
         s = tl.where(s == float("-inf"), float("nan"), s)
         p, alpha, l_i, m_i = _online_update(l_i, m_i, s)
-        v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :])  # [BLOCK_N, D]
+        v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_dv[None, :])  # [BLOCK_N, DV]
         acc = mma(p.to(tl.bfloat16), v, acc * alpha[:, None], UPCAST)
     for start_n in range(n_full, n_stop, BLOCK_N):
         offs_n = start_n + offs_j
@@ -160,8 +165,8 @@ def _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kn, stride_vn, kv_l
         keep = offs_n[None, :] <= limit[:, None]
         s = tl.where(keep, tl.where(s == float("-inf"), float("nan"), s), float("-inf"))
         p, alpha, l_i, m_i = _online_update(l_i, m_i, s)
-        v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :],
-                    mask=in_kv[:, None], other=0.0)  # [BLOCK_N, D]
+        v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_dv[None, :],
+                    mask=in_kv[:, None], other=0.0)  # [BLOCK_N, DV]
         acc = _absent_mma(p.to(tl.bfloat16), v, acc * alpha[:, None], keep, UPCAST)
     return acc, l_i, m_i
 
@@ -198,7 +203,7 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, n_
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
         acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kt, stride_vt, k_len,
-                                 n_full, n_stop, scale, D, BLOCK_M, BLOCK_N, UPCAST)
+                                 n_full, n_stop, scale, 0, D, D, BLOCK_M, BLOCK_N, UPCAST)
         has = l_i != 0.0  # l = 0: no visible key (exact 0 out); l = NaN: a visible non-finite value
         out = tl.math.div_rn(acc, tl.where(has, l_i, 1.0)[:, None])
         tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(tl.bfloat16),
@@ -211,14 +216,22 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, n_
 def _attn_decode_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, seqlens_ptr,
                         stride_qb, stride_qh, stride_kb, stride_kt, stride_kh,
                         stride_vb, stride_vt, stride_vh, stride_ob, stride_oh, scale,
-                        GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        UPCAST: tl.constexpr):
+                        GROUP: tl.constexpr, D: tl.constexpr, D_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+    """Program ``(b, kvh, g * D_SPLIT + j)``: query heads ``[g*BLOCK_M, (g+1)*BLOCK_M)`` of KV group
+    ``kvh`` of sequence ``b``, output columns ``[j*DV, (j+1)*DV)`` with ``DV = D / D_SPLIT``. Every
+    program of a group computes the same full-D scores and softmax state (the same instructions on
+    the same operands), so a column's bits do not depend on ``D_SPLIT`` as long as the P.V MMA's
+    per-element reduction does not depend on its N width (tested on the H200)."""
+    DV: tl.constexpr = D // D_SPLIT
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
-    g0 = tl.program_id(2) * BLOCK_M
+    g0 = (tl.program_id(2) // D_SPLIT) * BLOCK_M
+    dv0 = (tl.program_id(2) % D_SPLIT) * DV
     n = tl.load(seqlens_ptr + b)
     offs_g = g0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
+    offs_dv = dv0 + tl.arange(0, DV)
     row_ok = offs_g < GROUP
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
@@ -226,13 +239,13 @@ def _attn_decode_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, seqlens_ptr,
     limit = tl.where(row_ok, n - 1, -1)
     k_base = kc_ptr + b * stride_kb + kvh * stride_kh
     v_base = vc_ptr + b * stride_vb + kvh * stride_vh
-    acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, DV), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kt, stride_vt, n, (n // BLOCK_N) * BLOCK_N,
-                             n, scale, D, BLOCK_M, BLOCK_N, UPCAST)
+                             n, scale, dv0, D, DV, BLOCK_M, BLOCK_N, UPCAST)
     out = tl.math.div_rn(acc, tl.where(l_i != 0.0, l_i, 1.0)[:, None])
-    tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(tl.bfloat16),
+    tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_dv[None, :], out.to(tl.bfloat16),
              mask=row_ok[:, None])
 
 
@@ -425,22 +438,49 @@ def attention_fwd(q, k, v, cu_q, cu_k, scale: float, plan: LaunchPlan, *, block_
     return out, lse
 
 
+def decode_d_split(programs: int, d: int) -> int:
+    """Head-dim slices per decode program group (:func:`attention_decode_fwd`) for a launch of
+    ``programs = B * Hkv * ceil(GROUP / BLOCK_M_DECODE)`` groups: split while the grid is smaller
+    than :data:`DECODE_SPLIT_BELOW_PROGRAMS`, into at most :data:`DECODE_MAX_D_SPLIT` slices, never
+    narrower than :data:`DECODE_MIN_DV` columns. A speed choice that depends only on B and the head
+    shapes; the bits do not depend on it (tested)."""
+    split = 1
+    while (programs * split < DECODE_SPLIT_BELOW_PROGRAMS and split < DECODE_MAX_D_SPLIT
+           and d % (2 * split) == 0 and d // (2 * split) >= DECODE_MIN_DV):
+        split *= 2
+    return split
+
+
+DECODE_SPLIT_BELOW_PROGRAMS = 1
+"""Split the head dim of a decode launch while it has fewer programs than this (1: never)."""
+DECODE_MAX_D_SPLIT = 1
+DECODE_MIN_DV = 16
+
+
 def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, block_m: int = BLOCK_M_DECODE,
                          block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-                         num_stages: int = NUM_STAGES) -> torch.Tensor:
-    """Launch one decode step; returns out [B, H, D] bf16 (validated inputs, no host reads)."""
+                         num_stages: int = NUM_STAGES, d_split: int = 0) -> torch.Tensor:
+    """Launch one decode step; returns out [B, H, D] bf16 (validated inputs, no host reads).
+
+    ``d_split`` (0: :func:`decode_d_split`): programs per (sequence, KV group) that each own
+    ``D / d_split`` output columns; the keyword arguments are parameters so tests and the sweep
+    (``tools/attention_decode_sweep.py``) can vary them."""
     bsz, h, d = q.shape
     hkv = k_cache.shape[2]
     group = h // hkv
     out = torch.empty((bsz, h, d), dtype=torch.bfloat16, device=q.device)
     if bsz == 0:
         return out
-    grid = (bsz, hkv, triton.cdiv(group, block_m))
+    gblocks = triton.cdiv(group, block_m)
+    d_split = d_split or decode_d_split(bsz * hkv * gblocks, d)
+    if d % d_split:
+        raise ValueError(f"d_split {d_split} does not divide the head dim {d}")
+    grid = (bsz, hkv, gblocks * d_split)
     _attn_decode_kernel[grid](
         q, k_cache, v_cache, out, cache_seqlens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), float(scale),
-        GROUP=group, D=d, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=upcast_dots(),
+        GROUP=group, D=d, D_SPLIT=d_split, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=upcast_dots(),
         num_warps=num_warps, num_stages=num_stages,
         enable_fp_fusion=FP_FUSION,
     )

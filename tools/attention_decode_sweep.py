@@ -1,0 +1,88 @@
+"""Sweep the Triton decode-attention launch (head-dim split, warps, stages) on a GPU (issue #19).
+
+For B in {1, 16, 64} x context in {1024, 8192} at Qwen3-8B head shapes (32 query heads over 8 KV
+heads, D = 128; a static cache of exactly ``context`` positions, every sequence at full length), each
+configuration's output is compared bit for bit with the default launch (``d_split = 1``, the module's
+warps and stages) and timed as it runs in a captured decode step: ``CALLS`` launches back to back in
+one CUDA graph, replayed ``REPLAYS`` times between CUDA events. A 1 GiB device copy in the same
+process gives the bandwidth the KV read is measured against (bytes = the K and V of every
+sequence, read once). Prints one line per (shape, config) and writes ``--json`` (default
+``$OUT/attention_decode_sweep.json``).
+
+Usage: ``python tools/attention_decode_sweep.py [--quick] [--json PATH]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import time
+
+import torch
+import triton
+import triton.testing
+
+from rl_engine.graphs import time_per_call
+from rl_engine.ops.attention import triton as at
+
+H, HKV, D = 32, 8, 128
+CALLS, REPLAYS = 20, 5
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "attention_decode_sweep.json"))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    copy = 2 * src.numel() / triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=100) / 1e6
+    del src, dst
+    print(f"copy bandwidth {copy:.0f} GB/s")
+    splits = (1, 4) if args.quick else (1, 2, 4, 8)
+    stages = (2,) if args.quick else (2, 3)
+    warps = (4,) if args.quick else (4, 8)
+    configs = list(itertools.product(splits, warps, stages))
+    rows = []
+    t0 = time.time()
+    for bsz, ctx in itertools.product((1, 16, 64), (1024, 8192)):
+        g = torch.Generator(device=dev).manual_seed(bsz * 7 + ctx)
+        kc = torch.randn((bsz, ctx, HKV, D), generator=g, device=dev).to(torch.bfloat16)
+        vc = torch.randn((bsz, ctx, HKV, D), generator=g, device=dev).to(torch.bfloat16)
+        q = torch.randn((bsz, H, D), generator=g, device=dev).to(torch.bfloat16)
+        lens = torch.full((bsz,), ctx, dtype=torch.int32, device=dev)
+        scale = D ** -0.5
+        nbytes = 2 * kc.numel() * 2
+        ref = at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=1)
+        default_ms = time_per_call(lambda: at.attention_decode_fwd(q, kc, vc, lens, scale), CALLS, REPLAYS)
+        print(f"B={bsz} ctx={ctx}: KV {nbytes / 1e6:.0f} MB; launcher default "
+              f"{default_ms * 1e3:.1f} us = {nbytes / default_ms / 1e6 / copy:.2f} of copy")
+        for split, w, st in configs:
+            def call(split=split, w=w, st=st):
+                return at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=split, num_warps=w, num_stages=st)
+            try:
+                same = bool(torch.equal(call().view(torch.int16), ref.view(torch.int16)))
+                ms, err = time_per_call(call, CALLS, REPLAYS), None
+            except Exception as exc:  # a configuration that does not compile is a row, not the end
+                same, ms, err = None, None, f"{type(exc).__name__}: {str(exc)[:200]}"
+            frac = None if ms is None else nbytes / ms / 1e6 / copy
+            rows.append({"B": bsz, "context": ctx, "d_split": split, "num_warps": w, "num_stages": st,
+                         "same_bits": same, "us": None if ms is None else ms * 1e3, "of_copy": frac,
+                         "kv_bytes": nbytes, "copy_gbps": copy, "error": err})
+            print(f"  split {split} {w}w {st}s: " + (err or f"{ms * 1e3:8.1f} us {frac:.2f} of copy, same bits {same}"))
+        del kc, vc
+    bad = sorted({(r["d_split"], r["num_warps"], r["num_stages"]) for r in rows if r["same_bits"] is False})
+    if bad:
+        print("CONFIGS WITH OTHER BITS:", bad)
+    with open(args.json, "w") as f:
+        json.dump({"copy_gbps": copy, "rows": rows, "other_bits": bad, "wall_s": time.time() - t0,
+                   "torch": torch.__version__, "triton": triton.__version__,
+                   "device": torch.cuda.get_device_name()}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
