@@ -52,7 +52,7 @@ def main() -> int:
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "det_gemm_decode_sweep.json"))
     ap.add_argument("--ms", default="1,16", help="comma-separated M values (rows of the activation)")
     args = ap.parse_args()
-    ms = tuple(int(x) for x in args.ms.split(","))
+    m_values = tuple(int(x) for x in args.ms.split(","))
     dev = torch.device("cuda")
     src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
@@ -74,7 +74,7 @@ def main() -> int:
     for name, (k, n) in SHAPES.items():
         g = torch.Generator(device=dev).manual_seed(k * 31 + n)
         w = (torch.randn((n, k), generator=g, device=dev) * k ** -0.5).to(torch.bfloat16)
-        for m in ms:
+        for m in m_values:
             a = torch.randn((m, k), generator=g, device=dev).to(torch.bfloat16)
             ref = dg.det_gemm_launch(a, w.t(), 2, False, leaf_split=False)
             nbytes = 2 * (n * k + m * k + m * n)

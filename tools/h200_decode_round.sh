@@ -2,7 +2,8 @@
 # Run on the lent H200 (device tool): one round of decode work for issue #19 in one call:
 # the GPU tests of the decode kernels, the decode-attention and det_gemm (M = 64) sweeps, and
 # decode-step profiles; everything lands under $OUT.
-# env: OUT, TESTS (pytest selection), PROFILES ("backend:batch:context ..."), SWEEPS=0 to skip sweeps,
+# env: OUT, TESTS (pytest selection), PROFILES ("backend:batch:context ..."), ATTN_SWEEP=0 / GEMM_SWEEP=0
+#      to skip a sweep,
 #      FUSED_DRAW=1 to turn the one-kernel draw on for the profiles when its GPU test passed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -15,7 +16,7 @@ if [ -n "${TESTS:-}" ]; then
   echo "tests rc $? after $(( $(date +%s) - start )) s"; tail -n 25 "$OUT/gpu-tests.log"
 fi
 if [ "${FUSED_DRAW:-0}" = "1" ]; then
-  timeout 120 python3 -m pytest -q -o addopts=-ra -m gpu tests/rollout/test_rollout_sampling.py -k one_kernel_draw >"$OUT/fused-draw-test.log" 2>&1
+  timeout 120 python3 -m pytest -q -o addopts=-ra tests/rollout/test_rollout_sampling.py -k one_kernel_draw >"$OUT/fused-draw-test.log" 2>&1
   rc=$?; tail -n 3 "$OUT/fused-draw-test.log"
   if [ "$rc" = "0" ] && grep -q passed "$OUT/fused-draw-test.log"; then
     sed -i 's/^FUSED_DRAW_ON_CUDA = False/FUSED_DRAW_ON_CUDA = True/' rl_engine/rollout/sampling.py && echo "one-kernel draw on"
@@ -23,9 +24,11 @@ if [ "${FUSED_DRAW:-0}" = "1" ]; then
     echo "one-kernel draw test rc $rc: left off"
   fi
 fi
-if [ "${SWEEPS:-1}" = "1" ]; then
+if [ "${ATTN_SWEEP:-1}" = "1" ]; then
   timeout 200 python3 tools/attention_decode_sweep.py --json "$OUT/attention_decode_sweep.json" >"$OUT/attention-sweep.txt" 2>&1
   echo "attention sweep rc $? after $(( $(date +%s) - start )) s"; grep -v "^  " "$OUT/attention-sweep.txt" | tail -n 12
+fi
+if [ "${GEMM_SWEEP:-1}" = "1" ]; then
   timeout 220 python3 tools/det_gemm_decode_sweep.py --ms 64 --json "$OUT/det_gemm_sweep_m64.json" >"$OUT/det-gemm-sweep-m64.txt" 2>&1
   echo "det_gemm sweep rc $? after $(( $(date +%s) - start )) s"; grep -v "^  " "$OUT/det-gemm-sweep-m64.txt" | tail -n 12
 fi
@@ -34,4 +37,6 @@ for p in ${PROFILES:-}; do
   timeout 120 python3 tools/decode_profile.py --backend "$be" --batch "$b" --context "$c" --top 14 >"$OUT/profile-$be-B$b-ctx$c.txt" 2>&1
   echo "profile $p rc $? after $(( $(date +%s) - start )) s"; grep -v Warning "$OUT/profile-$be-B$b-ctx$c.txt" | grep -v _warn_once | head -n 9
 done
+# the device tool returns at most 8 files: everything also goes into one archive
+(cd "$OUT" && tar czf round.tgz --exclude=round.tgz ./*.txt ./*.json ./*.log 2>/dev/null)
 exit 0

@@ -76,6 +76,23 @@ def test_row0_independent_of_t(device):
     assert bits_equal(IMPL(hidden=h[:1], weight=w)[0], IMPL(hidden=h, weight=w)[0])
 
 
+def test_decode_tiles_give_the_prefill_rows(device):
+    """T <= 16 runs the decode tiles (16 x 128), T = 33 the prefill tiles (128 x 256): every row's
+    FP32 logits are the same bits, at the Qwen3-8B vocabulary and hidden size on a GPU (a small
+    vocabulary in the CPU interpreter). Control: a neighbouring row differs."""
+    from rl_engine.ops.lm_head import triton as lm_triton
+
+    v, e = (151936, 4096) if device.type == "cuda" else (300, 128)
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(v, e, generator=g) * e ** -0.5).to(torch.bfloat16).to(device)
+    h = torch.randn(33, e, generator=g).to(torch.bfloat16).to(device)
+    big = lm_triton.lm_head_fwd(h, w)
+    for rows in (slice(0, 1), slice(5, 8), slice(17, 33)):
+        assert h[rows].shape[0] <= lm_triton.DECODE_M
+        assert bits_equal(lm_triton.lm_head_fwd(h[rows], w), big[rows]), rows
+    assert not bits_equal(lm_triton.lm_head_fwd(h[1:2], w), big[:1])
+
+
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
 @pytest.mark.parametrize("name", ["batch", "chunk", "padding", "layout"])
 def test_transform_bitwise_and_planted_control(device, name, direction):

@@ -33,13 +33,16 @@ replaced by 0 (the identity on finite values, so finite inputs give the old bits
 count product that turns the outputs a *visible* non-finite value reaches into NaN. A visible
 score of -inf becomes NaN, and a row whose sum ``l`` is NaN is written as NaN (not as the no-key 0).
 Decode packs the ``H / Hkv`` query heads that share one KV head into the rows of one program;
-per-row math is the same code as prefill (``_kv_loop``), with the same ``BLOCK_N``, warps, stages
-and the same 64-row tile (``BLOCK_M_DECODE = BLOCK_M``): on the H200 a 16- or 32-row tile is
-compiled to ``mma.sync`` rather than ``wgmma`` and changed the last bit of about 2 % of the rows,
-while 64- and 128-row tiles gave identical bits (seen on the H200 with triton 3.6: every query of
-a 2817-token sequence as a decode step equal to its prefill row). All launch constants are module
-constants: nothing depends on T, the batch or a sequence length, and there is no split-KV (so a
-decode with few sequences runs only ``B * Hkv`` programs and is far from copy bandwidth).
+per-row math is the same code as prefill (``_kv_loop``), with the same ``BLOCK_N`` and the same
+64-row tile (``BLOCK_M_DECODE = BLOCK_M``): on the H200 a 16- or 32-row tile is compiled to
+``mma.sync`` rather than ``wgmma`` and changed the last bit of about 2 % of the rows, while 64- and
+128-row tiles gave identical bits (seen on the H200 with triton 3.6: every query of a 2817-token
+sequence as a decode step equal to its prefill row). Nothing depends on T or a sequence length,
+and there is no split of the KV axis. A decode launch with few sequences may split the head dim
+of ``P @ V`` over programs (each recomputes the full-D scores) and keep 3 KV blocks in flight
+(:func:`decode_launch`, chosen from B and the head shapes): on the H200 both gave the unsplit
+bits in every configuration swept. Each program still walks every KV block in turn, so a batch
+of one sequence stays latency-bound (16 us per layer at context 1024).
 
 Backward (FlashAttention-2, deterministic, no atomics). ``delta = rowsum(dO * O)`` in FP32; ``P`` is
 recomputed from the saved FP32 ``lse``. A dK/dV kernel owns one KV block of one KV head of one
@@ -438,31 +441,41 @@ def attention_fwd(q, k, v, cu_q, cu_k, scale: float, plan: LaunchPlan, *, block_
     return out, lse
 
 
-def decode_d_split(programs: int, d: int) -> int:
-    """Head-dim slices per decode program group (:func:`attention_decode_fwd`) for a launch of
-    ``programs = B * Hkv * ceil(GROUP / BLOCK_M_DECODE)`` groups: split while the grid is smaller
-    than :data:`DECODE_SPLIT_BELOW_PROGRAMS`, into at most :data:`DECODE_MAX_D_SPLIT` slices, never
-    narrower than :data:`DECODE_MIN_DV` columns. A speed choice that depends only on B and the head
-    shapes; the bits do not depend on it (tested)."""
+def decode_launch(programs: int, d: int) -> tuple[int, int]:
+    """``(d_split, num_stages)`` of a decode launch with ``programs = B * Hkv * ceil(GROUP / BLOCK_M_DECODE)``
+    (sequence, KV group) tiles: the head dim is halved while the grid has fewer than
+    :data:`DECODE_SPLIT_BELOW_PROGRAMS` programs (at most :data:`DECODE_MAX_D_SPLIT` slices, each at
+    least :data:`DECODE_MIN_DV` wide), and a grid of at most :data:`DECODE_DEEP_PIPELINE_PROGRAMS`
+    programs keeps 3 KV blocks in flight instead of 2. A speed choice that depends only on B and
+    the head shapes; every configuration gave the same bits on the H200
+    (``tools/attention_decode_sweep.py``, ``evidence/2026-12-01-h200-decode-5c38f19/``), and the
+    split is tested to keep the prefill rows' bits."""
     split = 1
     while (programs * split < DECODE_SPLIT_BELOW_PROGRAMS and split < DECODE_MAX_D_SPLIT
            and d % (2 * split) == 0 and d // (2 * split) >= DECODE_MIN_DV):
         split *= 2
-    return split
+    stages = 3 if programs * split <= DECODE_DEEP_PIPELINE_PROGRAMS else NUM_STAGES
+    return split, stages
 
 
-DECODE_SPLIT_BELOW_PROGRAMS = 1
-"""Split the head dim of a decode launch while it has fewer programs than this (1: never)."""
-DECODE_MAX_D_SPLIT = 1
+DECODE_SPLIT_BELOW_PROGRAMS = 64
+"""Split the head dim while a decode launch has fewer programs than this. On the H200 (sweep at
+5c38f19, Qwen3-8B heads) B = 1 (8 programs) ran 23.6 us unsplit and 16.0 us in 8 slices at context
+1024 (184.9 -> 108.6 us at 8192: each program still walks every KV block in turn, so a small batch
+stays latency-bound); at B = 16 (128 programs) every split was slower."""
+DECODE_MAX_D_SPLIT = 8
 DECODE_MIN_DV = 16
+DECODE_DEEP_PIPELINE_PROGRAMS = 256
+"""Grids up to this many programs run 3 pipeline stages: B = 16 went from 222 to 149 us at context
+8192 (0.57 -> 0.85 of copy bandwidth), while at B = 64 (512 programs) 2 stages stayed faster."""
 
 
 def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, block_m: int = BLOCK_M_DECODE,
                          block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
-                         num_stages: int = NUM_STAGES, d_split: int = 0) -> torch.Tensor:
+                         num_stages: int = 0, d_split: int = 0) -> torch.Tensor:
     """Launch one decode step; returns out [B, H, D] bf16 (validated inputs, no host reads).
 
-    ``d_split`` (0: :func:`decode_d_split`): programs per (sequence, KV group) that each own
+    ``d_split`` and ``num_stages`` (0: :func:`decode_launch`): programs per (sequence, KV group) that each own
     ``D / d_split`` output columns; the keyword arguments are parameters so tests and the sweep
     (``tools/attention_decode_sweep.py``) can vary them."""
     bsz, h, d = q.shape
@@ -472,7 +485,9 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, bl
     if bsz == 0:
         return out
     gblocks = triton.cdiv(group, block_m)
-    d_split = d_split or decode_d_split(bsz * hkv * gblocks, d)
+    auto_split, auto_stages = decode_launch(bsz * hkv * gblocks, d)
+    d_split = d_split or auto_split
+    num_stages = num_stages or auto_stages
     if d % d_split:
         raise ValueError(f"d_split {d_split} does not divide the head dim {d}")
     grid = (bsz, hkv, gblocks * d_split)
