@@ -4,7 +4,8 @@
 # decode-step profiles; everything lands under $OUT.
 # env: OUT, TESTS (pytest selection), PROFILES ("backend:batch:context ..."), ATTN_SWEEP=0 / GEMM_SWEEP=0
 #      to skip a sweep,
-#      FUSED_DRAW=1 to turn the one-kernel draw on for the profiles when its GPU test passed.
+#      FUSED_DRAW=1 to run the fused draw's GPU test first (the draw is turned OFF for the rest of the
+#      call when it fails), BENCH_OPS="chain_decode ..." to run `rl-engine bench --ops` last.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -19,9 +20,10 @@ if [ "${FUSED_DRAW:-0}" = "1" ]; then
   timeout 120 python3 -m pytest -q -o addopts=-ra tests/rollout/test_rollout_sampling.py -k one_kernel_draw >"$OUT/fused-draw-test.log" 2>&1
   rc=$?; tail -n 3 "$OUT/fused-draw-test.log"
   if [ "$rc" = "0" ] && grep -q passed "$OUT/fused-draw-test.log"; then
-    sed -i 's/^FUSED_DRAW_ON_CUDA = False/FUSED_DRAW_ON_CUDA = True/' rl_engine/rollout/sampling.py && echo "one-kernel draw on"
+    echo "fused draw test passed"
   else
-    echo "one-kernel draw test rc $rc: left off"
+    sed -i 's/^FUSED_DRAW_ON_CUDA = True/FUSED_DRAW_ON_CUDA = False/' rl_engine/rollout/sampling.py
+    echo "fused draw test rc $rc: the draw is OFF for this call"
   fi
 fi
 if [ "${ATTN_SWEEP:-1}" = "1" ]; then
@@ -37,6 +39,12 @@ for p in ${PROFILES:-}; do
   timeout 120 python3 tools/decode_profile.py --backend "$be" --batch "$b" --context "$c" --top 14 >"$OUT/profile-$be-B$b-ctx$c.txt" 2>&1
   echo "profile $p rc $? after $(( $(date +%s) - start )) s"; grep -v Warning "$OUT/profile-$be-B$b-ctx$c.txt" | grep -v _warn_once | head -n 9
 done
+if [ -n "${BENCH_OPS:-}" ]; then  # e.g. "chain_decode" or "chain_decode chain_generate"
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-300}" rl-engine bench --ops $BENCH_OPS --out "$OUT/bench" >"$OUT/bench-stdout.txt" 2>"$OUT/bench-progress.log"
+  echo "bench rc $? after $(( $(date +%s) - start )) s"; tail -n 16 "$OUT/bench-progress.log"
+  (cd "$OUT" && tar czf bench.tgz bench && rm -rf bench)
+fi
 # the device tool returns at most 8 files: everything also goes into one archive
-(cd "$OUT" && tar czf round.tgz --exclude=round.tgz ./*.txt ./*.json ./*.log 2>/dev/null)
+(cd "$OUT" && tar czf round.tgz --exclude=round.tgz --exclude=bench.tgz ./*.txt ./*.json ./*.log 2>/dev/null)
 exit 0

@@ -1,19 +1,20 @@
-"""One Triton kernel for the unfiltered Gumbel-max draw of :mod:`rl_engine.rollout.sampling`.
+"""Two Triton kernels for the unfiltered Gumbel-max draw of :mod:`rl_engine.rollout.sampling`.
 
 ``argmax_v(s[b, v] + G[b, v])`` with ``s = logits / temperature`` (FP32, IEEE division) and the
-Gumbel noise ``G = -log(-log u)`` of the counter-based uniforms, computed for a whole row in one pass
-over ``V`` instead of ~100 elementwise float64 kernels over ``[B, V]`` (on the H200 those took about
-5 ms of a 16 ms Qwen3-8B decode step at B = 64). Only for sampling without top-k / top-p (those keep
-the sort-based path).
+Gumbel noise ``G = -log(-log u)`` of the counter-based uniforms, computed in one pass over ``V``
+(split into fixed chunks of :data:`CHUNK_V` ids, then one small kernel combines the chunks) instead
+of ~100 elementwise float64 kernels over ``[B, V]`` (on the H200 those took about 5 ms of a 16 ms
+Qwen3-8B decode step at B = 64). Only for sampling without top-k / top-p (those keep the sort-based
+path).
 
 Same bits as :class:`rl_engine.rollout.sampling.Sampler` by construction: the same integer hash, the
 same float64 operations in the same order (each a single IEEE operation: no FMA contraction,
 ``enable_fp_fusion`` off; every constant made a float64 from the same Python double; ``frexp`` by
 bit manipulation, exact for the normal numbers that occur here), the FP32 division rounded to
 nearest (``div_rn``), and argmax's rule: the first maximum, a NaN above everything. Tested against
-the reference sampler bit for bit in the CPU interpreter (``tests/rollout/test_rollout_sampling.py``);
-not yet run on a GPU, so the sampler uses it there only once
-:data:`rl_engine.rollout.sampling.FUSED_DRAW_ON_CUDA` is turned on (after that test passes on the H200).
+the reference sampler bit for bit (``tests/rollout/test_rollout_sampling.py``), in the CPU
+interpreter and on the H200 (``evidence/2026-12-01-h200-decode-5c38f19/``, the one-program-per-row
+form of b5b86f9; the chunked form is re-run there by the same test).
 """
 
 from __future__ import annotations
@@ -67,42 +68,73 @@ def _log_f64(x, SQRT_HALF: tl.constexpr, LN2_HI: tl.constexpr, LN2_LO: tl.conste
 
 
 @triton.jit
-def _gumbel_argmax_kernel(logits_ptr, keys_ptr, tau_ptr, out_ptr, score_ptr, V, stride_b,
-                          SQRT_HALF: tl.constexpr, LN2_HI: tl.constexpr, LN2_LO: tl.constexpr,
-                          TERMS: tl.constexpr, BLOCK: tl.constexpr, WRITE_SCORE: tl.constexpr):
+def _gumbel_partial_kernel(logits_ptr, keys_ptr, tau_ptr, pval_ptr, pidx_ptr, pnan_ptr, score_ptr, V, stride_b,
+                           n_chunks, SQRT_HALF: tl.constexpr, LN2_HI: tl.constexpr, LN2_LO: tl.constexpr,
+                           TERMS: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+                           WRITE_SCORE: tl.constexpr):
+    """Program (b, c): the first maximum of the scores of row b over ids [c*CHUNK, (c+1)*CHUNK) (its
+    first id when every score there is -inf) and the first NaN id there (V + CHUNK when none)."""
     b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1).to(tl.int64)
     key = tl.load(keys_ptr + b)
     tau = tl.load(tau_ptr)
     h = _mix32(key ^ 0x85EBCA6B)
+    first = c * CHUNK
     best_val = tl.full((), float("-inf"), tl.float64)
-    best_idx = tl.full((), 0, tl.int64)
+    best_idx = first
     best_nan = tl.full((), 0, tl.int1)
+    nan_at = V + CHUNK
     offs = tl.arange(0, BLOCK).to(tl.int64)
-    for v0 in range(0, V, BLOCK):
-        v = v0 + offs
+    for v0 in range(0, CHUNK, BLOCK):
+        v = first + v0 + offs
         ok = v < V
         z = tl.load(logits_ptr + b * stride_b + v, mask=ok, other=0.0)
         s = tl.math.div_rn(z, tau).to(tl.float64)
         a = _mix32(h ^ v)
-        c = _mix32(a ^ 0x27D4EB2F)
-        u = (((a >> 12) * 4294967296 + c).to(tl.float64) + _f64(0.5)) * _f64(2.0 ** -52)
+        cc = _mix32(a ^ 0x27D4EB2F)
+        u = (((a >> 12) * 4294967296 + cc).to(tl.float64) + _f64(0.5)) * _f64(2.0 ** -52)
         g = -_log_f64(-_log_f64(u, SQRT_HALF, LN2_HI, LN2_LO, TERMS), SQRT_HALF, LN2_HI, LN2_LO, TERMS)
         score = s + g
         if WRITE_SCORE:  # tests: the float64 scores themselves, to compare bit for bit
             tl.store(score_ptr + b * V + v, score, mask=ok)
         isnan = (score != score) & ok
-        big = V + BLOCK
+        big = V + CHUNK
         nan_idx = tl.min(tl.where(isnan, v, big), axis=0)
         masked = tl.where(ok & ~isnan, score, float("-inf"))
         blk_val = tl.max(masked, axis=0)
         blk_idx = tl.min(tl.where((masked == blk_val) & ok & ~isnan, v, big), axis=0)
         blk_nan = nan_idx < big
-        take_nan = blk_nan & ~best_nan
         take_val = ~blk_nan & ~best_nan & (blk_val > best_val)
-        best_idx = tl.where(take_nan, nan_idx, tl.where(take_val, blk_idx, best_idx))
+        nan_at = tl.where(blk_nan & ~best_nan, nan_idx, nan_at)
+        best_idx = tl.where(take_val, blk_idx, best_idx)
         best_val = tl.where(take_val, blk_val, best_val)
         best_nan = best_nan | blk_nan
-    tl.store(out_ptr + b, best_idx)
+    tl.store(pval_ptr + b * n_chunks + c, best_val)
+    tl.store(pidx_ptr + b * n_chunks + c, best_idx)
+    tl.store(pnan_ptr + b * n_chunks + c, nan_at)
+
+
+@triton.jit
+def _gumbel_reduce_kernel(pval_ptr, pidx_ptr, pnan_ptr, out_ptr, n_chunks, NO_NAN, CHUNKS_P2: tl.constexpr):
+    """Row b's token from its chunks: the first NaN id if any (NaN is above everything, as in
+    torch.argmax), else the lowest id among the chunks holding the row maximum (each chunk reports
+    its first maximum, so this is the first maximum of the row: the order of the chunks cannot matter)."""
+    b = tl.program_id(0).to(tl.int64)
+    cs = tl.arange(0, CHUNKS_P2)
+    ok = cs < n_chunks
+    val = tl.load(pval_ptr + b * n_chunks + cs, mask=ok, other=float("-inf"))
+    idx = tl.load(pidx_ptr + b * n_chunks + cs, mask=ok, other=NO_NAN)
+    nan_at = tl.load(pnan_ptr + b * n_chunks + cs, mask=ok, other=NO_NAN)
+    first_nan = tl.min(nan_at, axis=0)
+    top = tl.max(val, axis=0)
+    first_top = tl.min(tl.where(ok & (val == top), idx, NO_NAN), axis=0)
+    tl.store(out_ptr + b, tl.where(first_nan < NO_NAN, first_nan, first_top))
+
+
+CHUNK_V = 4096
+"""Vocabulary ids per program of the partial kernel: a row is split into ``ceil(V / CHUNK_V)``
+programs (38 at V = 151936), so a draw at B = 1 does not run on one SM (one program per row took
+0.59 ms on the H200); the chunks' results are combined by the argmax rule, which no order changes."""
 
 
 def gumbel_argmax(logits: torch.Tensor, keys: torch.Tensor, temperature: float, *,
@@ -128,12 +160,21 @@ def gumbel_argmax(logits: torch.Tensor, keys: torch.Tensor, temperature: float, 
     b, v = logits.shape
     out = torch.empty((b,), dtype=torch.int64, device=logits.device)
     scores = torch.empty((b, v) if return_scores else (1,), dtype=torch.float64, device=logits.device)
-    if b:
+    if b and v:
+        n_chunks = triton.cdiv(v, CHUNK_V)
         tau = torch.full((1,), float(temperature), dtype=torch.float32, device=logits.device)
-        _gumbel_argmax_kernel[(b,)](
-            logits, keys, tau, out, scores, v, logits.stride(0),
+        pval = torch.empty((b, n_chunks), dtype=torch.float64, device=logits.device)
+        pidx = torch.empty((b, n_chunks), dtype=torch.int64, device=logits.device)
+        pnan = torch.empty((b, n_chunks), dtype=torch.int64, device=logits.device)
+        _gumbel_partial_kernel[(b, n_chunks)](
+            logits, keys, tau, pval, pidx, pnan, scores, v, logits.stride(0), n_chunks,
             SQRT_HALF=ref._SQRT_HALF, LN2_HI=ref._LN2_HI, LN2_LO=ref._LN2_LO, TERMS=ref._LOG_TERMS, BLOCK=BLOCK_V,
-            WRITE_SCORE=return_scores, num_warps=4, enable_fp_fusion=FP_FUSION)
+            CHUNK=CHUNK_V, WRITE_SCORE=return_scores, num_warps=4, enable_fp_fusion=FP_FUSION)
+        _gumbel_reduce_kernel[(b,)](pval, pidx, pnan, out, n_chunks, v + CHUNK_V,
+                                    CHUNKS_P2=triton.next_power_of_2(n_chunks), num_warps=1,
+                                    enable_fp_fusion=FP_FUSION)
+    elif b:
+        raise InputError("logits: an empty vocabulary has no token to draw")
     return (out, scores) if return_scores else out
 
 

@@ -234,10 +234,11 @@ def sampling_logprobs(logp_fn, logits: torch.Tensor, tokens: torch.Tensor, param
     return logp_fn(logits=logits, targets=tokens, temperature=params.temperature)
 
 
-FUSED_DRAW_ON_CUDA = False
-"""Whether the engine draws with the one-kernel Gumbel-max (:mod:`rl_engine.rollout.gumbel_triton`) on
-a GPU. Off until its bit-for-bit test (``tests/rollout/test_rollout_sampling.py``) has passed on the
-H200: it has run only in the CPU interpreter so far, where it is on."""
+FUSED_DRAW_ON_CUDA = True
+"""Whether the engine draws with the fused Gumbel-max kernels (:mod:`rl_engine.rollout.gumbel_triton`)
+on a GPU. On since its bit-for-bit test (``tests/rollout/test_rollout_sampling.py``) passed on the
+H200 (``evidence/2026-12-01-h200-decode-5c38f19/``); the CPU interpreter runs it too. A switch so a
+GPU that fails that test can be given the reference path back."""
 
 
 def _fused_draw_available(logits: torch.Tensor) -> bool:

@@ -134,8 +134,9 @@ def test_decode_tiles_give_the_prefill_tiles_bits(device, m, k, n):
     a = spec_mod.randn((m, k), g, device=device)
     b = spec_mod.randn((n, k), g, scale=k ** -0.5, device=device).t()
     assert dg_triton.leaf_tiles(m, n) == dg_triton.DECODE_TILES_NARROW != dg_triton.PREFILL_TILES
-    assert dg_triton.leaf_tiles(m, 4096) == dg_triton.DECODE_TILES and dg_triton.leaf_tiles(17, n) == dg_triton.PREFILL_TILES
-    for tiles in (dg_triton.DECODE_TILES, dg_triton.DECODE_TILES_NARROW):
+    assert dg_triton.leaf_tiles(m, 4096) == dg_triton.DECODE_TILES and dg_triton.leaf_tiles(65, n) == dg_triton.PREFILL_TILES
+    assert dg_triton.leaf_tiles(17, n) == dg_triton.leaf_tiles(64, 4096) == dg_triton.BATCH_DECODE_TILES
+    for tiles in (dg_triton.DECODE_TILES, dg_triton.DECODE_TILES_NARROW, dg_triton.BATCH_DECODE_TILES):
         assert bits_equal(dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=True, tiles=tiles),
                           dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=True, tiles=dg_triton.PREFILL_TILES))
     decode = dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=True, tiles=dg_triton.DECODE_TILES)
@@ -153,16 +154,16 @@ def test_decode_tiles_give_the_prefill_tiles_bits(device, m, k, n):
 def test_decode_tiles_equal_the_prefill_path_at_qwen3_8b_shapes(k, n):
     """On the GPU the bits of ``tl.dot`` could depend on the tile shape (the MMA instruction and
     its operand layout change with it): the decode tiles must give the fused prefill form's bits at
-    every Qwen3-8B projection shape (and the fused q/k/v and gate/up widths), for M = 1, 5, 16,
+    every Qwen3-8B projection shape (and the fused q/k/v and gate/up widths), for M = 1, 5, 16, 17, 64,
     and a row alone must equal the same row inside a 256-row prefill batch."""
     g = torch.Generator(device="cuda").manual_seed(k + n)
     w = (torch.randn((n, k), generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16)
     big = torch.randn((256, k), generator=g, device="cuda").to(torch.bfloat16)
     prefill = dg_triton.det_gemm_launch(big, w.t(), 2, False, leaf_split=False)
-    for m in (1, 5, 16):
+    for m in (1, 5, 16, 17, 64):
         out = dg_triton.det_gemm_launch(big[:m], w.t(), 2, False)
         assert dg_triton.use_leaf_split(m, n, 2) and dg_triton.leaf_tiles(m, n) in (
-            dg_triton.DECODE_TILES, dg_triton.DECODE_TILES_NARROW)
+            dg_triton.DECODE_TILES, dg_triton.DECODE_TILES_NARROW, dg_triton.BATCH_DECODE_TILES)
         assert bits_equal(out, prefill[:m]), (m, k, n)
 
 

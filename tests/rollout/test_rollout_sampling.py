@@ -160,7 +160,8 @@ def test_the_no_launch_model_does_refuse_to_run(no_launch_model):
 def test_the_one_kernel_draw_computes_the_reference_scores_bit_for_bit(device, temperature):
     """The fused Gumbel-max kernel (gumbel_triton) against the sampler's float64 torch path: every
     score s + G (float64 bits) and the drawn token, at V = 777 and at the Qwen3 vocabulary's tail
-    width, with tied maxima and -inf logits; on the CPU in the Triton interpreter, on the H200 with
+    width (two chunks of the kernel), with tied maxima (inside a chunk and across chunks), -inf logits
+    and a row of -inf only; on the CPU in the Triton interpreter, on the H200 with
     the GPU's float64 units. Control: a key off by one gives other scores."""
     from rl_engine.rollout import sampling as ref
     from rl_engine.rollout.gumbel_triton import gumbel_argmax
@@ -170,12 +171,17 @@ def test_the_one_kernel_draw_computes_the_reference_scores_bit_for_bit(device, t
         z = (torch.randn(4, v, generator=g) * 3).to(device)
         z[1, 100] = z[1, 3] = z[1].max() + 50.0  # a tie far above the noise: the lower id must win
         z[2, ::7] = float("-inf")
+        if v > 4096:  # more than one chunk of the kernel: a tie across chunks, and a row of -inf only
+            z[3, 4200] = z[3, 10] = z[3].max() + 50.0
+            z[0] = float("-inf")
         params = SamplingParams(temperature, seed=99)
         keys = row_keys(params.seed, torch.tensor([5, 6, 7, 8], device=device), torch.tensor([0, 1, 2, 300], device=device))
         want = ref.scaled_logits(z, params).to(torch.float64) + ref.gumbel_noise(uniforms(keys, v))
         tokens, scores = gumbel_argmax(z, keys, temperature, return_scores=True)
         assert torch.equal(scores.view(torch.int64), want.view(torch.int64))
         assert torch.equal(tokens, torch.argmax(want, dim=1)) and int(tokens[1]) == 3
+        if v > 4096:
+            assert int(tokens[3]) == 10 and int(tokens[0]) == 0
         _, other = gumbel_argmax(z, keys + 1, temperature, return_scores=True)
         assert not torch.equal(other.view(torch.int64), want.view(torch.int64))
 

@@ -307,84 +307,88 @@ __global__ void __launch_bounds__(TB_THREADS) tree_leaf_kernel(TreeArgs g, bf16*
 // [0, M) x columns [n0, n0 + GV_N) of one leaf; each of its 4 warps owns one 16 x 16 accumulator
 // fragment and runs exactly the fused kernel's leaf loop for it: 32-wide K steps from the leaf's
 // first index in increasing k, each two wmma::mma_sync of 16 k (the same fragment types, so the
-// same HMMA instructions), the tail step zero-padded past the leaf's end, one rounding to BF16
-// (or the FP32 sum itself for the FP32-output GEMM). Only the way operands reach shared memory
-// differs: cp.async 16-byte copies into a GV_STAGES-deep ring, so several steps' weights are in
-// flight per block (the fused kernel loads one step at a time, latency-bound at M = 1). Needs
-// unit stride along K for both operands, 16-byte aligned rows and leaf bounds that are multiples
-// of 8 (the host checks; otherwise the generic leaf kernel runs). Rows past M are zero-filled.
+// same HMMA instructions), the tail step zero-padded past the leaf's end, no step past the leaf's
+// last, one rounding to BF16 (or the FP32 sum itself for the FP32-output GEMM). Only the way
+// operands reach shared memory differs: cp.async 16-byte copies into a ring of GV_STAGES slots of
+// GV_KS steps each (dynamic shared memory), so several 16 KB slices of the weight are in flight per
+// block (the fused kernel loads one 32-wide step at a time and is latency-bound at M = 1; a ring of
+// single steps reached only 0.39 of copy bandwidth on the H200). Needs unit stride along K for both
+// operands, 16-byte aligned rows and leaf bounds that are multiples of 8 (the host checks;
+// otherwise the generic leaf kernel runs). Rows past M are zero-filled.
 constexpr int GV_M = 16;
 constexpr int GV_N = 64;
 constexpr int GV_THREADS = 128;
-constexpr int GV_STAGES = 6;  // 5 K steps in flight per block (4 left it at 0.39 of copy on the H200)
+constexpr int GV_KS = 4;                    // 32-wide K steps per ring slot
+constexpr int GV_SK = GV_KS * TB_K;         // K width of a slot (128)
+constexpr int GV_LD = GV_SK + 8;            // smem row stride (elements): 272 bytes, a multiple of 32
+constexpr int GV_STAGES = 4;
+constexpr int GV_SLOT = (GV_M + GV_N) * GV_LD;  // elements per slot: A rows, then B rows
+constexpr size_t GV_SMEM = static_cast<size_t>(GV_STAGES) * GV_SLOT * sizeof(bf16);
 
-struct __align__(128) GemvSmem {
-    union {
-        struct {
-            bf16 a[GV_STAGES][GV_M][TB_LD];
-            bf16 b[GV_STAGES][GV_N][TB_LD];
-        };
-        float stage[GV_THREADS / 32][16 * 16];  // output staging, used after the ring is drained
-    };
-};
-
-// Issue the copies of K step [k0, k0 + TB_K) (elements at or past hi zero-filled) into ring slot s.
-__device__ __forceinline__ void gemv_issue(GemvSmem& sm, int s, const TreeArgs& g, int64_t n0, int64_t k0,
-                                           int64_t hi) {
-    constexpr int VPR = TB_K / 8;  // 16-byte chunks per row of a step
+// Issue the copies of slot s: K range [k0, k0 + GV_SK), elements at or past hi zero-filled.
+__device__ __forceinline__ void gemv_issue(bf16* ring, int s, const TreeArgs& g, int64_t n0, int64_t k0, int64_t hi) {
+    constexpr int VPR = GV_SK / 8;  // 16-byte chunks per row of a slot
+    bf16* slot = ring + static_cast<int64_t>(s) * GV_SLOT;
     for (int v = threadIdx.x; v < (GV_M + GV_N) * VPR; v += GV_THREADS) {
         const int r = v / VPR;
         const int kc = (v % VPR) * 8;
         const int64_t gk = k0 + kc;
         const int64_t left = hi - gk;
-        int bytes = left >= 8 ? 16 : (left > 0 ? static_cast<int>(left) * 2 : 0);
+        const int bytes = left >= 8 ? 16 : (left > 0 ? static_cast<int>(left) * 2 : 0);
+        bf16* dst = slot + r * GV_LD + kc;
         if (r < GV_M) {
-            const bool ok = r < g.M;
-            cp_async16(&sm.a[s][r][kc], ok && bytes ? g.a + r * g.s_am + gk : g.a, ok ? bytes : 0);
+            const bool ok = r < g.M && bytes;
+            cp_async16(dst, ok ? g.a + r * g.s_am + gk : g.a, ok ? bytes : 0);
         } else {
             const int64_t n = n0 + (r - GV_M);
-            const bool ok = n < g.N;
-            cp_async16(&sm.b[s][r - GV_M][kc], ok && bytes ? g.b + n * g.s_bn + gk : g.b, ok ? bytes : 0);
+            const bool ok = n < g.N && bytes;
+            cp_async16(dst, ok ? g.b + n * g.s_bn + gk : g.b, ok ? bytes : 0);
         }
     }
 }
 
 template <bool OUT_F32>
 __global__ void __launch_bounds__(GV_THREADS) gemv_leaf_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
-    __shared__ GemvSmem sm;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16* ring = reinterpret_cast<bf16*>(smem_raw);
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const int64_t n0 = static_cast<int64_t>(blockIdx.x) * GV_N;
     const int leaf = static_cast<int>(blockIdx.y);
     const int64_t lo = g.bounds[leaf];
     const int64_t hi = g.bounds[leaf + 1];
-    const int64_t steps = cdiv(hi - lo, TB_K);
+    const int64_t steps = cdiv(hi - lo, TB_K);   // the fused kernel's 32-wide steps
+    const int64_t slots = cdiv(steps, GV_KS);
     FragC acc;
     wmma::fill_fragment(acc, 0.0f);
 #pragma unroll
     for (int s = 0; s < GV_STAGES - 1; ++s) {
-        if (s < steps) gemv_issue(sm, s, g, n0, lo + s * TB_K, hi);
+        if (s < slots) gemv_issue(ring, s, g, n0, lo + s * GV_SK, hi);
         cp_async_commit();
     }
-    for (int64_t i = 0; i < steps; ++i) {
+    for (int64_t i = 0; i < slots; ++i) {
         cp_async_wait<GV_STAGES - 2>();
-        __syncthreads();  // step i has landed for every thread; step i - 1's slot is free
+        __syncthreads();  // slot i has landed for every thread; slot i - 1 is free again
         const int64_t nxt = i + GV_STAGES - 1;
-        if (nxt < steps) gemv_issue(sm, static_cast<int>(nxt % GV_STAGES), g, n0, lo + nxt * TB_K, hi);
+        if (nxt < slots) gemv_issue(ring, static_cast<int>(nxt % GV_STAGES), g, n0, lo + nxt * GV_SK, hi);
         cp_async_commit();
-        const int s = static_cast<int>(i % GV_STAGES);
+        const bf16* slot = ring + (i % GV_STAGES) * GV_SLOT;
 #pragma unroll
-        for (int kk = 0; kk < TB_K; kk += 16) {
-            FragA fa;
-            FragB fb;
-            wmma::load_matrix_sync(fa, &sm.a[s][0][kk], TB_LD);
-            wmma::load_matrix_sync(fb, &sm.b[s][warp * 16][kk], TB_LD);
-            wmma::mma_sync(acc, fa, fb, acc);
+        for (int j = 0; j < GV_KS; ++j) {
+            if (i * GV_KS + j >= steps) break;  // the fused kernel runs no step past the leaf's last
+#pragma unroll
+            for (int kk = 0; kk < TB_K; kk += 16) {
+                FragA fa;
+                FragB fb;
+                wmma::load_matrix_sync(fa, slot + j * TB_K + kk, GV_LD);
+                wmma::load_matrix_sync(fb, slot + (GV_M + warp * 16) * GV_LD + j * TB_K + kk, GV_LD);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
         }
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the ring before the staging area (aliased) is written
-    float* st = sm.stage[warp];
+    float* st = reinterpret_cast<float*>(smem_raw) + warp * 256;
     wmma::store_matrix_sync(st, acc, 16, wmma::mem_row_major);
     __syncwarp();
     for (int e = lane; e < 256; e += 32) {
@@ -398,6 +402,16 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_leaf_kernel(TreeArgs g, void*
             }
         }
     }
+}
+
+template <bool OUT_F32>
+int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    const cudaError_t e = cudaFuncSetAttribute(gemv_leaf_kernel<OUT_F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(GV_SMEM));
+    if (e != cudaSuccess) return static_cast<int>(e);
+    dim3 grid(static_cast<unsigned>(cdiv(g.N, GV_N)), static_cast<unsigned>(leaves));
+    gemv_leaf_kernel<OUT_F32><<<grid, GV_THREADS, GV_SMEM, st>>>(g, out, s_om, s_on);
+    return launch_status();
 }
 
 // Whether the decode form can run this product (host side; depends on M, layout and bounds only).
@@ -436,8 +450,7 @@ int launch_tree_leaves(const TreeArgs& g, int depth, bf16* w, cudaStream_t st) {
     for (int i = 0; i < leaves; ++i)
         if (g.bounds[i + 1] < g.bounds[i]) return static_cast<int>(cudaErrorInvalidValue);
     if (gemv_ok(g, leaves)) {
-        dim3 ggrid(static_cast<unsigned>(cdiv(g.N, GV_N)), static_cast<unsigned>(leaves));
-        gemv_leaf_kernel<false><<<ggrid, GV_THREADS, 0, st>>>(g, w, g.N, 1);
+        if (int e = launch_gemv<false>(g, leaves, w, g.N, 1, st)) return e;
     } else {
         dim3 grid(static_cast<unsigned>(gm), static_cast<unsigned>(gn), static_cast<unsigned>(leaves));
         tree_leaf_kernel<<<grid, TB_THREADS, 0, st>>>(g, w);
@@ -465,11 +478,7 @@ int launch_tree(const TreeArgs& g, int depth, bool out_f32, cudaStream_t st) {
     dim3 grid(static_cast<unsigned>(gm), static_cast<unsigned>(gn));
     if (out_f32) {
         if (depth != 0) return static_cast<int>(cudaErrorInvalidValue);
-        if (gemv_ok(g, 1)) {  // decode-sized logits: the same single leaf, streamed
-            dim3 ggrid(static_cast<unsigned>(cdiv(g.N, GV_N)), 1u);
-            gemv_leaf_kernel<true><<<ggrid, GV_THREADS, 0, st>>>(g, g.c, g.s_cm, g.s_cn);
-            return launch_status();
-        }
+        if (gemv_ok(g, 1)) return launch_gemv<true>(g, 1, g.c, g.s_cm, g.s_cn, st);  // decode-sized logits
         tree_gemm_kernel<0, true><<<grid, TB_THREADS, 0, st>>>(g);
     } else if (depth == 0) {
         tree_gemm_kernel<0, false><<<grid, TB_THREADS, 0, st>>>(g);

@@ -18,7 +18,7 @@ the BF16 leaf in a workspace ``[2^depth, M, N]``, and a second kernel applies th
 same bits as the fused form (tested on random inputs); the choice depends only on M and N.
 
 Decode tiles: for M <= 16 the leaf-parallel form runs ``[16, 128]`` tiles (``[16, 64]`` for
-N < 4096; :func:`leaf_tiles`); the tile shape changes which program computes an element, never the
+N < 4096), for 16 < M <= 64 ``[64, 64]`` tiles (:func:`leaf_tiles`); the tile shape changes which program computes an element, never the
 element's BK blocks, order or roundings (tested: same bits, on the H200 too).
 
 Tile configuration of the fused form, fixed for every M, N and K (never derived from the problem size):
@@ -235,12 +235,20 @@ DECODE_TILES_NARROW = LeafTiles(16, 64, 4, 4)
 128-wide tiles would leave 8 tiles x 4 leaves = 32 programs for 132 SMs; 64-wide ran 6.4 us at
 M = 1 (cuBLAS 6.2) where 128-wide ran 8.1."""
 NARROW_N = 4096
+BATCH_DECODE_TILES = LeafTiles(64, 64, 4, 4)
+"""The leaf-parallel tiles for 16 < M <= 64 (a decode step of up to 64 sequences). Chosen by
+``tools/det_gemm_decode_sweep.py --ms 64`` on the H200 at b5b86f9 (25 configurations x 6 shapes,
+timed inside CUDA graphs, every one with the prefill path's bits): the best geometric mean against
+cuBLAS (0.92); at M = 64 q/o 9.9 us (cuBLAS 9.3, the 128 x 128 prefill tiles 11.1), gate/up 34.3
+(28.5, 39.1), down 31.4 (32.5, 33.0)."""
 
 
 def leaf_tiles(m: int, n: int) -> LeafTiles:
     """The leaf-parallel tile configuration for an ``[m, n]`` output (depends on nothing else)."""
-    if m > DECODE_TILES.bm:
+    if m > BATCH_DECODE_TILES.bm:
         return PREFILL_TILES
+    if m > DECODE_TILES.bm:
+        return BATCH_DECODE_TILES
     return DECODE_TILES if n >= NARROW_N else DECODE_TILES_NARROW
 
 
