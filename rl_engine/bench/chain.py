@@ -106,6 +106,7 @@ def _build(s: dict[str, int], d: Dims, pool) -> dict[str, Any]:
 
 def decode_step_fn(model, st: dict[str, Any]):
     """The engine's step over fixed state: forward (decode, capture-safe ops), logits, sample."""
+    from rl_engine.rollout.engine import PACKED_PROJECTIONS
     from rl_engine.rollout.sampling import Sampler, SamplingParams
 
     ops = model.capture_safe_ops()
@@ -114,7 +115,8 @@ def decode_step_fn(model, st: dict[str, Any]):
     model.check_positions(0, st["context"] - 1, st["context"], "decode")  # the plan, once, on the host
 
     def step():
-        hidden = model.forward(st["ids"], st["pos"], cache=st["cache"], decode=True, checked=True, ops=ops)
+        hidden = model.forward(st["ids"], st["pos"], cache=st["cache"], decode=True, checked=True, ops=ops,
+                               packed=PACKED_PROJECTIONS)
         return sampler.sample(logp, model.logits(hidden, ops=ops), st["seq"], st["seq"], st["pos"] + 1, params)
 
     return step

@@ -9,7 +9,9 @@ the workload's plan, on seeded synthetic weights and a seeded token fixture:
 * the ``reference_fp32`` chain in training style (the FP32 gold for model-level accuracy).
 
 Status is ``green`` iff the strict profile holds (every active token's logprob bitwise equal in
-both styles, the project's target) AND the ws1 gate metrics hold, over all runs together; the
+both styles, the project's target) AND the ws1 gate metrics hold, over all runs together, AND the
+RL form holds (:func:`rl_form_parity`: completions sampled by the rollout engine, temperature 1 and
+top-p 0.9, scored again by teacher forcing: every sampled token's logprob bitwise equal); the
 reason says which failed. On a mismatch the first divergence (token, layer, op) is localised.
 
 Workloads: ``smoke`` runs the ``tiny-smoke`` model (the tiny Qwen3 of docs/pitfalls.md P1 with a 5000-token
@@ -47,10 +49,43 @@ REFERENCE = "reference_fp32"
 HEAD = "linear_logp"
 
 PLANS: dict[str, dict[str, Any]] = {
-    "smoke": {"model": "tiny-smoke", "fixture": "smoke", "runs": ((0, 2.0),)},
-    "qwen3-8b": {"model": "qwen3-8b", "fixture": "qwen3-8b", "runs": ((0, 1.0), (1, 4.0), (2, 10.0))},
+    "smoke": {"model": "tiny-smoke", "fixture": "smoke", "runs": ((0, 2.0),),
+              "rl_form": {"prompts": 1, "prompt_len": 4, "new_tokens": 2}},
+    "qwen3-8b": {"model": "qwen3-8b", "fixture": "qwen3-8b", "runs": ((0, 1.0), (1, 4.0), (2, 10.0)),
+                 "rl_form": {"prompts": 8, "prompt_len": 32, "new_tokens": 32}},
 }
-"""Workload -> model preset, fixture layout and (seed offset, logit scale) of each run."""
+"""Workload -> model preset, fixture layout, (seed offset, logit scale) of each run, and the size of
+the RL form of parity (run on the first run's weights)."""
+
+RL_FORM_SAMPLING = (("temperature_1", {"temperature": 1.0}), ("top_p_0.9", {"temperature": 1.0, "top_p": 0.9}))
+"""The sampling settings of the RL form of chain parity (issue #19): plain temperature-1 sampling and
+nucleus sampling."""
+
+
+def rl_form_parity(model: Qwen3Model, fixture_batch: Any, size: dict[str, int], seed: int) -> dict[str, Any]:
+    """The RL form of train/rollout parity: :func:`rl_engine.rollout.generate` samples completions of
+    prompts taken from the fixture's sequences (their first ``prompt_len`` tokens), then teacher
+    forcing (:func:`rl_engine.rollout.score_completions`) scores those same tokens under the same
+    sampling distribution; per setting of :data:`RL_FORM_SAMPLING`, ``bitwise_equal`` says whether
+    every sampled token's two FP32 logprobs are the same bits. Returns the per-setting report."""
+    from rl_engine.rollout import generate, score_completions
+
+    prompts = [t[: size["prompt_len"]].tolist() for t in fixture_batch.tokens[: size["prompts"]]]
+    out: dict[str, Any] = {}
+    for name, kw in RL_FORM_SAMPLING:
+        t0 = time.perf_counter()
+        res = generate(model, prompts, size["new_tokens"], seed=seed, max_batch=len(prompts), **kw)
+        scored = score_completions(model, res.completions, res.sampling)
+        tokens = sum(int(c.tokens.numel()) for c in res.completions)
+        diff = sum(int((c.logprobs.view(torch.int32) != s.view(torch.int32)).sum())
+                   for c, s in zip(res.completions, scored))
+        digest = BitsDigest()
+        for c in res.completions:
+            digest.add_all(((f"seq{c.seq_id}_tokens", c.tokens), (f"seq{c.seq_id}_logprobs", c.logprobs)))
+        out[name] = {"sampling": dict(kw, seed=seed), "sequences": len(prompts), "sampled_tokens": tokens,
+                     "differing_logprobs": diff, "bitwise_equal": diff == 0, "bits_digest": digest.hexdigest(),
+                     "seconds": round(time.perf_counter() - t0, 3)}
+    return out
 
 
 _SHARED_RUNS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
@@ -96,6 +131,7 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
     per_run: list[dict[str, Any]] = []
     fixtures: list[dict[str, Any]] = []
     first_div = None
+    rl_form: dict[str, Any] | None = None
     kernel_ids: dict[str, str] = {}
     weights_prov = []
     for offset, scale in plan["runs"]:
@@ -122,6 +158,8 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
         model = Qwen3Model(weights, backend, norm_order=contract.rms_norm_order)
         ours = run_styles(model, batch, head=HEAD)
         kernel_ids.update(ours.kernel_ids)
+        if rl_form is None:  # on the first run's weights: generate, then teacher-force the samples
+            rl_form = {"seed": run_seed, "logit_scale": scale, **rl_form_parity(model, batch, plan["rl_form"], run_seed)}
         rep = parity_report(ours, contract, PROFILES, ref.train)
         brep = parity_report(base, contract, ("ws1",), ref.train)
         bitwise = bool(torch.equal(ours.train.view(torch.int32), ours.rollout.view(torch.int32)))
@@ -176,6 +214,7 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
         "vs_reference": {"train": abs_stats(lhs, ref_all), "rollout": abs_stats(rhs, ref_all),
                          "reference": "reference_fp32 chain, training style, FP32 on the upcast weights"},
         "first_divergence": first_div,
+        "rl_form": rl_form,
         "per_run": per_run,
         "model": {"preset": plan["model"], "config": config.to_dict(), "weights": weights_prov,
                   "device": str(device)},
@@ -198,9 +237,15 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
         bad = [f"{k} {m['value']:.3e} > {m['threshold']:g}" for k, m in ws1.metrics.items()
                if m["decision"] == "gate" and not m["passed"]]
         problems.append("ws1 gate metrics failed: " + ", ".join(bad))
+    for name, r in ((n, v) for n, v in (rl_form or {}).items() if isinstance(v, dict)):
+        if not r["bitwise_equal"]:
+            problems.append(f"RL form ({name}): {r['differing_logprobs']}/{r['sampled_tokens']} sampled tokens' "
+                            f"logprobs differ between generation and teacher forcing")
     status = GREEN if not problems else RED
+    rl_tokens = sum(v["sampled_tokens"] for v in (rl_form or {}).values() if isinstance(v, dict))
     reason = "; ".join(problems) if problems else (
-        f"strict: all {strict.active_tokens} active tokens bitwise equal (train vs rollout); ws1 metrics hold")
+        f"strict: all {strict.active_tokens} active tokens bitwise equal (train vs rollout); ws1 metrics hold; "
+        f"RL form: all {rl_tokens} sampled tokens' logprobs bitwise equal (generate vs teacher forcing)")
     return status, reason, details, chain_kernel_id(backend, kernel_ids)
 
 

@@ -192,6 +192,17 @@ class Qwen3Model:
             self.weights = weights
         self.device = weights.device
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._packed: list | None = None
+
+    def packed_projections(self) -> list:
+        """Per layer, the q/k/v and gate/up weights stacked into one tensor each
+        (:func:`rl_engine.chain.weights.pack_projections`, done once, no extra memory), for
+        ``forward(packed=True)``."""
+        if self._packed is None:
+            from rl_engine.chain.weights import pack_projections
+
+            self._packed = [pack_projections(lw) for lw in self.weights.layers]
+        return self._packed
 
     def capture_safe_ops(self) -> OpTable:
         """The op table with the three checks that read device values left out: ``embedding``
@@ -299,7 +310,7 @@ class Qwen3Model:
     # -- the forward -------------------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None,
                 cache: KVCache | None = None, decode: bool = False, checked: bool = False,
-                ops: OpTable | None = None, plan: Any = None) -> torch.Tensor:
+                ops: OpTable | None = None, plan: Any = None, packed: bool = False) -> torch.Tensor:
         """Run the decoder stack and the final norm. Returns hidden [T, E] (execution dtype).
 
         Packed varlen (``decode=False``): ids, positions [T] int64 (positions restart at 0 in each
@@ -315,7 +326,12 @@ class Qwen3Model:
         device value is read on the host. ``ops``: the op table to run (default ``self.ops``).
         ``plan``: the :meth:`varlen_plan` of ``cu_seqlens`` for a packed call (with the
         :meth:`capture_safe_ops` table, whose attention accepts it): attention then does not read
-        cu_seqlens again.
+        cu_seqlens again. ``packed=True``: q/k/v as one ``det_gemm`` over the stacked weight (site
+        ``qkv_proj``) and gate/up as one (site ``gate_up_proj``), their outputs used as column
+        slices (:meth:`packed_projections`): two launches instead of five per layer, the same
+        bits (each output element is the same reduction). The rollout engine runs this form; the
+        sites then differ from the unpacked form's (recording and tensor-parallel tables use
+        the unpacked form).
 
         Raises
         ------
@@ -326,8 +342,9 @@ class Qwen3Model:
         step = self._step(ids, positions, cu_seqlens, cache, decode, checked)
         cos, sin = self.rope_tables(positions, checked=True)
         x = f("embedding", "embedding", ids=ids, weight=self.weights.embed_tokens)
-        for li, lw in enumerate(self.weights.layers):
-            x = self._layer(f.scope(f"layer{li}."), li, lw, x, positions, cos, sin, cu_seqlens, cache, step, plan)
+        packs = self.packed_projections() if packed else [None] * len(self.weights.layers)
+        for li, (lw, pk) in enumerate(zip(self.weights.layers, packs)):
+            x = self._layer(f.scope(f"layer{li}."), li, lw, x, positions, cos, sin, cu_seqlens, cache, step, plan, pk)
         return self._norm(f, "final_norm", x, self.weights.norm)
 
     def _norm(self, f: OpTable, site: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -335,14 +352,19 @@ class Qwen3Model:
 
     def _layer(self, f: OpTable, li: int, lw: Any, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
                sin: torch.Tensor, cu_seqlens: torch.Tensor | None, cache: KVCache | None, step: _Step,
-               plan: Any = None) -> torch.Tensor:
+               plan: Any = None, packed: Any = None) -> torch.Tensor:
         """One Qwen3DecoderLayer: ``x + attn(norm(x))``, then ``+ mlp(norm(.))``."""
         cfg = self.config
         t, h, hkv, d = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         xn = self._norm(f, "input_layernorm", x, lw.input_layernorm)
-        q = f("q_proj", "det_gemm", a=xn, b=lw.q_proj.t())
-        k = f("k_proj", "det_gemm", a=xn, b=lw.k_proj.t())
-        v = f("v_proj", "det_gemm", a=xn, b=lw.v_proj.t()).reshape(t, hkv, d)
+        if packed is not None:  # column slices of one product (views: unit stride on the last dim)
+            qkv = f("qkv_proj", "det_gemm", a=xn, b=packed.qkv.t())
+            q, k = qkv[:, : h * d], qkv[:, h * d : (h + hkv) * d]
+            v = qkv[:, (h + hkv) * d :].reshape(t, hkv, d)
+        else:
+            q = f("q_proj", "det_gemm", a=xn, b=lw.q_proj.t())
+            k = f("k_proj", "det_gemm", a=xn, b=lw.k_proj.t())
+            v = f("v_proj", "det_gemm", a=xn, b=lw.v_proj.t()).reshape(t, hkv, d)
         q = f("q_norm", "qk_norm", x=q.reshape(t, h, d), weight=lw.q_norm, eps=cfg.rms_norm_eps, order=self.norm_order)
         k = f("k_norm", "qk_norm", x=k.reshape(t, hkv, d), weight=lw.k_norm, eps=cfg.rms_norm_eps, order=self.norm_order)
         q = f("q_rope", "rope", x=q, cos=cos, sin=sin)
@@ -359,8 +381,13 @@ class Qwen3Model:
                   scale=cfg.attention_scale, **planned)
         x = f("attn_residual", "add", a=x, b=f("o_proj", "det_gemm", a=a.reshape(t, h * d), b=lw.o_proj.t()))
         xn = self._norm(f, "post_attention_layernorm", x, lw.post_attention_layernorm)
-        g = f("gate_proj", "det_gemm", a=xn, b=lw.gate_proj.t())
-        u = f("up_proj", "det_gemm", a=xn, b=lw.up_proj.t())
+        if packed is not None:
+            gu = f("gate_up_proj", "det_gemm", a=xn, b=packed.gate_up.t())
+            ffn = lw.gate_proj.shape[0]
+            g, u = gu[:, :ffn], gu[:, ffn:]
+        else:
+            g = f("gate_proj", "det_gemm", a=xn, b=lw.gate_proj.t())
+            u = f("up_proj", "det_gemm", a=xn, b=lw.up_proj.t())
         m = f("swiglu", "swiglu", gate=g, up=u)
         return f("mlp_residual", "add", a=x, b=f("down_proj", "det_gemm", a=m, b=lw.down_proj.t()))
 

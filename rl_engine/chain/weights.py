@@ -104,6 +104,51 @@ class LayerWeights:
     down_proj: torch.Tensor
 
 
+@dataclass(frozen=True)
+class PackedProjections:
+    """One layer's q/k/v and gate/up weights as two row-stacked tensors: ``qkv [H*D + 2*Hkv*D, E]``
+    (rows of q_proj, then k_proj, then v_proj) and ``gate_up [2F, E]`` (gate_proj, then up_proj).
+    The layer's own fields are row slices (views) of these, so packing costs no memory."""
+
+    qkv: torch.Tensor
+    gate_up: torch.Tensor
+
+
+def _stacked(parts: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+    """The tensor whose consecutive row blocks ``parts`` already are (views of one buffer), or None."""
+    base = parts[0]._base
+    if base is None or base.dim() != 2 or base.shape[0] != sum(p.shape[0] for p in parts):
+        return None
+    row = 0
+    for p in parts:
+        if p._base is not base or p.data_ptr() != base[row].data_ptr() or p.stride() != base.stride():
+            return None
+        row += p.shape[0]
+    return base
+
+
+def pack_projections(layer: LayerWeights) -> PackedProjections:
+    """Stack ``layer``'s q/k/v and gate/up weights into one tensor each (once: a layer whose fields
+    are already such row slices is reused) and re-point the fields at row slices of them, so a
+    decode step can run one GEMM for q/k/v and one for gate/up. Each output element of a stacked
+    product is the same row-times-column reduction as in the separate products, so the bits do
+    not change (``tests/chain/test_model.py``). Values never change; the old field tensors are
+    released unless something else holds them."""
+    groups = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
+    out = {}
+    for key, names in groups.items():
+        parts = tuple(getattr(layer, n) for n in names)
+        stacked = _stacked(parts)
+        if stacked is None:
+            stacked = torch.cat(parts, 0)
+            row = 0
+            for n, p in zip(names, parts):
+                setattr(layer, n, stacked[row : row + p.shape[0]])
+                row += p.shape[0]
+        out[key] = stacked
+    return PackedProjections(**out)
+
+
 @dataclass
 class Qwen3Weights:
     """All weights of a Qwen3 dense model, on one device, in one dtype.

@@ -83,7 +83,7 @@ def _gumbel_partial_kernel(logits_ptr, keys_ptr, tau_ptr, pval_ptr, pidx_ptr, pn
     best_val = tl.full((), float("-inf"), tl.float64)
     best_idx = first
     best_nan = tl.full((), 0, tl.int1)
-    nan_at = V + CHUNK
+    nan_at = tl.full((), CHUNK, tl.int64) + V  # int64 like the loop's ids (V is an int32 argument)
     offs = tl.arange(0, BLOCK).to(tl.int64)
     for v0 in range(0, CHUNK, BLOCK):
         v = first + v0 + offs

@@ -245,3 +245,42 @@ def test_rollout_decode_reads_no_device_value_once_the_plan_is_validated(micro_w
         model.forward(ids, torch.full_like(ids, 4), cache=cache, decode=True)
     with pytest.raises(InputError, match="max_position_embeddings"):
         model.check_positions(0, model.config.max_position_embeddings)
+
+
+def test_packed_projections_give_the_unpacked_bits(device):
+    """``forward(packed=True)`` runs q/k/v and gate/up as one det_gemm each over row-stacked weights
+    (the rollout engine's form): hidden states of a packed prefill with a KV cache and of a decode
+    step are bitwise the unpacked ones, the layer's fields become row views of the stacked weights
+    (no copy kept, values unchanged), and packing twice reuses them. Control: a stacking in the
+    wrong order (v before k) changes the bits."""
+    from rl_engine.chain.config import Qwen3Config
+    from rl_engine.chain.model import KVCache
+    from rl_engine.chain.weights import PackedProjections, pack_projections, synthetic_weights
+
+    from conftest import MICRO
+
+    w = synthetic_weights(Qwen3Config(**MICRO), 3, logit_scale=2.0, device=device)
+    before = [lw.k_proj.clone() for lw in w.layers]
+    model = Qwen3Model(w, TRITON)
+    ids = torch.tensor([5, 9, 2, 7, 1], dtype=torch.int64, device=device)
+    pos = torch.arange(5, dtype=torch.int64, device=device)
+    cu = torch.tensor([0, 5], dtype=torch.int32, device=device)
+
+    def run(packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        cache = KVCache.allocate(model.config, 1, 8, model.dtype, model.device)
+        pre = model.forward(ids, pos, cu_seqlens=cu, cache=cache, packed=packed)
+        dec = model.forward(ids[:1], pos[:1] + 5, cache=cache, decode=True, packed=packed)
+        return pre, dec
+
+    plain = run(False)
+    packed = run(True)
+    for a, b in zip(plain, packed):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    pk = model.packed_projections()
+    for lw, old, p in zip(w.layers, before, pk):
+        assert lw.q_proj._base is p.qkv and lw.up_proj._base is p.gate_up and torch.equal(lw.k_proj, old)
+    assert pack_projections(w.layers[0]).qkv is pk[0].qkv  # already stacked: reused
+    lw = w.layers[0]
+    wrong = PackedProjections(torch.cat([lw.q_proj, lw.v_proj, lw.k_proj]), pk[0].gate_up)
+    model._packed = [wrong] + pk[1:]
+    assert not torch.equal(run(True)[0].view(torch.int16), plain[0].view(torch.int16))
