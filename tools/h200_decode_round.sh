@@ -34,6 +34,14 @@ if [ "${GEMM_SWEEP:-1}" = "1" ]; then
   timeout 220 python3 tools/det_gemm_decode_sweep.py --ms 64 --json "$OUT/det_gemm_sweep_m64.json" >"$OUT/det-gemm-sweep-m64.txt" 2>&1
   echo "det_gemm sweep rc $? after $(( $(date +%s) - start )) s"; grep -v "^  " "$OUT/det-gemm-sweep-m64.txt" | tail -n 12
 fi
+if [ "${GEMV:-0}" = "1" ]; then  # decode GEMVs of both backends vs cuBLAS, and one ncu profile of the CUDA one
+  timeout 120 python3 tools/gemv_compare.py >"$OUT/gemv-compare.txt" 2>&1
+  echo "gemv compare rc $? after $(( $(date +%s) - start )) s"; cat "$OUT/gemv-compare.txt" | grep -v Warn | tail -n 9
+  timeout 120 ncu --kernel-name regex:gemv_leaf --launch-skip 4 --launch-count 1 --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
+    python3 tools/gemv_compare.py --once >"$OUT/ncu-gemv.txt" 2>&1
+  echo "ncu rc $? after $(( $(date +%s) - start )) s"
+fi
 for p in ${PROFILES:-}; do
   IFS=: read -r be b c <<<"$p"
   timeout 120 python3 tools/decode_profile.py --backend "$be" --batch "$b" --context "$c" --top 14 >"$OUT/profile-$be-B$b-ctx$c.txt" 2>&1
