@@ -106,7 +106,7 @@ def _build(s: dict[str, int], d: Dims, pool) -> dict[str, Any]:
 
 def decode_step_fn(model, st: dict[str, Any]):
     """The engine's step over fixed state: forward (decode, capture-safe ops), logits, sample."""
-    from rl_engine.rollout.engine import PACKED_PROJECTIONS
+    from rl_engine.rollout.engine import packed_projections
     from rl_engine.rollout.sampling import Sampler, SamplingParams
 
     ops = model.capture_safe_ops()
@@ -116,7 +116,7 @@ def decode_step_fn(model, st: dict[str, Any]):
 
     def step():
         hidden = model.forward(st["ids"], st["pos"], cache=st["cache"], decode=True, checked=True, ops=ops,
-                               packed=PACKED_PROJECTIONS)
+                               packed=packed_projections(model.device))
         return sampler.sample(logp, model.logits(hidden, ops=ops), st["seq"], st["seq"], st["pos"] + 1, params)
 
     return step

@@ -48,9 +48,17 @@ from rl_engine.errors import InputError
 from rl_engine.rollout.sampling import Sampler, SamplingParams
 
 DEFAULT_MAX_BATCH = 8
-PACKED_PROJECTIONS = True
-"""The engine's forwards run q/k/v and gate/up as one product each (``Qwen3Model.forward(packed=True)``):
-two launches instead of five per layer, the same bits."""
+PACKED_ON_CUDA = False
+"""Whether the engine's forwards on a GPU run q/k/v and gate/up as one product each
+(``Qwen3Model.forward(packed=True)``: two launches instead of five per layer, the same bits; on the
+H200 the stacked shapes' det_gemm tiles gave the separate products' bits, and at M = 1 ran 13.4 us for
+q/k/v (q + k + v: 21.0 us) and 52.0 us for gate/up (56.0 us), ``tools/det_gemm_decode_sweep.py``).
+Off until the packed engine step has run on the H200; on the CPU the engine always runs it."""
+
+
+def packed_projections(device: torch.device) -> bool:
+    """Whether the engine runs the packed form on ``device`` (:data:`PACKED_ON_CUDA`)."""
+    return device.type != "cuda" or PACKED_ON_CUDA
 
 
 @dataclass(frozen=True)
@@ -255,7 +263,7 @@ class Engine:
         positions = torch.arange(p, dtype=torch.int64, device=dev)
         cu = torch.tensor([0, p], dtype=torch.int32, device=dev)
         hidden = self.model.forward(ids, positions, cu_seqlens=cu, cache=self._slot_cache(slot),
-                                    packed=PACKED_PROJECTIONS)
+                                    packed=packed_projections(dev))
         seq = torch.tensor([req.seq_id], dtype=torch.int64, device=dev)
         return self._sample(hidden[p - 1 : p], seq, self.slot_ids[slot : slot + 1],
                             torch.tensor([p], dtype=torch.int64, device=dev), params)
@@ -271,7 +279,7 @@ class Engine:
         # checked: every position a slot is fed is below s_max <= max_position_embeddings (the plan and
         # the constructor validated that), so the step reads no device value on the host
         hidden = self.model.forward(self.slot_token, self.slot_pos, cache=self.cache, decode=True, checked=True,
-                                    ops=self._ops, packed=PACKED_PROJECTIONS)
+                                    ops=self._ops, packed=packed_projections(self.model.device))
         tok, lp = self._sample(hidden, self.slot_seq, self.slot_ids, self.slot_pos + 1, params)
         live = self.slot_live
         stopped = live & torch.isin(tok, stop)

@@ -12,9 +12,11 @@ same float64 operations in the same order (each a single IEEE operation: no FMA 
 ``enable_fp_fusion`` off; every constant made a float64 from the same Python double; ``frexp`` by
 bit manipulation, exact for the normal numbers that occur here), the FP32 division rounded to
 nearest (``div_rn``), and argmax's rule: the first maximum, a NaN above everything. Tested against
-the reference sampler bit for bit (``tests/rollout/test_rollout_sampling.py``), in the CPU
-interpreter and on the H200 (``evidence/2026-12-01-h200-decode-5c38f19/``, the one-program-per-row
-form of b5b86f9; the chunked form is re-run there by the same test).
+the reference sampler bit for bit (``tests/rollout/test_rollout_sampling.py``) in the CPU
+interpreter; on the H200 that test passed for the one-program-per-row form of b5b86f9
+(``evidence/2026-12-01-h200-decode-5c38f19/round2-b5b86f9/``), not yet for this chunked form, which
+is why :data:`rl_engine.rollout.sampling.FUSED_DRAW_ON_CUDA` is off. ``tests/ops/test_sm90_compile.py``
+compiles both kernels for sm_90 on the CPU (the first chunked version failed to compile on the H200).
 """
 
 from __future__ import annotations
