@@ -10,7 +10,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -39,22 +38,6 @@ def _tiny_sources(tmp: Path, marker: int = 0) -> Path:
     src.mkdir(parents=True, exist_ok=True)
     (src / "tiny.cu").write_text(TINY_SOURCE % cuda_build.ABI_VERSION + f"// marker {marker}\n")
     return src
-
-
-@needs_nvcc
-def test_every_cu_compiles_for_sm90a(tmp_path):
-    t0 = time.perf_counter()
-    results = cuda_build.compile_check(tmp_path / "obj")
-    wall = time.perf_counter() - t0
-    names = [r[0] for r in results]
-    assert names == [p.name for p in cuda_build.cu_files()]
-    failed = [(name, log[-3000:]) for name, ok, _, log in results if not ok]
-    assert not failed, "\n\n".join(f"{n}:\n{log}" for n, log in failed)
-    for name, _, seconds, log in results:
-        spills = re.findall(r"(\d+) bytes spill stores", log)
-        print(f"{name}: {seconds:.1f} s, max spill stores {max((int(s) for s in spills), default=0)} bytes")
-        assert (tmp_path / "obj" / (Path(name).stem + ".o")).is_file()
-    print(f"compile check wall time (parallel over {len(results)} files): {wall:.1f} s")
 
 
 @needs_nvcc
@@ -144,6 +127,9 @@ def test_library_builds_loads_and_exports_constants():
     the ones the Python side relies on. Uses the normal cache, so a second run is instant."""
     res = cuda_build.build()
     assert res.path.is_file() and res.build_seconds > 0
+    # every .cu file was compiled for sm_90a by the build that produced the library (this also
+    # holds when the library came from the cache: the record is that build's)
+    assert sorted(res.compile_seconds) == sorted(p.name for p in cuda_build.cu_files())
     print(f"librl_cuda.so: cached={res.cached}, this call {res.seconds:.1f} s, build {res.build_seconds:.1f} s, "
           f"per file {', '.join(f'{k} {v:.1f} s' for k, v in sorted(res.compile_seconds.items()))}")
     lib = cuda_build.CudaLibrary(res)

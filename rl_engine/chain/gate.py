@@ -62,17 +62,19 @@ RL_FORM_SAMPLING = (("temperature_1", {"temperature": 1.0}), ("top_p_0.9", {"tem
 nucleus sampling."""
 
 
-def rl_form_parity(model: Qwen3Model, fixture_batch: Any, size: dict[str, int], seed: int) -> dict[str, Any]:
+def rl_form_parity(model: Qwen3Model, fixture_batch: Any, size: dict[str, int], seed: int,
+                   settings: tuple[tuple[str, dict[str, Any]], ...] = RL_FORM_SAMPLING) -> dict[str, Any]:
     """The RL form of train/rollout parity: :func:`rl_engine.rollout.generate` samples completions of
     prompts taken from the fixture's sequences (their first ``prompt_len`` tokens), then teacher
     forcing (:func:`rl_engine.rollout.score_completions`) scores those same tokens under the same
     sampling distribution; per setting of :data:`RL_FORM_SAMPLING`, ``bitwise_equal`` says whether
-    every sampled token's two FP32 logprobs are the same bits. Returns the per-setting report."""
+    every sampled token's two FP32 logprobs are the same bits. Returns the per-setting report
+    (``settings``: a subset of :data:`RL_FORM_SAMPLING`, for tests)."""
     from rl_engine.rollout import generate, score_completions
 
     prompts = [t[: size["prompt_len"]].tolist() for t in fixture_batch.tokens[: size["prompts"]]]
     out: dict[str, Any] = {}
-    for name, kw in RL_FORM_SAMPLING:
+    for name, kw in settings:
         t0 = time.perf_counter()
         res = generate(model, prompts, size["new_tokens"], seed=seed, max_batch=len(prompts), **kw)
         scored = score_completions(model, res.completions, res.sampling)
@@ -115,10 +117,12 @@ def chain_kernel_id(backend: str, kernel_ids: dict[str, str]) -> str:
     return f"chain/{backend}/qwen3_dense@{h.hexdigest()[:12]}"
 
 
-def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int) -> tuple[str, str, dict[str, Any], str | None]:
+def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int, *,
+                      rl_form: bool = True) -> tuple[str, str, dict[str, Any], str | None]:
     """One chain-parity cell: ``(status, reason, details, kernel_id)`` (see the module docstring).
 
-    ``workload`` is a :class:`rl_engine.ops.spec.Workload` (or its name).
+    ``workload`` is a :class:`rl_engine.ops.spec.Workload` (or its name). ``rl_form=False`` leaves
+    the RL form out (tests whose subject is another part of the cell; the gate always runs it).
     """
     wname = getattr(workload, "name", workload)
     if wname not in PLANS:
@@ -131,7 +135,7 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
     per_run: list[dict[str, Any]] = []
     fixtures: list[dict[str, Any]] = []
     first_div = None
-    rl_form: dict[str, Any] | None = None
+    rl_report: dict[str, Any] | None = None
     kernel_ids: dict[str, str] = {}
     weights_prov = []
     for offset, scale in plan["runs"]:
@@ -158,8 +162,9 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
         model = Qwen3Model(weights, backend, norm_order=contract.rms_norm_order)
         ours = run_styles(model, batch, head=HEAD)
         kernel_ids.update(ours.kernel_ids)
-        if rl_form is None:  # on the first run's weights: generate, then teacher-force the samples
-            rl_form = {"seed": run_seed, "logit_scale": scale, **rl_form_parity(model, batch, plan["rl_form"], run_seed)}
+        if rl_form and rl_report is None:  # on the first run's weights: generate, then teacher-force the samples
+            rl_report = {"seed": run_seed, "logit_scale": scale,
+                         **rl_form_parity(model, batch, plan["rl_form"], run_seed)}
         rep = parity_report(ours, contract, PROFILES, ref.train)
         brep = parity_report(base, contract, ("ws1",), ref.train)
         bitwise = bool(torch.equal(ours.train.view(torch.int32), ours.rollout.view(torch.int32)))
@@ -214,7 +219,7 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
         "vs_reference": {"train": abs_stats(lhs, ref_all), "rollout": abs_stats(rhs, ref_all),
                          "reference": "reference_fp32 chain, training style, FP32 on the upcast weights"},
         "first_divergence": first_div,
-        "rl_form": rl_form,
+        "rl_form": rl_report,
         "per_run": per_run,
         "model": {"preset": plan["model"], "config": config.to_dict(), "weights": weights_prov,
                   "device": str(device)},
@@ -237,15 +242,17 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
         bad = [f"{k} {m['value']:.3e} > {m['threshold']:g}" for k, m in ws1.metrics.items()
                if m["decision"] == "gate" and not m["passed"]]
         problems.append("ws1 gate metrics failed: " + ", ".join(bad))
-    for name, r in ((n, v) for n, v in (rl_form or {}).items() if isinstance(v, dict)):
+    for name, r in ((n, v) for n, v in (rl_report or {}).items() if isinstance(v, dict)):
         if not r["bitwise_equal"]:
             problems.append(f"RL form ({name}): {r['differing_logprobs']}/{r['sampled_tokens']} sampled tokens' "
                             f"logprobs differ between generation and teacher forcing")
     status = GREEN if not problems else RED
-    rl_tokens = sum(v["sampled_tokens"] for v in (rl_form or {}).values() if isinstance(v, dict))
+    rl_tokens = sum(v["sampled_tokens"] for v in (rl_report or {}).values() if isinstance(v, dict))
+    rl_note = (f"; RL form: all {rl_tokens} sampled tokens' logprobs bitwise equal (generate vs teacher forcing)"
+               if rl_report else "; RL form not run")
     reason = "; ".join(problems) if problems else (
-        f"strict: all {strict.active_tokens} active tokens bitwise equal (train vs rollout); ws1 metrics hold; "
-        f"RL form: all {rl_tokens} sampled tokens' logprobs bitwise equal (generate vs teacher forcing)")
+        f"strict: all {strict.active_tokens} active tokens bitwise equal (train vs rollout); ws1 metrics hold"
+        + rl_note)
     return status, reason, details, chain_kernel_id(backend, kernel_ids)
 
 

@@ -97,6 +97,9 @@ def test_smoke_gate_cell_is_green_in_strict_profile(contract):
     assert details["max_abs_dlogp"] == 0 and details["bitwise_equal_tokens"] == details["active_tokens"]
     assert details["first_divergence"] is None
     assert kid.startswith(f"chain/{TRITON}/")
+    rl = details["rl_form"]  # the RL form: generate, then teacher forcing of the samples
+    assert {"temperature_1", "top_p_0.9"} <= set(rl) and "RL form: all" in reason
+    assert all(rl[k]["bitwise_equal"] and rl[k]["sampled_tokens"] > 0 for k in ("temperature_1", "top_p_0.9"))
 
 
 def test_second_backend_reuses_the_reference_and_baseline_runs(contract):
@@ -105,13 +108,13 @@ def test_second_backend_reuses_the_reference_and_baseline_runs(contract):
     from rl_engine.chain import gate as chain_gate
 
     chain_gate._SHARED_RUNS.clear()
-    _, _, first, _ = chain_gate.chain_parity_cell("torch_bf16", "smoke", contract, 7)
-    _, _, second, _ = chain_gate.chain_parity_cell(TRITON, "smoke", contract, 7)
+    _, _, first, _ = chain_gate.chain_parity_cell("torch_bf16", "smoke", contract, 7, rl_form=False)
+    _, _, second, _ = chain_gate.chain_parity_cell(TRITON, "smoke", contract, 7, rl_form=False)
     assert [r["reference_and_baseline"] for r in first["per_run"]] == ["computed"]
     assert [r["reference_and_baseline"] for r in second["per_run"]] == ["reused from an earlier cell in this process"]
     assert second["baseline_torch_bf16"] == first["baseline_torch_bf16"]
     # a different seed is a different run: computed again
-    _, _, third, _ = chain_gate.chain_parity_cell("torch_bf16", "smoke", contract, 8)
+    _, _, third, _ = chain_gate.chain_parity_cell("torch_bf16", "smoke", contract, 8, rl_form=False)
     assert [r["reference_and_baseline"] for r in third["per_run"]] == ["computed"]
 
 
