@@ -4,27 +4,33 @@
 # decode-step profiles; everything lands under $OUT.
 # env: OUT, TESTS (pytest selection), PROFILES ("backend:batch:context ..."), ATTN_SWEEP=0 / GEMM_SWEEP=0
 #      to skip a sweep,
-#      FUSED_DRAW=1 to run the fused draw's GPU test first (the draw is turned OFF for the rest of the
-#      call when it fails), BENCH_OPS="chain_decode ..." to run `rl-engine bench --ops` last.
+#      FUSED_DRAW=1 to run the fused draw's GPU test (the draw is ON for the rest of the call only if it
+#      passed), PACKED=1 to turn the engine's packed projections on for the call (before TESTS),
+#      GEMV=1 for tools/gemv_compare.py and an ncu profile, BENCH_OPS="chain_decode ..." to run
+#      `rl-engine bench --ops` last. A flag turned on here is committed only after the call passed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 . tools/device_setup.sh "$OUT"
 start=$(date +%s)
-if [ -n "${TESTS:-}" ]; then
-  # shellcheck disable=SC2086
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -o addopts=-ra $TESTS >"$OUT/gpu-tests.log" 2>&1
-  echo "tests rc $? after $(( $(date +%s) - start )) s"; tail -n 25 "$OUT/gpu-tests.log"
+if [ "${PACKED:-0}" = "1" ]; then  # the engine's packed q/k/v and gate/up products on CUDA, for this call
+  sed -i 's/^PACKED_ON_CUDA = False/PACKED_ON_CUDA = True/' rl_engine/rollout/engine.py && echo "packed projections ON"
 fi
 if [ "${FUSED_DRAW:-0}" = "1" ]; then
   timeout 120 python3 -m pytest -q -o addopts=-ra tests/rollout/test_rollout_sampling.py -k one_kernel_draw >"$OUT/fused-draw-test.log" 2>&1
   rc=$?; tail -n 3 "$OUT/fused-draw-test.log"
   if [ "$rc" = "0" ] && grep -q passed "$OUT/fused-draw-test.log"; then
-    echo "fused draw test passed"
+    sed -i 's/^FUSED_DRAW_ON_CUDA = False/FUSED_DRAW_ON_CUDA = True/' rl_engine/rollout/sampling.py
+    echo "fused draw test passed: the draw is ON for the rest of this call"
   else
     sed -i 's/^FUSED_DRAW_ON_CUDA = True/FUSED_DRAW_ON_CUDA = False/' rl_engine/rollout/sampling.py
     echo "fused draw test rc $rc: the draw is OFF for this call"
   fi
+fi
+if [ -n "${TESTS:-}" ]; then
+  # shellcheck disable=SC2086
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -o addopts=-ra $TESTS >"$OUT/gpu-tests.log" 2>&1
+  echo "tests rc $? after $(( $(date +%s) - start )) s"; tail -n 25 "$OUT/gpu-tests.log"
 fi
 if [ "${ATTN_SWEEP:-1}" = "1" ]; then
   timeout 200 python3 tools/attention_decode_sweep.py --json "$OUT/attention_decode_sweep.json" >"$OUT/attention-sweep.txt" 2>&1
