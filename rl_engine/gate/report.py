@@ -257,11 +257,13 @@ def _md_details(ev: dict[str, Any]) -> list[str]:
     lines.append("")
     chain = [c for c in ev["cells"] if c["op"] == "chain"]
     if chain:
-        lines += ["## Chain parity", "", "| backend | status | metrics |", "|---|---|---|"]
+        lines += ["## Chain parity", "", "| backend | status | metrics | RL form (generate, then teacher forcing) |",
+                  "|---|---|---|---|"]
         for c in chain:
             m = c.get("details", {}).get("metrics", {})
             ms = ", ".join(f"{k}={_fmt(v.get('value') if isinstance(v, dict) else v)}" for k, v in m.items())
-            lines.append(f"| {c['backend']} | {c['status']} | {_md_cell(ms or c.get('reason', ''))} |")
+            lines.append(f"| {c['backend']} | {c['status']} | {_md_cell(ms or c.get('reason', ''))} | "
+                         f"{_md_cell(_rl_form_summary(c.get('details', {}).get('rl_form')))} |")
         lines.append("")
     na = defaultdict(list)
     for c in ev["cells"]:
@@ -450,6 +452,15 @@ def _plot_op(rows: list[dict[str, Any]], title: str) -> bytes | None:
 
 _CHAIN_STATS = (("mean_abs_dlogp", "mean"), ("p99_abs_dlogp", "P99"), ("p999_abs_dlogp", "P99.9"),
                 ("max_abs_dlogp", "max"))
+
+
+def _rl_form_summary(rl: Any) -> str:
+    """``temperature_1: 4/4 sampled tokens bitwise equal; ...`` of a chain cell's RL form (or why none)."""
+    if not isinstance(rl, dict):
+        return "not run"
+    parts = [f"{name}: {r.get('sampled_tokens', 0) - r.get('differing_logprobs', 0)}/{r.get('sampled_tokens', 0)} "
+             f"sampled tokens bitwise equal" for name, r in rl.items() if isinstance(r, dict)]
+    return "; ".join(parts) or "not run"
 
 
 def _plot_chain(cells: list[dict[str, Any]]) -> bytes | None:
