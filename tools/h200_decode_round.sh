@@ -5,7 +5,8 @@
 # env: OUT, TESTS (pytest selection), PROFILES ("backend:batch:context ..."), ATTN_SWEEP=0 / GEMM_SWEEP=0
 #      to skip a sweep,
 #      FUSED_DRAW=1 to run the fused draw's GPU test (the draw is ON for the rest of the call only if it
-#      passed), PACKED=1 to turn the engine's packed projections on for the call (before TESTS),
+#      passed), PACKED=1 / BUCKETS=1 to turn the engine's packed projections / per-bucket graphs on
+#      for the call (before TESTS),
 #      GEMV=1 for tools/gemv_compare.py and an ncu profile, BENCH_OPS="chain_decode ..." to run
 #      `rl-engine bench --ops` last. A flag turned on here is committed only after the call passed.
 set -uo pipefail
@@ -15,6 +16,9 @@ mkdir -p "$OUT"
 start=$(date +%s)
 if [ "${PACKED:-0}" = "1" ]; then  # the engine's packed q/k/v and gate/up products on CUDA, for this call
   sed -i 's/^PACKED_ON_CUDA = False/PACKED_ON_CUDA = True/' rl_engine/rollout/engine.py && echo "packed projections ON"
+fi
+if [ "${BUCKETS:-0}" = "1" ]; then  # one CUDA graph per batch-size bucket, for this call
+  sed -i 's/^BUCKETS_ON_CUDA = False/BUCKETS_ON_CUDA = True/' rl_engine/rollout/engine.py && echo "batch-size buckets ON"
 fi
 if [ "${FUSED_DRAW:-0}" = "1" ]; then
   timeout 120 python3 -m pytest -q -o addopts=-ra tests/rollout/test_rollout_sampling.py -k one_kernel_draw >"$OUT/fused-draw-test.log" 2>&1

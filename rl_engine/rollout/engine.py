@@ -7,10 +7,12 @@ The engine owns one static :class:`rl_engine.chain.model.KVCache` [B_max, S_max,
 and per-slot state tensors (the token to feed, its position, the sequence id, whether the slot is
 live). A queued prompt is prefilled **alone** into a free slot (a packed forward over its P tokens
 writing K/V into that row of the cache), its first token is drawn from the prefill's last row, and
-it then joins the decode steps: every step runs one decode forward over all B_max slots (B_max is
-at most the number of sequences; idle slots are fed token 0 at position 0 and their results
-discarded). A slot whose sequence drew a stop token or reached its token budget is refilled from
-the queue before the next step.
+it then joins the decode steps: every step runs one decode forward over slots ``[0, b)``, where
+``b`` is the smallest batch-size bucket (:data:`BUCKET_SIZES`, or B_max) above the highest live
+slot (B_max is at most the number of sequences; idle slots inside the bucket are fed token 0 at
+position 0 and their results discarded; slots above it are not stepped). A slot whose sequence
+drew a stop token or reached its token budget is refilled from the queue, lowest free slot first,
+before the next step.
 
 Why a sequence's tokens and logprobs do not depend on the batch around it: its prefill runs alone;
 every decode op is batch-invariant (a row's bits depend only on that row: ``det_gemm``,
@@ -21,7 +23,8 @@ full static batch, joining a running batch mid-way) with a row-keyed sampler as 
 
 CUDA graph (``cuda_graph=True``, the default on a GPU): the step state lives in device tensors of
 fixed shape and the whole decode step (36 layers, the head, sampling, the state update) is one
-CUDA graph captured when the engine is built, replayed once per step; the ops run in their
+CUDA graph per bucket (only the full batch while :data:`BUCKETS_ON_CUDA` is off) captured when
+the engine is built, replayed once per step; the ops run in their
 capture-safe form (:meth:`rl_engine.chain.model.Qwen3Model.capture_safe_ops`: the only checks
 left out are the ones that read device values, and the engine guarantees those: prompt ids are
 validated on the host, drawn tokens come from ``argmax`` over ``[0, V)``, positions stay below
@@ -61,6 +64,22 @@ def packed_projections(device: torch.device) -> bool:
     return device.type != "cuda" or PACKED_ON_CUDA
 
 
+BUCKET_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+"""Decode batch-size buckets: a step runs over slots ``[0, b)`` for the smallest bucket ``b`` (or the
+engine's slot count) above the highest live slot, so the end of a run, when most slots are idle,
+does not pay for every slot. A row's bits do not depend on the batch, so the bucket cannot change
+them (``tests/rollout/test_rollout_engine.py``)."""
+
+BUCKETS_ON_CUDA = False
+"""Whether an engine on a GPU steps in buckets (one CUDA graph per bucket, captured when the engine is
+built). Off until that has run on the H200; on the CPU the engine always steps in buckets."""
+
+
+def bucket_sizes(max_batch: int) -> tuple[int, ...]:
+    """The buckets of an engine with ``max_batch`` slots: the :data:`BUCKET_SIZES` below it and itself."""
+    return tuple(sorted({b for b in BUCKET_SIZES if b < max_batch} | {max_batch}))
+
+
 @dataclass(frozen=True)
 class Completion:
     """One generated sequence.
@@ -91,6 +110,8 @@ class GenerationResult:
     wall_s: float
     admissions: tuple[tuple[int, int, int], ...] = ()
     """``(seq_id, slot, decode steps run before its prefill)`` per sequence, in admission order."""
+    bucket_steps: tuple[tuple[int, int], ...] = ()
+    """``(bucket size, decode steps run at that size)``, by size (:data:`BUCKET_SIZES`)."""
 
     @property
     def generated_tokens(self) -> int:
@@ -200,7 +221,7 @@ class Engine:
 
     def __init__(self, model: Qwen3Model, max_batch: int, s_max: int, *, sampler: Sampler | None = None,
                  cuda_graph: bool | None = None, params: SamplingParams | None = None,
-                 stop_token_ids: tuple[int, ...] = ()):
+                 stop_token_ids: tuple[int, ...] = (), buckets: bool | None = None):
         if not _int_like(max_batch) or max_batch < 1:
             raise InputError(f"max_batch: expected an integer >= 1, got {max_batch!r}")
         if not _int_like(s_max) or s_max < 2:
@@ -236,12 +257,18 @@ class Engine:
         # form so both paths launch the same kernels (the engine guarantees those values itself)
         self._ops = model.capture_safe_ops() if model.backend in KERNEL_BACKENDS else model.ops
         self._logp = self._ops.impl("logp")
-        self.graph: torch.cuda.CUDAGraph | None = None
+        if buckets is None:
+            buckets = dev.type != "cuda" or BUCKETS_ON_CUDA
+        self.buckets = bucket_sizes(self.max_batch) if buckets else (self.max_batch,)
+        self.bucket_steps: dict[int, int] = {}
+        """Decode steps run per bucket size (for tests and reports)."""
+        self._views = {b: self._bucket_views(b) for b in self.buckets}
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._graph_key = (params, tuple(stop_token_ids))
-        self._graph_out: tuple[torch.Tensor, ...] | None = None
-        if cuda_graph:  # the graph reads this stop-token tensor: the engine keeps it alive
+        if cuda_graph:  # the graphs read this stop-token tensor: the engine keeps it alive
             self._graph_stop = torch.tensor(tuple(stop_token_ids), dtype=torch.int64, device=dev)
-            self._capture(params, self._graph_stop)
+            for b in self.buckets:
+                self._capture(params, self._graph_stop, b)
 
     # -- pieces -----------------------------------------------------------------------------------
     def _slot_cache(self, slot: int) -> KVCache:
@@ -268,30 +295,40 @@ class Engine:
         return self._sample(hidden[p - 1 : p], seq, self.slot_ids[slot : slot + 1],
                             torch.tensor([p], dtype=torch.int64, device=dev), params)
 
-    def _decode_step(self, params: SamplingParams, stop: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One decode step over every slot, as tensor ops on the slot state (no per-slot Python).
+    def _bucket_views(self, b: int) -> dict[str, Any]:
+        """Views of slots ``[0, b)`` of the slot state and of every cache row (writes land in the
+        engine's own tensors)."""
+        names = ("slot_token", "slot_pos", "slot_seq", "slot_count", "slot_budget", "slot_live", "slot_ids")
+        views: dict[str, Any] = {n: getattr(self, n)[:b] for n in names}
+        views["cache"] = KVCache([k[:b] for k in self.cache.k], [v[:b] for v in self.cache.v])
+        return views
+
+    def _decode_step(self, params: SamplingParams, stop: torch.Tensor, b: int | None = None) -> tuple[torch.Tensor, ...]:
+        """One decode step over slots ``[0, b)`` (default: every slot), as tensor ops on the slot state
+        (no per-slot Python).
 
         Feeds ``slot_token`` at ``slot_pos``, draws the next token of every slot, and advances the
         state: live slots take the drawn token at the next position, idle or just-finished slots
         are fed token 0 at position 0 (a row no sequence reads). Returns tokens, logprobs, and the
-        ``stopped`` / ``finished`` masks [B_max] bool.
+        ``stopped`` / ``finished`` masks [b] bool.
         """
+        v = self._views[self.max_batch if b is None else b]
         # checked: every position a slot is fed is below s_max <= max_position_embeddings (the plan and
         # the constructor validated that), so the step reads no device value on the host
-        hidden = self.model.forward(self.slot_token, self.slot_pos, cache=self.cache, decode=True, checked=True,
+        hidden = self.model.forward(v["slot_token"], v["slot_pos"], cache=v["cache"], decode=True, checked=True,
                                     ops=self._ops, packed=packed_projections(self.model.device))
-        tok, lp = self._sample(hidden, self.slot_seq, self.slot_ids, self.slot_pos + 1, params)
-        live = self.slot_live
+        tok, lp = self._sample(hidden, v["slot_seq"], v["slot_ids"], v["slot_pos"] + 1, params)
+        live = v["slot_live"]
         stopped = live & torch.isin(tok, stop)
-        self.slot_count.add_(live.to(torch.int64))
-        finished = stopped | (live & (self.slot_count >= self.slot_budget))
-        self.slot_live.copy_(live & ~finished)
-        self.slot_token.copy_(torch.where(self.slot_live, tok, torch.zeros_like(tok)))
-        self.slot_pos.copy_(torch.where(self.slot_live, self.slot_pos + 1, torch.zeros_like(self.slot_pos)))
+        v["slot_count"].add_(live.to(torch.int64))
+        finished = stopped | (live & (v["slot_count"] >= v["slot_budget"]))
+        live.copy_(live & ~finished)
+        v["slot_token"].copy_(torch.where(live, tok, torch.zeros_like(tok)))
+        v["slot_pos"].copy_(torch.where(live, v["slot_pos"] + 1, torch.zeros_like(v["slot_pos"])))
         return tok, lp, stopped, finished
 
-    def _capture(self, params: SamplingParams, stop: torch.Tensor) -> None:
-        """Capture :meth:`_decode_step` over the static slot state in a CUDA graph.
+    def _capture(self, params: SamplingParams, stop: torch.Tensor, b: int) -> None:
+        """Capture :meth:`_decode_step` over slots ``[0, b)`` of the static slot state in a CUDA graph.
 
         Run once eagerly on a side stream first (Triton compiles, the CUDA library loads, the
         allocator warms up: none of that can happen inside a capture), with every slot idle (token
@@ -309,21 +346,34 @@ class Engine:
                 t.copy_(v)
 
         def step() -> tuple[torch.Tensor, ...]:
-            tok, lp, stopped, finished = self._decode_step(params, stop)
+            tok, lp, stopped, finished = self._decode_step(params, stop, b)
             return tok, lp, torch.stack([finished, stopped])
 
-        graph, (tok, lp, done) = capture(step, after_warmup=reset, device=self.model.device)
-        self.graph = graph
-        self._graph_out = (tok, lp, done)
+        graph, out = capture(step, after_warmup=reset, device=self.model.device)
+        self.graphs[b] = (graph, out)
 
-    def step(self, params: SamplingParams, stop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One decode step (graph replay or eager); returns tokens [B_max] int64, logprobs
-        [B_max] FP32 (fresh tensors, safe to keep) and ``done`` [2, B_max] bool (finished, stopped)."""
-        if self.graph is None:
-            tok, lp, stopped, finished = self._decode_step(params, stop)
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph | None:
+        """The CUDA graph of the full batch (None without graphs)."""
+        entry = self.graphs.get(self.max_batch)
+        return entry[0] if entry else None
+
+    def bucket_for(self, live_slots: int) -> int:
+        """The bucket a step runs when the highest live slot is ``live_slots - 1``."""
+        return next(b for b in self.buckets if b >= live_slots)
+
+    def step(self, params: SamplingParams, stop: torch.Tensor,
+             b: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One decode step over slots ``[0, b)`` (a bucket; default every slot), graph replay or eager;
+        returns tokens [b] int64, logprobs [b] FP32 (fresh tensors, safe to keep) and ``done`` [2, b]
+        bool (finished, stopped)."""
+        b = self.max_batch if b is None else b
+        self.bucket_steps[b] = self.bucket_steps.get(b, 0) + 1
+        if b not in self.graphs:
+            tok, lp, stopped, finished = self._decode_step(params, stop, b)
             return tok, lp, torch.stack([finished, stopped])
-        self.graph.replay()
-        tok, lp, done = self._graph_out
+        graph, (tok, lp, done) = self.graphs[b]
+        graph.replay()
         return tok.clone(), lp.clone(), done.clone()
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -333,7 +383,7 @@ class Engine:
 
         Raises InputError when the engine holds a CUDA graph captured for other ``params`` or
         ``stop_token_ids``."""
-        if self.graph is not None and (params, tuple(stop_token_ids)) != self._graph_key:
+        if self.graphs and (params, tuple(stop_token_ids)) != self._graph_key:
             raise InputError("the engine's CUDA graph was captured for other sampling settings or stop tokens")
         dev = self.model.device
         stop = torch.tensor(stop_token_ids, dtype=torch.int64, device=dev)
@@ -371,7 +421,11 @@ class Engine:
                 live = [s for s in range(self.max_batch) if slots[s] is not None]
                 if not live:
                     break
-                tok, lp, done_t = self.step(params, stop)
+                b = self.bucket_for(live[-1] + 1)
+                tok, lp, done_t = self.step(params, stop, b)
+                if b < self.max_batch:  # the per-step outputs are stacked: pad to every slot
+                    tok = torch.nn.functional.pad(tok, (0, self.max_batch - b))
+                    lp = torch.nn.functional.pad(lp, (0, self.max_batch - b))
                 step_tok.append(tok)
                 step_lp.append(lp)
                 done = done_t.tolist()  # the one host read per step
@@ -441,7 +495,8 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, seed: int = 0,
              stop_token_ids: Sequence[int] | None = None, max_batch: int = DEFAULT_MAX_BATCH,
              seq_ids: Sequence[int] | None = None, s_max: int | None = None,
-             sampler: Sampler | None = None, cuda_graph: bool | None = None) -> GenerationResult:
+             sampler: Sampler | None = None, cuda_graph: bool | None = None,
+             buckets: bool | None = None) -> GenerationResult:
     """Sample completions of ``prompts`` with continuous batching; see ``docs/rollout.md``.
 
     Parameters
@@ -470,6 +525,9 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
     cuda_graph
         Replay the decode step as one CUDA graph (default: on for a kernel backend on a CUDA
         device; :class:`Engine`). The bits are the eager step's.
+    buckets
+        Step over the smallest batch-size bucket holding every live slot (:data:`BUCKET_SIZES`;
+        default: on the CPU, and on a GPU when :data:`BUCKETS_ON_CUDA`). The bits do not change.
 
     Returns
     -------
@@ -498,7 +556,7 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
     # one prompt at max_batch=8 would run lm_head over 8 rows); the bits do not depend on it
     slots = min(int(max_batch), len(plist))
     engine = Engine(model, slots, int(s_max), sampler=sampler, cuda_graph=cuda_graph, params=params,
-                    stop_token_ids=plan.stop_token_ids)
+                    stop_token_ids=plan.stop_token_ids, buckets=buckets)
     reqs = [_Request(i, sid, p, b) for i, (sid, p, b) in enumerate(zip(plan.seq_ids, plist, plan.budgets))]
     steps, prefills, admissions = engine.run(reqs, params, plan.stop_token_ids)
     if model.device.type == "cuda":
@@ -507,8 +565,8 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
     completions = [Completion(r.seq_id, r.prompt, torch.cat(r.tokens).cpu(), torch.cat(r.logprobs).cpu(),
                               r.finish_reason or "length") for r in reqs]
     return GenerationResult(completions, params, slots, int(s_max), steps, prefills, wall,
-                            tuple(admissions))
+                            tuple(admissions), tuple(sorted(engine.bucket_steps.items())))
 
 
 __all__ = ["Completion", "Engine", "GenerationPlan", "GenerationResult", "generate", "plan_generation",
-           "DEFAULT_MAX_BATCH"]
+           "DEFAULT_MAX_BATCH", "BUCKET_SIZES", "bucket_sizes"]

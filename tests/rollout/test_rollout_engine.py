@@ -130,3 +130,33 @@ def test_the_command_prints_the_same_samples_as_the_api(rollout_weights, alone, 
     for got, ref in zip(out["completions"], alone[:2]):
         assert got["tokens"] == ref.tokens[:2].tolist()
         assert got["logprobs"] == [float(x) for x in ref.logprobs[:2]]
+
+
+def test_batch_size_buckets_keep_the_bits(rollout_model, rollout_weights):
+    """With three slots, A (budget 4) in slot 0 outlives B and C (budget 2): the engine steps all three
+    slots once, then only the bucket of one slot, and every token and logprob is the bit of the run
+    that steps every slot every time. Control: with an lm_head whose logits depend on the batch size
+    (BF16-rounded above one row), the two schedules must differ."""
+    from rl_engine.chain.model import Qwen3Model
+    from rl_engine.rollout.engine import bucket_sizes
+
+    assert bucket_sizes(3) == (1, 2, 3) and bucket_sizes(64) == (1, 2, 4, 8, 16, 32, 64) and bucket_sizes(1) == (1,)
+    budgets = [4, 2, 2]
+    kw = dict(max_batch=3, temperature=1.0, seed=77)
+    bucketed = generate(rollout_model, PROMPTS, budgets, buckets=True, **kw)
+    full = generate(rollout_model, PROMPTS, budgets, buckets=False, **kw)
+    assert bucketed.bucket_steps == ((1, 2), (3, 1)) and full.bucket_steps == ((3, 3),)
+    rep = compare_completions(full.completions, bucketed.completions)
+    assert rep.equal and rep.compared == (0, 1, 2), rep.summary()
+
+    model = Qwen3Model(rollout_weights, "triton_cuda_bf16")
+    exact = model.ops.impl("lm_head")
+
+    def size_dependent(hidden, weight):
+        logits = exact(hidden=hidden, weight=weight)
+        return logits if hidden.shape[0] == 1 else logits.to(torch.bfloat16).to(torch.float32)
+
+    model.ops = model.ops.replace(lm_head=size_dependent)
+    ctrl = compare_completions(generate(model, PROMPTS, budgets, buckets=False, **kw).completions,
+                               generate(model, PROMPTS, budgets, buckets=True, **kw).completions)
+    assert not ctrl.equal and all(m.startswith("seq 0:") for m in ctrl.mismatches), ctrl.summary()
