@@ -57,13 +57,12 @@ def test_invariance_check_catches_a_row_keyed_sampler(rollout_model):
     assert any(": token 0 is" in m for m in rep.mismatches), rep.summary()
 
 
-def test_invariance_check_catches_a_batch_dependent_kernel(rollout_weights, alone):
-    """Negative control at the kernel level: an lm_head that rounds the logits to BF16 when it gets
-    more than one row (a "decode fast path", docs/pitfalls.md P5 made size dependent). A run alone only ever
-    gives it one row, so the alone results above stand for it; two-slot decode steps must be caught."""
+def _batch_size_dependent_model(weights):
+    """NEGATIVE CONTROL: the micro model with an lm_head that rounds its logits to BF16 when it gets
+    more than one row (a "decode fast path", docs/pitfalls.md P5 made size dependent)."""
     from rl_engine.chain.model import Qwen3Model
 
-    model = Qwen3Model(rollout_weights, "triton_cuda_bf16")
+    model = Qwen3Model(weights, "triton_cuda_bf16")
     exact = model.ops.impl("lm_head")
 
     def size_dependent(hidden, weight):
@@ -71,6 +70,14 @@ def test_invariance_check_catches_a_batch_dependent_kernel(rollout_weights, alon
         return logits if hidden.shape[0] == 1 else logits.to(torch.bfloat16).to(torch.float32)
 
     model.ops = model.ops.replace(lm_head=size_dependent)
+    return model
+
+
+def test_invariance_check_catches_a_batch_dependent_kernel(rollout_weights, alone):
+    """Negative control at the kernel level: an lm_head that rounds the logits to BF16 when it gets
+    more than one row (a "decode fast path", docs/pitfalls.md P5 made size dependent). A run alone only ever
+    gives it one row, so the alone results above stand for it; two-slot decode steps must be caught."""
+    model = _batch_size_dependent_model(rollout_weights)
     res = generate(model, PROMPTS, BUDGETS, max_batch=2, **FILTERED)
     rep = compare_completions(alone, res.completions)
     assert rep.compared == (0, 1, 2) and not rep.equal
@@ -137,7 +144,6 @@ def test_batch_size_buckets_keep_the_bits(rollout_model, rollout_weights):
     slots once, then only the bucket of one slot, and every token and logprob is the bit of the run
     that steps every slot every time. Control: with an lm_head whose logits depend on the batch size
     (BF16-rounded above one row), the two schedules must differ."""
-    from rl_engine.chain.model import Qwen3Model
     from rl_engine.rollout.engine import bucket_sizes
 
     assert bucket_sizes(3) == (1, 2, 3) and bucket_sizes(64) == (1, 2, 4, 8, 16, 32, 64) and bucket_sizes(1) == (1,)
@@ -149,14 +155,7 @@ def test_batch_size_buckets_keep_the_bits(rollout_model, rollout_weights):
     rep = compare_completions(full.completions, bucketed.completions)
     assert rep.equal and rep.compared == (0, 1, 2), rep.summary()
 
-    model = Qwen3Model(rollout_weights, "triton_cuda_bf16")
-    exact = model.ops.impl("lm_head")
-
-    def size_dependent(hidden, weight):
-        logits = exact(hidden=hidden, weight=weight)
-        return logits if hidden.shape[0] == 1 else logits.to(torch.bfloat16).to(torch.float32)
-
-    model.ops = model.ops.replace(lm_head=size_dependent)
+    model = _batch_size_dependent_model(rollout_weights)
     ctrl = compare_completions(generate(model, PROMPTS, budgets, buckets=False, **kw).completions,
                                generate(model, PROMPTS, budgets, buckets=True, **kw).completions)
     assert not ctrl.equal and all(m.startswith("seq 0:") for m in ctrl.mismatches), ctrl.summary()
