@@ -51,7 +51,7 @@ from rl_engine.errors import InputError
 from rl_engine.rollout.sampling import Sampler, SamplingParams
 
 DEFAULT_MAX_BATCH = 8
-PACKED_ON_CUDA = False
+PACKED_ON_CUDA = True
 """Whether the engine's forwards on a GPU run q/k/v and gate/up as one product each
 (``Qwen3Model.forward(packed=True)``: two launches instead of five per layer, the same bits; on the
 H200 the stacked shapes' det_gemm tiles gave the separate products' bits, and at M = 1 ran 13.4 us for
@@ -70,7 +70,7 @@ engine's slot count) above the highest live slot, so the end of a run, when most
 does not pay for every slot. A row's bits do not depend on the batch, so the bucket cannot change
 them (``tests/rollout/test_rollout_engine.py``)."""
 
-BUCKETS_ON_CUDA = False
+BUCKETS_ON_CUDA = True
 """Whether an engine on a GPU steps in buckets (one CUDA graph per bucket, captured when the engine is
 built). Off until that has run on the H200; on the CPU the engine always steps in buckets."""
 

@@ -234,7 +234,7 @@ def sampling_logprobs(logp_fn, logits: torch.Tensor, tokens: torch.Tensor, param
     return logp_fn(logits=logits, targets=tokens, temperature=params.temperature)
 
 
-FUSED_DRAW_ON_CUDA = False
+FUSED_DRAW_ON_CUDA = True
 """Whether the engine draws with the fused Gumbel-max kernels (:mod:`rl_engine.rollout.gumbel_triton`)
 on a GPU. Off: the chunked form (a row split over fixed vocabulary chunks, then one combining kernel)
 has passed its bit-for-bit test (``tests/rollout/test_rollout_sampling.py``) in the CPU interpreter
