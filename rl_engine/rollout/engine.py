@@ -56,7 +56,7 @@ PACKED_ON_CUDA = True
 (``Qwen3Model.forward(packed=True)``: two launches instead of five per layer, the same bits; on the
 H200 the stacked shapes' det_gemm tiles gave the separate products' bits, and at M = 1 ran 13.4 us for
 q/k/v (q + k + v: 21.0 us) and 52.0 us for gate/up (56.0 us), ``tools/det_gemm_decode_sweep.py``).
-Off until the packed engine step has run on the H200; on the CPU the engine always runs it."""
+On since the engine's GPU tests passed with it on the H200 (``evidence/2026-12-01-h200-decode-5c38f19/``)."""
 
 
 def packed_projections(device: torch.device) -> bool:
@@ -72,7 +72,8 @@ them (``tests/rollout/test_rollout_engine.py``)."""
 
 BUCKETS_ON_CUDA = True
 """Whether an engine on a GPU steps in buckets (one CUDA graph per bucket, captured when the engine is
-built). Off until that has run on the H200; on the CPU the engine always steps in buckets."""
+built). On since the engine's graph tests passed with it on the H200; on the CPU the engine always
+steps in buckets."""
 
 
 def bucket_sizes(max_batch: int) -> tuple[int, ...]:

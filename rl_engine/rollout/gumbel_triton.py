@@ -14,8 +14,8 @@ bit manipulation, exact for the normal numbers that occur here), the FP32 divisi
 nearest (``div_rn``), and argmax's rule: the first maximum, a NaN above everything. Tested against
 the reference sampler bit for bit (``tests/rollout/test_rollout_sampling.py``) in the CPU
 interpreter; on the H200 that test passed for the one-program-per-row form of b5b86f9
-(``evidence/2026-12-01-h200-decode-5c38f19/round2-b5b86f9/``), not yet for this chunked form, which
-is why :data:`rl_engine.rollout.sampling.FUSED_DRAW_ON_CUDA` is off. ``tests/ops/test_sm90_compile.py``
+(``evidence/2026-12-01-h200-decode-5c38f19/round2-b5b86f9/``) and for this chunked form
+(``round5-cd73cc6-flags-on/``). ``tests/ops/test_sm90_compile.py``
 compiles both kernels for sm_90 on the CPU (the first chunked version failed to compile on the H200).
 """
 

@@ -236,12 +236,12 @@ def sampling_logprobs(logp_fn, logits: torch.Tensor, tokens: torch.Tensor, param
 
 FUSED_DRAW_ON_CUDA = True
 """Whether the engine draws with the fused Gumbel-max kernels (:mod:`rl_engine.rollout.gumbel_triton`)
-on a GPU. Off: the chunked form (a row split over fixed vocabulary chunks, then one combining kernel)
-has passed its bit-for-bit test (``tests/rollout/test_rollout_sampling.py``) in the CPU interpreter
-and compiles for sm_90 (``tests/ops/test_sm90_compile.py``), but has not yet run on the H200. Its
+on a GPU. On: the chunked form (a row split over fixed vocabulary chunks, then one combining kernel)
+passed its bit-for-bit test (``tests/rollout/test_rollout_sampling.py``) in the CPU interpreter and on
+the H200 (``evidence/2026-12-01-h200-decode-5c38f19/round5-cd73cc6-flags-on/``). Its
 one-program-per-row predecessor passed that test on the H200 and cut the Qwen3-8B step at B = 64
-from 16.2 to 11.0 ms (``evidence/2026-12-01-h200-decode-5c38f19/round2-b5b86f9/``); turn this on once
-the chunked form has passed there."""
+from 16.2 to 11.0 ms (``evidence/2026-12-01-h200-decode-5c38f19/round2-b5b86f9/``). A switch so a GPU
+that fails that test can be given the reference path back."""
 
 
 def _fused_draw_available(logits: torch.Tensor) -> bool:
