@@ -6,7 +6,8 @@
 #      to skip a sweep,
 #      FUSED_DRAW=1 to run the fused draw's GPU test (the draw is ON for the rest of the call only if it
 #      passed), PACKED=1 / BUCKETS=1 to turn the engine's packed projections / per-bucket graphs on
-#      for the call (before TESTS),
+#      for the call (before TESTS), FUSED=1 / LEAF_MERGE=1 the engine's fused launches / det_gemm's
+#      in-leaf merge,
 #      GEMV=1 for tools/gemv_compare.py and an ncu profile, BENCH_OPS="chain_decode ..." to run
 #      `rl-engine bench --ops` last. A flag turned on here is committed only after the call passed.
 set -uo pipefail
@@ -19,6 +20,13 @@ if [ "${PACKED:-0}" = "1" ]; then  # the engine's packed q/k/v and gate/up produ
 fi
 if [ "${BUCKETS:-0}" = "1" ]; then  # one CUDA graph per batch-size bucket, for this call
   sed -i 's/^BUCKETS_ON_CUDA = False/BUCKETS_ON_CUDA = True/' rl_engine/rollout/engine.py && echo "batch-size buckets ON"
+fi
+if [ "${FUSED:-0}" = "1" ]; then  # residual add + norm and the K/V write in one launch each, for this call
+  sed -i 's/^FUSED_ON_CUDA = False/FUSED_ON_CUDA = True/' rl_engine/rollout/engine.py && echo "fused launches ON"
+fi
+if [ "${LEAF_MERGE:-0}" = "1" ]; then  # det_gemm's leaf-parallel form merges in its last leaf, for this call
+  sed -i 's/^MERGE_IN_LEAVES_ON_CUDA = False/MERGE_IN_LEAVES_ON_CUDA = True/' rl_engine/ops/det_gemm/triton.py \
+    && echo "in-leaf merge ON"
 fi
 if [ "${FUSED_DRAW:-0}" = "1" ]; then
   timeout 120 python3 -m pytest -q -o addopts=-ra tests/rollout/test_rollout_sampling.py -k one_kernel_draw >"$OUT/fused-draw-test.log" 2>&1

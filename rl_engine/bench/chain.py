@@ -106,10 +106,10 @@ def _build(s: dict[str, int], d: Dims, pool) -> dict[str, Any]:
 
 def decode_step_fn(model, st: dict[str, Any]):
     """The engine's step over fixed state: forward (decode, capture-safe ops), logits, sample."""
-    from rl_engine.rollout.engine import packed_projections
+    from rl_engine.rollout.engine import fused_launches, packed_projections
     from rl_engine.rollout.sampling import Sampler, SamplingParams
 
-    ops = model.capture_safe_ops()
+    ops = model.decode_ops() if fused_launches(model.device) else model.capture_safe_ops()
     logp = ops.impl("logp")
     sampler, params = Sampler(), SamplingParams(temperature=1.0, seed=0)
     model.check_positions(0, st["context"] - 1, st["context"], "decode")  # the plan, once, on the host

@@ -96,6 +96,11 @@ class OpTable:
     def __call__(self, site: str, op: str, **kwargs: Any) -> torch.Tensor:
         return self.impl(op)(**kwargs)
 
+    def has(self, op: str) -> bool:
+        """Whether the table was given ``op`` (a fused launch of :mod:`rl_engine.chain.fused`);
+        nothing is looked up in the registry."""
+        return op in self._impls or op in self._resolved
+
     def resolve(self, ops: tuple[str, ...]) -> OpTable:
         """Look up ``ops`` now instead of on first use (an op the backend does not provide still
         raises on first use), so a forward under ``torch.compile`` finds every implementation
@@ -231,6 +236,15 @@ class Qwen3Model:
             attention_decode=lambda **kw: attention_decode_kernel(**kw, backend=b, validate=False),
             logp=lambda **kw: logp_kernel(**kw, backend=b, validate=False))
 
+    def decode_ops(self) -> OpTable:
+        """:meth:`capture_safe_ops` plus the backend's fused launches of
+        :mod:`rl_engine.chain.fused` (residual add + RMSNorm, the K/V cache write): the rollout
+        engine's table. Same bits as :meth:`capture_safe_ops` (tested); fewer launches per layer.
+        Raises as :meth:`capture_safe_ops`."""
+        from rl_engine.chain.fused import fused_decode_impls
+
+        return self.capture_safe_ops().replace(**fused_decode_impls(self.backend))
+
     def varlen_plan(self, cu_seqlens: torch.Tensor, tokens: int) -> Any:
         """The attention :class:`~rl_engine.ops.attention.VarlenPlan` of a packed varlen forward over
         ``tokens`` tokens split by ``cu_seqlens`` int32 [B+1] (reads cu_seqlens on the host once):
@@ -343,20 +357,37 @@ class Qwen3Model:
         cos, sin = self.rope_tables(positions, checked=True)
         x = f("embedding", "embedding", ids=ids, weight=self.weights.embed_tokens)
         packs = self.packed_projections() if packed else [None] * len(self.weights.layers)
+        pending = None
         for li, (lw, pk) in enumerate(zip(self.weights.layers, packs)):
-            x = self._layer(f.scope(f"layer{li}."), li, lw, x, positions, cos, sin, cu_seqlens, cache, step, plan, pk)
-        return self._norm(f, "final_norm", x, self.weights.norm)
+            x, pending = self._layer(f.scope(f"layer{li}."), li, lw, x, pending, positions, cos, sin, cu_seqlens,
+                                     cache, step, plan, pk)
+        return self._residual_norm(f, "final_norm", x, pending, self.weights.norm)[1]
 
     def _norm(self, f: OpTable, site: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return f(site, "rms_norm", x=x, weight=w, eps=self.config.rms_norm_eps, order=self.norm_order)
 
-    def _layer(self, f: OpTable, li: int, lw: Any, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor, cu_seqlens: torch.Tensor | None, cache: KVCache | None, step: _Step,
-               plan: Any = None, packed: Any = None) -> torch.Tensor:
-        """One Qwen3DecoderLayer: ``x + attn(norm(x))``, then ``+ mlp(norm(.))``."""
+    def _residual_norm(self, f: OpTable, site: str, x: torch.Tensor, delta: torch.Tensor | None,
+                       w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + delta, its norm)``: one ``add_rms_norm`` launch where the table has it (the
+        residual add pending from the previous block), else the norm of ``x`` (``delta`` None)."""
+        if delta is None:
+            return x, self._norm(f, site, x, w)
+        return f(site, "add_rms_norm", x=x, delta=delta, weight=w, eps=self.config.rms_norm_eps, order=self.norm_order)
+
+    def _layer(self, f: OpTable, li: int, lw: Any, x: torch.Tensor, pending: torch.Tensor | None,
+               positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cu_seqlens: torch.Tensor | None,
+               cache: KVCache | None, step: _Step, plan: Any = None,
+               packed: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One Qwen3DecoderLayer: ``x + attn(norm(x))``, then ``+ mlp(norm(.))``.
+
+        Returns ``(x, pending)``. With a table that has ``add_rms_norm`` (:meth:`decode_ops`) each
+        residual add runs inside the next norm's launch: the layer starts from ``x`` and the
+        previous layer's MLP output ``pending``, and returns its own MLP output unadded. Other
+        tables add at once (``pending`` None), with the same ops, order and sites as always."""
         cfg = self.config
+        fused = f.has("add_rms_norm")
         t, h, hkv, d = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        xn = self._norm(f, "input_layernorm", x, lw.input_layernorm)
+        x, xn = self._residual_norm(f, "input_layernorm", x, pending, lw.input_layernorm)
         if packed is not None:  # column slices of one product (views: unit stride on the last dim)
             qkv = f("qkv_proj", "det_gemm", a=xn, b=packed.qkv.t())
             q, k = qkv[:, : h * d], qkv[:, h * d : (h + hkv) * d]
@@ -370,8 +401,12 @@ class Qwen3Model:
         q = f("q_rope", "rope", x=q, cos=cos, sin=sin)
         k = f("k_rope", "rope", x=k, cos=cos, sin=sin)
         if cache is not None:  # the one rounding of K/V happened in rope / v_proj; the cache stores those bits
-            cache.k[li][step.rows, positions] = k
-            cache.v[li][step.rows, positions] = v
+            if f.has("kv_cache_write"):
+                f("kv_cache_write", "kv_cache_write", k=k, v=v, k_cache=cache.k[li], v_cache=cache.v[li],
+                  rows=step.rows, positions=positions)
+            else:
+                cache.k[li][step.rows, positions] = k
+                cache.v[li][step.rows, positions] = v
         if step.cache_seqlens is not None:
             a = f("attention", "attention_decode", q=q, k_cache=cache.k[li], v_cache=cache.v[li],
                   cache_seqlens=step.cache_seqlens, scale=cfg.attention_scale)
@@ -379,8 +414,12 @@ class Qwen3Model:
             planned = {} if plan is None else {"plan": plan}
             a = f("attention", "attention", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
                   scale=cfg.attention_scale, **planned)
-        x = f("attn_residual", "add", a=x, b=f("o_proj", "det_gemm", a=a.reshape(t, h * d), b=lw.o_proj.t()))
-        xn = self._norm(f, "post_attention_layernorm", x, lw.post_attention_layernorm)
+        o = f("o_proj", "det_gemm", a=a.reshape(t, h * d), b=lw.o_proj.t())
+        if fused:
+            x, xn = self._residual_norm(f, "post_attention_layernorm", x, o, lw.post_attention_layernorm)
+        else:
+            x = f("attn_residual", "add", a=x, b=o)
+            xn = self._norm(f, "post_attention_layernorm", x, lw.post_attention_layernorm)
         if packed is not None:
             gu = f("gate_up_proj", "det_gemm", a=xn, b=packed.gate_up.t())
             ffn = lw.gate_proj.shape[0]
@@ -389,7 +428,10 @@ class Qwen3Model:
             g = f("gate_proj", "det_gemm", a=xn, b=lw.gate_proj.t())
             u = f("up_proj", "det_gemm", a=xn, b=lw.up_proj.t())
         m = f("swiglu", "swiglu", gate=g, up=u)
-        return f("mlp_residual", "add", a=x, b=f("down_proj", "det_gemm", a=m, b=lw.down_proj.t()))
+        down = f("down_proj", "det_gemm", a=m, b=lw.down_proj.t())
+        if fused:
+            return x, down
+        return f("mlp_residual", "add", a=x, b=down), None
 
     # -- the head ----------------------------------------------------------------------------------
     def logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, *, head: str = "linear_logp",

@@ -51,6 +51,10 @@ class RecordingOps:
     def scope(self, prefix: str) -> RecordingOps:
         return RecordingOps(self.inner, self.recorder, prefix)
 
+    def has(self, op: str) -> bool:
+        """False: a recording sees every site's own output, so the model runs no fused launch."""
+        return False
+
 
 def _table(model: Qwen3Model, recorder: Any) -> Any:
     return None if recorder is None else RecordingOps(model.ops, recorder)

@@ -64,6 +64,18 @@ def packed_projections(device: torch.device) -> bool:
     return device.type != "cuda" or PACKED_ON_CUDA
 
 
+FUSED_ON_CUDA = False
+"""Whether the engine's forwards on a GPU take the backend's fused launches
+(:meth:`rl_engine.chain.model.Qwen3Model.decode_ops`: residual add + RMSNorm in one launch, the
+K/V cache write in one; same bits, tested). Off on CUDA until the engine's GPU tests pass with it on
+the H200; on the CPU the engine always takes them."""
+
+
+def fused_launches(device: torch.device) -> bool:
+    """Whether the engine takes the fused launches on ``device`` (:data:`FUSED_ON_CUDA`)."""
+    return device.type != "cuda" or FUSED_ON_CUDA
+
+
 BUCKET_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 """Decode batch-size buckets: a step runs over slots ``[0, b)`` for the smallest bucket ``b`` (or the
 engine's slot count) above the highest live slot, so the end of a run, when most slots are idle,
@@ -256,7 +268,10 @@ class Engine:
         self.slot_ids = torch.arange(self.max_batch, dtype=torch.int64, device=dev)
         # the capture-safe table only leaves out checks of device values; eager steps use the same
         # form so both paths launch the same kernels (the engine guarantees those values itself)
-        self._ops = model.capture_safe_ops() if model.backend in KERNEL_BACKENDS else model.ops
+        if model.backend not in KERNEL_BACKENDS:
+            self._ops = model.ops
+        else:
+            self._ops = model.decode_ops() if fused_launches(dev) else model.capture_safe_ops()
         self._logp = self._ops.impl("logp")
         if buckets is None:
             buckets = dev.type != "cuda" or BUCKETS_ON_CUDA

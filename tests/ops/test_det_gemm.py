@@ -126,6 +126,27 @@ def test_leaf_parallel_form_equals_fused_form(device, m, k, n, transposed, depth
     assert not bits_equal(split, dg_triton.det_gemm_launch(a, b, depth, True, leaf_split=False))
 
 
+@pytest.mark.parametrize("m,k,n,depth", [(1, 300, 200, 2), (16, 257, 130, 2), (3, 128, 65, 1), (40, 200, 130, 2)])
+def test_merge_in_the_last_leaf_equals_the_merge_kernel(device, m, k, n, depth):
+    """The leaf-parallel form's in-leaf merge (the program that finishes a tile's last leaf merges
+    it) gives the merge kernel's bits, twice in a row (the counters are back at 0 after a launch).
+    Control: counters left stale by a launch that did not reset them make the tiles skip their
+    merge, and the output is not the product."""
+    g = spec_mod.make_generator(m * 977 + k)
+    a = spec_mod.randn((m, k), g, device=device)
+    b = spec_mod.randn((n, k), g, scale=k ** -0.5, device=device).t()
+    separate = dg_triton.det_gemm_launch(a, b, depth, False, leaf_split=True, merge_in_leaves=False)
+    merged = [dg_triton.det_gemm_launch(a, b, depth, False, leaf_split=True, merge_in_leaves=True) for _ in range(2)]
+    assert bits_equal(merged[0], separate) and bits_equal(merged[1], separate)  # all kept: no freed block holds them
+    tiles = dg_triton.leaf_tiles(m, n)
+    count = triton.cdiv(m, tiles.bm) * triton.cdiv(n, tiles.bn)
+    counters = dg_triton.tile_counters(a.device, count)
+    assert counters is not None and int(counters.abs().sum()) == 0
+    stale = torch.full((count,), 1 << depth, dtype=torch.int32, device=device)
+    skipped = dg_triton.det_gemm_launch(a, b, depth, False, leaf_split=True, merge_in_leaves=True, counters=stale)
+    assert not bits_equal(skipped, separate)
+
+
 @pytest.mark.parametrize("m,k,n", [(1, 300, 200), (16, 257, 130), (3, 128, 65)])
 def test_decode_tiles_give_the_prefill_tiles_bits(device, m, k, n):
     """The narrow decode tiles of the leaf-parallel form and its prefill tiles (and the fused form)

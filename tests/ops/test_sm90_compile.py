@@ -47,7 +47,10 @@ SCRIPT = textwrap.dedent(r'''
         tl.store(x_ptr, acc)
 
     def cases():
+        from rl_engine.chain import fused
         from rl_engine.ops.attention import triton as at
+        from rl_engine.ops.det_gemm import triton as dg
+        from rl_engine.ops.rms_norm import triton as rn
         from rl_engine.rollout import _f64
         from rl_engine.rollout import gumbel_triton as gt
 
@@ -71,6 +74,22 @@ SCRIPT = textwrap.dedent(r'''
                 **{name: "i64" for name in strides}, "scale": "fp32"}, {
                 "GROUP": 4, "D": 128, "D_SPLIT": split, "BLOCK_M": at.BLOCK_M_DECODE, "BLOCK_N": at.BLOCK_N,
                 "UPCAST": False}
+
+        yield "det_gemm_leaves[merge]", dg._det_gemm_leaves_kernel, {
+            "a_ptr": "*bf16", "b_ptr": "*bf16", "w_ptr": "*bf16", "c_ptr": "*bf16", "cnt_ptr": "*i32",
+            **{name: "i32" for name in ("M", "N", "K", "k1", "k2", "k3", "s_am", "s_ak", "s_bk", "s_bn", "s_cm",
+                                        "s_cn", "a_step", "b_step")}}, {
+            "DEPTH": 2, "BM": 16, "BN": 128, "BK": dg.BK, "UPCAST": False, "MERGE": True}
+        yield "rms_norm[add]", rn._rms_fwd_kernel, {
+            "x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "rstd_ptr": "*fp32", "d_ptr": "*bf16",
+            "s_ptr": "*bf16", "n_cols": "i32", "n_heads": "i32", "eps": "fp32", "n_float": "fp32",
+            **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_yt", "stride_yh", "stride_dt",
+                                        "stride_st")}}, {
+            "BLOCK": 4096, "HF_ORDER": True, "LANES": rn.LANES, "CHUNKS": 32, "ADD": True}
+        yield "kv_cache_write", fused._kv_write_kernel, {
+            "k_ptr": "*bf16", "v_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "rows_ptr": "*i64",
+            "pos_ptr": "*i64", **{name: "i64" for name in ("s_kt", "s_kh", "s_vt", "s_vh", "s_cb", "s_cs", "s_ch",
+                                                            "s_vcb", "s_vcs", "s_vch")}}, {"D": 128, "HD": 1024}
 
     out = {}
     for name, fn, sig, consts in cases():
@@ -102,6 +121,7 @@ def test_control_a_type_changing_loop_value_fails_to_compile(compiled):
 
 
 @pytest.mark.parametrize("kernel", ["gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce",
-                                    "attention_decode[1]", "attention_decode[8]"])
+                                    "attention_decode[1]", "attention_decode[8]", "det_gemm_leaves[merge]",
+                                    "rms_norm[add]", "kv_cache_write"])
 def test_kernel_compiles_for_sm90(compiled, kernel):
     assert compiled[kernel] == "ok", compiled[kernel]

@@ -13,8 +13,9 @@ partials in registers ran at 0.3x cuBLAS on H200; parking them, 0.63-0.77x at M 
 
 Leaf-parallel form (decode): when the output has fewer than ``LEAF_SPLIT_BELOW_TILES`` tiles (a
 decode step's GEMV has ``N / 128``), one program per (tile, leaf) runs the same leaf loop, stores
-the BF16 leaf in a workspace ``[2^depth, M, N]``, and a second kernel applies the same BF16 merges;
-``2^depth`` times as many programs stream the weight. Same instructions per leaf, same roundings,
+the BF16 leaf in a workspace ``[2^depth, M, N]``, and the program that finishes a tile's last leaf
+applies the same BF16 merges (:data:`MERGE_IN_LEAVES_ON_CUDA`; a second merge kernel where that
+cannot run); ``2^depth`` times as many programs stream the weight. Same instructions per leaf, same roundings,
 same bits as the fused form (tested on random inputs); the choice depends only on M and N.
 
 Decode tiles: for M <= 16 the leaf-parallel form runs ``[16, 128]`` tiles (``[16, 64]`` for
@@ -163,14 +164,21 @@ def _det_gemm_kernel(a_ptr, b_ptr, c_ptr, w_ptr, s_ptr, M, N, K, k1, k2, k3,
 
 
 @triton.jit
-def _det_gemm_leaves_kernel(a_ptr, b_ptr, w_ptr, M, N, K, k1, k2, k3,
-                            s_am, s_ak, s_bk, s_bn, a_step, b_step,
+def _det_gemm_leaves_kernel(a_ptr, b_ptr, w_ptr, c_ptr, cnt_ptr, M, N, K, k1, k2, k3,
+                            s_am, s_ak, s_bk, s_bn, s_cm, s_cn, a_step, b_step,
                             DEPTH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                            UPCAST: tl.constexpr):
+                            UPCAST: tl.constexpr, MERGE: tl.constexpr):
     """Leaf-parallel form of the same tree: program ``(tile, leaf)`` computes one leaf of one
     ``[BM, BN]`` tile with the very :func:`_leaf` loop the fused kernel runs, rounds it to BF16 and
-    stores it in ``w [2^DEPTH, M, N]``; :func:`_det_gemm_merge_kernel` then merges the leaves.
-    Tiles are taken in row-major order (a tile's arithmetic does not depend on its order)."""
+    stores it in ``w [2^DEPTH, M, N]``. Tiles are taken in row-major order (a tile's arithmetic does
+    not depend on its order).
+
+    ``MERGE``: the tile's last leaf to finish merges the tile (``cnt[tile]`` counts finished leaves;
+    one thread adds 1 with acquire-release order after the tile's stores, and the program that
+    counts the last leaf loads the ``2^DEPTH`` leaves past L1 and applies the BF16 merges, then
+    sets the counter back to 0 for the next launch). Which program merges changes nothing: the
+    merge reads the same BF16 leaves in the same order. Without ``MERGE``,
+    :func:`_det_gemm_merge_kernel` merges in a second launch."""
     pid = tl.program_id(0)
     leaf = tl.program_id(1)
     tiles_n = tl.cdiv(N, BN)
@@ -188,8 +196,23 @@ def _det_gemm_leaves_kernel(a_ptr, b_ptr, w_ptr, M, N, K, k1, k2, k3,
         lo = tl.where(leaf == 0, 0, tl.where(leaf == 1, k1, tl.where(leaf == 2, k2, k3)))
         hi = tl.where(leaf == 0, k1, tl.where(leaf == 1, k2, tl.where(leaf == 2, k3, K)))
     part = _leaf(a_rows, b_cols, lo, hi, s_ak, s_bk, a_step, b_step, BM, BN, BK, UPCAST).to(tl.bfloat16)
-    w_ptrs = w_ptr + leaf.to(tl.int64) * M * N + rows.to(tl.int64)[:, None] * N + cols.to(tl.int64)[None, :]
-    tl.store(w_ptrs, part, mask=ok)
+    mn = M.to(tl.int64) * N
+    w_tile = w_ptr + rows.to(tl.int64)[:, None] * N + cols.to(tl.int64)[None, :]
+    tl.store(w_tile + leaf.to(tl.int64) * mn, part, mask=ok)
+    if MERGE:
+        tl.debug_barrier()  # every thread's store of this leaf precedes the count
+        arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived == (1 << DEPTH) - 1:
+            l0 = tl.load(w_tile, mask=ok, other=0.0, cache_modifier=".cg")
+            l1 = tl.load(w_tile + mn, mask=ok, other=0.0, cache_modifier=".cg")
+            out = _merge(l0, l1, False)
+            if DEPTH == 2:
+                l2 = tl.load(w_tile + 2 * mn, mask=ok, other=0.0, cache_modifier=".cg")
+                l3 = tl.load(w_tile + 3 * mn, mask=ok, other=0.0, cache_modifier=".cg")
+                out = _merge(out, _merge(l2, l3, False), False)
+            c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * s_cm + cols.to(tl.int64)[None, :] * s_cn
+            tl.store(c_ptrs, out, mask=ok)
+            tl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -260,6 +283,53 @@ the choice is a speed decision only and depends on nothing but M and N."""
 
 MERGE_BLOCK = 1024
 
+MERGE_IN_LEAVES_ON_CUDA = False
+"""Whether the leaf-parallel form on a GPU merges each tile in the program that finishes its last
+leaf (one launch instead of two per product; a decode step has four products per layer). Same
+loads, merges and roundings as :func:`_det_gemm_merge_kernel` (tested: same bits). Off on CUDA until
+its bit tests pass on the H200; the interpreter always merges in the leaves."""
+
+COUNTER_SLOTS = 4096
+"""Tile counters per stream for the in-leaf merge; a launch with more tiles merges in a second
+kernel instead."""
+COUNTER_STREAMS = 128
+"""Streams per device with their own counters (torch hands out streams from a fixed pool, so a
+process sees few distinct ones); a launch on a further stream merges in a second kernel."""
+
+_COUNTERS: dict[str, torch.Tensor] = {}
+_COUNTER_ROWS: dict[tuple[str, int], int] = {}
+
+
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The int32 tile counters [COUNTER_SLOTS] of ``device`` and its current stream, all 0; None
+    when the in-leaf merge cannot run (more than :data:`COUNTER_SLOTS` tiles, no counter row left,
+    or a first launch on the device inside a CUDA-graph capture, where the zeroed buffer cannot be
+    made).
+
+    Every in-leaf-merge launch leaves its counters at 0, so a row serves every launch of its
+    stream, eager or replayed from a graph. The buffer is made once per device outside any capture
+    (:func:`rl_engine.graphs.capture` warms up eagerly first) and never replaced, so a captured
+    launch's pointer stays valid; launches on different streams use different rows, so concurrent
+    products never share a counter.
+    """
+    if tiles > COUNTER_SLOTS:
+        return None
+    dev = str(device)
+    on_gpu = device.type == "cuda"
+    buf = _COUNTERS.get(dev)
+    if buf is None:
+        if on_gpu and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = _COUNTERS[dev] = torch.zeros((COUNTER_STREAMS, COUNTER_SLOTS), dtype=torch.int32, device=device)
+    key = (dev, torch.cuda.current_stream(device).cuda_stream if on_gpu else 0)
+    row = _COUNTER_ROWS.get(key)
+    if row is None:
+        row = sum(1 for d, _ in _COUNTER_ROWS if d == dev)
+        if row >= COUNTER_STREAMS:
+            return None
+        _COUNTER_ROWS[key] = row
+    return buf[row]
+
 
 def use_leaf_split(m: int, n: int, depth: int, fp32_merge: bool = False) -> bool:
     """Whether :func:`det_gemm_launch` takes the leaf-parallel form for an ``[m, n]`` output."""
@@ -267,11 +337,15 @@ def use_leaf_split(m: int, n: int, depth: int, fp32_merge: bool = False) -> bool
 
 
 def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False,
-                    leaf_split: bool | None = None, tiles: LeafTiles | None = None) -> torch.Tensor:
+                    leaf_split: bool | None = None, tiles: LeafTiles | None = None,
+                    merge_in_leaves: bool | None = None, counters: torch.Tensor | None = None) -> torch.Tensor:
     """C [M, N] bf16 = tree-reduced a [M, K] @ b [K, N]; any strides (no copies of a or b).
 
     ``leaf_split`` forces the form (None: :func:`use_leaf_split`); ``tiles`` the leaf-parallel
-    form's tiles (None: :func:`leaf_tiles`); tests compare the forms and tiles."""
+    form's tiles (None: :func:`leaf_tiles`); ``merge_in_leaves`` whether the leaf-parallel form
+    merges in its last leaf or in a second kernel (None: :data:`MERGE_IN_LEAVES_ON_CUDA` on a GPU), ``counters``
+    the in-leaf merge's tile counters (None: :func:`tile_counters`); tests compare the forms,
+    tiles and merges."""
     m, k = a.shape
     n = b.shape[1]
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
@@ -291,15 +365,21 @@ def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bo
     if leaf_split:
         t = tiles or leaf_tiles(m, n)
         w = torch.empty((1 << depth, m, n), dtype=torch.bfloat16, device=a.device)
-        grid = (triton.cdiv(m, t.bm) * triton.cdiv(n, t.bn), 1 << depth)
-        _det_gemm_leaves_kernel[grid](
-            a, b, w, m, n, k, k1, k2, k3, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            BK * a.stride(1), BK * b.stride(0),
-            DEPTH=depth, BM=t.bm, BN=t.bn, BK=BK, UPCAST=upcast_dots(), num_warps=t.num_warps,
+        tiles_count = triton.cdiv(m, t.bm) * triton.cdiv(n, t.bn)
+        if merge_in_leaves is None:
+            merge_in_leaves = a.device.type != "cuda" or MERGE_IN_LEAVES_ON_CUDA
+        cnt = (counters if counters is not None else tile_counters(a.device, tiles_count)) if merge_in_leaves else None
+        merge = cnt is not None
+        _det_gemm_leaves_kernel[(tiles_count, 1 << depth)](
+            a, b, w, c, cnt if merge else w, m, n, k, k1, k2, k3, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1), BK * a.stride(1), BK * b.stride(0),
+            DEPTH=depth, BM=t.bm, BN=t.bn, BK=BK, UPCAST=upcast_dots(), MERGE=merge, num_warps=t.num_warps,
             num_stages=t.num_stages, enable_fp_fusion=FP_FUSION,
         )
-        _det_gemm_merge_kernel[(triton.cdiv(m * n, MERGE_BLOCK),)](
-            w, c, m, n, c.stride(0), c.stride(1), DEPTH=depth, BLOCK=MERGE_BLOCK, num_warps=4, enable_fp_fusion=FP_FUSION)
+        if not merge:
+            _det_gemm_merge_kernel[(triton.cdiv(m * n, MERGE_BLOCK),)](
+                w, c, m, n, c.stride(0), c.stride(1), DEPTH=depth, BLOCK=MERGE_BLOCK, num_warps=4,
+                enable_fp_fusion=FP_FUSION)
         return c
     part_dtype = torch.float32 if fp32_merge else torch.bfloat16
     w = torch.empty((m, n) if depth else (1, 1), dtype=part_dtype, device=a.device)

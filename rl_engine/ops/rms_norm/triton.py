@@ -49,9 +49,13 @@ def _warps(block: int) -> int:
 
 
 @triton.jit
-def _rms_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, n_heads, eps, n_float,
-                    stride_xt, stride_xh, stride_yt, stride_yh,
-                    BLOCK: tl.constexpr, HF_ORDER: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr):
+def _rms_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, d_ptr, s_ptr, n_cols, n_heads, eps, n_float,
+                    stride_xt, stride_xh, stride_yt, stride_yh, stride_dt, stride_st,
+                    BLOCK: tl.constexpr, HF_ORDER: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr,
+                    ADD: tl.constexpr):
+    """One row's norm. ``ADD`` (the residual add fused in, [T, E] rows only): the row normalised is
+    ``s = bf16(x + d)`` (FP32 add, one rounding: the residual add's bits), stored to ``s``; every
+    later step is the plain norm's, on the same BF16 values."""
     r = tl.program_id(0)
     t = (r // n_heads).to(tl.int64)
     h = (r % n_heads).to(tl.int64)
@@ -60,12 +64,19 @@ def _rms_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, n_heads, eps, n_float
     for c in tl.static_range(CHUNKS):  # lane i adds columns i, i + LANES, ... in order
         lc = c * LANES + tl.arange(0, LANES)
         xc = tl.load(base + lc, mask=lc < n_cols, other=0.0).to(tl.float32)
+        if ADD:
+            dc = tl.load(d_ptr + t * stride_dt + lc, mask=lc < n_cols, other=0.0).to(tl.float32)
+            xc = (xc + dc).to(tl.bfloat16).to(tl.float32)
         lanes += xc * xc
     ss = row_sum_fixed(lanes, LANES)
     rstd = tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.math.sqrt_rn(tl.math.div_rn(ss, n_float) + eps))
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+    if ADD:
+        sb = (x + tl.load(d_ptr + t * stride_dt + cols, mask=mask, other=0.0).to(tl.float32)).to(tl.bfloat16)
+        tl.store(s_ptr + t * stride_st + cols, sb, mask=mask)
+        x = sb.to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     normed = x * rstd
     if HF_ORDER:
@@ -180,11 +191,34 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool,
             )
         else:
             _rms_fwd_kernel[(n_rows,)](
-                x, weight, y, rstd, e, h, eps, float(e), sxt, sxh, syt, syh,
+                x, weight, y, rstd, x, y, e, h, eps, float(e), sxt, sxh, syt, syh, 0, 0,
                 BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=triton.cdiv(e, LANES), num_warps=_warps(block),
-                enable_fp_fusion=FP_FUSION,
+                ADD=False, enable_fp_fusion=FP_FUSION,
             )
     return y, rstd
+
+
+def add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                     hf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the next norm in one launch (a decode step's ``x + o_proj(...)`` then
+    ``post_attention_layernorm``): returns ``(s, y)``, ``s = x + delta`` [T, E] BF16 (FP32 add,
+    rounded once, as ``torch.add`` on BF16) and ``y = rms_norm(s)`` [T, E] BF16, bitwise the two
+    separate launches (tested). x, delta [T, E] BF16 with unit stride on the last axis, weight [E];
+    validated by the caller (:func:`rl_engine.chain.fused.add_rms_norm`). No rstd is kept (no
+    backward: the rollout step only)."""
+    t, e = x.shape
+    s = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
+    y = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
+    if t and e:
+        rstd = torch.empty((t,), dtype=torch.float32, device=x.device)
+        block = _block(e)
+        _rms_fwd_kernel[(t,)](
+            x, weight, y, rstd, delta, s, e, 1, eps, float(e), x.stride(0), 0, y.stride(0), 0,
+            delta.stride(0), s.stride(0),
+            BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=triton.cdiv(e, LANES), num_warps=_warps(block),
+            ADD=True, enable_fp_fusion=FP_FUSION,
+        )
+    return s, y
 
 
 def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, need_dx: bool,

@@ -1,0 +1,124 @@
+"""The decode step's fused launches (:mod:`rl_engine.chain.fused`) give the separate ops' bits, and
+the model's forward with them (``Qwen3Model.decode_ops``) gives the plain forward's bits; each
+comparison has a control that must fail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_engine.chain.fused import add_rms_norm, fused_decode_impls, kv_cache_write
+from rl_engine.chain.model import KVCache, Qwen3Model
+from rl_engine.errors import InputError
+from rl_engine.ops import spec as spec_mod
+from rl_engine.ops.rms_norm.api import rms_norm
+
+TRITON = "triton_cuda_bf16"
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize("order", ["hf", "fused"])
+@pytest.mark.parametrize("t,e", [(1, 4096), (5, 200), (64, 256)])
+def test_add_rms_norm_is_the_add_then_the_norm(device, t, e, order):
+    """``add_rms_norm(x, d)`` is bitwise ``(x + d, rms_norm(x + d))`` on random inputs (the residual
+    stream of a decode step at Qwen3-8B's E = 4096 included). Control: the comparison sees a
+    change of one unit in the last place of one element of the sum."""
+    g = spec_mod.make_generator(t * 31 + e)
+    x = spec_mod.randn((t, e), g, device=device)
+    d = spec_mod.randn((t, e), g, device=device)
+    w = spec_mod.randn((e,), g, device=device)
+    s, y = add_rms_norm(x, d, w, 1e-6, order)
+    ref_s = x + d
+    assert _same(s, ref_s)
+    assert _same(y, rms_norm(ref_s, w, 1e-6, order, backend=TRITON))
+    nudged = ref_s.clone()
+    nudged.view(torch.int16)[t // 2, e // 3] += 1
+    assert not _same(y, rms_norm(nudged, w, 1e-6, order, backend=TRITON))
+
+
+def test_kv_cache_write_is_the_indexed_store(device):
+    """One launch stores K and V (a strided view, as in the packed projection) at ``(rows,
+    positions)`` exactly as the two indexed stores; the other slots keep their NaN. Control: a
+    swap of two positions is seen."""
+    g = spec_mod.make_generator(7)
+    t, hkv, d, b, s_max = 3, 2, 16, 4, 8
+    k = spec_mod.randn((t, hkv, d), g, device=device)
+    v = spec_mod.randn((t, 2 * hkv * d), g, device=device)[:, hkv * d:].reshape(t, hkv, d)  # a strided view
+    rows = torch.tensor([0, 2, 3], dtype=torch.int64, device=device)
+    pos = torch.tensor([5, 0, 7], dtype=torch.int64, device=device)
+
+    def caches():
+        return [torch.full((b, s_max, hkv, d), float("nan"), dtype=torch.bfloat16, device=device) for _ in range(2)]
+
+    kc, vc = caches()
+    kv_cache_write(k, v, kc, vc, rows, pos)
+    rk, rv = caches()
+    rk[rows, pos] = k
+    rv[rows, pos] = v
+    assert _same(kc, rk) and _same(vc, rv)  # NaN slots compared by their bits
+    sk, sv = caches()
+    kv_cache_write(k, v, sk, sv, rows, pos[[1, 0, 2]])
+    assert not _same(sk, rk)
+
+
+def test_fused_launches_refuse_bad_input_before_any_launch(device):
+    x = torch.zeros((2, 8), dtype=torch.bfloat16, device=device)
+    w = torch.zeros((8,), dtype=torch.bfloat16, device=device)
+    with pytest.raises(InputError, match="delta"):
+        add_rms_norm(x, x[:, :4], w, 1e-6, "hf")
+    with pytest.raises(InputError, match="order"):
+        add_rms_norm(x, x, w, 1e-6, "fp32")
+    with pytest.raises(InputError, match="x"):
+        add_rms_norm(x.float(), x, w, 1e-6, "hf")
+    k = torch.zeros((2, 2, 4), dtype=torch.bfloat16, device=device)
+    cache = torch.zeros((1, 4, 2, 4), dtype=torch.bfloat16, device=device)
+    ix = torch.zeros((2,), dtype=torch.int64, device=device)
+    with pytest.raises(InputError, match="positions"):
+        kv_cache_write(k, k, cache, cache, ix, ix.to(torch.int32))
+    with pytest.raises(InputError, match="v_cache"):
+        kv_cache_write(k, k, cache, cache[..., :2], ix, ix)
+    with pytest.raises(InputError, match="k: expected"):
+        kv_cache_write(k.transpose(1, 2), k, cache, cache, ix, ix)
+    assert fused_decode_impls("cuda_bf16") == {}
+
+
+def test_decode_ops_give_the_plain_forwards_bits(micro_weights, device):
+    """A packed prefill with a KV cache and two decode steps, run with the engine's table
+    (:meth:`Qwen3Model.decode_ops`: the fused residual norms and K/V writes) and with the plain
+    capture-safe table: hidden states and caches are bitwise equal. Control: an ``add_rms_norm``
+    that normalises in the other declared rounding order (``fused`` instead of ``hf``) is seen."""
+    model = Qwen3Model(micro_weights, TRITON)
+    ids = torch.tensor([5, 9, 2, 7, 1, 3, 8], dtype=torch.int64, device=device)
+    pos = torch.tensor([0, 1, 2, 3, 0, 1, 2], dtype=torch.int64, device=device)
+    cu = torch.tensor([0, 4, 7], dtype=torch.int32, device=device)
+
+    def run(ops):
+        cache = KVCache.allocate(model.config, 2, 8, model.dtype, model.device)
+        outs = [model.forward(ids, pos, cu_seqlens=cu, cache=cache, ops=ops, packed=True)]
+        for step in range(2):
+            p = torch.tensor([4 + step, 3 + step], dtype=torch.int64, device=device)
+            outs.append(model.forward(ids[:2], p, cache=cache, decode=True, ops=ops, packed=True))
+        return outs, cache
+
+    fused_ops = model.decode_ops()
+    assert fused_ops.has("add_rms_norm") and fused_ops.has("kv_cache_write")
+    assert not model.capture_safe_ops().has("add_rms_norm")
+    plain, plain_cache = run(model.capture_safe_ops())
+    fused, fused_cache = run(fused_ops)
+    for a, b in zip(plain, fused):
+        assert _same(a, b)
+    for a, b in zip(plain_cache.k + plain_cache.v, fused_cache.k + fused_cache.v):
+        assert _same(a, b)
+
+    def other_order(x, delta, weight, eps, order):
+        return add_rms_norm(x, delta, weight, eps, "fused" if order == "hf" else "hf")
+
+    control, _ = run(fused_ops.replace(add_rms_norm=other_order))
+    assert not _same(control[0], plain[0])
