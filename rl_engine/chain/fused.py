@@ -9,7 +9,9 @@ arithmetic:
   once: ``torch.add``'s bits) and ``rms_norm(s)`` in one launch of the norm kernel, which
   normalises the very BF16 values it stores (:func:`rl_engine.ops.rms_norm.triton.add_rms_norm_fwd`);
 * :func:`kv_cache_write`: the K and V rows of a step stored into the static cache in one launch
-  (two ``index_put`` launches before): a copy, no arithmetic.
+  (two ``index_put`` launches before): a copy, no arithmetic;
+* :func:`qk_norm_rope`: ``qk_norm`` of q and k, their rotation and the K/V cache write in one
+  launch (five before): the norm's and the rotation's own steps and roundings, in registers.
 
 The model takes them only from an op table that has them (:meth:`Qwen3Model.decode_ops`, the
 engine's table); every other table runs the separate ops in the same order at the same sites.
@@ -25,7 +27,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import FP_FUSION
+from rl_engine.ops._triton_common import FP_FUSION, row_sum_fixed
 
 FUSED_BACKENDS = ("triton_cuda_bf16",)
 """Backends whose kernels the fusions here are built from."""
@@ -126,12 +128,163 @@ def kv_cache_write(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
         v_cache.stride(2), D=d, HD=hd, num_warps=4, enable_fp_fusion=FP_FUSION)
 
 
+@triton.jit
+def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, kc_ptr, vc_ptr,
+                         rows_ptr, pos_ptr, n_q, n_kv, eps, n_float,
+                         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ct, s_st, s_qot, s_qoh, s_kot, s_koh,
+                         s_cb, s_cs, s_ch, s_vcb, s_vcs, s_vch,
+                         D: tl.constexpr, HALF: tl.constexpr, HF_ORDER: tl.constexpr, LANES: tl.constexpr,
+                         CHUNKS: tl.constexpr, CACHE: tl.constexpr):
+    """Program ``(t, r)``: rows ``r < n_q`` are query heads, then ``n_kv`` key heads (normed,
+    rotated, stored, and with ``CACHE`` written to the cache), then ``n_kv`` value heads (only
+    copied to the cache). The norm is :func:`rl_engine.ops.rms_norm.triton._rms_fwd_kernel`'s steps
+    on one row of D (the same lane sums, fixed tree, IEEE division and square root, roundings);
+    the rotation is :func:`rl_engine.ops.rope.triton._rope_kernel`'s on the norm's BF16 output."""
+    t = tl.program_id(0).to(tl.int64)
+    r = tl.program_id(1)
+    cols = tl.arange(0, HALF)
+    if CACHE:
+        row = tl.load(rows_ptr + t).to(tl.int64)
+        pos = tl.load(pos_ptr + t).to(tl.int64)
+    if r >= n_q + n_kv:  # a value head: the cache stores v_proj's bits
+        h = (r - n_q - n_kv).to(tl.int64)
+        if CACHE:
+            src = v_ptr + t * s_vt + h * s_vh
+            dst = vc_ptr + row * s_vcb + pos * s_vcs + h * s_vch
+            tl.store(dst + cols, tl.load(src + cols))
+            tl.store(dst + HALF + cols, tl.load(src + HALF + cols))
+    elif r < n_q:
+        h = r.to(tl.int64)
+        o1, o2 = _norm_rope_row(q_ptr + t * s_qt + h * s_qh, qw_ptr, cos_ptr + t * s_ct, sin_ptr + t * s_st, eps,
+                                n_float, D, HALF, HF_ORDER, LANES, CHUNKS)
+        out = qo_ptr + t * s_qot + h * s_qoh
+        tl.store(out + cols, o1)
+        tl.store(out + HALF + cols, o2)
+    else:
+        h = (r - n_q).to(tl.int64)
+        o1, o2 = _norm_rope_row(k_ptr + t * s_kt + h * s_kh, kw_ptr, cos_ptr + t * s_ct, sin_ptr + t * s_st, eps,
+                                n_float, D, HALF, HF_ORDER, LANES, CHUNKS)
+        out = ko_ptr + t * s_kot + h * s_koh
+        tl.store(out + cols, o1)
+        tl.store(out + HALF + cols, o2)
+        if CACHE:
+            dst = kc_ptr + row * s_cb + pos * s_cs + h * s_ch
+            tl.store(dst + cols, o1)
+            tl.store(dst + HALF + cols, o2)
+
+
+@triton.jit
+def _norm_rope_row(base, w_ptr, cos_row, sin_row, eps, n_float, D: tl.constexpr, HALF: tl.constexpr,
+                   HF_ORDER: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr):
+    """One head row [D]: the norm's BF16 output, rotated; returns the two rotated halves in BF16."""
+    cols = tl.arange(0, HALF)
+    lanes = tl.zeros((LANES,), dtype=tl.float32)
+    for c in tl.static_range(CHUNKS):  # lane i adds columns i, i + LANES, ... in order
+        lc = c * LANES + tl.arange(0, LANES)
+        xc = tl.load(base + lc, mask=lc < D, other=0.0).to(tl.float32)
+        lanes += xc * xc
+    ss = row_sum_fixed(lanes, LANES)
+    rstd = tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.math.sqrt_rn(tl.math.div_rn(ss, n_float) + eps))
+    x1 = tl.load(base + cols).to(tl.float32) * rstd
+    x2 = tl.load(base + HALF + cols).to(tl.float32) * rstd
+    w1 = tl.load(w_ptr + cols).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)
+    if HF_ORDER:
+        y1 = (x1.to(tl.bfloat16).to(tl.float32) * w1).to(tl.bfloat16).to(tl.float32)
+        y2 = (x2.to(tl.bfloat16).to(tl.float32) * w2).to(tl.bfloat16).to(tl.float32)
+    else:
+        y1 = (x1 * w1).to(tl.bfloat16).to(tl.float32)
+        y2 = (x2 * w2).to(tl.bfloat16).to(tl.float32)
+    cs = tl.load(cos_row + cols)
+    sn = tl.load(sin_row + cols)
+    return (y1 * cs - y2 * sn).to(tl.bfloat16), (y2 * cs + y1 * sn).to(tl.bfloat16)
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 eps: float, order: str, cos: torch.Tensor, sin: torch.Tensor, *,
+                 k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
+                 rows: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rope(qk_norm(q))``, ``rope(qk_norm(k))`` and, with a cache, the K/V cache write, in one launch.
+
+    Parameters
+    ----------
+    q : [T, H, D], k, v : [T, Hkv, D] bfloat16, unit stride on D (views of the packed q/k/v product
+        are fine). q_weight, k_weight : [D] bfloat16. eps, order : as for ``qk_norm``
+        (``"hf"`` or ``"fused"``). cos, sin : [T, D/2] float32 (:meth:`Qwen3Model.rope_tables`).
+    k_cache, v_cache, rows, positions : as for :func:`kv_cache_write` (all four or none); the cache
+        stores the rotated K and ``v`` as they are.
+
+    Returns
+    -------
+    (q_out [T, H, D], k_out [T, Hkv, D]) bfloat16: bitwise ``rope(qk_norm(q, q_weight, eps, order),
+    cos, sin)`` of ``triton_cuda_bf16`` and the same for k (FP32 inside, rounded where the separate
+    ops round; tested), and the cache bitwise the indexed stores of k_out and v.
+
+    Raises
+    ------
+    InputError
+        Shapes, dtypes, devices or strides other than the above, D odd or D/2 not a power of two,
+        an unknown ``order``, or part of the cache arguments.
+    """
+    from rl_engine.ops.rms_norm.op import check_eps_order
+    from rl_engine.ops.rms_norm.triton import LANES
+
+    if q.dim() != 3 or k.dim() != 3:
+        raise InputError(f"qk_norm_rope: q and k must be [T, H, D], got {list(q.shape)} and {list(k.shape)}")
+    t, h, d = q.shape
+    hkv = k.shape[1]
+    dev = q.device
+    _check_rows("qk_norm_rope q", q, (t, h, d), dev)
+    _check_rows("qk_norm_rope k", k, (t, hkv, d), dev)
+    _check_rows("qk_norm_rope v", v, (t, hkv, d), dev)
+    _check_rows("qk_norm_rope q_weight", q_weight, (d,), dev)
+    _check_rows("qk_norm_rope k_weight", k_weight, (d,), dev)
+    check_eps_order(eps, order)
+    half = d // 2
+    if d % 2 or half & (half - 1):
+        raise InputError(f"qk_norm_rope: D = {d} must be even with D/2 a power of two")
+    for name, tab in (("cos", cos), ("sin", sin)):
+        if tab.dtype != torch.float32 or tuple(tab.shape) != (t, half) or tab.device != dev or tab.stride(-1) != 1:
+            raise InputError(f"qk_norm_rope {name}: expected float32 [{t}, {half}] on {dev} with unit stride, got "
+                             f"{tab.dtype} {list(tab.shape)} on {tab.device}")
+    cached = [x is not None for x in (k_cache, v_cache, rows, positions)]
+    if any(cached) and not all(cached):
+        raise InputError("qk_norm_rope: k_cache, v_cache, rows and positions go together")
+    q_out = torch.empty((t, h, d), dtype=torch.bfloat16, device=dev)
+    k_out = torch.empty((t, hkv, d), dtype=torch.bfloat16, device=dev)
+    if all(cached):
+        if k_cache.dim() != 4:
+            raise InputError(f"qk_norm_rope: k_cache must be [B, S_max, Hkv, D], got {list(k_cache.shape)}")
+        cache_shape = (k_cache.shape[0], k_cache.shape[1], hkv, d)
+        _check_rows("qk_norm_rope k_cache", k_cache, cache_shape, dev)
+        _check_rows("qk_norm_rope v_cache", v_cache, cache_shape, dev)
+        for name, ix in (("rows", rows), ("positions", positions)):
+            if ix.dtype != torch.int64 or tuple(ix.shape) != (t,) or ix.device != dev:
+                raise InputError(f"qk_norm_rope {name}: expected int64 [{t}] on {dev}, got {ix.dtype} "
+                                 f"{list(ix.shape)} on {ix.device}")
+        kc, vc, rw, ps = k_cache, v_cache, rows, positions
+        cs = (kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2))
+    else:
+        kc, vc, rw, ps = k_out, k_out, cos, cos  # unused pointers
+        cs = (0,) * 6
+    if t == 0 or h + hkv == 0:
+        return q_out, k_out
+    _qk_norm_rope_kernel[(t, h + 2 * hkv)](
+        q, k, v, q_weight, k_weight, cos, sin, q_out, k_out, kc, vc, rw, ps, h, hkv, float(eps), float(d),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
+        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), *cs,
+        D=d, HALF=half, HF_ORDER=order == "hf", LANES=LANES, CHUNKS=triton.cdiv(d, LANES), CACHE=all(cached),
+        num_warps=4, enable_fp_fusion=FP_FUSION)
+    return q_out, k_out
+
+
 def fused_decode_impls(backend: str) -> dict[str, Callable[..., Any]]:
     """The fused implementations ``backend`` has, by op-table name (``add_rms_norm``,
-    ``kv_cache_write``); empty for a backend without them."""
+    ``kv_cache_write``, ``qk_norm_rope``); empty for a backend without them."""
     if backend not in FUSED_BACKENDS:
         return {}
-    return {"add_rms_norm": add_rms_norm, "kv_cache_write": kv_cache_write}
+    return {"add_rms_norm": add_rms_norm, "kv_cache_write": kv_cache_write, "qk_norm_rope": qk_norm_rope}
 
 
-__all__ = ["FUSED_BACKENDS", "add_rms_norm", "fused_decode_impls", "kv_cache_write"]
+__all__ = ["FUSED_BACKENDS", "add_rms_norm", "fused_decode_impls", "kv_cache_write", "qk_norm_rope"]

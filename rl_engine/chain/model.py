@@ -238,8 +238,9 @@ class Qwen3Model:
 
     def decode_ops(self) -> OpTable:
         """:meth:`capture_safe_ops` plus the backend's fused launches of
-        :mod:`rl_engine.chain.fused` (residual add + RMSNorm, the K/V cache write): the rollout
-        engine's table. Same bits as :meth:`capture_safe_ops` (tested); fewer launches per layer.
+        :mod:`rl_engine.chain.fused` (residual add + RMSNorm; qk_norm, RoPE and the K/V cache write):
+        the rollout engine's table. Same bits as :meth:`capture_safe_ops` (tested); fewer launches
+        per layer.
         Raises as :meth:`capture_safe_ops`."""
         from rl_engine.chain.fused import fused_decode_impls
 
@@ -396,11 +397,20 @@ class Qwen3Model:
             q = f("q_proj", "det_gemm", a=xn, b=lw.q_proj.t())
             k = f("k_proj", "det_gemm", a=xn, b=lw.k_proj.t())
             v = f("v_proj", "det_gemm", a=xn, b=lw.v_proj.t()).reshape(t, hkv, d)
-        q = f("q_norm", "qk_norm", x=q.reshape(t, h, d), weight=lw.q_norm, eps=cfg.rms_norm_eps, order=self.norm_order)
-        k = f("k_norm", "qk_norm", x=k.reshape(t, hkv, d), weight=lw.k_norm, eps=cfg.rms_norm_eps, order=self.norm_order)
-        q = f("q_rope", "rope", x=q, cos=cos, sin=sin)
-        k = f("k_rope", "rope", x=k, cos=cos, sin=sin)
-        if cache is not None:  # the one rounding of K/V happened in rope / v_proj; the cache stores those bits
+        if f.has("qk_norm_rope"):  # norms, rotations and the cache write in one launch
+            cached = {} if cache is None else dict(k_cache=cache.k[li], v_cache=cache.v[li], rows=step.rows,
+                                                   positions=positions)
+            q, k = f("qk_norm_rope", "qk_norm_rope", q=q.reshape(t, h, d), k=k.reshape(t, hkv, d), v=v,
+                     q_weight=lw.q_norm, k_weight=lw.k_norm, eps=cfg.rms_norm_eps, order=self.norm_order, cos=cos,
+                     sin=sin, **cached)
+        else:
+            q = f("q_norm", "qk_norm", x=q.reshape(t, h, d), weight=lw.q_norm, eps=cfg.rms_norm_eps,
+                  order=self.norm_order)
+            k = f("k_norm", "qk_norm", x=k.reshape(t, hkv, d), weight=lw.k_norm, eps=cfg.rms_norm_eps,
+                  order=self.norm_order)
+            q = f("q_rope", "rope", x=q, cos=cos, sin=sin)
+            k = f("k_rope", "rope", x=k, cos=cos, sin=sin)
+        if cache is not None and not f.has("qk_norm_rope"):  # the one rounding of K/V happened in rope / v_proj
             if f.has("kv_cache_write"):
                 f("kv_cache_write", "kv_cache_write", k=k, v=v, k_cache=cache.k[li], v_cache=cache.v[li],
                   rows=step.rows, positions=positions)

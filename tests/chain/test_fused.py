@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_engine.chain.fused import add_rms_norm, fused_decode_impls, kv_cache_write
+from rl_engine.chain.fused import add_rms_norm, fused_decode_impls, kv_cache_write, qk_norm_rope
 from rl_engine.chain.model import KVCache, Qwen3Model
 from rl_engine.errors import InputError
 from rl_engine.ops import spec as spec_mod
@@ -91,7 +91,7 @@ def test_fused_launches_refuse_bad_input_before_any_launch(device):
 
 def test_decode_ops_give_the_plain_forwards_bits(micro_weights, device):
     """A packed prefill with a KV cache and two decode steps, run with the engine's table
-    (:meth:`Qwen3Model.decode_ops`: the fused residual norms and K/V writes) and with the plain
+    (:meth:`Qwen3Model.decode_ops`: the fused residual norms, qk_norm + RoPE + K/V writes) and with the plain
     capture-safe table: hidden states and caches are bitwise equal. Control: an ``add_rms_norm``
     that normalises in the other declared rounding order (``fused`` instead of ``hf``) is seen."""
     model = Qwen3Model(micro_weights, TRITON)
@@ -108,7 +108,7 @@ def test_decode_ops_give_the_plain_forwards_bits(micro_weights, device):
         return outs, cache
 
     fused_ops = model.decode_ops()
-    assert fused_ops.has("add_rms_norm") and fused_ops.has("kv_cache_write")
+    assert all(fused_ops.has(op) for op in ("add_rms_norm", "kv_cache_write", "qk_norm_rope"))
     assert not model.capture_safe_ops().has("add_rms_norm")
     plain, plain_cache = run(model.capture_safe_ops())
     fused, fused_cache = run(fused_ops)
@@ -122,3 +122,46 @@ def test_decode_ops_give_the_plain_forwards_bits(micro_weights, device):
 
     control, _ = run(fused_ops.replace(add_rms_norm=other_order))
     assert not _same(control[0], plain[0])
+
+
+@pytest.mark.parametrize("order", ["hf", "fused"])
+def test_qk_norm_rope_is_the_norms_the_rotations_and_the_cache_write(device, order):
+    """One launch gives ``rope(qk_norm(q))``, ``rope(qk_norm(k))`` and the cache of the separate
+    ops (q/k/v as column views of one packed product, D = 128 as in Qwen3). Control: the rotation
+    run backwards (sin negated) is seen."""
+    from rl_engine.ops.qk_norm.api import qk_norm
+    from rl_engine.ops.rope.api import rope
+
+    g = spec_mod.make_generator(11)
+    t, h, hkv, d, b, s_max = 3, 4, 2, 128, 2, 6
+    qkv = spec_mod.randn((t, (h + 2 * hkv) * d), g, device=device)
+    q = qkv[:, : h * d].reshape(t, h, d)
+    k = qkv[:, h * d : (h + hkv) * d].reshape(t, hkv, d)
+    v = qkv[:, (h + hkv) * d :].reshape(t, hkv, d)
+    qw = spec_mod.randn((d,), g, device=device)
+    kw = spec_mod.randn((d,), g, device=device)
+    ang = torch.rand((t, d // 2), generator=torch.Generator().manual_seed(3)).to(device) * 6.0
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    rows = torch.tensor([0, 1, 1], dtype=torch.int64, device=device)
+    pos = torch.tensor([2, 0, 5], dtype=torch.int64, device=device)
+
+    def caches():
+        return [torch.full((b, s_max, hkv, d), float("nan"), dtype=torch.bfloat16, device=device) for _ in range(2)]
+
+    kc, vc = caches()
+    q_out, k_out = qk_norm_rope(q, k, v, qw, kw, 1e-6, order, cos, sin, k_cache=kc, v_cache=vc, rows=rows,
+                                positions=pos)
+    ref_q = rope(qk_norm(q, qw, 1e-6, order, backend=TRITON), cos, sin, backend=TRITON)
+    ref_k = rope(qk_norm(k, kw, 1e-6, order, backend=TRITON), cos, sin, backend=TRITON)
+    rk, rv = caches()
+    rk[rows, pos] = ref_k
+    rv[rows, pos] = v
+    assert _same(q_out, ref_q) and _same(k_out, ref_k) and _same(kc, rk) and _same(vc, rv)
+    no_cache = qk_norm_rope(q, k, v, qw, kw, 1e-6, order, cos, sin)
+    assert _same(no_cache[0], ref_q) and _same(no_cache[1], ref_k)
+    back = qk_norm_rope(q, k, v, qw, kw, 1e-6, order, cos, -sin)
+    assert not _same(back[0], ref_q) and not _same(back[1], ref_k)
+    with pytest.raises(InputError, match="go together"):
+        qk_norm_rope(q, k, v, qw, kw, 1e-6, order, cos, sin, k_cache=kc)
+    with pytest.raises(InputError, match="cos"):
+        qk_norm_rope(q, k, v, qw, kw, 1e-6, order, cos.double(), sin)

@@ -80,6 +80,11 @@ SCRIPT = textwrap.dedent(r'''
             **{name: "i32" for name in ("M", "N", "K", "k1", "k2", "k3", "s_am", "s_ak", "s_bk", "s_bn", "s_cm",
                                         "s_cn", "a_step", "b_step")}}, {
             "DEPTH": 2, "BM": 16, "BN": 128, "BK": dg.BK, "UPCAST": False, "MERGE": True}
+        yield "det_gemm_leaves[merge,M=1]", dg._det_gemm_leaves_kernel, {
+            "a_ptr": "*bf16", "b_ptr": "*bf16", "w_ptr": "*bf16", "c_ptr": "*bf16", "cnt_ptr": "*i32",
+            **{name: "i32" for name in ("N", "K", "k1", "k2", "k3", "s_am", "s_ak", "s_bk", "s_bn", "s_cm",
+                                        "s_cn", "a_step", "b_step")}}, {
+            "M": 1, "DEPTH": 2, "BM": 16, "BN": 128, "BK": dg.BK, "UPCAST": False, "MERGE": True}
         yield "rms_norm[add]", rn._rms_fwd_kernel, {
             "x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "rstd_ptr": "*fp32", "d_ptr": "*bf16",
             "s_ptr": "*bf16", "n_cols": "i32", "n_heads": "i32", "eps": "fp32", "n_float": "fp32",
@@ -90,6 +95,14 @@ SCRIPT = textwrap.dedent(r'''
             "k_ptr": "*bf16", "v_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "rows_ptr": "*i64",
             "pos_ptr": "*i64", **{name: "i64" for name in ("s_kt", "s_kh", "s_vt", "s_vh", "s_cb", "s_cs", "s_ch",
                                                             "s_vcb", "s_vcs", "s_vch")}}, {"D": 128, "HD": 1024}
+        yield "qk_norm_rope", fused._qk_norm_rope_kernel, {
+            **{name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr", "qo_ptr", "ko_ptr", "kc_ptr",
+                                          "vc_ptr")}, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "rows_ptr": "*i64",
+            "pos_ptr": "*i64", "n_q": "i32", "n_kv": "i32", "eps": "fp32", "n_float": "fp32",
+            **{name: "i64" for name in ("s_qt", "s_qh", "s_kt", "s_kh", "s_vt", "s_vh", "s_ct", "s_st", "s_qot",
+                                        "s_qoh", "s_kot", "s_koh", "s_cb", "s_cs", "s_ch", "s_vcb", "s_vcs",
+                                        "s_vch")}}, {
+            "D": 128, "HALF": 64, "HF_ORDER": True, "LANES": 128, "CHUNKS": 1, "CACHE": True}
 
     out = {}
     for name, fn, sig, consts in cases():
@@ -122,6 +135,7 @@ def test_control_a_type_changing_loop_value_fails_to_compile(compiled):
 
 @pytest.mark.parametrize("kernel", ["gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce",
                                     "attention_decode[1]", "attention_decode[8]", "det_gemm_leaves[merge]",
-                                    "rms_norm[add]", "kv_cache_write"])
+                                    "det_gemm_leaves[merge,M=1]", "rms_norm[add]", "kv_cache_write",
+                                    "qk_norm_rope"])
 def test_kernel_compiles_for_sm90(compiled, kernel):
     assert compiled[kernel] == "ok", compiled[kernel]

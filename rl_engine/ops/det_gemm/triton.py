@@ -196,7 +196,7 @@ def _det_gemm_leaves_kernel(a_ptr, b_ptr, w_ptr, c_ptr, cnt_ptr, M, N, K, k1, k2
         lo = tl.where(leaf == 0, 0, tl.where(leaf == 1, k1, tl.where(leaf == 2, k2, k3)))
         hi = tl.where(leaf == 0, k1, tl.where(leaf == 1, k2, tl.where(leaf == 2, k3, K)))
     part = _leaf(a_rows, b_cols, lo, hi, s_ak, s_bk, a_step, b_step, BM, BN, BK, UPCAST).to(tl.bfloat16)
-    mn = M.to(tl.int64) * N
+    mn = tl.cast(M, tl.int64) * N  # M may arrive as the constant 1 (Triton specialises it)
     w_tile = w_ptr + rows.to(tl.int64)[:, None] * N + cols.to(tl.int64)[None, :]
     tl.store(w_tile + leaf.to(tl.int64) * mn, part, mask=ok)
     if MERGE:
@@ -289,6 +289,12 @@ leaf (one launch instead of two per product; a decode step has four products per
 loads, merges and roundings as :func:`_det_gemm_merge_kernel` (tested: same bits). Off on CUDA until
 its bit tests pass on the H200; the interpreter always merges in the leaves."""
 
+MERGE_IN_LEAVES_MAX_M = DECODE_TILES.bm
+"""The in-leaf merge runs for M up to this (the decode tiles' rows). On the H200 at M = 64 (Qwen3-8B
+decode step at batch 64, ``[64, 64]`` tiles) the leaves kernel with the merge inside took 4.51 ms
+per step where leaves plus merge kernel took 4.12 + 0.33 ms: the tile's last program then loads
+four 64 x 64 leaves at the end of the kernel. A speed choice from M only; the bits are the same."""
+
 COUNTER_SLOTS = 4096
 """Tile counters per stream for the in-leaf merge; a launch with more tiles merges in a second
 kernel instead."""
@@ -367,7 +373,7 @@ def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bo
         w = torch.empty((1 << depth, m, n), dtype=torch.bfloat16, device=a.device)
         tiles_count = triton.cdiv(m, t.bm) * triton.cdiv(n, t.bn)
         if merge_in_leaves is None:
-            merge_in_leaves = a.device.type != "cuda" or MERGE_IN_LEAVES_ON_CUDA
+            merge_in_leaves = (a.device.type != "cuda" or MERGE_IN_LEAVES_ON_CUDA) and m <= MERGE_IN_LEAVES_MAX_M
         cnt = (counters if counters is not None else tile_counters(a.device, tiles_count)) if merge_in_leaves else None
         merge = cnt is not None
         _det_gemm_leaves_kernel[(tiles_count, 1 << depth)](
