@@ -64,11 +64,12 @@ def packed_projections(device: torch.device) -> bool:
     return device.type != "cuda" or PACKED_ON_CUDA
 
 
-FUSED_ON_CUDA = False
+FUSED_ON_CUDA = True
 """Whether the engine's forwards on a GPU take the backend's fused launches
-(:meth:`rl_engine.chain.model.Qwen3Model.decode_ops`: residual add + RMSNorm in one launch, the
-K/V cache write in one; same bits, tested). Off on CUDA until the engine's GPU tests pass with it on
-the H200; on the CPU the engine always takes them."""
+(:meth:`rl_engine.chain.model.Qwen3Model.decode_ops`: residual add + RMSNorm in one launch;
+qk_norm, RoPE and the K/V cache write in one; same bits, tested). On since the fused launches' bit
+tests and the engine's GPU tests passed with it on the H200
+(``evidence/2026-12-01-h200-decode-9575b6e/``); on the CPU the engine always takes them."""
 
 
 def fused_launches(device: torch.device) -> bool:

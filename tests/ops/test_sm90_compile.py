@@ -63,6 +63,9 @@ SCRIPT = textwrap.dedent(r'''
                 "n_chunks": "i32"}, {"SQRT_HALF": _f64._SQRT_HALF, "LN2_HI": _f64._LN2_HI, "LN2_LO": _f64._LN2_LO,
                                      "TERMS": _f64._LOG_TERMS, "BLOCK": gt.BLOCK_V, "CHUNK": gt.CHUNK_V,
                                      "WRITE_SCORE": ws}
+        yield "row_keys", gt._row_keys_kernel, {
+            "seq_ptr": "*i64", "pos_ptr": "*i64", "out_ptr": "*i64", "B": "i32", "seed_lo": "i64", "seed_hi": "i32"}, {
+            "BLOCK": gt.KEYS_BLOCK}
         yield "gumbel_reduce", gt._gumbel_reduce_kernel, {
             "pval_ptr": "*fp64", "pidx_ptr": "*i64", "pnan_ptr": "*i64", "out_ptr": "*i64", "n_chunks": "i32",
             "NO_NAN": "i32"}, {"CHUNKS_P2": 64}
@@ -136,6 +139,6 @@ def test_control_a_type_changing_loop_value_fails_to_compile(compiled):
 @pytest.mark.parametrize("kernel", ["gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce",
                                     "attention_decode[1]", "attention_decode[8]", "det_gemm_leaves[merge]",
                                     "det_gemm_leaves[merge,M=1]", "rms_norm[add]", "kv_cache_write",
-                                    "qk_norm_rope"])
+                                    "qk_norm_rope", "row_keys"])
 def test_kernel_compiles_for_sm90(compiled, kernel):
     assert compiled[kernel] == "ok", compiled[kernel]

@@ -186,6 +186,22 @@ def test_the_one_kernel_draw_computes_the_reference_scores_bit_for_bit(device, t
         assert not torch.equal(other.view(torch.int64), want.view(torch.int64))
 
 
+@pytest.mark.parametrize("seed", [0, 99, (1 << 64) - 1, 0x9E3779B9, 1 << 40])
+def test_the_key_kernel_is_the_torch_hash(device, seed):
+    """``row_keys_kernel`` (one launch) gives ``row_keys``'s int64 bits (~100 torch launches) for
+    sequence ids past 2^32 and positions up to 2^31, with seeds at both ends of [0, 2^64).
+    Control: sequence ids and positions swapped give other keys."""
+    from rl_engine.rollout.gumbel_triton import row_keys_kernel
+
+    g = torch.Generator().manual_seed(seed & 0xFFFF)
+    seq = torch.cat([torch.randint(0, 1 << 40, (300,), generator=g), torch.tensor([0, 1, (1 << 62) + 7])]).to(device)
+    pos = torch.cat([torch.randint(0, 1 << 31, (300,), generator=g), torch.tensor([0, 5, 1])]).to(device)
+    assert torch.equal(row_keys_kernel(seed, seq, pos), row_keys(seed, seq, pos))
+    assert not torch.equal(row_keys_kernel(seed, pos, seq), row_keys(seed, seq, pos))
+    with pytest.raises(InputError, match="positions"):
+        row_keys_kernel(seed, seq, pos[:5])
+
+
 def test_the_one_kernel_draw_refuses_bad_input():
     from rl_engine.rollout.gumbel_triton import gumbel_argmax
 
