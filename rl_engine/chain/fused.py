@@ -39,6 +39,19 @@ def _check_rows(name: str, t: torch.Tensor, shape: tuple[int, ...], device: torc
                          f"got {t.dtype} {list(t.shape)} on {t.device} with strides {list(t.stride())}")
 
 
+def _check_cache(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+                 t: int, hkv: int, d: int, dev: torch.device) -> None:
+    """Caches [B, S_max, Hkv, D] bfloat16 with unit stride on D; rows, positions [T] int64."""
+    if k_cache.dim() != 4:
+        raise InputError(f"{op}: k_cache must be [B, S_max, Hkv, D], got {list(k_cache.shape)}")
+    cache_shape = (k_cache.shape[0], k_cache.shape[1], hkv, d)
+    _check_rows(f"{op} k_cache", k_cache, cache_shape, dev)
+    _check_rows(f"{op} v_cache", v_cache, cache_shape, dev)
+    for name, ix in (("rows", rows), ("positions", positions)):
+        if ix.dtype != torch.int64 or tuple(ix.shape) != (t,) or ix.device != dev:
+            raise InputError(f"{op} {name}: expected int64 [{t}] on {dev}, got {ix.dtype} {list(ix.shape)} on {ix.device}")
+
+
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
                  order: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``(s, rms_norm(s))`` with ``s = x + delta``: the residual add and the next RMSNorm in one launch.
@@ -108,15 +121,7 @@ def kv_cache_write(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     dev = k.device
     _check_rows("kv_cache_write k", k, (t, hkv, d), dev)
     _check_rows("kv_cache_write v", v, (t, hkv, d), dev)
-    if k_cache.dim() != 4:
-        raise InputError(f"kv_cache_write: k_cache must be [B, S_max, Hkv, D], got {list(k_cache.shape)}")
-    cache_shape = (k_cache.shape[0], k_cache.shape[1], hkv, d)
-    _check_rows("kv_cache_write k_cache", k_cache, cache_shape, dev)
-    _check_rows("kv_cache_write v_cache", v_cache, cache_shape, dev)
-    for name, ix in (("rows", rows), ("positions", positions)):
-        if ix.dtype != torch.int64 or tuple(ix.shape) != (t,) or ix.device != dev:
-            raise InputError(f"kv_cache_write {name}: expected int64 [{t}] on {dev}, got {ix.dtype} "
-                             f"{list(ix.shape)} on {ix.device}")
+    _check_cache("kv_cache_write", k_cache, v_cache, rows, positions, t, hkv, d, dev)
     hd = hkv * d
     if hd & (hd - 1):
         raise InputError(f"kv_cache_write: Hkv * D = {hd} must be a power of two")
@@ -254,15 +259,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: to
     q_out = torch.empty((t, h, d), dtype=torch.bfloat16, device=dev)
     k_out = torch.empty((t, hkv, d), dtype=torch.bfloat16, device=dev)
     if all(cached):
-        if k_cache.dim() != 4:
-            raise InputError(f"qk_norm_rope: k_cache must be [B, S_max, Hkv, D], got {list(k_cache.shape)}")
-        cache_shape = (k_cache.shape[0], k_cache.shape[1], hkv, d)
-        _check_rows("qk_norm_rope k_cache", k_cache, cache_shape, dev)
-        _check_rows("qk_norm_rope v_cache", v_cache, cache_shape, dev)
-        for name, ix in (("rows", rows), ("positions", positions)):
-            if ix.dtype != torch.int64 or tuple(ix.shape) != (t,) or ix.device != dev:
-                raise InputError(f"qk_norm_rope {name}: expected int64 [{t}] on {dev}, got {ix.dtype} "
-                                 f"{list(ix.shape)} on {ix.device}")
+        _check_cache("qk_norm_rope", k_cache, v_cache, rows, positions, t, hkv, d, dev)
         kc, vc, rw, ps = k_cache, v_cache, rows, positions
         cs = (kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2))
     else:
