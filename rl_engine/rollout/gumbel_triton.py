@@ -221,7 +221,8 @@ def row_keys_kernel(seed: int, seq_ids: torch.Tensor, positions: torch.Tensor) -
         seed_lo = (int(seed) & 0xFFFFFFFF) ^ 0x9E3779B9
         seed_hi = (int(seed) >> 32) & 0xFFFFFFFF
         _row_keys_kernel[(triton.cdiv(b, KEYS_BLOCK),)](seq_ids.contiguous(), positions.contiguous(), out, b, seed_lo,
-                                                        seed_hi, BLOCK=KEYS_BLOCK, num_warps=4)
+                                                        seed_hi, BLOCK=KEYS_BLOCK, num_warps=4,
+                                                        enable_fp_fusion=FP_FUSION)
     return out
 
 
