@@ -28,7 +28,9 @@ the engine is built, replayed once per step; the ops run in their
 capture-safe form (:meth:`rl_engine.chain.model.Qwen3Model.capture_safe_ops`: the only checks
 left out are the ones that read device values, and the engine guarantees those: prompt ids are
 validated on the host, drawn tokens come from ``argmax`` over ``[0, V)``, positions stay below
-``S_max``, which the plan validated). The graph computes exactly what the eager step computes
+``S_max``, which the plan validated), with the backend's fused launches added where it has them
+(:meth:`~rl_engine.chain.model.Qwen3Model.decode_ops`, :data:`FUSED_ON_CUDA`: the same bits as
+the separate ops). The graph computes exactly what the eager step computes
 (same kernels, same launch arguments), so a replay gives the eager step's bits
 (``tests/chain/test_capture_gpu.py``). Per step the host reads one small tensor (which slots
 finished) and copies the drawn tokens and their logprobs out of the graph's output buffers.
