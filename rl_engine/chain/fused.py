@@ -8,10 +8,9 @@ arithmetic:
 * :func:`add_rms_norm`: the residual add ``s = x + delta`` (FP32 add of two BF16 values, rounded
   once: ``torch.add``'s bits) and ``rms_norm(s)`` in one launch of the norm kernel, which
   normalises the very BF16 values it stores (:func:`rl_engine.ops.rms_norm.triton.add_rms_norm_fwd`);
-* :func:`kv_cache_write`: the K and V rows of a step stored into the static cache in one launch
-  (two ``index_put`` launches before): a copy, no arithmetic;
 * :func:`qk_norm_rope`: ``qk_norm`` of q and k, their rotation and the K/V cache write in one
-  launch (five before): the norm's and the rotation's own steps and roundings, in registers.
+  launch (five before: two norms, two rotations, the indexed cache store): the norm's and the
+  rotation's own steps and roundings, in registers; the cache write is a copy.
 
 The model takes them only from an op table that has them (:meth:`Qwen3Model.decode_ops`, the
 engine's table); every other table runs the separate ops in the same order at the same sites.
@@ -79,58 +78,6 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     check_rows(x, weight, eps, order, 2)
     _check_rows("add_rms_norm delta", delta, tuple(x.shape), x.device)
     return add_rms_norm_fwd(x, delta, weight, float(eps), order == "hf")
-
-
-@triton.jit
-def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, rows_ptr, pos_ptr,
-                     s_kt, s_kh, s_vt, s_vh, s_cb, s_cs, s_ch, s_vcb, s_vcs, s_vch,
-                     D: tl.constexpr, HD: tl.constexpr):
-    """Token ``t``'s K and V rows [Hkv, D] into cache slot ``(rows[t], positions[t])``."""
-    t = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, HD)
-    h = (offs // D).to(tl.int64)
-    d = (offs % D).to(tl.int64)
-    row = tl.load(rows_ptr + t).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    k = tl.load(k_ptr + t * s_kt + h * s_kh + d)
-    v = tl.load(v_ptr + t * s_vt + h * s_vh + d)
-    tl.store(kc_ptr + row * s_cb + pos * s_cs + h * s_ch + d, k)
-    tl.store(vc_ptr + row * s_vcb + pos * s_vcs + h * s_vch + d, v)
-
-
-def kv_cache_write(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   rows: torch.Tensor, positions: torch.Tensor) -> None:
-    """``k_cache[rows[t], positions[t]] = k[t]`` and the same for ``v``, in one launch.
-
-    Parameters
-    ----------
-    k, v : [T, Hkv, D] bfloat16, unit stride on D (views of a packed projection are fine).
-    k_cache, v_cache : [B, S_max, Hkv, D] bfloat16, unit stride on D. rows, positions : [T] int64 on
-        the same device: the cache row and slot of each token, which the caller validated (the
-        engine's plan, :meth:`Qwen3Model.check_positions`); the kernel reads them on the device
-        and does not check them again, so the call can be captured in a CUDA graph.
-
-    Raises
-    ------
-    InputError
-        Shapes, dtypes, devices or strides other than the above, or Hkv * D not a power of two.
-    """
-    if k.dim() != 3:
-        raise InputError(f"kv_cache_write: k must be [T, Hkv, D], got {list(k.shape)}")
-    t, hkv, d = k.shape
-    dev = k.device
-    _check_rows("kv_cache_write k", k, (t, hkv, d), dev)
-    _check_rows("kv_cache_write v", v, (t, hkv, d), dev)
-    _check_cache("kv_cache_write", k_cache, v_cache, rows, positions, t, hkv, d, dev)
-    hd = hkv * d
-    if hd & (hd - 1):
-        raise InputError(f"kv_cache_write: Hkv * D = {hd} must be a power of two")
-    if t == 0:
-        return
-    _kv_write_kernel[(t,)](
-        k, v, k_cache, v_cache, rows, positions, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-        v_cache.stride(2), D=d, HD=hd, num_warps=4, enable_fp_fusion=FP_FUSION)
 
 
 @triton.jit
@@ -217,8 +164,11 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: to
     q : [T, H, D], k, v : [T, Hkv, D] bfloat16, unit stride on D (views of the packed q/k/v product
         are fine). q_weight, k_weight : [D] bfloat16. eps, order : as for ``qk_norm``
         (``"hf"`` or ``"fused"``). cos, sin : [T, D/2] float32 (:meth:`Qwen3Model.rope_tables`).
-    k_cache, v_cache, rows, positions : as for :func:`kv_cache_write` (all four or none); the cache
-        stores the rotated K and ``v`` as they are.
+    k_cache, v_cache : [B, S_max, Hkv, D] bfloat16, unit stride on D; rows, positions : [T] int64
+        on the same device, the cache row and slot of each token, which the caller validated (the
+        engine's plan, :meth:`Qwen3Model.check_positions`): the kernel reads them on the device and
+        does not check them again, so the call can be captured in a CUDA graph. All four or none;
+        the cache stores the rotated K and ``v`` as they are.
 
     Returns
     -------
@@ -278,10 +228,10 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: to
 
 def fused_decode_impls(backend: str) -> dict[str, Callable[..., Any]]:
     """The fused implementations ``backend`` has, by op-table name (``add_rms_norm``,
-    ``kv_cache_write``, ``qk_norm_rope``); empty for a backend without them."""
+    ``qk_norm_rope``); empty for a backend without them."""
     if backend not in FUSED_BACKENDS:
         return {}
-    return {"add_rms_norm": add_rms_norm, "kv_cache_write": kv_cache_write, "qk_norm_rope": qk_norm_rope}
+    return {"add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope}
 
 
-__all__ = ["FUSED_BACKENDS", "add_rms_norm", "fused_decode_impls", "kv_cache_write", "qk_norm_rope"]
+__all__ = ["FUSED_BACKENDS", "add_rms_norm", "fused_decode_impls", "qk_norm_rope"]

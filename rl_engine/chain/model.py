@@ -240,8 +240,7 @@ class Qwen3Model:
         """:meth:`capture_safe_ops` plus the backend's fused launches of
         :mod:`rl_engine.chain.fused` (residual add + RMSNorm; qk_norm, RoPE and the K/V cache write):
         the rollout engine's table. Same bits as :meth:`capture_safe_ops` (tested); fewer launches
-        per layer.
-        Raises as :meth:`capture_safe_ops`."""
+        per layer. Raises as :meth:`capture_safe_ops`."""
         from rl_engine.chain.fused import fused_decode_impls
 
         return self.capture_safe_ops().replace(**fused_decode_impls(self.backend))
@@ -410,11 +409,7 @@ class Qwen3Model:
                   order=self.norm_order)
             q = f("q_rope", "rope", x=q, cos=cos, sin=sin)
             k = f("k_rope", "rope", x=k, cos=cos, sin=sin)
-        if cache is not None and not f.has("qk_norm_rope"):  # the one rounding of K/V happened in rope / v_proj
-            if f.has("kv_cache_write"):
-                f("kv_cache_write", "kv_cache_write", k=k, v=v, k_cache=cache.k[li], v_cache=cache.v[li],
-                  rows=step.rows, positions=positions)
-            else:
+            if cache is not None:  # the one rounding of K/V happened in rope / v_proj; the cache stores those bits
                 cache.k[li][step.rows, positions] = k
                 cache.v[li][step.rows, positions] = v
         if step.cache_seqlens is not None:

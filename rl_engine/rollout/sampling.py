@@ -276,13 +276,14 @@ class Sampler:
             tokens = torch.argmax(logits, dim=1)
             return tokens, sampling_logprobs(logp_fn, logits, tokens, params)
         mask = kept_mask(logits, params)
-        if _fused_draw_available(logits):  # one launch instead of ~100, the same bits (gumbel_triton)
+        fused = _fused_draw_available(logits)
+        if fused:  # one launch instead of ~100, the same bits (gumbel_triton)
             from rl_engine.rollout.gumbel_triton import row_keys_kernel
 
             keys = row_keys_kernel(params.seed, self.key_ids(seq_ids, slots).contiguous(), positions.contiguous())
         else:
             keys = row_keys(params.seed, self.key_ids(seq_ids, slots), positions)
-        if mask is None and _fused_draw_available(logits):  # one kernel, the same bits (gumbel_triton)
+        if mask is None and fused:  # one kernel, the same bits (gumbel_triton)
             from rl_engine.rollout.gumbel_triton import gumbel_argmax
 
             tokens = gumbel_argmax(logits.contiguous(), keys, params.temperature)

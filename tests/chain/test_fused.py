@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_engine.chain.fused import add_rms_norm, fused_decode_impls, kv_cache_write, qk_norm_rope
+from rl_engine.chain.fused import add_rms_norm, fused_decode_impls, qk_norm_rope
 from rl_engine.chain.model import KVCache, Qwen3Model
 from rl_engine.errors import InputError
 from rl_engine.ops import spec as spec_mod
@@ -43,31 +43,6 @@ def test_add_rms_norm_is_the_add_then_the_norm(device, t, e, order):
     assert not _same(y, rms_norm(nudged, w, 1e-6, order, backend=TRITON))
 
 
-def test_kv_cache_write_is_the_indexed_store(device):
-    """One launch stores K and V (a strided view, as in the packed projection) at ``(rows,
-    positions)`` exactly as the two indexed stores; the other slots keep their NaN. Control: a
-    swap of two positions is seen."""
-    g = spec_mod.make_generator(7)
-    t, hkv, d, b, s_max = 3, 2, 16, 4, 8
-    k = spec_mod.randn((t, hkv, d), g, device=device)
-    v = spec_mod.randn((t, 2 * hkv * d), g, device=device)[:, hkv * d:].reshape(t, hkv, d)  # a strided view
-    rows = torch.tensor([0, 2, 3], dtype=torch.int64, device=device)
-    pos = torch.tensor([5, 0, 7], dtype=torch.int64, device=device)
-
-    def caches():
-        return [torch.full((b, s_max, hkv, d), float("nan"), dtype=torch.bfloat16, device=device) for _ in range(2)]
-
-    kc, vc = caches()
-    kv_cache_write(k, v, kc, vc, rows, pos)
-    rk, rv = caches()
-    rk[rows, pos] = k
-    rv[rows, pos] = v
-    assert _same(kc, rk) and _same(vc, rv)  # NaN slots compared by their bits
-    sk, sv = caches()
-    kv_cache_write(k, v, sk, sv, rows, pos[[1, 0, 2]])
-    assert not _same(sk, rk)
-
-
 def test_fused_launches_refuse_bad_input_before_any_launch(device):
     x = torch.zeros((2, 8), dtype=torch.bfloat16, device=device)
     w = torch.zeros((8,), dtype=torch.bfloat16, device=device)
@@ -78,14 +53,21 @@ def test_fused_launches_refuse_bad_input_before_any_launch(device):
     with pytest.raises(InputError, match="x"):
         add_rms_norm(x.float(), x, w, 1e-6, "hf")
     k = torch.zeros((2, 2, 4), dtype=torch.bfloat16, device=device)
+    kw = torch.zeros((4,), dtype=torch.bfloat16, device=device)
+    tab = torch.zeros((2, 2), dtype=torch.float32, device=device)
     cache = torch.zeros((1, 4, 2, 4), dtype=torch.bfloat16, device=device)
     ix = torch.zeros((2,), dtype=torch.int64, device=device)
+
+    def write(k_=k, v_cache=cache, positions=ix):
+        return qk_norm_rope(k_, k_, k, kw, kw, 1e-6, "hf", tab, tab, k_cache=cache, v_cache=v_cache, rows=ix,
+                            positions=positions)
+
     with pytest.raises(InputError, match="positions"):
-        kv_cache_write(k, k, cache, cache, ix, ix.to(torch.int32))
+        write(positions=ix.to(torch.int32))
     with pytest.raises(InputError, match="v_cache"):
-        kv_cache_write(k, k, cache, cache[..., :2], ix, ix)
-    with pytest.raises(InputError, match="k: expected"):
-        kv_cache_write(k.transpose(1, 2), k, cache, cache, ix, ix)
+        write(v_cache=cache[..., :2])
+    with pytest.raises(InputError, match="q: expected"):
+        write(k_=k.transpose(1, 2))
     assert fused_decode_impls("cuda_bf16") == {}
 
 
@@ -108,7 +90,7 @@ def test_decode_ops_give_the_plain_forwards_bits(micro_weights, device):
         return outs, cache
 
     fused_ops = model.decode_ops()
-    assert all(fused_ops.has(op) for op in ("add_rms_norm", "kv_cache_write", "qk_norm_rope"))
+    assert all(fused_ops.has(op) for op in ("add_rms_norm", "qk_norm_rope"))
     assert not model.capture_safe_ops().has("add_rms_norm")
     plain, plain_cache = run(model.capture_safe_ops())
     fused, fused_cache = run(fused_ops)

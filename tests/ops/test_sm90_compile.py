@@ -94,10 +94,6 @@ SCRIPT = textwrap.dedent(r'''
             **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_yt", "stride_yh", "stride_dt",
                                         "stride_st")}}, {
             "BLOCK": 4096, "HF_ORDER": True, "LANES": rn.LANES, "CHUNKS": 32, "ADD": True}
-        yield "kv_cache_write", fused._kv_write_kernel, {
-            "k_ptr": "*bf16", "v_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "rows_ptr": "*i64",
-            "pos_ptr": "*i64", **{name: "i64" for name in ("s_kt", "s_kh", "s_vt", "s_vh", "s_cb", "s_cs", "s_ch",
-                                                            "s_vcb", "s_vcs", "s_vch")}}, {"D": 128, "HD": 1024}
         yield "qk_norm_rope", fused._qk_norm_rope_kernel, {
             **{name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr", "qo_ptr", "ko_ptr", "kc_ptr",
                                           "vc_ptr")}, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "rows_ptr": "*i64",
@@ -138,7 +134,7 @@ def test_control_a_type_changing_loop_value_fails_to_compile(compiled):
 
 @pytest.mark.parametrize("kernel", ["gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce",
                                     "attention_decode[1]", "attention_decode[8]", "det_gemm_leaves[merge]",
-                                    "det_gemm_leaves[merge,M=1]", "rms_norm[add]", "kv_cache_write",
+                                    "det_gemm_leaves[merge,M=1]", "rms_norm[add]",
                                     "qk_norm_rope", "row_keys"])
 def test_kernel_compiles_for_sm90(compiled, kernel):
     assert compiled[kernel] == "ok", compiled[kernel]
