@@ -8,7 +8,7 @@
 #      passed), PACKED=1 / BUCKETS=1 to turn the engine's packed projections / per-bucket graphs on
 #      for the call (before TESTS), FUSED=1 / LEAF_MERGE=1 the engine's fused launches / det_gemm's
 #      in-leaf merge,
-#      GEMV=1 for tools/gemv_compare.py and an ncu profile, BENCH_OPS="chain_decode ..." to run
+#      GEMV=1 for tools/gemv_compare.py (GEMV_ARGS, e.g. --variants) and an ncu profile, BENCH_OPS="chain_decode ..." to run
 #      `rl-engine bench --ops` last. A flag turned on here is committed only after the call passed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -53,7 +53,7 @@ if [ "${GEMM_SWEEP:-1}" = "1" ]; then
   echo "det_gemm sweep rc $? after $(( $(date +%s) - start )) s"; grep -v "^  " "$OUT/det-gemm-sweep-m64.txt" | tail -n 12
 fi
 if [ "${GEMV:-0}" = "1" ]; then  # decode GEMVs of both backends vs cuBLAS, and one ncu profile of the CUDA one
-  timeout 120 python3 tools/gemv_compare.py >"$OUT/gemv-compare.txt" 2>&1
+  timeout 150 python3 tools/gemv_compare.py ${GEMV_ARGS:-} >"$OUT/gemv-compare.txt" 2>&1
   echo "gemv compare rc $? after $(( $(date +%s) - start )) s"; cat "$OUT/gemv-compare.txt" | grep -v Warn | tail -n 9
   timeout 120 ncu --kernel-name regex:gemv_leaf --launch-skip 4 --launch-count 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \

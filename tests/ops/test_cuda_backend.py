@@ -264,6 +264,29 @@ def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
     assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True), fused)
 
 
+def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
+    """Each ring geometry of the decode GEMV (``set_gemv_variant``) gives the fused kernel's bits
+    for the BF16 leaves and the FP32 logits, with leaves that end inside a 32-wide step (K = 1056:
+    leaves of 264). Control: a depth-1 tree differs. The default variant is restored."""
+    from rl_engine.ops.det_gemm import cuda as dg_cuda
+    from rl_engine.ops.lm_head.cuda import gemm_f32_out
+
+    w = _bf16((72, 1056), 3, cuda_device, scale=1056 ** -0.5)
+    a = _bf16((5, 1056), 4, cuda_device)
+    fused = dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=False)
+    logits = gemm_f32_out(_bf16((40, 1056), 4, cuda_device), w.t())[:5]  # 40 rows: the 128 x 128 kernel
+    try:
+        for v in range(dg_cuda.GEMV_VARIANTS):
+            dg_cuda.set_gemv_variant(v)
+            assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True), fused), f"variant {v}"
+            assert torch.equal(gemm_f32_out(a, w.t()).view(torch.int32), logits.view(torch.int32)), f"variant {v}"
+            assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True), fused)
+    finally:
+        dg_cuda.set_gemv_variant(0)
+    with pytest.raises(InputError, match="gemv variant"):
+        dg_cuda.set_gemv_variant(dg_cuda.GEMV_VARIANTS)
+
+
 def test_lm_head_decode_rows_equal_prefill_rows(cuda_device):
     """The FP32-output GEMM (lm_head logits) takes the streamed decode kernel for M <= 16 and the
     128 x 128 kernel above; a row's FP32 logits are the same bits either way (batch invariance

@@ -309,8 +309,8 @@ __global__ void __launch_bounds__(TB_THREADS) tree_leaf_kernel(TreeArgs g, bf16*
 // first index in increasing k, each two wmma::mma_sync of 16 k (the same fragment types, so the
 // same HMMA instructions), the tail step zero-padded past the leaf's end, no step past the leaf's
 // last, one rounding to BF16 (or the FP32 sum itself for the FP32-output GEMM). Only the way
-// operands reach shared memory differs: cp.async 16-byte copies into a ring of GV_STAGES slots of
-// GV_KS steps each (dynamic shared memory), so several 16 KB slices of the weight are in flight per
+// operands reach shared memory differs: cp.async 16-byte copies into a ring of STAGES slots of
+// KS steps each (dynamic shared memory, GvRing), so several 16 KB slices of the weight are in flight per
 // block (the fused kernel loads one 32-wide step at a time and is latency-bound at M = 1; a ring of
 // single steps reached only 0.39 of copy bandwidth on the H200). Needs unit stride along K for both
 // operands, 16-byte aligned rows and leaf bounds that are multiples of 8 (the host checks;
@@ -318,24 +318,32 @@ __global__ void __launch_bounds__(TB_THREADS) tree_leaf_kernel(TreeArgs g, bf16*
 constexpr int GV_M = 16;
 constexpr int GV_N = 64;
 constexpr int GV_THREADS = 128;
-constexpr int GV_KS = 4;                    // 32-wide K steps per ring slot
-constexpr int GV_SK = GV_KS * TB_K;         // K width of a slot (128)
-constexpr int GV_LD = GV_SK + 8;            // smem row stride (elements): 272 bytes, a multiple of 32
-constexpr int GV_STAGES = 4;
-constexpr int GV_SLOT = (GV_M + GV_N) * GV_LD;  // elements per slot: A rows, then B rows
-constexpr size_t GV_SMEM = static_cast<size_t>(GV_STAGES) * GV_SLOT * sizeof(bf16);
 
-// Issue the copies of slot s: K range [k0, k0 + GV_SK), elements at or past hi zero-filled.
+// Ring geometry: KS 32-wide K steps per slot, STAGES slots. The geometry only decides how many bytes
+// of the weight are in flight and how many blocks fit an SM (shared memory); every variant runs the
+// same 32-wide steps in the same order with the same WMMA instructions, so the bits are the same
+// (tested, in the host emulation and on the H200). GV_VARIANTS lists the ones the library has;
+// rl_gemv_variant picks one for the process (the sweep tool; the default is variant 0).
+template <int KS, int STAGES>
+struct GvRing {
+    static constexpr int SK = KS * TB_K;             // K width of a slot
+    static constexpr int LD = SK + 8;                // smem row stride (elements): a multiple of 8
+    static constexpr int SLOT = (GV_M + GV_N) * LD;  // elements per slot: A rows, then B rows
+    static constexpr size_t SMEM = static_cast<size_t>(STAGES) * SLOT * sizeof(bf16);
+};
+
+// Issue the copies of slot s: K range [k0, k0 + SK), elements at or past hi zero-filled.
+template <typename R>
 __device__ __forceinline__ void gemv_issue(bf16* ring, int s, const TreeArgs& g, int64_t n0, int64_t k0, int64_t hi) {
-    constexpr int VPR = GV_SK / 8;  // 16-byte chunks per row of a slot
-    bf16* slot = ring + static_cast<int64_t>(s) * GV_SLOT;
+    constexpr int VPR = R::SK / 8;  // 16-byte chunks per row of a slot
+    bf16* slot = ring + static_cast<int64_t>(s) * R::SLOT;
     for (int v = threadIdx.x; v < (GV_M + GV_N) * VPR; v += GV_THREADS) {
         const int r = v / VPR;
         const int kc = (v % VPR) * 8;
         const int64_t gk = k0 + kc;
         const int64_t left = hi - gk;
         const int bytes = left >= 8 ? 16 : (left > 0 ? static_cast<int>(left) * 2 : 0);
-        bf16* dst = slot + r * GV_LD + kc;
+        bf16* dst = slot + r * R::LD + kc;
         if (r < GV_M) {
             const bool ok = r < g.M && bytes;
             cp_async16(dst, ok ? g.a + r * g.s_am + gk : g.a, ok ? bytes : 0);
@@ -347,8 +355,9 @@ __device__ __forceinline__ void gemv_issue(bf16* ring, int s, const TreeArgs& g,
     }
 }
 
-template <bool OUT_F32>
+template <bool OUT_F32, int KS, int STAGES>
 __global__ void __launch_bounds__(GV_THREADS) gemv_leaf_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
+    using R = GvRing<KS, STAGES>;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16* ring = reinterpret_cast<bf16*>(smem_raw);
     const int warp = threadIdx.x >> 5;
@@ -358,30 +367,30 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_leaf_kernel(TreeArgs g, void*
     const int64_t lo = g.bounds[leaf];
     const int64_t hi = g.bounds[leaf + 1];
     const int64_t steps = cdiv(hi - lo, TB_K);   // the fused kernel's 32-wide steps
-    const int64_t slots = cdiv(steps, GV_KS);
+    const int64_t slots = cdiv(steps, KS);
     FragC acc;
     wmma::fill_fragment(acc, 0.0f);
 #pragma unroll
-    for (int s = 0; s < GV_STAGES - 1; ++s) {
-        if (s < slots) gemv_issue(ring, s, g, n0, lo + s * GV_SK, hi);
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < slots) gemv_issue<R>(ring, s, g, n0, lo + s * R::SK, hi);
         cp_async_commit();
     }
     for (int64_t i = 0; i < slots; ++i) {
-        cp_async_wait<GV_STAGES - 2>();
+        cp_async_wait<STAGES - 2>();
         __syncthreads();  // slot i has landed for every thread; slot i - 1 is free again
-        const int64_t nxt = i + GV_STAGES - 1;
-        if (nxt < slots) gemv_issue(ring, static_cast<int>(nxt % GV_STAGES), g, n0, lo + nxt * GV_SK, hi);
+        const int64_t nxt = i + STAGES - 1;
+        if (nxt < slots) gemv_issue<R>(ring, static_cast<int>(nxt % STAGES), g, n0, lo + nxt * R::SK, hi);
         cp_async_commit();
-        const bf16* slot = ring + (i % GV_STAGES) * GV_SLOT;
+        const bf16* slot = ring + (i % STAGES) * R::SLOT;
 #pragma unroll
-        for (int j = 0; j < GV_KS; ++j) {
-            if (i * GV_KS + j >= steps) break;  // the fused kernel runs no step past the leaf's last
+        for (int j = 0; j < KS; ++j) {
+            if (i * KS + j >= steps) break;  // the fused kernel runs no step past the leaf's last
 #pragma unroll
             for (int kk = 0; kk < TB_K; kk += 16) {
                 FragA fa;
                 FragB fb;
-                wmma::load_matrix_sync(fa, slot + j * TB_K + kk, GV_LD);
-                wmma::load_matrix_sync(fb, slot + (GV_M + warp * 16) * GV_LD + j * TB_K + kk, GV_LD);
+                wmma::load_matrix_sync(fa, slot + j * TB_K + kk, R::LD);
+                wmma::load_matrix_sync(fb, slot + (GV_M + warp * 16) * R::LD + j * TB_K + kk, R::LD);
                 wmma::mma_sync(acc, fa, fb, acc);
             }
         }
@@ -404,14 +413,33 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_leaf_kernel(TreeArgs g, void*
     }
 }
 
-template <bool OUT_F32>
-int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
-    const cudaError_t e = cudaFuncSetAttribute(gemv_leaf_kernel<OUT_F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(GV_SMEM));
+template <bool OUT_F32, int KS, int STAGES>
+int launch_gemv_ring(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    constexpr size_t smem = GvRing<KS, STAGES>::SMEM;
+    static_assert(smem >= GV_THREADS / 32 * 256 * sizeof(float), "the ring must hold the FP32 staging area");
+    const cudaError_t e = cudaFuncSetAttribute(gemv_leaf_kernel<OUT_F32, KS, STAGES>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return static_cast<int>(e);
     dim3 grid(static_cast<unsigned>(cdiv(g.N, GV_N)), static_cast<unsigned>(leaves));
-    gemv_leaf_kernel<OUT_F32><<<grid, GV_THREADS, GV_SMEM, st>>>(g, out, s_om, s_on);
+    gemv_leaf_kernel<OUT_F32, KS, STAGES><<<grid, GV_THREADS, smem, st>>>(g, out, s_om, s_on);
     return launch_status();
+}
+
+// The ring variants (KS, STAGES) and shared memory per block: 0 = (4, 4) 87 KB, two blocks per SM
+// (the default; on the H200 at 12.5 % occupancy, 1.53 TB/s for the gate/up product, ncu);
+// 1 = (2, 4) 46 KB; 2 = (2, 6) 69 KB; 3 = (1, 8) 51 KB; 4 = (4, 2) 44 KB.
+constexpr int GV_VARIANTS = 5;
+int g_gemv_variant = 0;
+
+template <bool OUT_F32>
+int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    switch (g_gemv_variant) {
+        case 1: return launch_gemv_ring<OUT_F32, 2, 4>(g, leaves, out, s_om, s_on, st);
+        case 2: return launch_gemv_ring<OUT_F32, 2, 6>(g, leaves, out, s_om, s_on, st);
+        case 3: return launch_gemv_ring<OUT_F32, 1, 8>(g, leaves, out, s_om, s_on, st);
+        case 4: return launch_gemv_ring<OUT_F32, 4, 2>(g, leaves, out, s_om, s_on, st);
+        default: return launch_gemv_ring<OUT_F32, 4, 4>(g, leaves, out, s_om, s_on, st);
+    }
 }
 
 // Whether the decode form can run this product (host side; depends on M, layout and bounds only).
@@ -608,6 +636,16 @@ RL_EXPORT int rl_gemm_bf16_f32out(const void* a, const void* b, void* c, int64_t
 // CUDA-core FP32 GEMM. a_f32 / b_f32 / c_f32: 1 when that operand is FP32, 0 when BF16.
 // Supported: A fp32 with B bf16 (C bf16, C fp32, or C fp32 with accumulate=1), and A bf16 with B fp32
 // into C bf16 / fp32.
+// Pick the decode GEMV's ring variant (0 .. GV_VARIANTS - 1) for every later launch of this process;
+// returns the previous one, or -1 (and changes nothing) for a number outside the range. For the sweep
+// tool: the bits do not depend on the variant.
+RL_EXPORT int64_t rl_gemv_variant(int64_t v) {
+    if (v < 0 || v >= GV_VARIANTS) return -1;
+    const int64_t old = g_gemv_variant;
+    g_gemv_variant = static_cast<int>(v);
+    return old;
+}
+
 RL_EXPORT int rl_gemm_f32_simt(const void* a, const void* b, void* c, int64_t M, int64_t N, int64_t K, int64_t s_am, int64_t s_ak, int64_t s_bk, int64_t s_bn, int64_t s_cm, int64_t s_cn, int64_t a_f32, int64_t b_f32, int64_t c_f32, int64_t accumulate, void* stream) {
     if (M == 0 || N == 0) return 0;
     const int64_t gm = cdiv(M, SG_M);

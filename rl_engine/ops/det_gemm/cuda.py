@@ -46,6 +46,30 @@ loops and merges as the fused kernel, so the bits are the same (tested); the cho
 on M and N."""
 
 
+GEMV_VARIANTS = 5
+"""Ring geometries of the decode GEMV (``gemv_leaf_kernel``: 32-wide K steps per slot, slots):
+0 = (4, 4), the default; 1 = (2, 4); 2 = (2, 6); 3 = (1, 8); 4 = (4, 2). They differ only in how
+much of the weight is in flight and how many blocks fit an SM; the steps, their order and the
+instructions are the same, so the bits are (tested)."""
+
+
+def set_gemv_variant(variant: int) -> int:
+    """Make every later decode GEMV of this process use ring ``variant`` (for
+    ``tools/gemv_compare.py --variants``); returns the previous one.
+
+    Raises
+    ------
+    InputError
+        ``variant`` not in ``[0, GEMV_VARIANTS)``.
+    """
+    from rl_engine.backends.cuda_launch import query
+    from rl_engine.errors import InputError
+
+    if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < GEMV_VARIANTS:
+        raise InputError(f"gemv variant: expected an integer in [0, {GEMV_VARIANTS}), got {variant!r}")
+    return query("rl_gemv_variant", variant)
+
+
 def use_leaf_split(m: int, n: int, depth: int) -> bool:
     """Whether :func:`det_gemm_launch` takes the leaf-parallel form for an ``[m, n]`` output."""
     return depth > 0 and -(-m // TILE) * -(-n // TILE) < LEAF_SPLIT_BELOW_TILES
