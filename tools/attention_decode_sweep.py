@@ -1,4 +1,5 @@
-"""Sweep the Triton decode-attention launch (head-dim split, warps, stages) on a GPU (issue #19).
+"""Sweep the decode-attention launch on a GPU (issue #19): Triton's head-dim split, warps and
+stages, or with ``--backend cuda`` the CUDA backend's column split of its second launch.
 
 For B in {1, 16, 64} x context in {1024, 8192} at Qwen3-8B head shapes (32 query heads over 8 KV
 heads, D = 128; a static cache of exactly ``context`` positions, every sequence at full length), each
@@ -9,7 +10,7 @@ process gives the bandwidth the KV read is measured against (bytes = the K and V
 sequence, read once). Prints one line per (shape, config) and writes ``--json`` (default
 ``$OUT/attention_decode_sweep.json``).
 
-Usage: ``python tools/attention_decode_sweep.py [--quick] [--json PATH]``
+Usage: ``python tools/attention_decode_sweep.py [--backend triton|cuda] [--quick] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import triton
 import triton.testing
 
 from rl_engine.graphs import time_per_call
-from rl_engine.ops.attention import triton as at
+from rl_engine.ops.attention import cuda as at_cuda
+from rl_engine.ops.attention import triton as at_triton
 
 H, HKV, D = 32, 8, 128
 CALLS, REPLAYS = 20, 5
@@ -34,6 +36,7 @@ CALLS, REPLAYS = 20, 5
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--backend", choices=("triton", "cuda"), default="triton")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "attention_decode_sweep.json"))
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -43,9 +46,12 @@ def main() -> int:
     del src, dst
     print(f"copy bandwidth {copy:.0f} GB/s")
     splits = (1, 4) if args.quick else (1, 2, 4, 8)
-    stages = (2,) if args.quick else (2, 3)
-    warps = (4,) if args.quick else (4, 8)
-    configs = list(itertools.product(splits, warps, stages))
+    if args.backend == "cuda":  # the launch constants are compiled in; only the column split varies
+        at, configs = at_cuda, [(s, None, None) for s in splits]
+    else:
+        stages = (2,) if args.quick else (2, 3)
+        warps = (4,) if args.quick else (4, 8)
+        at, configs = at_triton, list(itertools.product(splits, warps, stages))
     rows = []
     t0 = time.time()
     for bsz, ctx in itertools.product((1, 16, 64), (1024, 8192)):
@@ -62,6 +68,8 @@ def main() -> int:
               f"{default_ms * 1e3:.1f} us = {nbytes / default_ms / 1e6 / copy:.2f} of copy")
         for split, w, st in configs:
             def call(split=split, w=w, st=st):
+                if w is None:
+                    return at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=split)
                 return at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=split, num_warps=w, num_stages=st)
             try:
                 same = bool(torch.equal(call().view(torch.int16), ref.view(torch.int16)))
@@ -72,13 +80,13 @@ def main() -> int:
             rows.append({"B": bsz, "context": ctx, "d_split": split, "num_warps": w, "num_stages": st,
                          "same_bits": same, "us": None if ms is None else ms * 1e3, "of_copy": frac,
                          "kv_bytes": nbytes, "copy_gbps": copy, "error": err})
-            print(f"  split {split} {w}w {st}s: " + (err or f"{ms * 1e3:8.1f} us {frac:.2f} of copy, same bits {same}"))
+            print(f"  split {split} {w or '-'}w {st or '-'}s: " + (err or f"{ms * 1e3:8.1f} us {frac:.2f} of copy, same bits {same}"))
         del kc, vc
     bad = sorted({(r["d_split"], r["num_warps"], r["num_stages"]) for r in rows if r["same_bits"] is False})
     if bad:
         print("CONFIGS WITH OTHER BITS:", bad)
     with open(args.json, "w") as f:
-        json.dump({"copy_gbps": copy, "rows": rows, "other_bits": bad, "wall_s": time.time() - t0,
+        json.dump({"backend": args.backend, "copy_gbps": copy, "rows": rows, "other_bits": bad, "wall_s": time.time() - t0,
                    "torch": torch.__version__, "triton": triton.__version__,
                    "device": torch.cuda.get_device_name()}, f, indent=1)
     return 0

@@ -1,6 +1,6 @@
 """Decode GEMVs of both kernel backends beside cuBLAS at the Qwen3-8B projection shapes (issue #19).
 
-M = 1 and M = 16, each timed as ``CALLS`` launches back to back in one CUDA graph (as in a captured
+M = 1, 16 and 64, each timed as ``CALLS`` launches back to back in one CUDA graph (as in a captured
 decode step), plus the bits of each backend's decode path against its own prefill form. Meant to
 run under ``ncu`` too (``--once`` launches each shape once, untimed, for a kernel profile).
 ``--variants``: the CUDA side once per ring geometry of its decode GEMV
@@ -39,7 +39,7 @@ def main() -> int:
     for name, (k, n) in SHAPES.items():
         g = torch.Generator(device=dev).manual_seed(k + n)
         w = (torch.randn((n, k), generator=g, device=dev) * k ** -0.5).to(torch.bfloat16)
-        for m in (1, 16):
+        for m in (1, 16, 64):
             a = torch.randn((m, k), generator=g, device=dev).to(torch.bfloat16)
             if args.once:
                 dg_cuda.det_gemm_launch(a, w.t(), 2)

@@ -3,12 +3,13 @@
 # the GPU tests of the decode kernels, the decode-attention and det_gemm (M = 64) sweeps, and
 # decode-step profiles; everything lands under $OUT.
 # env: OUT, TESTS (pytest selection), PROFILES ("backend:batch:context ..."), ATTN_SWEEP=0 / GEMM_SWEEP=0
-#      to skip a sweep,
+#      to skip a sweep, ATTN_BACKENDS ("triton cuda": the attention sweep per backend),
 #      FUSED_DRAW=1 to run the fused draw's GPU test (the draw is ON for the rest of the call only if it
 #      passed), PACKED=1 / BUCKETS=1 to turn the engine's packed projections / per-bucket graphs on
 #      for the call (before TESTS), FUSED=1 / LEAF_MERGE=1 the engine's fused launches / det_gemm's
 #      in-leaf merge,
-#      GEMV=1 for tools/gemv_compare.py (GEMV_ARGS, e.g. --variants) and an ncu profile, BENCH_OPS="chain_decode ..." to run
+#      GEMV=1 for tools/gemv_compare.py (GEMV_ARGS, e.g. --variants) and an ncu profile, RMS_SWEEP=1
+#      for tools/rms_decode_sweep.py, BENCH_OPS="chain_decode ..." to run
 #      `rl-engine bench --ops` last. A flag turned on here is committed only after the call passed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -45,8 +46,11 @@ if [ -n "${TESTS:-}" ]; then
   echo "tests rc $? after $(( $(date +%s) - start )) s"; tail -n 25 "$OUT/gpu-tests.log"
 fi
 if [ "${ATTN_SWEEP:-1}" = "1" ]; then
-  timeout 200 python3 tools/attention_decode_sweep.py --json "$OUT/attention_decode_sweep.json" >"$OUT/attention-sweep.txt" 2>&1
-  echo "attention sweep rc $? after $(( $(date +%s) - start )) s"; grep -v "^  " "$OUT/attention-sweep.txt" | tail -n 12
+  for be in ${ATTN_BACKENDS:-triton}; do
+    timeout 200 python3 tools/attention_decode_sweep.py --backend "$be" --json "$OUT/attention_decode_sweep_$be.json" \
+      >"$OUT/attention-sweep-$be.txt" 2>&1
+    echo "attention sweep $be rc $? after $(( $(date +%s) - start )) s"; grep -v "^  " "$OUT/attention-sweep-$be.txt" | tail -n 12
+  done
 fi
 if [ "${GEMM_SWEEP:-1}" = "1" ]; then
   timeout 220 python3 tools/det_gemm_decode_sweep.py --ms 64 --json "$OUT/det_gemm_sweep_m64.json" >"$OUT/det-gemm-sweep-m64.txt" 2>&1
@@ -59,6 +63,10 @@ if [ "${GEMV:-0}" = "1" ]; then  # decode GEMVs of both backends vs cuBLAS, and 
     --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
     python3 tools/gemv_compare.py --once >"$OUT/ncu-gemv.txt" 2>&1
   echo "ncu rc $? after $(( $(date +%s) - start )) s"
+fi
+if [ "${RMS_SWEEP:-0}" = "1" ]; then  # the Triton norm's warps at decode row counts
+  timeout 120 python3 tools/rms_decode_sweep.py --json "$OUT/rms_decode_sweep.json" >"$OUT/rms-sweep.txt" 2>&1
+  echo "rms sweep rc $? after $(( $(date +%s) - start )) s"; grep -v Warn "$OUT/rms-sweep.txt" | tail -n 30
 fi
 for p in ${PROFILES:-}; do
   IFS=: read -r be b c <<<"$p"

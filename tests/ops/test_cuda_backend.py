@@ -248,8 +248,9 @@ def test_det_gemm_leaf_parallel_form_equals_fused_form(cuda_device, m, k, n, tra
 
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (1056, 72)])
 def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
-    """At decode-sized M (<= 16) with a contiguous weight, the leaf-parallel form runs the streamed
-    decode kernel (gemv_leaf_kernel: cp.async ring, one warp per 16 x 16 fragment); its bits equal
+    """At decode-sized M (<= 64) with a contiguous weight, the leaf-parallel form runs the streamed
+    decode kernel (gemv_leaf_kernel: cp.async ring, each warp one 16-column strip of 1, 2 or 4
+    16 x 16 fragments); its bits equal
     the fused 128 x 128 kernel's at every Qwen3-8B projection shape and at a K whose leaves end inside a
     32-wide step (1056: leaves of 264). Control: a depth-1 tree differs."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
@@ -257,7 +258,7 @@ def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
     if cuda_device.type == "cpu" and n * k > 1056 * 72:
         pytest.skip("Qwen3-8B shapes run on the GPU only (the host emulation runs one fiber per CUDA thread)")
     w = _bf16((n, k), n + k, cuda_device, scale=k ** -0.5)
-    for m in (1, 5, 16):
+    for m in (1, 5, 16, 17, 33, 64):
         a = _bf16((m, k), m, cuda_device)
         fused = dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=False)
         assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True), fused), f"M={m}"
@@ -272,15 +273,18 @@ def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
     from rl_engine.ops.lm_head.cuda import gemm_f32_out
 
     w = _bf16((72, 1056), 3, cuda_device, scale=1056 ** -0.5)
-    a = _bf16((5, 1056), 4, cuda_device)
-    fused = dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=False)
-    logits = gemm_f32_out(_bf16((40, 1056), 4, cuda_device), w.t())[:5]  # 40 rows: the 128 x 128 kernel
+    rows = _bf16((70, 1056), 4, cuda_device)
+    logits = gemm_f32_out(rows, w.t())  # 70 rows: the 128 x 128 kernel
     try:
         for v in range(dg_cuda.GEMV_VARIANTS):
             dg_cuda.set_gemv_variant(v)
-            assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True), fused), f"variant {v}"
-            assert torch.equal(gemm_f32_out(a, w.t()).view(torch.int32), logits.view(torch.int32)), f"variant {v}"
-            assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True), fused)
+            for m in (5, 40):  # one and three 16-row fragments per warp
+                a = rows[:m]
+                fused = dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=False)
+                assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True), fused), f"variant {v}, M={m}"
+                assert torch.equal(gemm_f32_out(a, w.t()).view(torch.int32), logits[:m].view(torch.int32)), \
+                    f"variant {v}, M={m}"
+                assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True), fused)
     finally:
         dg_cuda.set_gemv_variant(0)
     with pytest.raises(InputError, match="gemv variant"):
@@ -288,16 +292,16 @@ def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
 
 
 def test_lm_head_decode_rows_equal_prefill_rows(cuda_device):
-    """The FP32-output GEMM (lm_head logits) takes the streamed decode kernel for M <= 16 and the
+    """The FP32-output GEMM (lm_head logits) takes the streamed decode kernel for M <= 64 and the
     128 x 128 kernel above; a row's FP32 logits are the same bits either way (batch invariance
     across the two kernels). Control: a different hidden row differs."""
     from rl_engine.ops.lm_head.cuda import gemm_f32_out
 
     v, e = (3000, 4096) if cuda_device.type == "cuda" else (130, 256)
     w = _bf16((v, e), 7, cuda_device, scale=e ** -0.5)
-    h = _bf16((40, e), 8, cuda_device)
-    big = gemm_f32_out(h, w.t())
-    for rows in ((0,), (3, 4, 5), tuple(range(16))):
+    h = _bf16((70, e), 8, cuda_device)
+    big = gemm_f32_out(h, w.t())  # 70 rows: the 128 x 128 kernel
+    for rows in ((0,), (3, 4, 5), tuple(range(16)), tuple(range(20, 53)), tuple(range(64))):
         small = gemm_f32_out(h[list(rows)], w.t())
         assert torch.equal(small.view(torch.int32), big[list(rows)].view(torch.int32)), f"rows {rows}"
     assert not torch.equal(gemm_f32_out(h[1:2], w.t()).view(torch.int32), big[:1].view(torch.int32))
@@ -386,6 +390,43 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
         assert _bits_equal(at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=split), whole), split
     rolled = vc[:, :, :, list(range(1, d)) + [0]].contiguous()
     assert not _bits_equal(at_cuda.attention_decode_fwd(q, kc, rolled, seqlens, d ** -0.5, d_split=4), whole)
+
+
+def test_attention_decode_equals_prefill_at_qwen3_8b_shapes(cuda_device):
+    """At Qwen3-8B head shapes (32 query heads, 8 KV heads, D = 128) and contexts up to 2050, a
+    decode step's output is bitwise the prefill row of the same query at every probed position
+    (block edges included) and for every column split of the second launch. One BF16 output is
+    too coarse to show a one-ulp FP32 change of the softmax sum in a few hundred elements, so this
+    runs on the GPU with 2^20 outputs per probe set. Control: the keys of another sequence differ."""
+    from rl_engine.ops.attention import cuda as at_cuda
+
+    if cuda_device.type == "cpu":
+        pytest.skip("Qwen3-8B shapes run on the GPU only (the host emulation runs one fiber per CUDA thread)")
+    lens, h, hkv, d = [1, 700, 1100, 2050], 32, 8, 128
+    q, k, v, cu = _varlen(lens, h, hkv, d, 31, cuda_device)
+    scale = d ** -0.5
+    with torch.no_grad():
+        full = attention_cuda(q, k, v, cu, cu, scale)
+        kc = torch.zeros((len(lens), max(lens), hkv, d), dtype=torch.bfloat16, device=cuda_device)
+        vc = torch.zeros_like(kc)
+        for b, n in enumerate(lens):
+            kc[b, :n] = k[int(cu[b]):int(cu[b]) + n]
+            vc[b, :n] = v[int(cu[b]):int(cu[b]) + n]
+        probes = sorted(set(range(0, max(lens), 37)) | {63, 64, 65, 699, 1023, 1024, 1099, 2047, 2048, 2049})
+        for pos in probes:
+            live = [b for b, n in enumerate(lens) if pos < n]
+            seqlens = torch.tensor([pos + 1 if pos < n else 0 for n in lens], dtype=torch.int32, device=cuda_device)
+            qd = torch.zeros((len(lens), h, d), dtype=torch.bfloat16, device=cuda_device)
+            for b in live:
+                qd[b] = q[int(cu[b]) + pos]
+            want = full[torch.tensor([int(cu[b]) + pos for b in live], device=cuda_device)]
+            for split in (0, 1, 2, 4, 8):
+                out = at_cuda.attention_decode_fwd(qd, kc, vc, seqlens, scale, d_split=split)
+                assert _bits_equal(out[live], want), (pos, split)
+        seqlens = torch.tensor([1, 700, 700, 700], dtype=torch.int32, device=cuda_device)
+        qd = q[torch.tensor([0, int(cu[1]) + 699, int(cu[2]) + 699, int(cu[3]) + 699], device=cuda_device)]
+        out = at_cuda.attention_decode_fwd(qd, kc[[0, 2, 1, 3]], vc, seqlens, scale)
+        assert not _bits_equal(out[1], full[int(cu[1]) + 699])
 
 
 def test_attention_chunked_prefill_bitwise(cuda_device):

@@ -317,9 +317,22 @@ def test_finite_inputs_same_bits_as_old_cuda_kernels(case, emu, emu_legacy):
         with _emulated(lib):
             r = _fwd_bwd(attention_cuda, *inputs)
             with torch.no_grad():
-                r["decode"] = attention_decode_cuda(q, kc, vc, lens, scale)
+                r["decode"] = attention_decode_cuda(q, kc, vc, lens, scale) if lib is emu else \
+                    _legacy_cuda_decode(q, kc, vc, lens, scale)
             res.append(r)
     _assert_all_same(res[0], res[1], case)
+
+
+def _legacy_cuda_decode(q, kc, vc, lens, scale):
+    """The 7892be7 library's one-launch decode export (its own argument list: no score scratch)."""
+    from rl_engine.backends.cuda_launch import launch
+
+    bsz, h, d = q.shape
+    out = torch.empty((bsz, h, d), dtype=torch.bfloat16)
+    launch(q.device, "rl_attention_decode", q, kc, vc, out, lens, bsz, h, kc.shape[2], d, q.stride(0), q.stride(1),
+           kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2), out.stride(0),
+           out.stride(1), float(scale))
+    return out
 
 
 @pytest.mark.parametrize("case", list(FINITE_CASES))

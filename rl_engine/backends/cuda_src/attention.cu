@@ -16,10 +16,10 @@
 //     exactly 0 (pitfall P10); lse = m + log(l) is kept (FP32, [H, Tq]) for the backward.
 // A block that lies wholly past a row's causal limit leaves that row's state unchanged (its max
 // is -inf, alpha is exactly 1, every p is 0), so a row's bits do not depend on which other rows
-// share its tile. The prefill kernel (64 query rows of one head per block) and the decode kernel
-// (the H / Hkv query heads of one KV head per block) call the same per-row code with the same
-// block size, so a query's output is bitwise the same in a full prefill, a chunk, or a decode
-// step. There is no split over the KV axis.
+// share its tile. The prefill kernel (64 query rows of one head per block) runs forward_rows; a
+// decode step (two launches, below) computes the same scores, block maxima, exponentials, sums and
+// FMA chains for its one query row per head in the same order, so a query's output is bitwise the
+// same in a full prefill, a chunk, or a decode step. No sum is split over the KV axis.
 //
 // Backward (FlashAttention-2 structure, deterministic, no atomics):
 //   delta = sum_d dO * O (one warp per row and head, fixed butterfly);
@@ -46,19 +46,14 @@ namespace {
 // The per-row online-softmax forward over KV blocks [0, n_stop) (see the file comment).
 // qs: this block's query tile in shared memory ([16 * RPT][D + 2]); row rg + 16 i is this
 // thread's row i, with causal limit lim[i] (-1 for a padding row). ks / vs / ps: scratch.
-// DSPLIT > 1 (decode only): the block owns output columns [d0, d0 + D / DSPLIT) and loads only
-// that slice of V (vs rows of Ld<D / DSPLIT>); the scores use all D, and each column's FMA chain is
-// the one DSPLIT = 1 runs, so the bits do not depend on DSPLIT.
-template <int D, int RPT, int DSPLIT = 1>
+// The decode launches (below) compute the same function for one row with another work split.
+template <int D, int RPT>
 __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs, float* ps, const bf16* k_base,
                                              const bf16* v_base, int64_t s_kt, int64_t s_vt, int64_t kv_len,
                                              int64_t n_stop, const int64_t (&lim)[RPT], float scale,
-                                             float (&o)[RPT][D / AT_LANES / DSPLIT], float (&m)[RPT], float (&l)[RPT],
-                                             int d0 = 0) {
+                                             float (&o)[RPT][D / AT_LANES], float (&m)[RPT], float (&l)[RPT]) {
     constexpr int LD = Ld<D>::value;
-    constexpr int DV = D / DSPLIT;
-    constexpr int LDV = Ld<DV>::value;
-    constexpr int DPT = DV / AT_LANES;
+    constexpr int DPT = D / AT_LANES;
     const int rg = threadIdx.x / AT_LANES;
     const int cs = threadIdx.x % AT_LANES;
 #pragma unroll
@@ -71,7 +66,7 @@ __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs,
     for (int64_t kv0 = 0; kv0 < n_stop; kv0 += AT_BKV) {
         __syncthreads();  // the previous block's ks / vs / ps are no longer read
         load_rows<D, AT_BKV>(ks, k_base, s_kt, kv0, kv_len);
-        load_rows<DV, AT_BKV>(vs, v_base + d0, s_vt, kv0, kv_len);
+        load_rows<D, AT_BKV>(vs, v_base, s_vt, kv0, kv_len);
         __syncthreads();
         float alpha[RPT];
 #pragma unroll
@@ -108,7 +103,7 @@ __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs,
             if (kv0 + AT_BKV - 1 <= lim[i]) {  // the row sees the whole block
                 for (int j = 0; j < AT_BKV; ++j) {
                     const float pj = ps[r * AT_PS_LD + j];
-                    const bf16* vr = vs + j * LDV + cs;
+                    const bf16* vr = vs + j * LD + cs;
 #pragma unroll
                     for (int dj = 0; dj < DPT; ++dj) o[i][dj] = __fmaf_rn(pj, f32(vr[AT_LANES * dj]), o[i][dj]);
                 }
@@ -116,7 +111,7 @@ __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs,
                 for (int j = 0; j < AT_BKV; ++j) {
                     const float pj = ps[r * AT_PS_LD + j];
                     const bool vis = kv0 + j <= lim[i];
-                    const bf16* vr = vs + j * LDV + cs;
+                    const bf16* vr = vs + j * LD + cs;
 #pragma unroll
                     for (int dj = 0; dj < DPT; ++dj)
                         o[i][dj] = __fmaf_rn(pj, absent_if_masked(f32(vr[AT_LANES * dj]), vis), o[i][dj]);
@@ -184,53 +179,6 @@ attn_fwd_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf
     }
 }
 
-// Decode: block (b, kvh, head block) owns query heads kvh * group + [g0, g0 + 16) of sequence b.
-// With DSPLIT > 1, blockIdx.z = head block * DSPLIT + slice: the block writes columns
-// [slice * D / DSPLIT, (slice + 1) * D / DSPLIT) of its heads (forward_rows: same bits).
-template <int D, int DSPLIT>
-__global__ void __launch_bounds__(AT_THREADS)
-attn_decode_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, const bf16* __restrict__ vc,
-                   bf16* __restrict__ out, const int32_t* __restrict__ seqlens, int64_t group, int64_t s_qb,
-                   int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh,
-                   int64_t s_ob, int64_t s_oh, float scale) {
-    constexpr int RPT = AT_RPT_DECODE;
-    constexpr int BQ = AT_GROUPS * RPT;
-    constexpr int LD = Ld<D>::value;
-    constexpr int DV = D / DSPLIT;
-    constexpr int DPT = DV / AT_LANES;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* qs = reinterpret_cast<bf16*>(smem_raw);
-    bf16* ks = qs + BQ * LD;
-    bf16* vs = ks + AT_BKV * LD;
-    float* ps = reinterpret_cast<float*>(vs + AT_BKV * Ld<DV>::value);
-
-    const int64_t b = blockIdx.x;
-    const int64_t kvh = blockIdx.y;
-    const int64_t g0 = static_cast<int64_t>(blockIdx.z / DSPLIT) * BQ;
-    const int d0 = static_cast<int>(blockIdx.z % DSPLIT) * DV;
-    const int64_t n = seqlens[b];
-    const int rg = threadIdx.x / AT_LANES;
-    const int cs = threadIdx.x % AT_LANES;
-
-    // Query rows are the heads kvh * group + g0 + r (stride s_qh between heads).
-    load_rows<D, BQ>(qs, q + b * s_qb + kvh * group * s_qh, s_qh, g0, group);
-    int64_t lim[RPT];
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) lim[i] = (g0 + rg + AT_GROUPS * i < group) ? n - 1 : -1;
-    float o[RPT][DPT], m[RPT], l[RPT];
-    forward_rows<D, RPT, DSPLIT>(qs, ks, vs, ps, kc + b * s_kb + kvh * s_kh, vc + b * s_vb + kvh * s_vh, s_kt, s_vt, n, n,
-                                 lim, scale, o, m, l, d0);
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-        const int64_t g = g0 + rg + AT_GROUPS * i;
-        if (g >= group) continue;
-        const bool has = l[i] != 0.0f;
-        bf16* orow = out + b * s_ob + (kvh * group + g) * s_oh;
-#pragma unroll
-        for (int dj = 0; dj < DPT; ++dj) orow[d0 + cs + AT_LANES * dj] = to_bf16(has ? o[i][dj] / l[i] : 0.0f);
-    }
-}
-
 template <int D>
 int launch_fwd(const void* q, const void* k, const void* v, void* out, void* lse, const void* cu_q, const void* cu_k,
                int64_t batch, int64_t n_mblocks, int64_t heads, int64_t group, int64_t s_qt, int64_t s_qh,
@@ -246,57 +194,264 @@ int launch_fwd(const void* q, const void* k, const void* v, void* out, void* lse
     return launch_status();
 }
 
+// ------------------------------------------------------------------------------------- decode
+// One decode step runs in two launches that together compute exactly forward_rows for each query
+// head (the same scores, block maxima, exponentials, sums and FMA chains, in the same order), so
+// a decode row stays bitwise the prefill row of the same query (tested):
+//   1. scores: block (b, KV head x head block, key tile) computes s = visible_score(dot_row(q, k)
+//      * scale) for DC_HEADS query heads x 64 keys of the tile [kv0, kv0 + 64), one score per
+//      thread, and writes them (FP32) to the scratch sc [B, H, S_cap]; keys at or past the length
+//      get -inf, as a masked key does in forward_rows. Every score is independent, so this launch
+//      spreads over the whole GPU even at B = 1.
+//   2. softmax and P V: block (b, KV head x head block x column slice) walks the 64-key blocks in
+//      increasing order. Two "stats" warps (16 lanes per head, the lane layout of forward_rows:
+//      lane cs holds keys cs + 16 jj) compute the block max, alpha, p and the 16-lane sum l for
+//      block k + 1 while the P V threads run block k's FMA chains o = o * alpha, then
+//      o = fma(p_j, v_j, o) for j in order; V comes through a cp.async ring of DC_STAGES tiles.
+//      The column slice (d_split, 1 .. 8) only decides which output columns a block owns: each
+//      column's chain is the same, so the bits do not depend on it.
+constexpr int DC_HEADS = 4;      // query heads per block, both launches
+constexpr int DC_STAGES = 3;     // V tiles in flight (phase 2)
+constexpr int DC_STAT_THREADS = DC_HEADS * AT_LANES;  // 64: two warps
+static_assert(DC_HEADS * AT_BKV == AT_THREADS, "phase 1 computes one score per thread");
+
+template <int D>
+__global__ void __launch_bounds__(AT_THREADS)
+attn_decode_scores_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, const int32_t* __restrict__ seqlens,
+                          float* __restrict__ sc, int64_t group, int64_t n_hb, int64_t s_qb, int64_t s_qh,
+                          int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_sb, int64_t s_sh, float scale) {
+    constexpr int LD = Ld<D>::value;
+    __shared__ __align__(16) bf16 qs[DC_HEADS * LD];
+    __shared__ __align__(16) bf16 ks[AT_BKV * LD];
+    const int64_t b = blockIdx.x;
+    const int64_t kvh = blockIdx.y / n_hb;
+    const int64_t g0 = static_cast<int64_t>(blockIdx.y % n_hb) * DC_HEADS;
+    const int64_t kv0 = static_cast<int64_t>(blockIdx.z) * AT_BKV;
+    const int64_t n = seqlens[b];
+    if (kv0 >= n) return;  // uniform over the block; phase 2 reads no score of this tile
+    load_rows<D, DC_HEADS>(qs, q + b * s_qb + kvh * group * s_qh, s_qh, g0, group);
+    load_rows<D, AT_BKV>(ks, kc + b * s_kb + kvh * s_kh, s_kt, kv0, n);
+    __syncthreads();
+    const int hh = threadIdx.x / AT_BKV;
+    const int c = threadIdx.x % AT_BKV;
+    const int64_t g = g0 + hh;
+    if (g >= group) return;
+    const bool vis = kv0 + c < n;  // forward_rows: key <= lim = n - 1
+    const float s = vis ? visible_score(dot_row<D>(qs + hh * LD, ks + c * LD) * scale, true) : -INFINITY;
+    sc[b * s_sb + (kvh * group + g) * s_sh + kv0 + c] = s;
+}
+
+// Copies V rows [kv0, kv0 + 64) x columns [d0, d0 + DV) of one KV head into a ring tile (row
+// stride DV + 8), rows at or past n zero-filled (forward_rows' load_rows). VEC: 16-byte cp.async
+// (aligned rows); otherwise plain 2-byte copies, which a __syncthreads makes visible the same way.
+template <int DV, int NPV>
+__device__ __forceinline__ void dc_issue_v(bf16* tile, const bf16* v_base, int64_t s_vt, int64_t kv0, int64_t n, int t,
+                                           bool vec) {
+    constexpr int LDV = DV + 8;
+    if (vec) {
+        constexpr int VPR = DV / 8;
+        for (int e = t; e < AT_BKV * VPR; e += NPV) {
+            const int r = e / VPR;
+            const int cc = (e % VPR) * 8;
+            const bool ok = kv0 + r < n;
+            cp_async16(tile + r * LDV + cc, ok ? v_base + (kv0 + r) * s_vt + cc : v_base, ok ? 16 : 0);
+        }
+    } else {
+        for (int e = t; e < AT_BKV * DV; e += NPV) {
+            const int r = e / DV;
+            const int cc = e % DV;
+            tile[r * LDV + cc] = kv0 + r < n ? v_base[(kv0 + r) * s_vt + cc] : to_bf16(0.0f);
+        }
+    }
+}
+
 template <int D, int DSPLIT>
-int launch_decode_split(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch,
-                        int64_t kv_heads, int64_t group, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt,
-                        int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale,
-                        cudaStream_t st) {
-    constexpr int BQ = AT_GROUPS * AT_RPT_DECODE;
-    constexpr size_t smem = static_cast<size_t>(BQ + AT_BKV) * Ld<D>::value * sizeof(bf16) +
-                            static_cast<size_t>(AT_BKV) * Ld<D / DSPLIT>::value * sizeof(bf16) +
-                            static_cast<size_t>(BQ) * AT_PS_LD * sizeof(float);
-    if (int e = prepare(attn_decode_kernel<D, DSPLIT>, smem)) return e;
-    dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads),
-              static_cast<unsigned>(cdiv(group, BQ) * DSPLIT));
-    attn_decode_kernel<D, DSPLIT><<<grid, AT_THREADS, smem, st>>>(
-        static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const bf16*>(vc), static_cast<bf16*>(out),
-        static_cast<const int32_t*>(seqlens), group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale);
+struct DecodePv {
+    static constexpr int DV = D / DSPLIT;                 // output columns per block
+    static constexpr int NPV = DC_HEADS * DV / 2;         // P V threads: one column pair of one head each
+    static constexpr int THREADS = DC_STAT_THREADS + NPV;
+    static constexpr int LDV = DV + 8;
+    static constexpr size_t SMEM = static_cast<size_t>(DC_STAGES) * AT_BKV * LDV * sizeof(bf16) +
+                                   static_cast<size_t>(2 * DC_HEADS * AT_BKV + 2 * DC_HEADS + DC_HEADS) * sizeof(float);
+    static_assert(DV >= 16 && DV % 8 == 0, "at least 16 output columns per block");
+};
+
+template <int D, int DSPLIT>
+__global__ void __launch_bounds__(DecodePv<D, DSPLIT>::THREADS)
+attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc, bf16* __restrict__ out,
+                      const int32_t* __restrict__ seqlens, int64_t group, int64_t n_hb, int64_t s_sb, int64_t s_sh,
+                      int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, int vec) {
+    using P = DecodePv<D, DSPLIT>;
+    constexpr int DV = P::DV;
+    constexpr int LDV = P::LDV;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* ring = reinterpret_cast<bf16*>(smem_raw);
+    float* ps = reinterpret_cast<float*>(ring + DC_STAGES * AT_BKV * LDV);  // [2][DC_HEADS][64]
+    float* al = ps + 2 * DC_HEADS * AT_BKV;                                 // [2][DC_HEADS]
+    float* lsum = al + 2 * DC_HEADS;                                        // [DC_HEADS]
+
+    const int64_t b = blockIdx.x;
+    const int64_t kvh = blockIdx.y / n_hb;
+    const int64_t g0 = static_cast<int64_t>(blockIdx.y % n_hb) * DC_HEADS;
+    const int d0 = static_cast<int>(blockIdx.z) * DV;
+    const int64_t n = seqlens[b];
+    const int64_t nblk = cdiv(n, static_cast<int64_t>(AT_BKV));
+    const int tid = threadIdx.x;
+    const bool stat = tid < DC_STAT_THREADS;
+
+    // stats threads: head hh = tid / 16, lane cs (forward_rows' row group and lane)
+    const int hh_s = tid / AT_LANES;
+    const int cs = tid % AT_LANES;
+    const bool head_s = stat && g0 + hh_s < group;
+    const float* srow = sc + b * s_sb + (kvh * group + g0 + hh_s) * s_sh;
+    float m = -INFINITY, l = 0.0f;
+    float s_next[AT_CPT];
+    auto load_scores = [&](int64_t blk) {
+#pragma unroll
+        for (int jj = 0; jj < AT_CPT; ++jj)
+            s_next[jj] = (head_s && blk < nblk) ? srow[blk * AT_BKV + cs + AT_LANES * jj] : -INFINITY;
+    };
+    // forward_rows' per-block softmax step for one head, on the scores of block blk (in s_next)
+    auto stats_step = [&](int64_t blk) {
+        float s[AT_CPT];
+#pragma unroll
+        for (int jj = 0; jj < AT_CPT; ++jj) s[jj] = s_next[jj];
+        load_scores(blk + 1);
+        float bm = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+        bm = half_warp_max(bm);
+        const float m_new = fmaxf(m, bm);
+        const float ref = (m_new == -INFINITY) ? 0.0f : m_new;
+        const float alpha = (m_new == m) ? 1.0f : expf(m - ref);
+        float p[AT_CPT];
+#pragma unroll
+        for (int jj = 0; jj < AT_CPT; ++jj) p[jj] = expf(s[jj] - ref);
+        float psum = (p[0] + p[1]) + (p[2] + p[3]);
+        psum = half_warp_sum(psum);
+        l = l * alpha + psum;
+        m = m_new;
+        float* pb = ps + (blk & 1) * DC_HEADS * AT_BKV + hh_s * AT_BKV;
+#pragma unroll
+        for (int jj = 0; jj < AT_CPT; ++jj) pb[cs + AT_LANES * jj] = p[jj];
+        if (cs == 0) al[(blk & 1) * DC_HEADS + hh_s] = alpha;
+    };
+
+    // P V threads: head hh = t / (DV / 2), local columns lc, lc + 1
+    const int t = tid - DC_STAT_THREADS;
+    const int hh_v = stat ? 0 : t / (DV / 2);
+    const int lc = stat ? 0 : (t % (DV / 2)) * 2;
+    const bf16* v_base = vc + b * s_vb + kvh * s_vh + d0;
+    float o0 = 0.0f, o1 = 0.0f;
+
+    if (stat) {
+        load_scores(0);
+        if (nblk > 0) stats_step(0);
+    } else {
+#pragma unroll
+        for (int s = 0; s < DC_STAGES - 1; ++s) {
+            if (s < nblk) dc_issue_v<DV, P::NPV>(ring + s * AT_BKV * LDV, v_base, s_vt, s * AT_BKV, n, t, vec);
+            cp_async_commit();
+        }
+    }
+    for (int64_t k = 0; k < nblk; ++k) {
+        if (!stat) cp_async_wait<DC_STAGES - 2>();
+        __syncthreads();  // V tile k and p / alpha of block k are visible; block k - 1's buffers are free
+        if (stat) {
+            if (k + 1 < nblk) stats_step(k + 1);
+            continue;
+        }
+        const int64_t nxt = k + DC_STAGES - 1;
+        if (nxt < nblk)
+            dc_issue_v<DV, P::NPV>(ring + (nxt % DC_STAGES) * AT_BKV * LDV, v_base, s_vt, nxt * AT_BKV, n, t, vec);
+        cp_async_commit();
+        const float a = al[(k & 1) * DC_HEADS + hh_v];
+        const float* pb = ps + (k & 1) * DC_HEADS * AT_BKV + hh_v * AT_BKV;
+        const bf16* vt = ring + (k % DC_STAGES) * AT_BKV * LDV + lc;
+        o0 = o0 * a;
+        o1 = o1 * a;
+        const int64_t kv0 = k * AT_BKV;
+        if (kv0 + AT_BKV - 1 <= n - 1) {  // the row sees the whole block
+#pragma unroll 16
+            for (int j = 0; j < AT_BKV; ++j) {
+                const float pj = pb[j];
+                const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + j * LDV));
+                o0 = __fmaf_rn(pj, v2.x, o0);
+                o1 = __fmaf_rn(pj, v2.y, o1);
+            }
+        } else {  // masked keys (p = 0): their values are absent, not 0 * v
+            for (int j = 0; j < AT_BKV; ++j) {
+                const float pj = pb[j];
+                const bool vis = kv0 + j <= n - 1;
+                const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + j * LDV));
+                o0 = __fmaf_rn(pj, absent_if_masked(v2.x, vis), o0);
+                o1 = __fmaf_rn(pj, absent_if_masked(v2.y, vis), o1);
+            }
+        }
+    }
+    if (!stat) cp_async_wait<0>();
+    if (stat && cs == 0) lsum[hh_s] = l;
+    __syncthreads();
+    if (stat || g0 + hh_v >= group) return;
+    const float lv = lsum[hh_v];
+    const bool has = lv != 0.0f;  // 0: no visible key (exact 0); NaN: a visible non-finite value
+    bf16* orow = out + b * s_ob + (kvh * group + g0 + hh_v) * s_oh + d0 + lc;
+    orow[0] = to_bf16(has ? o0 / lv : 0.0f);
+    orow[1] = to_bf16(has ? o1 / lv : 0.0f);
+}
+
+template <int D, int DSPLIT>
+int launch_decode_pv(const float* sc, const void* vc, void* out, const void* seqlens, int64_t batch, int64_t kv_heads,
+                     int64_t group, int64_t n_hb, int64_t s_sb, int64_t s_sh, int64_t s_vb, int64_t s_vt,
+                     int64_t s_vh, int64_t s_ob, int64_t s_oh, cudaStream_t st) {
+    using P = DecodePv<D, DSPLIT>;
+    if (int e = prepare(attn_decode_pv_kernel<D, DSPLIT>, P::SMEM)) return e;
+    const int vec = (reinterpret_cast<uintptr_t>(vc) & 15u) == 0 && s_vb % 8 == 0 && s_vt % 8 == 0 && s_vh % 8 == 0;
+    dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb), static_cast<unsigned>(DSPLIT));
+    attn_decode_pv_kernel<D, DSPLIT><<<grid, P::THREADS, P::SMEM, st>>>(
+        sc, static_cast<const bf16*>(vc), static_cast<bf16*>(out), static_cast<const int32_t*>(seqlens), group, n_hb,
+        s_sb, s_sh, s_vb, s_vt, s_vh, s_ob, s_oh, vec);
     return launch_status();
 }
 
-// Decode launch: the head dim is split over up to 8 blocks while the grid would have fewer than
-// DECODE_SPLIT_BELOW blocks (a speed choice from B and the head shapes only; same bits, tested).
-// On the H200 (Qwen3-8B, context 1024) B = 1 went from 5.6 to 3.6 ms of attention per step split in
-// 8; splitting B = 16 (128 blocks) in 2 made the step at context 8192 slower (each block re-reads
-// all of K), so only grids below 64 blocks split.
-constexpr int64_t DECODE_SPLIT_BELOW = 64;
+// The column split of phase 2 when the caller leaves it to the library (d_split 0): doubled while
+// the grid has fewer than DECODE_PV_BLOCKS blocks (a speed choice from B and the head shapes only;
+// same bits, tested). Phase 2 is one sequential walk over the keys per block, so small batches need
+// the split to keep enough blocks in flight.
+constexpr int64_t DECODE_PV_BLOCKS = 256;
 
 template <int D>
-int launch_decode(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch,
-                  int64_t kv_heads, int64_t group, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh,
-                  int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, int64_t dsplit,
-                  cudaStream_t st) {
-    const int64_t blocks = batch * kv_heads * cdiv(group, AT_GROUPS * AT_RPT_DECODE);
+int launch_decode(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* sc,
+                  int64_t batch, int64_t kv_heads, int64_t group, int64_t n_tiles, int64_t s_qb, int64_t s_qh,
+                  int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob,
+                  int64_t s_oh, float scale, int64_t dsplit, cudaStream_t st) {
+    const int64_t n_hb = cdiv(group, static_cast<int64_t>(DC_HEADS));
+    const int64_t s_sh = n_tiles * AT_BKV;
+    const int64_t s_sb = kv_heads * group * s_sh;
+    float* scores = static_cast<float*>(sc);
+    dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb), static_cast<unsigned>(n_tiles));
+    attn_decode_scores_kernel<D><<<grid, AT_THREADS, 0, st>>>(
+        static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const int32_t*>(seqlens), scores, group,
+        n_hb, s_qb, s_qh, s_kb, s_kt, s_kh, s_sb, s_sh, scale);
+    if (int e = launch_status()) return e;
+    const int64_t blocks = batch * kv_heads * n_hb;
     if (dsplit == 0) {
         dsplit = 1;
-        while (blocks * dsplit < DECODE_SPLIT_BELOW && dsplit < 8 && D / (2 * dsplit) >= AT_LANES) dsplit *= 2;
+        while (blocks * dsplit < DECODE_PV_BLOCKS && dsplit < 8 && D / (2 * dsplit) >= 16) dsplit *= 2;
     }
-#define RL_DECODE(S) launch_decode_split<D, S>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, \
-                                               s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, st)
-    if (dsplit == 1) return RL_DECODE(1);
-    if constexpr (D / 2 >= AT_LANES) {
-        if (dsplit == 2) return RL_DECODE(2);
+#define RL_DECODE_PV(S) launch_decode_pv<D, S>(scores, vc, out, seqlens, batch, kv_heads, group, n_hb, s_sb, s_sh, \
+                                               s_vb, s_vt, s_vh, s_ob, s_oh, st)
+    if (dsplit == 1) return RL_DECODE_PV(1);
+    if constexpr (D / 2 >= 16) {
+        if (dsplit == 2) return RL_DECODE_PV(2);
     }
-    if constexpr (D / 4 >= AT_LANES) {
-        if (dsplit == 4) return RL_DECODE(4);
+    if constexpr (D / 4 >= 16) {
+        if (dsplit == 4) return RL_DECODE_PV(4);
     }
-    if constexpr (D / 8 >= AT_LANES) {
-        if (dsplit == 8) return RL_DECODE(8);
+    if constexpr (D / 8 >= 16) {
+        if (dsplit == 8) return RL_DECODE_PV(8);
     }
-#undef RL_DECODE
+#undef RL_DECODE_PV
     return static_cast<int>(cudaErrorInvalidValue);
 }
-
 }  // namespace
 
 RL_EXPORT int64_t rl_attention_block_q(void) { return AT_GROUPS * AT_RPT_PREFILL; }
@@ -318,27 +473,30 @@ RL_EXPORT int rl_attention_fwd(const void* q, const void* k, const void* v, void
     }
 }
 
-// Decode step with an explicit head-dim split d_split (0: the library's choice; else 1, 2, 4 or 8
-// with D / d_split >= 16). q [B, H, D], caches [B, S_max, Hkv, D] (strides b, t, h), seqlens int32 [B], out [B, H, D].
-RL_EXPORT int rl_attention_decode_split(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, int64_t d_split, void* stream) {
-    if (batch == 0 || heads == 0) return 0;
-    if (kv_heads <= 0 || heads % kv_heads || !grid_fits(batch, kv_heads)) return static_cast<int>(cudaErrorInvalidValue);
+// Decode step. q [B, H, D], caches [B, S_max, Hkv, D] (strides b, t, h), seqlens int32 [B],
+// out [B, H, D]; scores: FP32 scratch of B * H * n_tiles * 64 elements (n_tiles = ceil(S_max / 64)),
+// written and read by this step only. d_split: phase 2's column split (0: the library's choice;
+// else 1, 2, 4 or 8 with D / d_split >= 16); the bits do not depend on it.
+RL_EXPORT int rl_attention_decode_split(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scores, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t n_tiles, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, int64_t d_split, void* stream) {
+    if (batch == 0 || heads == 0 || n_tiles == 0) return 0;
+    if (kv_heads <= 0 || heads % kv_heads || n_tiles < 0 || n_tiles > 65535) return static_cast<int>(cudaErrorInvalidValue);
     const int64_t group = heads / kv_heads;
-    if (d_split < 0 || cdiv(group, AT_GROUPS * AT_RPT_DECODE) * (d_split ? d_split : 8) > 65535) return static_cast<int>(cudaErrorInvalidValue);
+    if (!grid_fits(batch, kv_heads * cdiv(group, static_cast<int64_t>(DC_HEADS))) || d_split < 0 || d_split > 8)
+        return static_cast<int>(cudaErrorInvalidValue);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
+#define RL_DECODE_D(DD) launch_decode<DD>(q, kc, vc, out, seqlens, scores, batch, kv_heads, group, n_tiles, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, d_split, st)
     switch (head_dim) {
-        case 16: return launch_decode<16>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, d_split, st);
-        case 32: return launch_decode<32>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, d_split, st);
-        case 64: return launch_decode<64>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, d_split, st);
-        case 128: return launch_decode<128>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, d_split, st);
-        case 256: return launch_decode<256>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, d_split, st);
+        case 16: return RL_DECODE_D(16);
+        case 32: return RL_DECODE_D(32);
+        case 64: return RL_DECODE_D(64);
+        case 128: return RL_DECODE_D(128);
+        case 256: return RL_DECODE_D(256);
         default: return static_cast<int>(cudaErrorInvalidValue);
     }
+#undef RL_DECODE_D
 }
 
-// Decode step (the library chooses the head-dim split). q [B, H, D], caches [B, S_max, Hkv, D]
-// (strides b, t, h), seqlens int32 [B], out [B, H, D].
-RL_EXPORT int rl_attention_decode(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, void* stream) {
-    return rl_attention_decode_split(q, kc, vc, out, seqlens, batch, heads, kv_heads, head_dim, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, 0, stream);
+// Decode step (the library chooses phase 2's column split); arguments as rl_attention_decode_split.
+RL_EXPORT int rl_attention_decode(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scores, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t n_tiles, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, void* stream) {
+    return rl_attention_decode_split(q, kc, vc, out, seqlens, scores, batch, heads, kv_heads, head_dim, n_tiles, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, 0, stream);
 }
-

@@ -304,8 +304,9 @@ __global__ void __launch_bounds__(TB_THREADS) tree_leaf_kernel(TreeArgs g, bf16*
 }
 
 // Decode form of a leaf (M <= GV_M, the weight streamed once): block (tile_n, leaf) owns rows
-// [0, M) x columns [n0, n0 + GV_N) of one leaf; each of its 4 warps owns one 16 x 16 accumulator
-// fragment and runs exactly the fused kernel's leaf loop for it: 32-wide K steps from the leaf's
+// [0, M) x columns [n0, n0 + GV_N) of one leaf; each of its 4 warps owns the MF = ceil(M / 16)
+// 16 x 16 accumulator fragments of one 16-column strip and runs exactly the fused kernel's leaf
+// loop for each: 32-wide K steps from the leaf's
 // first index in increasing k, each two wmma::mma_sync of 16 k (the same fragment types, so the
 // same HMMA instructions), the tail step zero-padded past the leaf's end, no step past the leaf's
 // last, one rounding to BF16 (or the FP32 sum itself for the FP32-output GEMM). Only the way
@@ -315,7 +316,7 @@ __global__ void __launch_bounds__(TB_THREADS) tree_leaf_kernel(TreeArgs g, bf16*
 // single steps reached only 0.39 of copy bandwidth on the H200). Needs unit stride along K for both
 // operands, 16-byte aligned rows and leaf bounds that are multiples of 8 (the host checks;
 // otherwise the generic leaf kernel runs). Rows past M are zero-filled.
-constexpr int GV_M = 16;
+constexpr int GV_M = 64;  // rows: MF = 1, 2 or 4 fragments per warp
 constexpr int GV_N = 64;
 constexpr int GV_THREADS = 128;
 
@@ -324,11 +325,12 @@ constexpr int GV_THREADS = 128;
 // same 32-wide steps in the same order with the same WMMA instructions, so the bits are the same
 // (tested, in the host emulation and on the H200). GV_VARIANTS lists the ones the library has;
 // rl_gemv_variant picks one for the process (the sweep tool; the default is variant 0).
-template <int KS, int STAGES>
+template <int KS, int STAGES, int MF>
 struct GvRing {
+    static constexpr int ROWS = 16 * MF;             // A rows of a slot
     static constexpr int SK = KS * TB_K;             // K width of a slot
     static constexpr int LD = SK + 8;                // smem row stride (elements): a multiple of 8
-    static constexpr int SLOT = (GV_M + GV_N) * LD;  // elements per slot: A rows, then B rows
+    static constexpr int SLOT = (ROWS + GV_N) * LD;  // elements per slot: A rows, then B rows
     static constexpr size_t SMEM = static_cast<size_t>(STAGES) * SLOT * sizeof(bf16);
 };
 
@@ -337,27 +339,27 @@ template <typename R>
 __device__ __forceinline__ void gemv_issue(bf16* ring, int s, const TreeArgs& g, int64_t n0, int64_t k0, int64_t hi) {
     constexpr int VPR = R::SK / 8;  // 16-byte chunks per row of a slot
     bf16* slot = ring + static_cast<int64_t>(s) * R::SLOT;
-    for (int v = threadIdx.x; v < (GV_M + GV_N) * VPR; v += GV_THREADS) {
+    for (int v = threadIdx.x; v < (R::ROWS + GV_N) * VPR; v += GV_THREADS) {
         const int r = v / VPR;
         const int kc = (v % VPR) * 8;
         const int64_t gk = k0 + kc;
         const int64_t left = hi - gk;
         const int bytes = left >= 8 ? 16 : (left > 0 ? static_cast<int>(left) * 2 : 0);
         bf16* dst = slot + r * R::LD + kc;
-        if (r < GV_M) {
+        if (r < R::ROWS) {
             const bool ok = r < g.M && bytes;
             cp_async16(dst, ok ? g.a + r * g.s_am + gk : g.a, ok ? bytes : 0);
         } else {
-            const int64_t n = n0 + (r - GV_M);
+            const int64_t n = n0 + (r - R::ROWS);
             const bool ok = n < g.N && bytes;
             cp_async16(dst, ok ? g.b + n * g.s_bn + gk : g.b, ok ? bytes : 0);
         }
     }
 }
 
-template <bool OUT_F32, int KS, int STAGES>
+template <bool OUT_F32, int KS, int STAGES, int MF>
 __global__ void __launch_bounds__(GV_THREADS) gemv_leaf_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
-    using R = GvRing<KS, STAGES>;
+    using R = GvRing<KS, STAGES, MF>;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16* ring = reinterpret_cast<bf16*>(smem_raw);
     const int warp = threadIdx.x >> 5;
@@ -368,8 +370,9 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_leaf_kernel(TreeArgs g, void*
     const int64_t hi = g.bounds[leaf + 1];
     const int64_t steps = cdiv(hi - lo, TB_K);   // the fused kernel's 32-wide steps
     const int64_t slots = cdiv(steps, KS);
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
+    FragC acc[MF];
+#pragma unroll
+    for (int f = 0; f < MF; ++f) wmma::fill_fragment(acc[f], 0.0f);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < slots) gemv_issue<R>(ring, s, g, n0, lo + s * R::SK, hi);
@@ -387,42 +390,57 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_leaf_kernel(TreeArgs g, void*
             if (i * KS + j >= steps) break;  // the fused kernel runs no step past the leaf's last
 #pragma unroll
             for (int kk = 0; kk < TB_K; kk += 16) {
-                FragA fa;
                 FragB fb;
-                wmma::load_matrix_sync(fa, slot + j * TB_K + kk, R::LD);
-                wmma::load_matrix_sync(fb, slot + (GV_M + warp * 16) * R::LD + j * TB_K + kk, R::LD);
-                wmma::mma_sync(acc, fa, fb, acc);
+                wmma::load_matrix_sync(fb, slot + (R::ROWS + warp * 16) * R::LD + j * TB_K + kk, R::LD);
+#pragma unroll
+                for (int f = 0; f < MF; ++f) {
+                    FragA fa;
+                    wmma::load_matrix_sync(fa, slot + f * 16 * R::LD + j * TB_K + kk, R::LD);
+                    wmma::mma_sync(acc[f], fa, fb, acc[f]);
+                }
             }
         }
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the ring before the staging area (aliased) is written
     float* st = reinterpret_cast<float*>(smem_raw) + warp * 256;
-    wmma::store_matrix_sync(st, acc, 16, wmma::mem_row_major);
-    __syncwarp();
-    for (int e = lane; e < 256; e += 32) {
-        const int64_t r = e / 16;
-        const int64_t c = n0 + warp * 16 + e % 16;
-        if (r < g.M && c < g.N) {
-            if (OUT_F32) {
-                static_cast<float*>(out)[r * s_om + c * s_on] = st[e];
-            } else {
-                static_cast<bf16*>(out)[leaf * g.M * g.N + r * s_om + c * s_on] = to_bf16(st[e]);
+#pragma unroll
+    for (int f = 0; f < MF; ++f) {
+        wmma::store_matrix_sync(st, acc[f], 16, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {
+            const int64_t r = f * 16 + e / 16;
+            const int64_t c = n0 + warp * 16 + e % 16;
+            if (r < g.M && c < g.N) {
+                if (OUT_F32) {
+                    static_cast<float*>(out)[r * s_om + c * s_on] = st[e];
+                } else {
+                    static_cast<bf16*>(out)[leaf * g.M * g.N + r * s_om + c * s_on] = to_bf16(st[e]);
+                }
             }
         }
+        __syncwarp();  // the staging area is read before the next fragment overwrites it
     }
 }
 
-template <bool OUT_F32, int KS, int STAGES>
-int launch_gemv_ring(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
-    constexpr size_t smem = GvRing<KS, STAGES>::SMEM;
+template <bool OUT_F32, int KS, int STAGES, int MF>
+int launch_gemv_rows(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    constexpr size_t smem = GvRing<KS, STAGES, MF>::SMEM;
     static_assert(smem >= GV_THREADS / 32 * 256 * sizeof(float), "the ring must hold the FP32 staging area");
-    const cudaError_t e = cudaFuncSetAttribute(gemv_leaf_kernel<OUT_F32, KS, STAGES>,
+    const cudaError_t e = cudaFuncSetAttribute(gemv_leaf_kernel<OUT_F32, KS, STAGES, MF>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return static_cast<int>(e);
     dim3 grid(static_cast<unsigned>(cdiv(g.N, GV_N)), static_cast<unsigned>(leaves));
-    gemv_leaf_kernel<OUT_F32, KS, STAGES><<<grid, GV_THREADS, smem, st>>>(g, out, s_om, s_on);
+    gemv_leaf_kernel<OUT_F32, KS, STAGES, MF><<<grid, GV_THREADS, smem, st>>>(g, out, s_om, s_on);
     return launch_status();
+}
+
+// The fragment rows MF from M (a speed choice; every fragment runs the same steps whatever MF).
+template <bool OUT_F32, int KS, int STAGES>
+int launch_gemv_ring(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    if (g.M <= 16) return launch_gemv_rows<OUT_F32, KS, STAGES, 1>(g, leaves, out, s_om, s_on, st);
+    if (g.M <= 32) return launch_gemv_rows<OUT_F32, KS, STAGES, 2>(g, leaves, out, s_om, s_on, st);
+    return launch_gemv_rows<OUT_F32, KS, STAGES, 4>(g, leaves, out, s_om, s_on, st);
 }
 
 // The ring variants (KS, STAGES) and shared memory per block: 0 = (4, 4) 87 KB, two blocks per SM

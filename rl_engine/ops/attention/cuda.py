@@ -5,8 +5,9 @@ Kernels in ``rl_engine/backends/cuda_src/attention.cu`` (forward, decode) and
 ``attention_bwd.cu`` (backward); CUDA cores, FP32 arithmetic, FMAs written out explicitly
 (the library is built with ``-fmad=false``).
 
-Forward: one block of 256 threads per 64 queries of one head (prefill) or per 16 query heads of
-one KV-head group (decode). The keys of a sequence are visited in the fixed blocks
+Forward: one block of 256 threads per 64 queries of one head (prefill); a decode step is two
+launches that compute the same per-row function (scores of every key first, then the walk over
+the key blocks; ``attention.cu``). The keys of a sequence are visited in the fixed blocks
 ``[0, 64), [64, 128), ...`` in increasing order in every path. Scores are FMA chains over D in
 order, times ``scale``; per block and row: ``m_new = max(m, block max)``, ``alpha = 1`` if the max
 did not move else ``exp(m - m_new)``, ``p = exp(s - m_new)`` (FP32, not rounded), ``l = l * alpha +
@@ -15,8 +16,9 @@ order; finally ``out = o / l`` (IEEE division) rounded once to BF16, 0 for a row
 (``docs/pitfalls.md`` P10), and ``lse = m + log(l)`` kept for the backward. A KV block wholly past a row's
 causal limit leaves that row's state bitwise unchanged, and prefill and decode call the same
 per-row code with the same block size, so a query's output is bitwise the same in a full prefill,
-a chunked prefill or a decode step (``docs/pitfalls.md`` P8). No split over the KV axis; every launch constant
-is fixed.
+a chunked prefill or a decode step (``docs/pitfalls.md`` P8). The scores of a decode step are
+computed in parallel over the keys, but every sum over the keys runs in the forward's order; no
+split of any sum over the KV axis, and every launch constant that sets bits is fixed.
 
 Backward (FlashAttention-2 structure, Dao 2023; deterministic, no atomics): ``delta =
 rowsum(dO * O)``; a dQ kernel per 64 queries of one head (KV blocks in increasing order) and a
@@ -85,17 +87,23 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
 def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_split: int = 0) -> torch.Tensor:
     """Launch one decode step; returns out [B, H, D] bf16 (validated inputs, no host reads).
 
-    ``d_split`` (0: the library's choice, ``DECODE_SPLIT_BELOW`` in attention.cu): blocks per
-    (sequence, KV head) that each own ``D / d_split`` output columns (1, 2, 4 or 8; at least 16
-    columns each); the bits do not depend on it (tested), it is a parameter for tests."""
+    Two launches (``attention.cu``, decode): the scores of every (head, key) into an FP32 scratch
+    [B, H, ceil(S_max / 64) * 64] allocated here, then one sequential walk over the 64-key blocks
+    per (sequence, KV head, column slice) with the per-row softmax and ``P V`` chains of the
+    forward. ``d_split`` (0: the library's choice, ``DECODE_PV_BLOCKS`` in attention.cu): column
+    slices per (sequence, KV head), 1, 2, 4 or 8 with at least 16 columns each; the bits do not
+    depend on it (tested), it is a parameter for tests and the sweep tool."""
     bsz, h, d = q.shape
-    hkv = k_cache.shape[2]
+    s_max, hkv = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty((bsz, h, d), dtype=torch.bfloat16, device=q.device)
     if bsz == 0:
         return out
-    args = (q, k_cache, v_cache, out, cache_seqlens, bsz, h, hkv, d, q.stride(0), q.stride(1), k_cache.stride(0),
-            k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            out.stride(0), out.stride(1), float(scale))
+    bkv = query("rl_attention_block_kv")
+    n_tiles = -(-s_max // bkv)
+    scores = torch.empty((bsz, h, n_tiles * bkv), dtype=torch.float32, device=q.device)
+    args = (q, k_cache, v_cache, out, cache_seqlens, scores, bsz, h, hkv, d, n_tiles, q.stride(0), q.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+            v_cache.stride(2), out.stride(0), out.stride(1), float(scale))
     if d_split:
         launch(q.device, "rl_attention_decode_split", *args, int(d_split))
     else:

@@ -172,9 +172,11 @@ def _rows_view(x: torch.Tensor) -> tuple[int, int, int, int, int]:
 
 
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool,
-                 split: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                 split: int = 0, num_warps: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward on validated rows ([T, E] or [T, H, D]); returns (y like x in BF16,
-    rstd [rows] FP32). ``split`` > 0 only for the negative control (BF16-rounded partial sums)."""
+    rstd [rows] FP32). ``split`` > 0 only for the negative control (BF16-rounded partial sums).
+    ``num_warps`` (0: the module's choice from E) is a launch setting for the sweep tool; every
+    step sums an axis of size 2, so the bits do not depend on it (tested on the GPU)."""
     t, h, e, sxt, sxh = _rows_view(x)
     y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
     n_rows = t * h
@@ -192,20 +194,20 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool,
         else:
             _rms_fwd_kernel[(n_rows,)](
                 x, weight, y, rstd, x, y, e, h, eps, float(e), sxt, sxh, syt, syh, 0, 0,
-                BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=triton.cdiv(e, LANES), num_warps=_warps(block),
-                ADD=False, enable_fp_fusion=FP_FUSION,
+                BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=triton.cdiv(e, LANES),
+                num_warps=num_warps or _warps(block), ADD=False, enable_fp_fusion=FP_FUSION,
             )
     return y, rstd
 
 
 def add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
-                     hf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                     hf: bool, num_warps: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add and the next norm in one launch (a decode step's ``x + o_proj(...)`` then
     ``post_attention_layernorm``): returns ``(s, y)``, ``s = x + delta`` [T, E] BF16 (FP32 add,
     rounded once, as ``torch.add`` on BF16) and ``y = rms_norm(s)`` [T, E] BF16, bitwise the two
     separate launches (tested). x, delta [T, E] BF16 with unit stride on the last axis, weight [E];
     validated by the caller (:func:`rl_engine.chain.fused.add_rms_norm`). No rstd is kept (no
-    backward: the rollout step only)."""
+    backward: the rollout step only). ``num_warps`` as in :func:`rms_norm_fwd`."""
     t, e = x.shape
     s = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
     y = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
@@ -215,8 +217,8 @@ def add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
         _rms_fwd_kernel[(t,)](
             x, weight, y, rstd, delta, s, e, 1, eps, float(e), x.stride(0), 0, y.stride(0), 0,
             delta.stride(0), s.stride(0),
-            BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=triton.cdiv(e, LANES), num_warps=_warps(block),
-            ADD=True, enable_fp_fusion=FP_FUSION,
+            BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=triton.cdiv(e, LANES),
+            num_warps=num_warps or _warps(block), ADD=True, enable_fp_fusion=FP_FUSION,
         )
     return s, y
 
