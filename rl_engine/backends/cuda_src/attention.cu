@@ -198,70 +198,117 @@ int launch_fwd(const void* q, const void* k, const void* v, void* out, void* lse
 // One decode step runs in two launches that together compute exactly forward_rows for each query
 // head (the same scores, block maxima, exponentials, sums and FMA chains, in the same order), so
 // a decode row stays bitwise the prefill row of the same query (tested):
-//   1. scores: block (b, KV head x head block, key tile) computes s = visible_score(dot_row(q, k)
-//      * scale) for DC_HEADS query heads x 64 keys of the tile [kv0, kv0 + 64), one score per
-//      thread, and writes them (FP32) to the scratch sc [B, H, S_cap]; keys at or past the length
-//      get -inf, as a masked key does in forward_rows. Every score is independent, so this launch
-//      spreads over the whole GPU even at B = 1.
+//   1. scores: block (b, KV head x head block, 128-key chunk); thread t owns key kv0 + t and runs
+//      the DC_HEADS dot products of that key (dot_row's FMA chain over d in order, interleaved),
+//      then s = visible_score(dot * scale); keys at or past the length get -inf, as a masked key
+//      does in forward_rows. The scores go (FP32) to the scratch sc [B, H, S_cap]. Each key row
+//      is read from shared memory once, by one thread, in 16-byte loads.
 //   2. softmax and P V: block (b, KV head x head block x column slice) walks the 64-key blocks in
 //      increasing order. Two "stats" warps (16 lanes per head, the lane layout of forward_rows:
 //      lane cs holds keys cs + 16 jj) compute the block max, alpha, p and the 16-lane sum l for
 //      block k + 1 while the P V threads run block k's FMA chains o = o * alpha, then
-//      o = fma(p_j, v_j, o) for j in order; V comes through a cp.async ring of DC_STAGES tiles.
-//      The column slice (d_split, 1 .. 8) only decides which output columns a block owns: each
-//      column's chain is the same, so the bits do not depend on it.
-constexpr int DC_HEADS = 4;      // query heads per block, both launches
-constexpr int DC_STAGES = 3;     // V tiles in flight (phase 2)
-constexpr int DC_STAT_THREADS = DC_HEADS * AT_LANES;  // 64: two warps
-static_assert(DC_HEADS * AT_BKV == AT_THREADS, "phase 1 computes one score per thread");
+//      o = fma(p_j, v_j, o) for j in order. Scores and V arrive through cp.async rings several
+//      blocks ahead. The column slice (d_split, 1 .. 8) only decides which output columns a
+//      block owns: each column's chain is the same, so the bits do not depend on it.
+constexpr int DC_HEADS = 4;                           // query heads per block, both launches
+constexpr int DC_SKEYS = 128;                         // keys (threads) per block of launch 1
+constexpr int DC_SSTAGES = 8;                         // score blocks in flight (launch 2)
+constexpr int DC_STAT_THREADS = DC_HEADS * AT_LANES;  // 64: two warps, one half-warp per head
+static_assert(DC_STAT_THREADS == 64 && AT_BKV == 4 * AT_LANES, "one 16-byte score copy per stats lane");
+
+// Rows [row0, row0 + R) x columns [0, W) of a row-major BF16 source (row stride s, unit column
+// stride) into shared rows of LDS elements, by NT threads; rows at or past n are zero-filled. VEC:
+// 16-byte cp.async (16-byte aligned rows); otherwise 2-byte copies. Either way a later
+// cp_async_wait + __syncthreads makes the tile visible.
+template <int W, int R, int LDS, int NT>
+__device__ __forceinline__ void dc_issue_rows(bf16* dst, const bf16* src, int64_t s, int64_t row0, int64_t n, int t,
+                                              bool vec) {
+    if (vec) {
+        constexpr int VPR = W / 8;
+        for (int e = t; e < R * VPR; e += NT) {
+            const int r = e / VPR;
+            const int cc = (e % VPR) * 8;
+            const bool ok = row0 + r < n;
+            cp_async16(dst + r * LDS + cc, ok ? src + (row0 + r) * s + cc : src, ok ? 16 : 0);
+        }
+    } else {
+        for (int e = t; e < R * W; e += NT) {
+            const int r = e / W;
+            const int cc = e % W;
+            dst[r * LDS + cc] = row0 + r < n ? src[(row0 + r) * s + cc] : to_bf16(0.0f);
+        }
+    }
+}
 
 template <int D>
-__global__ void __launch_bounds__(AT_THREADS)
+struct DecodeScores {
+    static constexpr int LDK = D + 8;  // 16-byte aligned rows; 8 rows of one load phase hit distinct banks
+    static constexpr size_t SMEM = static_cast<size_t>(DC_SKEYS) * LDK * sizeof(bf16) +
+                                   static_cast<size_t>(DC_HEADS) * D * sizeof(float);
+};
+
+template <int D>
+__global__ void __launch_bounds__(DC_SKEYS)
 attn_decode_scores_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, const int32_t* __restrict__ seqlens,
                           float* __restrict__ sc, int64_t group, int64_t n_hb, int64_t s_qb, int64_t s_qh,
-                          int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_sb, int64_t s_sh, float scale) {
-    constexpr int LD = Ld<D>::value;
-    __shared__ __align__(16) bf16 qs[DC_HEADS * LD];
-    __shared__ __align__(16) bf16 ks[AT_BKV * LD];
+                          int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_sb, int64_t s_sh, float scale, int vec) {
+    constexpr int LDK = DecodeScores<D>::LDK;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* ks = reinterpret_cast<bf16*>(smem_raw);                  // [DC_SKEYS][LDK]
+    float* qf = reinterpret_cast<float*>(ks + DC_SKEYS * LDK);     // [DC_HEADS][D], FP32 (exact)
     const int64_t b = blockIdx.x;
     const int64_t kvh = blockIdx.y / n_hb;
     const int64_t g0 = static_cast<int64_t>(blockIdx.y % n_hb) * DC_HEADS;
-    const int64_t kv0 = static_cast<int64_t>(blockIdx.z) * AT_BKV;
+    const int64_t kv0 = static_cast<int64_t>(blockIdx.z) * DC_SKEYS;
     const int64_t n = seqlens[b];
-    if (kv0 >= n) return;  // uniform over the block; phase 2 reads no score of this tile
-    load_rows<D, DC_HEADS>(qs, q + b * s_qb + kvh * group * s_qh, s_qh, g0, group);
-    load_rows<D, AT_BKV>(ks, kc + b * s_kb + kvh * s_kh, s_kt, kv0, n);
+    if (kv0 >= n) return;  // uniform over the block; launch 2 reads no score of this chunk
+    const int t = threadIdx.x;
+    dc_issue_rows<D, DC_SKEYS, LDK, DC_SKEYS>(ks, kc + b * s_kb + kvh * s_kh, s_kt, kv0, n, t, vec);
+    cp_async_commit();
+    for (int e = t; e < DC_HEADS * D; e += DC_SKEYS) {
+        const int64_t g = g0 + e / D;
+        qf[e] = g < group ? f32(q[b * s_qb + (kvh * group + g) * s_qh + e % D]) : 0.0f;
+    }
+    cp_async_wait<0>();
     __syncthreads();
-    const int hh = threadIdx.x / AT_BKV;
-    const int c = threadIdx.x % AT_BKV;
-    const int64_t g = g0 + hh;
-    if (g >= group) return;
-    const bool vis = kv0 + c < n;  // forward_rows: key <= lim = n - 1
-    const float s = vis ? visible_score(dot_row<D>(qs + hh * LD, ks + c * LD) * scale, true) : -INFINITY;
-    sc[b * s_sb + (kvh * group + g) * s_sh + kv0 + c] = s;
-}
-
-// Copies V rows [kv0, kv0 + 64) x columns [d0, d0 + DV) of one KV head into a ring tile (row
-// stride DV + 8), rows at or past n zero-filled (forward_rows' load_rows). VEC: 16-byte cp.async
-// (aligned rows); otherwise plain 2-byte copies, which a __syncthreads makes visible the same way.
-template <int DV, int NPV>
-__device__ __forceinline__ void dc_issue_v(bf16* tile, const bf16* v_base, int64_t s_vt, int64_t kv0, int64_t n, int t,
-                                           bool vec) {
-    constexpr int LDV = DV + 8;
-    if (vec) {
-        constexpr int VPR = DV / 8;
-        for (int e = t; e < AT_BKV * VPR; e += NPV) {
-            const int r = e / VPR;
-            const int cc = (e % VPR) * 8;
-            const bool ok = kv0 + r < n;
-            cp_async16(tile + r * LDV + cc, ok ? v_base + (kv0 + r) * s_vt + cc : v_base, ok ? 16 : 0);
+    const int64_t key = kv0 + t;
+    if (key >= s_sh) return;
+    float acc[DC_HEADS];
+#pragma unroll
+    for (int h = 0; h < DC_HEADS; ++h) acc[h] = 0.0f;
+    const bool vis = key < n;  // forward_rows: key <= lim = n - 1
+    if (vis) {
+        const bf16* kr = ks + t * LDK;
+#pragma unroll 4
+        for (int d = 0; d < D; d += 8) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(kr + d);
+            const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+            float kf[8];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float2 f = __bfloat1622float2(k2[i]);
+                kf[2 * i] = f.x;
+                kf[2 * i + 1] = f.y;
+            }
+#pragma unroll
+            for (int h = 0; h < DC_HEADS; ++h) {
+                const float4 qa = *reinterpret_cast<const float4*>(qf + h * D + d);
+                const float4 qb = *reinterpret_cast<const float4*>(qf + h * D + d + 4);
+                acc[h] = __fmaf_rn(qa.x, kf[0], acc[h]);
+                acc[h] = __fmaf_rn(qa.y, kf[1], acc[h]);
+                acc[h] = __fmaf_rn(qa.z, kf[2], acc[h]);
+                acc[h] = __fmaf_rn(qa.w, kf[3], acc[h]);
+                acc[h] = __fmaf_rn(qb.x, kf[4], acc[h]);
+                acc[h] = __fmaf_rn(qb.y, kf[5], acc[h]);
+                acc[h] = __fmaf_rn(qb.z, kf[6], acc[h]);
+                acc[h] = __fmaf_rn(qb.w, kf[7], acc[h]);
+            }
         }
-    } else {
-        for (int e = t; e < AT_BKV * DV; e += NPV) {
-            const int r = e / DV;
-            const int cc = e % DV;
-            tile[r * LDV + cc] = kv0 + r < n ? v_base[(kv0 + r) * s_vt + cc] : to_bf16(0.0f);
-        }
+    }
+#pragma unroll
+    for (int h = 0; h < DC_HEADS; ++h) {
+        if (g0 + h < group)
+            sc[b * s_sb + (kvh * group + g0 + h) * s_sh + key] = vis ? visible_score(acc[h] * scale, true) : -INFINITY;
     }
 }
 
@@ -271,9 +318,14 @@ struct DecodePv {
     static constexpr int NPV = DC_HEADS * DV / 2;         // P V threads: one column pair of one head each
     static constexpr int THREADS = DC_STAT_THREADS + NPV;
     static constexpr int LDV = DV + 8;
-    static constexpr size_t SMEM = static_cast<size_t>(DC_STAGES) * AT_BKV * LDV * sizeof(bf16) +
-                                   static_cast<size_t>(2 * DC_HEADS * AT_BKV + 2 * DC_HEADS + DC_HEADS) * sizeof(float);
+    static constexpr int TILE = AT_BKV * LDV;             // elements of one V tile
+    static constexpr int STAGES = DV >= 128 ? 3 : (DV >= 64 ? 5 : 8);  // about 50 KB of V in flight at most
+    static constexpr int SCORES = DC_HEADS * AT_BKV;      // floats of one score block
+    static constexpr size_t SMEM = static_cast<size_t>(STAGES) * TILE * sizeof(bf16) +
+                                   static_cast<size_t>(DC_SSTAGES * SCORES + 2 * DC_HEADS * AT_BKV + 2 * DC_HEADS +
+                                                       DC_HEADS) * sizeof(float);
     static_assert(DV >= 16 && DV % 8 == 0, "at least 16 output columns per block");
+    static_assert((STAGES * TILE * sizeof(bf16)) % 16 == 0, "the FP32 areas start 16-byte aligned");
 };
 
 template <int D, int DSPLIT>
@@ -284,11 +336,13 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
     using P = DecodePv<D, DSPLIT>;
     constexpr int DV = P::DV;
     constexpr int LDV = P::LDV;
+    constexpr int STAGES = P::STAGES;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* ring = reinterpret_cast<bf16*>(smem_raw);
-    float* ps = reinterpret_cast<float*>(ring + DC_STAGES * AT_BKV * LDV);  // [2][DC_HEADS][64]
-    float* al = ps + 2 * DC_HEADS * AT_BKV;                                 // [2][DC_HEADS]
-    float* lsum = al + 2 * DC_HEADS;                                        // [DC_HEADS]
+    bf16* ring = reinterpret_cast<bf16*>(smem_raw);                    // [STAGES][64][LDV] V tiles
+    float* sring = reinterpret_cast<float*>(ring + STAGES * P::TILE);  // [DC_SSTAGES][DC_HEADS][64] scores
+    float* ps = sring + DC_SSTAGES * P::SCORES;                        // [2][DC_HEADS][64] p
+    float* al = ps + 2 * DC_HEADS * AT_BKV;                            // [2][DC_HEADS] alpha
+    float* lsum = al + 2 * DC_HEADS;                                   // [DC_HEADS] l
 
     const int64_t b = blockIdx.x;
     const int64_t kvh = blockIdx.y / n_hb;
@@ -299,24 +353,29 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
     const int tid = threadIdx.x;
     const bool stat = tid < DC_STAT_THREADS;
 
-    // stats threads: head hh = tid / 16, lane cs (forward_rows' row group and lane)
+    // stats threads: head hh = tid / 16, lane cs (forward_rows' row group and lane). Lane cs also
+    // copies floats [4 cs, 4 cs + 4) of its head's scores of a block (a half-warp copies one head,
+    // and only that half-warp reads them, so a __syncwarp after the wait makes them visible).
     const int hh_s = tid / AT_LANES;
     const int cs = tid % AT_LANES;
     const bool head_s = stat && g0 + hh_s < group;
-    const float* srow = sc + b * s_sb + (kvh * group + g0 + hh_s) * s_sh;
+    const float* srow = sc + b * s_sb + (kvh * group + g0 + (head_s ? hh_s : 0)) * s_sh;
     float m = -INFINITY, l = 0.0f;
-    float s_next[AT_CPT];
-    auto load_scores = [&](int64_t blk) {
-#pragma unroll
-        for (int jj = 0; jj < AT_CPT; ++jj)
-            s_next[jj] = (head_s && blk < nblk) ? srow[blk * AT_BKV + cs + AT_LANES * jj] : -INFINITY;
+    auto issue_scores = [&](int64_t blk) {
+        float* dst = sring + (blk % DC_SSTAGES) * P::SCORES + hh_s * AT_BKV + 4 * cs;
+        const bool ok = head_s && blk < nblk;
+        cp_async16(dst, ok ? srow + blk * AT_BKV + 4 * cs : sc, ok ? 16 : 0);
     };
-    // forward_rows' per-block softmax step for one head, on the scores of block blk (in s_next)
+    // forward_rows' per-block softmax step for one head, on the scores of block blk
     auto stats_step = [&](int64_t blk) {
+        cp_async_wait<DC_SSTAGES - 2>();
+        __syncwarp();  // block blk's scores (this half-warp's copies) are visible; slot blk - 1 is read
+        issue_scores(blk + DC_SSTAGES - 1);
+        cp_async_commit();
+        const float* sb = sring + (blk % DC_SSTAGES) * P::SCORES + hh_s * AT_BKV;
         float s[AT_CPT];
 #pragma unroll
-        for (int jj = 0; jj < AT_CPT; ++jj) s[jj] = s_next[jj];
-        load_scores(blk + 1);
+        for (int jj = 0; jj < AT_CPT; ++jj) s[jj] = head_s ? sb[cs + AT_LANES * jj] : -INFINITY;
         float bm = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
         bm = half_warp_max(bm);
         const float m_new = fmaxf(m, bm);
@@ -343,43 +402,55 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
     float o0 = 0.0f, o1 = 0.0f;
 
     if (stat) {
-        load_scores(0);
+#pragma unroll
+        for (int s = 0; s < DC_SSTAGES - 1; ++s) {
+            issue_scores(s);
+            cp_async_commit();
+        }
         if (nblk > 0) stats_step(0);
     } else {
 #pragma unroll
-        for (int s = 0; s < DC_STAGES - 1; ++s) {
-            if (s < nblk) dc_issue_v<DV, P::NPV>(ring + s * AT_BKV * LDV, v_base, s_vt, s * AT_BKV, n, t, vec);
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < nblk)
+                dc_issue_rows<DV, AT_BKV, LDV, P::NPV>(ring + s * P::TILE, v_base, s_vt, s * AT_BKV, n, t, vec);
             cp_async_commit();
         }
     }
     for (int64_t k = 0; k < nblk; ++k) {
-        if (!stat) cp_async_wait<DC_STAGES - 2>();
+        if (!stat) cp_async_wait<STAGES - 2>();
         __syncthreads();  // V tile k and p / alpha of block k are visible; block k - 1's buffers are free
         if (stat) {
             if (k + 1 < nblk) stats_step(k + 1);
             continue;
         }
-        const int64_t nxt = k + DC_STAGES - 1;
+        const int64_t nxt = k + STAGES - 1;
         if (nxt < nblk)
-            dc_issue_v<DV, P::NPV>(ring + (nxt % DC_STAGES) * AT_BKV * LDV, v_base, s_vt, nxt * AT_BKV, n, t, vec);
+            dc_issue_rows<DV, AT_BKV, LDV, P::NPV>(ring + (nxt % STAGES) * P::TILE, v_base, s_vt, nxt * AT_BKV, n, t,
+                                                   vec);
         cp_async_commit();
         const float a = al[(k & 1) * DC_HEADS + hh_v];
-        const float* pb = ps + (k & 1) * DC_HEADS * AT_BKV + hh_v * AT_BKV;
-        const bf16* vt = ring + (k % DC_STAGES) * AT_BKV * LDV + lc;
+        const float4* pb = reinterpret_cast<const float4*>(ps + (k & 1) * DC_HEADS * AT_BKV + hh_v * AT_BKV);
+        const bf16* vt = ring + (k % STAGES) * P::TILE + lc;
         o0 = o0 * a;
         o1 = o1 * a;
         const int64_t kv0 = k * AT_BKV;
         if (kv0 + AT_BKV - 1 <= n - 1) {  // the row sees the whole block
-#pragma unroll 16
-            for (int j = 0; j < AT_BKV; ++j) {
-                const float pj = pb[j];
-                const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + j * LDV));
-                o0 = __fmaf_rn(pj, v2.x, o0);
-                o1 = __fmaf_rn(pj, v2.y, o1);
+#pragma unroll 4
+            for (int j4 = 0; j4 < AT_BKV / 4; ++j4) {
+                const float4 p4 = pb[j4];
+                const float pj[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float2 v2 =
+                        __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + (4 * j4 + i) * LDV));
+                    o0 = __fmaf_rn(pj[i], v2.x, o0);
+                    o1 = __fmaf_rn(pj[i], v2.y, o1);
+                }
             }
         } else {  // masked keys (p = 0): their values are absent, not 0 * v
+            const float* pf = reinterpret_cast<const float*>(pb);
             for (int j = 0; j < AT_BKV; ++j) {
-                const float pj = pb[j];
+                const float pj = pf[j];
                 const bool vis = kv0 + j <= n - 1;
                 const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + j * LDV));
                 o0 = __fmaf_rn(pj, absent_if_masked(v2.x, vis), o0);
@@ -387,7 +458,7 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
             }
         }
     }
-    if (!stat) cp_async_wait<0>();
+    cp_async_wait<0>();
     if (stat && cs == 0) lsum[hh_s] = l;
     __syncthreads();
     if (stat || g0 + hh_v >= group) return;
@@ -398,24 +469,27 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
     orow[1] = to_bf16(has ? o1 / lv : 0.0f);
 }
 
+inline bool rows_vec16(const void* base, int64_t s0, int64_t s1, int64_t s2) {
+    return (reinterpret_cast<uintptr_t>(base) & 15u) == 0 && s0 % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0;
+}
+
 template <int D, int DSPLIT>
 int launch_decode_pv(const float* sc, const void* vc, void* out, const void* seqlens, int64_t batch, int64_t kv_heads,
                      int64_t group, int64_t n_hb, int64_t s_sb, int64_t s_sh, int64_t s_vb, int64_t s_vt,
                      int64_t s_vh, int64_t s_ob, int64_t s_oh, cudaStream_t st) {
     using P = DecodePv<D, DSPLIT>;
     if (int e = prepare(attn_decode_pv_kernel<D, DSPLIT>, P::SMEM)) return e;
-    const int vec = (reinterpret_cast<uintptr_t>(vc) & 15u) == 0 && s_vb % 8 == 0 && s_vt % 8 == 0 && s_vh % 8 == 0;
     dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb), static_cast<unsigned>(DSPLIT));
     attn_decode_pv_kernel<D, DSPLIT><<<grid, P::THREADS, P::SMEM, st>>>(
         sc, static_cast<const bf16*>(vc), static_cast<bf16*>(out), static_cast<const int32_t*>(seqlens), group, n_hb,
-        s_sb, s_sh, s_vb, s_vt, s_vh, s_ob, s_oh, vec);
+        s_sb, s_sh, s_vb, s_vt, s_vh, s_ob, s_oh, static_cast<int>(rows_vec16(vc, s_vb, s_vt, s_vh)));
     return launch_status();
 }
 
-// The column split of phase 2 when the caller leaves it to the library (d_split 0): doubled while
+// The column split of launch 2 when the caller leaves it to the library (d_split 0): doubled while
 // the grid has fewer than DECODE_PV_BLOCKS blocks (a speed choice from B and the head shapes only;
-// same bits, tested). Phase 2 is one sequential walk over the keys per block, so small batches need
-// the split to keep enough blocks in flight.
+// same bits, tested). Launch 2 is one sequential walk over the keys per block, so small batches
+// need the split to keep enough blocks in flight.
 constexpr int64_t DECODE_PV_BLOCKS = 256;
 
 template <int D>
@@ -427,10 +501,12 @@ int launch_decode(const void* q, const void* kc, const void* vc, void* out, cons
     const int64_t s_sh = n_tiles * AT_BKV;
     const int64_t s_sb = kv_heads * group * s_sh;
     float* scores = static_cast<float*>(sc);
-    dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb), static_cast<unsigned>(n_tiles));
-    attn_decode_scores_kernel<D><<<grid, AT_THREADS, 0, st>>>(
+    if (int e = prepare(attn_decode_scores_kernel<D>, DecodeScores<D>::SMEM)) return e;
+    dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb),
+              static_cast<unsigned>(cdiv(s_sh, static_cast<int64_t>(DC_SKEYS))));
+    attn_decode_scores_kernel<D><<<grid, DC_SKEYS, DecodeScores<D>::SMEM, st>>>(
         static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const int32_t*>(seqlens), scores, group,
-        n_hb, s_qb, s_qh, s_kb, s_kt, s_kh, s_sb, s_sh, scale);
+        n_hb, s_qb, s_qh, s_kb, s_kt, s_kh, s_sb, s_sh, scale, static_cast<int>(rows_vec16(kc, s_kb, s_kt, s_kh)));
     if (int e = launch_status()) return e;
     const int64_t blocks = batch * kv_heads * n_hb;
     if (dsplit == 0) {

@@ -443,9 +443,11 @@ int launch_gemv_ring(const TreeArgs& g, int leaves, void* out, int64_t s_om, int
     return launch_gemv_rows<OUT_F32, KS, STAGES, 4>(g, leaves, out, s_om, s_on, st);
 }
 
-// The ring variants (KS, STAGES) and shared memory per block: 0 = (4, 4) 87 KB, two blocks per SM
-// (the default; on the H200 at 12.5 % occupancy, 1.53 TB/s for the gate/up product, ncu);
-// 1 = (2, 4) 46 KB; 2 = (2, 6) 69 KB; 3 = (1, 8) 51 KB; 4 = (4, 2) 44 KB.
+// The ring variants (KS, STAGES) and shared memory per block at MF = 1 (the A rows grow with MF):
+// 0 = (4, 2) 44 KB, the default; 1 = (2, 4) 46 KB; 2 = (2, 6) 69 KB; 3 = (1, 8) 51 KB; 4 = (4, 4) 87 KB.
+// On the H200 (evidence/2026-12-02-h200-decode-3dd21eb, where the numbering was 0 <-> 4 swapped)
+// (4, 2) was the fastest or within 2 % of it at every Qwen3-8B shape and M in {1, 16, 64}, and
+// (4, 4), the earlier default, was 20 % slower for the gate/up product at M = 1 and 1.9x slower at M = 64.
 constexpr int GV_VARIANTS = 5;
 int g_gemv_variant = 0;
 
@@ -455,8 +457,8 @@ int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t 
         case 1: return launch_gemv_ring<OUT_F32, 2, 4>(g, leaves, out, s_om, s_on, st);
         case 2: return launch_gemv_ring<OUT_F32, 2, 6>(g, leaves, out, s_om, s_on, st);
         case 3: return launch_gemv_ring<OUT_F32, 1, 8>(g, leaves, out, s_om, s_on, st);
-        case 4: return launch_gemv_ring<OUT_F32, 4, 2>(g, leaves, out, s_om, s_on, st);
-        default: return launch_gemv_ring<OUT_F32, 4, 4>(g, leaves, out, s_om, s_on, st);
+        case 4: return launch_gemv_ring<OUT_F32, 4, 4>(g, leaves, out, s_om, s_on, st);
+        default: return launch_gemv_ring<OUT_F32, 4, 2>(g, leaves, out, s_om, s_on, st);
     }
 }
 

@@ -38,6 +38,12 @@ LANES = 128
 """Lane sums of the fixed row-sum order (the CUDA backend's ``NORM_THREADS``)."""
 REDUCE_BLOCK = 256
 """Columns per dweight stage-2 program (fixed)."""
+ADD_WARPS = 2
+"""Warps of the add-fused forward (:func:`add_rms_norm_fwd`, decode rows only). A launch setting,
+not arithmetic: on the H200 at E = 4096 (``tools/rms_decode_sweep.py``, evidence
+``2026-12-02-h200-decode-3dd21eb``) 2 warps took 2.54 us per launch at T = 1 against 3.17 us at
+the 8 of :func:`_warps`, with the same bits at every warp count from 1 to 16. Rows wider than 4096
+keep :func:`_warps` (more registers per thread otherwise)."""
 
 
 def _block(n_cols: int) -> int:
@@ -207,7 +213,7 @@ def add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     rounded once, as ``torch.add`` on BF16) and ``y = rms_norm(s)`` [T, E] BF16, bitwise the two
     separate launches (tested). x, delta [T, E] BF16 with unit stride on the last axis, weight [E];
     validated by the caller (:func:`rl_engine.chain.fused.add_rms_norm`). No rstd is kept (no
-    backward: the rollout step only). ``num_warps`` as in :func:`rms_norm_fwd`."""
+    backward: the rollout step only). ``num_warps`` as in :func:`rms_norm_fwd` (0: ``ADD_WARPS``)."""
     t, e = x.shape
     s = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
     y = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
@@ -218,7 +224,7 @@ def add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
             x, weight, y, rstd, delta, s, e, 1, eps, float(e), x.stride(0), 0, y.stride(0), 0,
             delta.stride(0), s.stride(0),
             BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=triton.cdiv(e, LANES),
-            num_warps=num_warps or _warps(block), ADD=True, enable_fp_fusion=FP_FUSION,
+            num_warps=num_warps or (ADD_WARPS if block <= 4096 else _warps(block)), ADD=True, enable_fp_fusion=FP_FUSION,
         )
     return s, y
 
