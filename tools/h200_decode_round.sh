@@ -79,6 +79,8 @@ if [ -n "${BENCH_OPS:-}" ]; then  # e.g. "chain_decode" or "chain_decode chain_g
   echo "bench rc $? after $(( $(date +%s) - start )) s"; tail -n 16 "$OUT/bench-progress.log"
   (cd "$OUT" && tar czf bench.tgz bench && rm -rf bench)
 fi
-# the device tool returns at most 8 files: everything also goes into one archive
-(cd "$OUT" && tar czf round.tgz --exclude=round.tgz --exclude=bench.tgz ./*.txt ./*.json ./*.log 2>/dev/null)
+# the device tool returns at most 8 files: everything goes into one archive, and only the
+# archives are left under $OUT so that both come back
+(cd "$OUT" && tar czf round.tgz --exclude=round.tgz --exclude=bench.tgz ./*.txt ./*.json ./*.log 2>/dev/null \
+  && find . -maxdepth 1 -type f ! -name '*.tgz' -delete)
 exit 0
