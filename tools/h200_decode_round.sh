@@ -3,7 +3,8 @@
 # the GPU tests of the decode kernels, the decode-attention and det_gemm (M = 64) sweeps, and
 # decode-step profiles; everything lands under $OUT.
 # env: OUT, TESTS (pytest selection), PROFILES ("backend:batch:context ..."), ATTN_SWEEP=0 / GEMM_SWEEP=0
-#      to skip a sweep, ATTN_BACKENDS ("triton cuda": the attention sweep per backend),
+#      to skip a sweep, ATTN_BACKENDS ("triton cuda": the attention sweep per backend), GEMM_MS (the det_gemm
+#      sweep's M values, default 64),
 #      FUSED_DRAW=1 to run the fused draw's GPU test (the draw is ON for the rest of the call only if it
 #      passed), PACKED=1 / BUCKETS=1 to turn the engine's packed projections / per-bucket graphs on
 #      for the call (before TESTS), FUSED=1 / LEAF_MERGE=1 the engine's fused launches / det_gemm's
@@ -53,8 +54,8 @@ if [ "${ATTN_SWEEP:-1}" = "1" ]; then
   done
 fi
 if [ "${GEMM_SWEEP:-1}" = "1" ]; then
-  timeout 220 python3 tools/det_gemm_decode_sweep.py --ms 64 --json "$OUT/det_gemm_sweep_m64.json" >"$OUT/det-gemm-sweep-m64.txt" 2>&1
-  echo "det_gemm sweep rc $? after $(( $(date +%s) - start )) s"; grep -v "^  " "$OUT/det-gemm-sweep-m64.txt" | tail -n 12
+  timeout 220 python3 tools/det_gemm_decode_sweep.py --ms "${GEMM_MS:-64}" --json "$OUT/det_gemm_sweep_m${GEMM_MS:-64}.json" >"$OUT/det-gemm-sweep-m${GEMM_MS:-64}.txt" 2>&1
+  echo "det_gemm sweep rc $? after $(( $(date +%s) - start )) s"; grep -v "^  " "$OUT/det-gemm-sweep-m${GEMM_MS:-64}.txt" | tail -n 12
 fi
 if [ "${GEMV:-0}" = "1" ]; then  # decode GEMVs of both backends vs cuBLAS, and one ncu profile of the CUDA one
   timeout 150 python3 tools/gemv_compare.py ${GEMV_ARGS:-} >"$OUT/gemv-compare.txt" 2>&1

@@ -50,6 +50,7 @@ SCRIPT = textwrap.dedent(r'''
         from rl_engine.chain import fused
         from rl_engine.ops.attention import triton as at
         from rl_engine.ops.det_gemm import triton as dg
+        from rl_engine.ops.logp import triton as lp
         from rl_engine.ops.rms_norm import triton as rn
         from rl_engine.rollout import _f64
         from rl_engine.rollout import gumbel_triton as gt
@@ -103,6 +104,14 @@ SCRIPT = textwrap.dedent(r'''
                                         "s_vch")}}, {
             "D": 128, "HALF": 64, "HF_ORDER": True, "LANES": 128, "CHUNKS": 1, "CACHE": True}
 
+        for has_mask in (False, True):
+            yield f"logp_fwd[{has_mask}]", lp._logp_fwd_kernel, {
+                "x_ptr": "*fp32", "tgt_ptr": "*i64", "mask_ptr": "*i8", "out_ptr": "*fp32", "rmax_ptr": "*fp32",
+                "rlog_ptr": "*fp32", "n_inner": "i32", "n_cols": "i32",
+                **{name: "i64" for name in ("stride_xo", "stride_xi", "stride_to", "stride_ti", "stride_mo",
+                                            "stride_mi")}, "temperature": "fp32"}, {
+                "HAS_MASK": has_mask, "BLOCK_V": lp.BLOCK_V}
+
     out = {}
     for name, fn, sig, consts in cases():
         try:
@@ -135,6 +144,6 @@ def test_control_a_type_changing_loop_value_fails_to_compile(compiled):
 @pytest.mark.parametrize("kernel", ["gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce",
                                     "attention_decode[1]", "attention_decode[8]", "det_gemm_leaves[merge]",
                                     "det_gemm_leaves[merge,M=1]", "rms_norm[add]",
-                                    "qk_norm_rope", "row_keys"])
+                                    "qk_norm_rope", "row_keys", "logp_fwd[False]", "logp_fwd[True]"])
 def test_kernel_compiles_for_sm90(compiled, kernel):
     assert compiled[kernel] == "ok", compiled[kernel]

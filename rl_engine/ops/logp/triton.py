@@ -41,14 +41,20 @@ def _row_logprob(x_row, tgt, n_cols, temperature, BLOCK_V: tl.constexpr):
     offs = tl.arange(0, BLOCK_V)
     run_max = float("-inf")
     run_sum = 0.0
+    # Contiguity pinned to 1: the compiler must not pick a wider per-thread layout when it can
+    # prove 16-byte alignment (a row stride divisible by 16, an aligned base pointer), because
+    # the layout decides the order of the tl.sum below; one layout for every stride and base
+    # pointer keeps a row's bits independent of the memory layout (seen on H200: a row stride
+    # of 1008 vs 1000 changed the sum-exp bits without this hint).
+    cols = tl.max_contiguous(offs, 1)
+    x_next = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf"))
     for start in range(0, n_cols, BLOCK_V):
-        # Contiguity pinned to 1: the compiler must not pick a wider per-thread layout when it can
-        # prove 16-byte alignment (a row stride divisible by 16, an aligned base pointer), because
-        # the layout decides the order of the tl.sum below; one layout for every stride and base
-        # pointer keeps a row's bits independent of the memory layout (seen on H200: a row stride
-        # of 1008 vs 1000 changed the sum-exp bits without this hint).
-        cols = tl.max_contiguous(start + offs, 1)
-        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf"))
+        # The next tile's load is issued before this tile's reductions (a single row at decode is
+        # otherwise one load latency per tile, 37 tiles at V = 151936); the same loads, layout
+        # and arithmetic as loading each tile in its own iteration.
+        x = x_next
+        cols = tl.max_contiguous(start + BLOCK_V + offs, 1)
+        x_next = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf"))
         z = x / temperature
         new_max = tl.maximum(run_max, tl.max(z, axis=0))
         # A row that is -inf so far keeps a finite reference (exp(-inf - 0) = 0, no NaN).
