@@ -5,6 +5,7 @@
 # env: OUT, TESTS (pytest selection), PROFILES ("backend:batch:context ..."), ATTN_SWEEP=0 / GEMM_SWEEP=0
 #      to skip a sweep, ATTN_BACKENDS ("triton cuda": the attention sweep per backend), GEMM_MS (the det_gemm
 #      sweep's M values, default 64),
+#      WARP_GEMV=1 / CUDA_FUSED=1 turn on the cuda_bf16 warp GEMV / fused launches for the call,
 #      FUSED_DRAW=1 to run the fused draw's GPU test (the draw is ON for the rest of the call only if it
 #      passed), PACKED=1 / BUCKETS=1 to turn the engine's packed projections / per-bucket graphs on
 #      for the call (before TESTS), FUSED=1 / LEAF_MERGE=1 the engine's fused launches / det_gemm's
@@ -29,6 +30,12 @@ fi
 if [ "${LEAF_MERGE:-0}" = "1" ]; then  # det_gemm's leaf-parallel form merges in its last leaf, for this call
   sed -i 's/^MERGE_IN_LEAVES_ON_CUDA = False/MERGE_IN_LEAVES_ON_CUDA = True/' rl_engine/ops/det_gemm/triton.py \
     && echo "in-leaf merge ON"
+fi
+if [ "${WARP_GEMV:-0}" = "1" ]; then  # cuda_bf16: the warp-streamed GEMV for M <= 16, for this call
+  sed -i 's/^WARP_GEMV_ON_CUDA = False/WARP_GEMV_ON_CUDA = True/' rl_engine/ops/det_gemm/cuda.py && echo "warp GEMV ON"
+fi
+if [ "${CUDA_FUSED:-0}" = "1" ]; then  # cuda_bf16: its fused add + norm and qk_norm + RoPE + cache write, for this call
+  sed -i 's/^CUDA_FUSED_ON = False/CUDA_FUSED_ON = True/' rl_engine/chain/fused.py && echo "cuda_bf16 fused launches ON"
 fi
 if [ "${FUSED_DRAW:-0}" = "1" ]; then
   timeout 120 python3 -m pytest -q -o addopts=-ra tests/rollout/test_rollout_sampling.py -k one_kernel_draw >"$OUT/fused-draw-test.log" 2>&1
@@ -57,13 +64,12 @@ if [ "${GEMM_SWEEP:-1}" = "1" ]; then
   timeout 220 python3 tools/det_gemm_decode_sweep.py --ms "${GEMM_MS:-64}" --json "$OUT/det_gemm_sweep_m${GEMM_MS:-64}.json" >"$OUT/det-gemm-sweep-m${GEMM_MS:-64}.txt" 2>&1
   echo "det_gemm sweep rc $? after $(( $(date +%s) - start )) s"; grep -v "^  " "$OUT/det-gemm-sweep-m${GEMM_MS:-64}.txt" | tail -n 12
 fi
-if [ "${GEMV:-0}" = "1" ]; then  # decode GEMVs of both backends vs cuBLAS, and one ncu profile of the CUDA one
+if [ "${GEMV:-0}" = "1" ]; then  # decode GEMVs of both backends vs cuBLAS, and (NCU=1) an ncu profile of the CUDA one (NCU_SKIP: gemv launches skipped first, 6 = the gate/up product at M = 1)
   timeout 150 python3 tools/gemv_compare.py ${GEMV_ARGS:-} >"$OUT/gemv-compare.txt" 2>&1
-  echo "gemv compare rc $? after $(( $(date +%s) - start )) s"; cat "$OUT/gemv-compare.txt" | grep -v Warn | tail -n 9
-  timeout 120 ncu --kernel-name regex:gemv_leaf --launch-skip 4 --launch-count 1 --section SpeedOfLight \
+  echo "gemv compare rc $? after $(( $(date +%s) - start )) s"; grep -v Warn "$OUT/gemv-compare.txt" | tail -n 16
+  [ "${NCU:-0}" = "1" ] && timeout 120 ncu --kernel-name regex:gemv_ --launch-skip "${NCU_SKIP:-6}" --launch-count 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
-    python3 tools/gemv_compare.py --once >"$OUT/ncu-gemv.txt" 2>&1
-  echo "ncu rc $? after $(( $(date +%s) - start )) s"
+    python3 tools/gemv_compare.py --once >"$OUT/ncu-gemv.txt" 2>&1 && echo "ncu done after $(( $(date +%s) - start )) s"
 fi
 if [ "${RMS_SWEEP:-0}" = "1" ]; then  # the Triton norm's warps at decode row counts
   timeout 120 python3 tools/rms_decode_sweep.py --json "$OUT/rms_decode_sweep.json" >"$OUT/rms-sweep.txt" 2>&1

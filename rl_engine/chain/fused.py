@@ -14,7 +14,9 @@ arithmetic:
 
 The model takes them only from an op table that has them (:meth:`Qwen3Model.decode_ops`, the
 engine's table); every other table runs the separate ops in the same order at the same sites.
-Only ``triton_cuda_bf16`` provides them today (the CUDA backend runs the separate ops).
+Both backends provide them: :func:`add_rms_norm` / :func:`qk_norm_rope` are the Triton kernels,
+:func:`add_rms_norm_cuda` / :func:`qk_norm_rope_cuda` the CUDA C++ ones
+(``rl_engine/backends/cuda_src/norm.cu``), each with its own backend's separate ops' bits.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import triton.language as tl
 from rl_engine.errors import InputError
 from rl_engine.ops._triton_common import FP_FUSION, row_sum_fixed
 
-FUSED_BACKENDS = ("triton_cuda_bf16",)
+FUSED_BACKENDS = ("triton_cuda_bf16", "cuda_bf16")
 """Backends whose kernels the fusions here are built from."""
 
 
@@ -72,12 +74,45 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     InputError
         Shapes, dtypes, devices or strides other than the above, or an unknown ``order``.
     """
-    from rl_engine.ops.rms_norm.op import check_rows
     from rl_engine.ops.rms_norm.triton import add_rms_norm_fwd
+
+    _check_add_rms_norm(x, delta, weight, eps, order)
+    return add_rms_norm_fwd(x, delta, weight, float(eps), order == "hf")
+
+
+def _check_add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, order: str) -> None:
+    from rl_engine.ops.rms_norm.op import check_rows
 
     check_rows(x, weight, eps, order, 2)
     _check_rows("add_rms_norm delta", delta, tuple(x.shape), x.device)
-    return add_rms_norm_fwd(x, delta, weight, float(eps), order == "hf")
+
+
+CUDA_ADD_RMS_MAX_E = 8192
+"""Longest row of :func:`add_rms_norm_cuda` (64 columns per thread of its 128, held in registers)."""
+
+
+def add_rms_norm_cuda(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                      order: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`add_rms_norm` on the ``cuda_bf16`` backend: ``(s, y)`` bitwise ``(x + delta,
+    rms_norm(s))`` of that backend's separate launches (``rl_add_rms_norm_fwd``: the add rounded
+    once, then ``rl_rms_norm_fwd``'s column order, butterfly, division and square root, FP32 inside).
+
+    Same shapes, dtypes and errors as :func:`add_rms_norm`, and E <= :data:`CUDA_ADD_RMS_MAX_E`
+    (InputError above it, before any launch); BackendUnavailable without an sm_90 GPU.
+    """
+    from rl_engine.backends.cuda_launch import check_cuda_device, launch
+
+    _check_add_rms_norm(x, delta, weight, eps, order)
+    t, e = x.shape
+    if e > CUDA_ADD_RMS_MAX_E:
+        raise InputError(f"add_rms_norm_cuda: E = {e} is above the kernel's {CUDA_ADD_RMS_MAX_E}")
+    check_cuda_device(x, delta, weight)
+    s = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
+    y = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
+    if t and e:
+        launch(x.device, "rl_add_rms_norm_fwd", x, delta, weight, s, y, t, e, x.stride(0), delta.stride(0),
+               s.stride(0), y.stride(0), float(eps), 1 if order == "hf" else 0)
+    return s, y
 
 
 @triton.jit
@@ -182,8 +217,30 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: to
         Shapes, dtypes, devices or strides other than the above, D odd or D/2 not a power of two,
         an unknown ``order``, or part of the cache arguments.
     """
-    from rl_engine.ops.rms_norm.op import check_eps_order
     from rl_engine.ops.rms_norm.triton import LANES
+
+    q_out, k_out, kc, vc, rw, ps, cs = _prepare_qk_norm_rope(q, k, v, q_weight, k_weight, eps, order, cos, sin, k_cache,
+                                                            v_cache, rows, positions)
+    t, h, d = q.shape
+    hkv = k.shape[1]
+    if t == 0 or h + hkv == 0:
+        return q_out, k_out
+    _qk_norm_rope_kernel[(t, h + 2 * hkv)](
+        q, k, v, q_weight, k_weight, cos, sin, q_out, k_out, kc if kc is not None else k_out,
+        vc if vc is not None else k_out, rw if rw is not None else cos, ps if ps is not None else cos, h, hkv,
+        float(eps), float(d),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
+        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), *cs,
+        D=d, HALF=d // 2, HF_ORDER=order == "hf", LANES=LANES, CHUNKS=triton.cdiv(d, LANES), CACHE=kc is not None,
+        num_warps=4, enable_fp_fusion=FP_FUSION)
+    return q_out, k_out
+
+
+def _prepare_qk_norm_rope(q, k, v, q_weight, k_weight, eps, order, cos, sin, k_cache, v_cache, rows, positions):
+    """Validate :func:`qk_norm_rope`'s arguments (InputError) and allocate its outputs; returns
+    ``(q_out, k_out, k_cache, v_cache, rows, positions, cache strides)`` (the four cache arguments
+    None and the strides zero without a cache)."""
+    from rl_engine.ops.rms_norm.op import check_eps_order
 
     if q.dim() != 3 or k.dim() != 3:
         raise InputError(f"qk_norm_rope: q and k must be [T, H, D], got {list(q.shape)} and {list(k.shape)}")
@@ -208,30 +265,66 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: to
         raise InputError("qk_norm_rope: k_cache, v_cache, rows and positions go together")
     q_out = torch.empty((t, h, d), dtype=torch.bfloat16, device=dev)
     k_out = torch.empty((t, hkv, d), dtype=torch.bfloat16, device=dev)
-    if all(cached):
-        _check_cache("qk_norm_rope", k_cache, v_cache, rows, positions, t, hkv, d, dev)
-        kc, vc, rw, ps = k_cache, v_cache, rows, positions
-        cs = (kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2))
-    else:
-        kc, vc, rw, ps = k_out, k_out, cos, cos  # unused pointers
-        cs = (0,) * 6
+    if not all(cached):
+        return q_out, k_out, None, None, None, None, (0,) * 6
+    _check_cache("qk_norm_rope", k_cache, v_cache, rows, positions, t, hkv, d, dev)
+    kc, vc = k_cache, v_cache
+    cs = (kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2))
+    return q_out, k_out, kc, vc, rows, positions, cs
+
+
+CUDA_QK_NORM_ROPE_MAX_D = 256
+"""Largest head dim of :func:`qk_norm_rope_cuda` (two columns per thread of its 128)."""
+
+
+def qk_norm_rope_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                      k_weight: torch.Tensor, eps: float, order: str, cos: torch.Tensor, sin: torch.Tensor, *,
+                      k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
+                      rows: torch.Tensor | None = None,
+                      positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`qk_norm_rope` on the ``cuda_bf16`` backend (``rl_qk_norm_rope_fwd``): bitwise that
+    backend's ``rope(qk_norm(q))``, ``rope(qk_norm(k))`` and indexed cache stores (the norm's FP32
+    sum, IEEE division and square root and roundings, then the rotation's two FP32 products and
+    one addition, rounded once; the cache gets copies).
+
+    Same shapes, dtypes and errors as :func:`qk_norm_rope`, and D <= :data:`CUDA_QK_NORM_ROPE_MAX_D`
+    (InputError above it, before any launch); BackendUnavailable without an sm_90 GPU.
+    """
+    from rl_engine.backends.cuda_launch import check_cuda_device, launch
+
+    q_out, k_out, kc, vc, rw, ps, cs = _prepare_qk_norm_rope(q, k, v, q_weight, k_weight, eps, order, cos, sin, k_cache,
+                                                            v_cache, rows, positions)
+    t, h, d = q.shape
+    hkv = k.shape[1]
+    if d > CUDA_QK_NORM_ROPE_MAX_D:
+        raise InputError(f"qk_norm_rope_cuda: D = {d} is above the kernel's {CUDA_QK_NORM_ROPE_MAX_D}")
+    check_cuda_device(q, k, v, cos)
     if t == 0 or h + hkv == 0:
         return q_out, k_out
-    _qk_norm_rope_kernel[(t, h + 2 * hkv)](
-        q, k, v, q_weight, k_weight, cos, sin, q_out, k_out, kc, vc, rw, ps, h, hkv, float(eps), float(d),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
-        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), *cs,
-        D=d, HALF=half, HF_ORDER=order == "hf", LANES=LANES, CHUNKS=triton.cdiv(d, LANES), CACHE=all(cached),
-        num_warps=4, enable_fp_fusion=FP_FUSION)
+    launch(q.device, "rl_qk_norm_rope_fwd", q, k, v, q_weight, k_weight, cos, sin, q_out, k_out,
+           kc if kc is not None else k_out, vc if vc is not None else k_out, rw if rw is not None else cos,
+           ps if ps is not None else cos, t, h, hkv, d, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+           v.stride(0), v.stride(1), cos.stride(0), sin.stride(0), q_out.stride(0), q_out.stride(1),
+           k_out.stride(0), k_out.stride(1), *cs, float(eps), 1 if order == "hf" else 0, 1 if kc is not None else 0)
     return q_out, k_out
 
 
-def fused_decode_impls(backend: str) -> dict[str, Callable[..., Any]]:
+CUDA_FUSED_ON = False
+"""Whether the ``cuda_bf16`` decode table takes :func:`add_rms_norm_cuda` and
+:func:`qk_norm_rope_cuda` (the separate ops' bits in the host emulation, with controls); off until
+their GPU tests and a gate have run on the H200."""
+
+
+def fused_decode_impls(backend: str, *, switched_off_too: bool = False) -> dict[str, Callable[..., Any]]:
     """The fused implementations ``backend`` has, by op-table name (``add_rms_norm``,
-    ``qk_norm_rope``); empty for a backend without them."""
-    if backend not in FUSED_BACKENDS:
-        return {}
-    return {"add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope}
+    ``qk_norm_rope``); empty for a backend without them, and for ``cuda_bf16`` while
+    :data:`CUDA_FUSED_ON` is off unless ``switched_off_too`` (tests)."""
+    if backend == "cuda_bf16" and (CUDA_FUSED_ON or switched_off_too):
+        return {"add_rms_norm": add_rms_norm_cuda, "qk_norm_rope": qk_norm_rope_cuda}
+    if backend == "triton_cuda_bf16":
+        return {"add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope}
+    return {}
 
 
-__all__ = ["FUSED_BACKENDS", "add_rms_norm", "fused_decode_impls", "qk_norm_rope"]
+__all__ = ["FUSED_BACKENDS", "add_rms_norm", "add_rms_norm_cuda", "fused_decode_impls", "qk_norm_rope",
+           "qk_norm_rope_cuda"]

@@ -68,15 +68,18 @@ def test_fused_launches_refuse_bad_input_before_any_launch(device):
         write(v_cache=cache[..., :2])
     with pytest.raises(InputError, match="q: expected"):
         write(k_=k.transpose(1, 2))
-    assert fused_decode_impls("cuda_bf16") == {}
+    assert set(fused_decode_impls("cuda_bf16", switched_off_too=True)) == {"add_rms_norm", "qk_norm_rope"}
+    assert fused_decode_impls("torch_bf16") == {}
 
 
-def test_decode_ops_give_the_plain_forwards_bits(micro_weights, device):
+@pytest.mark.parametrize("backend", [TRITON, pytest.param("cuda_bf16", marks=pytest.mark.gpu)])
+def test_decode_ops_give_the_plain_forwards_bits(micro_weights, device, backend):
     """A packed prefill with a KV cache and two decode steps, run with the engine's table
     (:meth:`Qwen3Model.decode_ops`: the fused residual norms, qk_norm + RoPE + K/V writes) and with the plain
-    capture-safe table: hidden states and caches are bitwise equal. Control: an ``add_rms_norm``
-    that normalises in the other declared rounding order (``fused`` instead of ``hf``) is seen."""
-    model = Qwen3Model(micro_weights, TRITON)
+    capture-safe table: hidden states and caches are bitwise equal, on each backend with its own
+    fused launches. Control: an ``add_rms_norm`` that normalises in the other declared rounding
+    order (``fused`` instead of ``hf``) is seen."""
+    model = Qwen3Model(micro_weights, backend)
     ids = torch.tensor([5, 9, 2, 7, 1, 3, 8], dtype=torch.int64, device=device)
     pos = torch.tensor([0, 1, 2, 3, 0, 1, 2], dtype=torch.int64, device=device)
     cu = torch.tensor([0, 4, 7], dtype=torch.int32, device=device)
@@ -89,7 +92,7 @@ def test_decode_ops_give_the_plain_forwards_bits(micro_weights, device):
             outs.append(model.forward(ids[:2], p, cache=cache, decode=True, ops=ops, packed=True))
         return outs, cache
 
-    fused_ops = model.decode_ops()
+    fused_ops = model.capture_safe_ops().replace(**fused_decode_impls(backend, switched_off_too=True))
     assert all(fused_ops.has(op) for op in ("add_rms_norm", "qk_norm_rope"))
     assert not model.capture_safe_ops().has("add_rms_norm")
     plain, plain_cache = run(model.capture_safe_ops())
@@ -99,8 +102,10 @@ def test_decode_ops_give_the_plain_forwards_bits(micro_weights, device):
     for a, b in zip(plain_cache.k + plain_cache.v, fused_cache.k + fused_cache.v):
         assert _same(a, b)
 
+    fused_norm = fused_decode_impls(backend, switched_off_too=True)["add_rms_norm"]
+
     def other_order(x, delta, weight, eps, order):
-        return add_rms_norm(x, delta, weight, eps, "fused" if order == "hf" else "hf")
+        return fused_norm(x, delta, weight, eps, "fused" if order == "hf" else "hf")
 
     control, _ = run(fused_ops.replace(add_rms_norm=other_order))
     assert not _same(control[0], plain[0])

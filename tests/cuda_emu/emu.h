@@ -63,6 +63,87 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
     return r;
 }
 
+inline uint32_t shfl_xor_u32(uint32_t v, int off) {
+    float f;
+    std::memcpy(&f, &v, 4);
+    f = __shfl_xor_sync(0xffffffffu, f, off);  // moves the 32 bits unchanged
+    std::memcpy(&v, &f, 4);
+    return v;
+}
+
+inline uint4 ldg_stream16(const void* p) {
+    uint4 v;
+    std::memcpy(&v, p, 16);
+    return v;
+}
+
+// ldmatrix .x4 (common.cuh): every lane publishes its row address, then reads its four values.
+inline const void** emu_warp_ptrs() {
+    static const void* ptrs[64][32];
+    return ptrs[emu_threadIdx.x / 32];
+}
+inline void ldsm_x4(uint32_t (&r)[4], const void* row) {
+    const void** p = emu_warp_ptrs();
+    const int lane = static_cast<int>(emu_threadIdx.x % 32);
+    p[lane] = row;
+    emu_sync_warp();
+    const int g = lane >> 2, t = lane & 3;
+    for (int q = 0; q < 4; ++q) std::memcpy(&r[q], static_cast<const unsigned char*>(p[8 * q + g]) + 4 * t, 4);
+    emu_sync_warp();
+}
+
+// mma.sync m16n8k16 (common.cuh) with the PTX ISA's fragment layout, each output an FP32 FMA chain
+// over k = 0 .. 15 in order (like the WMMA emulation below: what it checks is which products meet
+// in which order, not the tensor core's rounding).
+inline float emu_bf16_lo(uint32_t v) {
+    const unsigned bits = (v & 0xffffu) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+inline float emu_bf16_hi(uint32_t v) {
+    const unsigned bits = v & 0xffff0000u;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    float* s = emu_warp_scratch();
+    float* A = s;        // A[m][k], 16 x 16
+    float* B = s + 256;  // B[k][n], 16 x 8
+    float* C = s + 384;  // C[m][n], 16 x 8
+    const int lane = static_cast<int>(emu_threadIdx.x % 32);
+    const int g = lane >> 2, t = lane & 3;
+    emu_sync_warp();  // the scratch may still be read by a previous collective
+    A[g * 16 + 2 * t] = emu_bf16_lo(a[0]);
+    A[g * 16 + 2 * t + 1] = emu_bf16_hi(a[0]);
+    A[(g + 8) * 16 + 2 * t] = emu_bf16_lo(a[1]);
+    A[(g + 8) * 16 + 2 * t + 1] = emu_bf16_hi(a[1]);
+    A[g * 16 + 2 * t + 8] = emu_bf16_lo(a[2]);
+    A[g * 16 + 2 * t + 9] = emu_bf16_hi(a[2]);
+    A[(g + 8) * 16 + 2 * t + 8] = emu_bf16_lo(a[3]);
+    A[(g + 8) * 16 + 2 * t + 9] = emu_bf16_hi(a[3]);
+    B[(2 * t) * 8 + g] = emu_bf16_lo(b[0]);
+    B[(2 * t + 1) * 8 + g] = emu_bf16_hi(b[0]);
+    B[(2 * t + 8) * 8 + g] = emu_bf16_lo(b[1]);
+    B[(2 * t + 9) * 8 + g] = emu_bf16_hi(b[1]);
+    C[g * 8 + 2 * t] = d[0];
+    C[g * 8 + 2 * t + 1] = d[1];
+    C[(g + 8) * 8 + 2 * t] = d[2];
+    C[(g + 8) * 8 + 2 * t + 1] = d[3];
+    emu_sync_warp();
+    const int rows[4] = {g, g, g + 8, g + 8};
+    const int cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+    float out[4];
+    for (int e = 0; e < 4; ++e) {
+        float acc = C[rows[e] * 8 + cols[e]];
+        for (int k = 0; k < 16; ++k) acc = std::fma(A[rows[e] * 16 + k], B[k * 8 + cols[e]], acc);
+        out[e] = acc;
+    }
+    emu_sync_warp();
+    for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
 // nvcc's cuda_runtime.h has this template for kernel pointers; the host-only header does not.
 template <class R, class... P>
 inline cudaError_t cudaFuncSetAttribute(R (*)(P...), enum cudaFuncAttribute, int) {

@@ -261,8 +261,31 @@ def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
     for m in (1, 5, 16, 17, 33, 64):
         a = _bf16((m, k), m, cuda_device)
         fused = dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=False)
-        assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True), fused), f"M={m}"
+        for warp in (False, True):
+            assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=warp), fused), \
+                f"M={m} warp_gemv={warp}"
     assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True), fused)
+
+
+def test_det_gemm_warp_gemv_depth_one_and_row_blocks(cuda_device):
+    """The warp-streamed decode GEMV (``warp_gemv=True``; M <= 16: one or two 8-row blocks of A,
+    the leaves merged in the block) gives the 128 x 128 kernel's bits at tree depth 1 and 2 and at
+    every M from 1 to 16, with N not a multiple of the block's columns, and the ring GEMV's FP32
+    logits; control: the other depth differs."""
+    from rl_engine.ops.det_gemm import cuda as dg_cuda
+
+    k, n = (4096, 1000) if cuda_device.type == "cuda" else (1056, 40)
+    w = _bf16((n, k), 5, cuda_device, scale=k ** -0.5)
+    rows = _bf16((16, k), 6, cuda_device)
+    for m in range(1, 17):
+        a = rows[:m]
+        for depth in (1, 2):
+            fused = dg_cuda.det_gemm_launch(a, w.t(), depth, leaf_split=False)
+            warp = dg_cuda.det_gemm_launch(a, w.t(), depth, leaf_split=True, warp_gemv=True)
+            assert _bits_equal(warp, fused), f"M={m} depth {depth}"
+        assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True, warp_gemv=True), fused)
+        assert torch.equal(gemm_f32_out(a, w.t(), warp_gemv=True).view(torch.int32),
+                           gemm_f32_out(a, w.t(), warp_gemv=False).view(torch.int32)), f"logits M={m}"
 
 
 def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
@@ -281,14 +304,79 @@ def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
             for m in (5, 40):  # one and three 16-row fragments per warp
                 a = rows[:m]
                 fused = dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=False)
-                assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True), fused), f"variant {v}, M={m}"
-                assert torch.equal(gemm_f32_out(a, w.t()).view(torch.int32), logits[:m].view(torch.int32)), \
+                ring = dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=False)
+                assert _bits_equal(ring, fused), f"variant {v}, M={m}"
+                assert torch.equal(gemm_f32_out(a, w.t(), warp_gemv=False).view(torch.int32),
+                                   logits[:m].view(torch.int32)), \
                     f"variant {v}, M={m}"
-                assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True), fused)
+                assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True, warp_gemv=False), fused)
     finally:
         dg_cuda.set_gemv_variant(0)
     with pytest.raises(InputError, match="gemv variant"):
         dg_cuda.set_gemv_variant(dg_cuda.GEMV_VARIANTS)
+
+
+@pytest.mark.parametrize("order", ["hf", "fused"])
+def test_add_rms_norm_cuda_is_the_add_then_the_norm(cuda_device, order):
+    """The decode step's fused residual add + RMSNorm (``rl_add_rms_norm_fwd``) is bitwise
+    ``(x + d, rms_norm(x + d))`` of the separate CUDA launches, at rows held in 8, 32 and 64
+    registers per thread. Control: a change of one unit in the last place of one element of the
+    sum is seen."""
+    from rl_engine.chain.fused import add_rms_norm_cuda
+
+    for t, e in ((1, 4096), (3, 1000), (2, 8192), (5, 200)):
+        x = _bf16((t, e), t + e, cuda_device)
+        d = _bf16((t, e), t * e, cuda_device)
+        w = _bf16((e,), e, cuda_device)
+        s, y = add_rms_norm_cuda(x, d, w, 1e-6, order)
+        ref_s = x + d
+        assert _bits_equal(s, ref_s), f"T={t} E={e}"
+        assert _bits_equal(y, rms_norm_cuda(ref_s, w, 1e-6, order)), f"T={t} E={e}"
+        nudged = ref_s.clone()
+        nudged.view(torch.int16)[t // 2, e // 3] += 1
+        assert not _bits_equal(y, rms_norm_cuda(nudged, w, 1e-6, order))
+    with pytest.raises(InputError, match="above the kernel"):
+        z = torch.zeros((1, 8200), dtype=torch.bfloat16, device=cuda_device)
+        add_rms_norm_cuda(z, z, z[0], 1e-6, order)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_qk_norm_rope_cuda_is_the_norms_the_rotations_and_the_cache_write(cuda_device, d):
+    """One CUDA launch gives the separate CUDA launches' ``rope(qk_norm(q))``, ``rope(qk_norm(k))``
+    and indexed cache stores (q/k/v as column views of one packed product). Control: the rotation
+    run backwards (sin negated) is seen."""
+    from rl_engine.chain.fused import qk_norm_rope_cuda
+
+    t, h, hkv, b, s_max = 3, 4, 2, 2, 6
+    qkv = _bf16((t, (h + 2 * hkv) * d), d, cuda_device)
+    q = qkv[:, : h * d].reshape(t, h, d)
+    k = qkv[:, h * d : (h + hkv) * d].reshape(t, hkv, d)
+    v = qkv[:, (h + hkv) * d :].reshape(t, hkv, d)
+    qw = _bf16((d,), 1, cuda_device)
+    kw = _bf16((d,), 2, cuda_device)
+    ang = torch.rand((t, d // 2), generator=torch.Generator().manual_seed(3)).to(cuda_device) * 6.0
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    rows = torch.tensor([0, 1, 1], dtype=torch.int64, device=cuda_device)
+    pos = torch.tensor([2, 0, 5], dtype=torch.int64, device=cuda_device)
+
+    def caches():
+        return [torch.full((b, s_max, hkv, d), float("nan"), dtype=torch.bfloat16, device=cuda_device) for _ in range(2)]
+
+    for order in ("hf", "fused"):
+        kc, vc = caches()
+        q_out, k_out = qk_norm_rope_cuda(q, k, v, qw, kw, 1e-6, order, cos, sin, k_cache=kc, v_cache=vc, rows=rows,
+                                         positions=pos)
+        ref_q = rope_cuda(qk_norm_cuda(q, qw, 1e-6, order), cos, sin)
+        ref_k = rope_cuda(qk_norm_cuda(k, kw, 1e-6, order), cos, sin)
+        rk, rv = caches()
+        rk[rows, pos] = ref_k
+        rv[rows, pos] = v
+        assert _bits_equal(q_out, ref_q) and _bits_equal(k_out, ref_k), order
+        assert _bits_equal(kc, rk) and _bits_equal(vc, rv), order
+        no_cache = qk_norm_rope_cuda(q, k, v, qw, kw, 1e-6, order, cos, sin)
+        assert _bits_equal(no_cache[0], ref_q) and _bits_equal(no_cache[1], ref_k)
+        back = qk_norm_rope_cuda(q, k, v, qw, kw, 1e-6, order, cos, -sin)
+        assert not _bits_equal(back[0], ref_q) and not _bits_equal(back[1], ref_k)
 
 
 def test_lm_head_decode_rows_equal_prefill_rows(cuda_device):

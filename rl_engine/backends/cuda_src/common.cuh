@@ -61,6 +61,41 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 #endif
 
+// One BF16 tensor-core MMA, D[16 x 8] += A[16 x 16] @ B[16 x 8] with FP32 accumulation
+// (mma.sync m16n8k16 row.col, the HMMA instruction that WMMA's 16x16x16 BF16 tiles are made of).
+// Fragments in the PTX ISA's layout, lane = 4 g + t: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1],
+// a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]; b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g];
+// d[0..1] = D[g][2t, 2t+1], d[2..3] = D[g+8][2t, 2t+1] (the lower-indexed element in the low half).
+// Also ldmatrix, a 16-byte global load that bypasses L1 (streamed data, read once per launch), and a
+// 32-bit xor shuffle. The host emulator defines its own versions (tests/cuda_emu/emu.h).
+#ifndef RL_HOST_EMU
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// ldmatrix .x4 (four 8 x 8 BF16 matrices from shared memory; lanes 8q .. 8q + 7 give the row
+// addresses of matrix q, 16 bytes each): r[q] of lane 4g + t = matrix q, row g, elements 2t, 2t + 1.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ uint4 ldg_stream16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t shfl_xor_u32(uint32_t v, int lane_mask) {
+    return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
+#endif
+
 __device__ __forceinline__ bool aligned16(const void* p) {
     return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }

@@ -462,6 +462,211 @@ int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t 
     }
 }
 
+// Warp-streamed decode form for M <= 16 (gemv_warp_kernel): each warp streams its own columns of
+// one leaf through a private cp.async ring in shared memory (no barrier inside the K loop), and the
+// block merges its leaves itself (no workspace, no merge launch).
+//   * Block = GW_WARPS warps; warp w runs leaf w % LEAVES of columns [n0 + 8 NC (w / LEAVES), + 8 NC):
+//     NC groups of 8 columns, each one 16 x 8 FP32 accumulator of mma.sync m16n8k16 (A rows >= M
+//     are zero in shared memory and dropped at the store).
+//   * The K loop is the fused kernel's leaf loop: 32-wide steps from the leaf's first index in
+//     increasing k, each two MMAs of 16 k (k 0..15, then 16..31 of the step), zero-filled past the
+//     leaf's end, no step past its last: the same HMMA instruction on the same products in the same
+//     order as WMMA's 16x16x16 tiles, so the same FP32 sums (tested against the 128 x 128 kernel).
+//   * A ring slot holds GW_SK = 128 k (four steps) of the warp's 8 NC weight rows and 8 XR
+//     activation rows, 16-byte cp.async copies (zero-filled past the leaf's end or N); DEPTH slots,
+//     DEPTH - 1 of them in flight while the warp multiplies the oldest. Fragments come from the ring
+//     by ldmatrix (row stride 272 bytes: the eight rows of an 8 x 8 matrix fall in distinct banks).
+//   * Leaves: each warp rounds its FP32 leaf to BF16 into shared memory; after one barrier the block
+//     applies the contract's merges, bf16(fp32(l0) + fp32(l1)) and ((l0 + l1) + (l2 + l3)), and
+//     stores C. With LEAVES = 1 and OUT_F32 the FP32 sums are stored as they are (lm_head logits).
+// Needs what the ring kernel needs (gemv_ok): unit K stride, 16-byte aligned rows, leaf bounds that
+// are multiples of 8 (so a 16-byte copy lies wholly inside or wholly outside the leaf).
+constexpr int GW_WARPS = 4;
+constexpr int GW_THREADS = GW_WARPS * 32;
+constexpr int GW_SK = 4 * TB_K;  // k per ring slot
+constexpr int GW_LD = GW_SK + 8; // row stride of a slot (elements)
+constexpr int GW_M = 16;
+constexpr int GW_NC = 2;         // 8-column groups per warp
+
+template <int NC, int XR, int DEPTH>
+struct GwRing {
+    static constexpr int WROWS = 8 * NC;
+    static constexpr int XROWS = 8 * XR;
+    static constexpr int SLOT = (WROWS + XROWS) * GW_LD;  // elements: weight rows, then activation rows
+    static constexpr size_t SMEM = static_cast<size_t>(GW_WARPS) * DEPTH * SLOT * sizeof(bf16);
+};
+
+template <int LEAVES, int NC, int XR, int DEPTH, bool OUT_F32>
+__global__ void __launch_bounds__(GW_THREADS) gemv_warp_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
+    static_assert(GW_WARPS % LEAVES == 0 && (!OUT_F32 || LEAVES == 1), "FP32 output is the one-leaf GEMM");
+    using R = GwRing<NC, XR, DEPTH>;
+    constexpr int CPW = R::WROWS;                    // columns per warp
+    constexpr int COLS = CPW * (GW_WARPS / LEAVES);  // columns per block
+    constexpr int CHUNKS = GW_SK / 8;                // 16-byte chunks per row of a slot
+    static_assert(32 % CHUNKS == 0, "a warp copies whole rows");
+    constexpr int RPP = 32 / CHUNKS;                 // rows per pass of the warp's copies
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    __shared__ bf16 leafs[LEAVES > 1 ? GW_WARPS : 1][GW_M][CPW];
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int leaf = warp % LEAVES;
+    bf16* ring = reinterpret_cast<bf16*>(smem_raw) + warp * DEPTH * R::SLOT;
+    const int64_t nw = static_cast<int64_t>(blockIdx.x) * COLS + (warp / LEAVES) * CPW;
+    const int64_t lo = g.bounds[leaf];
+    const int width = static_cast<int>(g.bounds[leaf + 1] - lo);  // the host checks that it fits
+    const int steps = (width + TB_K - 1) / TB_K;
+    const int slots = (width + GW_SK - 1) / GW_SK;
+
+    // This lane's copies: chunk kc of rows rr + RPP i (weights), the same for the activation rows.
+    const int kc = 8 * (lane % CHUNKS);
+    const int rr = lane / CHUNKS;
+    const bf16* wsrc[CPW / RPP];
+    bool wok[CPW / RPP];
+#pragma unroll
+    for (int i = 0; i < CPW / RPP; ++i) {
+        const int64_t n = nw + rr + RPP * i;
+        wok[i] = n < g.N;
+        wsrc[i] = g.b + (wok[i] ? n : 0) * g.s_bn + lo + kc;
+    }
+    const bf16* xsrc[R::XROWS / RPP];
+    bool xok[R::XROWS / RPP];
+#pragma unroll
+    for (int i = 0; i < R::XROWS / RPP; ++i) {
+        const int64_t m = rr + RPP * i;
+        xok[i] = m < g.M;
+        xsrc[i] = g.a + (xok[i] ? m : 0) * g.s_am + lo + kc;
+    }
+    // Activation rows at or past M are never copied: zero them once in every slot.
+    for (int i = lane; i < DEPTH * R::XROWS * CHUNKS; i += 32) {
+        const int slot = i / (R::XROWS * CHUNKS);
+        const int m = (i / CHUNKS) % R::XROWS;
+        if (m >= g.M) *reinterpret_cast<uint4*>(ring + slot * R::SLOT + (R::WROWS + m) * GW_LD + 8 * (i % CHUNKS)) =
+                          make_uint4(0u, 0u, 0u, 0u);
+    }
+    auto issue = [&](int s) {
+        bf16* slot = ring + (s % DEPTH) * R::SLOT;
+        const int k = s * GW_SK + kc;  // offset inside the leaf
+        const int bytes = k < width ? 16 : 0;
+#pragma unroll
+        for (int i = 0; i < CPW / RPP; ++i) {
+            const bool ok = wok[i] && bytes;
+            cp_async16(slot + (rr + RPP * i) * GW_LD + kc, ok ? wsrc[i] + s * GW_SK : g.b, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < R::XROWS / RPP; ++i)
+            if (xok[i]) cp_async16(slot + (R::WROWS + rr + RPP * i) * GW_LD + kc, bytes ? xsrc[i] + s * GW_SK : g.a, bytes);
+    };
+
+    float acc[NC][4];
+#pragma unroll
+    for (int j = 0; j < NC; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < DEPTH - 1; ++s) {
+        if (s < slots) issue(s);
+        cp_async_commit();
+    }
+    // ldmatrix row addresses: lanes 8q .. 8q + 7 give the rows of matrix q.
+    const int mrow = lane & 7;
+    const int mq = lane >> 3;
+    for (int s = 0; s < slots; ++s) {
+        cp_async_wait<DEPTH - 2>();
+        __syncwarp();  // slot s has landed for every lane; every lane is done with slot s - 1
+        if (s + DEPTH - 1 < slots) issue(s + DEPTH - 1);
+        cp_async_commit();
+        const bf16* slot = ring + (s % DEPTH) * R::SLOT;
+#pragma unroll
+        for (int q = 0; q < GW_SK / TB_K; ++q) {
+            if (s * (GW_SK / TB_K) + q >= steps) break;  // uniform: no step past the leaf's last
+            uint32_t a[2][4];
+            if (XR == 1) {  // rows 8..15 of A are zero: one x4 load gives a[c][0] and a[c][2] of both MMAs
+                uint32_t r4[4];
+                ldsm_x4(r4, slot + (R::WROWS + mrow) * GW_LD + q * TB_K + 8 * mq);
+                a[0][0] = r4[0]; a[0][2] = r4[1]; a[1][0] = r4[2]; a[1][2] = r4[3];
+                a[0][1] = a[0][3] = a[1][1] = a[1][3] = 0u;
+            } else {
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+                    ldsm_x4(a[c], slot + (R::WROWS + mrow + 8 * (mq & 1)) * GW_LD + q * TB_K + 16 * c + 8 * (mq >> 1));
+            }
+#pragma unroll
+            for (int j = 0; j < NC; ++j) {
+                uint32_t b[4];  // k 0..7, 8..15 (first MMA), 16..23, 24..31 (second) of rows 8j .. 8j + 7
+                ldsm_x4(b, slot + (8 * j + mrow) * GW_LD + q * TB_K + 8 * mq);
+                const uint32_t b0[2] = {b[0], b[1]};
+                const uint32_t b1[2] = {b[2], b[3]};
+                mma_bf16_16816(acc[j], a[0], b0);
+                mma_bf16_16816(acc[j], a[1], b1);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    const int gq = lane >> 2;
+    const int t = lane & 3;
+    if constexpr (LEAVES == 1) {
+#pragma unroll
+        for (int j = 0; j < NC; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int64_t r = gq + 8 * (e >> 1);
+                const int64_t c = nw + 8 * j + 2 * t + (e & 1);
+                if (r < g.M && c < g.N) {
+                    if (OUT_F32) {
+                        static_cast<float*>(out)[r * s_om + c * s_on] = acc[j][e];
+                    } else {
+                        static_cast<bf16*>(out)[r * s_om + c * s_on] = to_bf16(acc[j][e]);
+                    }
+                }
+            }
+    } else {
+#pragma unroll
+        for (int j = 0; j < NC; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) leafs[warp][gq + 8 * (e >> 1)][8 * j + 2 * t + (e & 1)] = to_bf16(acc[j][e]);
+        __syncthreads();
+        constexpr int GROUPS = GW_WARPS / LEAVES;
+        for (int i = threadIdx.x; i < GROUPS * GW_M * CPW; i += GW_THREADS) {
+            const int grp = i / (GW_M * CPW);
+            const int r = (i / CPW) % GW_M;
+            const int cc = i % CPW;
+            const int64_t c = static_cast<int64_t>(blockIdx.x) * COLS + grp * CPW + cc;
+            if (r >= g.M || c >= g.N) continue;
+            const int w0 = grp * LEAVES;
+            bf16 sum = to_bf16(f32(leafs[w0][r][cc]) + f32(leafs[w0 + 1][r][cc]));
+            if (LEAVES == 4) {
+                const bf16 s23 = to_bf16(f32(leafs[w0 + 2][r][cc]) + f32(leafs[w0 + 3][r][cc]));
+                sum = to_bf16(f32(sum) + f32(s23));
+            }
+            static_cast<bf16*>(out)[r * s_om + c * s_on] = sum;
+        }
+    }
+}
+
+template <int LEAVES, int XR, int DEPTH, bool OUT_F32>
+int launch_gemv_warp_rows(const TreeArgs& g, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    constexpr int COLS = 8 * GW_NC * (GW_WARPS / LEAVES);
+    constexpr size_t smem = GwRing<GW_NC, XR, DEPTH>::SMEM;
+    const int64_t blocks = cdiv(g.N, COLS);
+    if (blocks >= 2147483647LL) return static_cast<int>(cudaErrorInvalidValue);
+    const cudaError_t e = cudaFuncSetAttribute(gemv_warp_kernel<LEAVES, GW_NC, XR, DEPTH, OUT_F32>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return static_cast<int>(e);
+    gemv_warp_kernel<LEAVES, GW_NC, XR, DEPTH, OUT_F32><<<static_cast<unsigned>(blocks), GW_THREADS, smem, st>>>(
+        g, out, s_om, s_on);
+    return launch_status();
+}
+
+// M <= 8: one block of activation rows (8 zero-padded A rows), four slots per warp; M <= 16: two, three slots.
+template <int LEAVES, bool OUT_F32>
+int launch_gemv_warp(const TreeArgs& g, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    for (int i = 0; i <= LEAVES; ++i)
+        if (g.bounds[i] - g.bounds[0] > 2147483647LL - GW_SK) return static_cast<int>(cudaErrorInvalidValue);
+    if (g.M <= 8) return launch_gemv_warp_rows<LEAVES, 1, 4, OUT_F32>(g, out, s_om, s_on, st);
+    return launch_gemv_warp_rows<LEAVES, 2, 3, OUT_F32>(g, out, s_om, s_on, st);
+}
+
 // Whether the decode form can run this product (host side; depends on M, layout and bounds only).
 bool gemv_ok(const TreeArgs& g, int leaves) {
     if (g.M > GV_M || g.s_ak != 1 || g.s_bk != 1 || (g.s_am & 7) || (g.s_bn & 7)) return false;
@@ -488,7 +693,7 @@ __global__ void __launch_bounds__(MERGE_THREADS) leaf_merge_kernel(const bf16* _
     c[(i / N) * s_cm + (i % N) * s_cn] = s;
 }
 
-int launch_tree_leaves(const TreeArgs& g, int depth, bf16* w, cudaStream_t st) {
+int launch_tree_leaves(const TreeArgs& g, int depth, bf16* w, bool warp_gemv, cudaStream_t st) {
     if (g.M == 0 || g.N == 0) return 0;
     const int64_t gm = cdiv(g.M, TB_M);
     const int64_t gn = cdiv(g.N, TB_N);
@@ -497,6 +702,10 @@ int launch_tree_leaves(const TreeArgs& g, int depth, bf16* w, cudaStream_t st) {
     if (g.bounds[0] != 0 || g.bounds[leaves] != g.K) return static_cast<int>(cudaErrorInvalidValue);
     for (int i = 0; i < leaves; ++i)
         if (g.bounds[i + 1] < g.bounds[i]) return static_cast<int>(cudaErrorInvalidValue);
+    if (warp_gemv && g.M <= GW_M && gemv_ok(g, leaves)) {  // streams the weight, merges in the block: one launch
+        return depth == 1 ? launch_gemv_warp<2, false>(g, g.c, g.s_cm, g.s_cn, st)
+                          : launch_gemv_warp<4, false>(g, g.c, g.s_cm, g.s_cn, st);
+    }
     if (gemv_ok(g, leaves)) {
         if (int e = launch_gemv<false>(g, leaves, w, g.N, 1, st)) return e;
     } else {
@@ -514,7 +723,7 @@ int launch_tree_leaves(const TreeArgs& g, int depth, bf16* w, cudaStream_t st) {
     return launch_status();
 }
 
-int launch_tree(const TreeArgs& g, int depth, bool out_f32, cudaStream_t st) {
+int launch_tree(const TreeArgs& g, int depth, bool out_f32, bool warp_gemv, cudaStream_t st) {
     if (g.M == 0 || g.N == 0) return 0;
     const int64_t gm = cdiv(g.M, TB_M);
     const int64_t gn = cdiv(g.N, TB_N);
@@ -526,6 +735,7 @@ int launch_tree(const TreeArgs& g, int depth, bool out_f32, cudaStream_t st) {
     dim3 grid(static_cast<unsigned>(gm), static_cast<unsigned>(gn));
     if (out_f32) {
         if (depth != 0) return static_cast<int>(cudaErrorInvalidValue);
+        if (warp_gemv && g.M <= GW_M && gemv_ok(g, 1)) return launch_gemv_warp<1, true>(g, g.c, g.s_cm, g.s_cn, st);
         if (gemv_ok(g, 1)) return launch_gemv<true>(g, 1, g.c, g.s_cm, g.s_cn, st);  // decode-sized logits
         tree_gemm_kernel<0, true><<<grid, TB_THREADS, 0, st>>>(g);
     } else if (depth == 0) {
@@ -634,23 +844,26 @@ RL_EXPORT int rl_det_gemm(const void* a, const void* b, void* c, int64_t M, int6
     TreeArgs g{static_cast<const bf16*>(a), static_cast<const bf16*>(b), c, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
                {b0, b1, b2, b3, b4}};
     if (depth < 0 || depth > 2) return static_cast<int>(cudaErrorInvalidValue);
-    return launch_tree(g, static_cast<int>(depth), false, static_cast<cudaStream_t>(stream));
+    return launch_tree(g, static_cast<int>(depth), false, false, static_cast<cudaStream_t>(stream));
 }
 
 // det_gemm, leaf-parallel form (same bits as rl_det_gemm): w is a [2^depth, M, N] bf16 workspace.
-// depth in {1, 2}.
-RL_EXPORT int rl_det_gemm_leaves(const void* a, const void* b, void* c, void* w, int64_t M, int64_t N, int64_t K, int64_t s_am, int64_t s_ak, int64_t s_bk, int64_t s_bn, int64_t s_cm, int64_t s_cn, int64_t depth, int64_t b0, int64_t b1, int64_t b2, int64_t b3, int64_t b4, void* stream) {
+// depth in {1, 2}. warp_gemv = 1: for M <= 16 the warp-streamed GEMV (gemv_warp_kernel: one launch,
+// w unused) instead of the ring GEMV and the merge launch; the same bits.
+RL_EXPORT int rl_det_gemm_leaves(const void* a, const void* b, void* c, void* w, int64_t M, int64_t N, int64_t K, int64_t s_am, int64_t s_ak, int64_t s_bk, int64_t s_bn, int64_t s_cm, int64_t s_cn, int64_t depth, int64_t b0, int64_t b1, int64_t b2, int64_t b3, int64_t b4, int64_t warp_gemv, void* stream) {
     TreeArgs g{static_cast<const bf16*>(a), static_cast<const bf16*>(b), c, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
                {b0, b1, b2, b3, b4}};
-    return launch_tree_leaves(g, static_cast<int>(depth), static_cast<bf16*>(w), static_cast<cudaStream_t>(stream));
+    return launch_tree_leaves(g, static_cast<int>(depth), static_cast<bf16*>(w), warp_gemv != 0,
+                              static_cast<cudaStream_t>(stream));
 }
 
 // FP32-output GEMM: C [M, N] fp32 = A [M, K] @ B [K, N] (bf16 operands), one FP32 accumulator
-// over all of K in increasing order (lm_head logits, linear_logp logit chunks).
-RL_EXPORT int rl_gemm_bf16_f32out(const void* a, const void* b, void* c, int64_t M, int64_t N, int64_t K, int64_t s_am, int64_t s_ak, int64_t s_bk, int64_t s_bn, int64_t s_cm, int64_t s_cn, void* stream) {
+// over all of K in increasing order (lm_head logits, linear_logp logit chunks). warp_gemv as for
+// rl_det_gemm_leaves.
+RL_EXPORT int rl_gemm_bf16_f32out(const void* a, const void* b, void* c, int64_t M, int64_t N, int64_t K, int64_t s_am, int64_t s_ak, int64_t s_bk, int64_t s_bn, int64_t s_cm, int64_t s_cn, int64_t warp_gemv, void* stream) {
     TreeArgs g{static_cast<const bf16*>(a), static_cast<const bf16*>(b), c, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
                {0, K, 0, 0, 0}};
-    return launch_tree(g, 0, true, static_cast<cudaStream_t>(stream));
+    return launch_tree(g, 0, true, warp_gemv != 0, static_cast<cudaStream_t>(stream));
 }
 
 // CUDA-core FP32 GEMM. a_f32 / b_f32 / c_f32: 1 when that operand is FP32, 0 when BF16.

@@ -119,7 +119,168 @@ rms_bwd_dw_final_kernel(const float* __restrict__ partial, bf16* __restrict__ dw
     dw[c] = to_bf16(acc);
 }
 
+// Decode-step fusions (rl_engine/chain/fused.py): fewer launches, the separate launches' bits.
+//
+// add_rms_fwd_kernel: s = bf16(x + delta) (one FP32 addition of two BF16 values, rounded once:
+// torch.add's bits), stored, then rms_fwd_kernel's steps on those BF16 values (the same column
+// order per thread, butterfly, block combination, division and square root). VPT columns per
+// thread stay in registers, so the row is read once and its loads are in flight together.
+template <bool HF, int VPT>
+__global__ void __launch_bounds__(NORM_THREADS)
+add_rms_fwd_kernel(const bf16* __restrict__ x, const bf16* __restrict__ delta, const bf16* __restrict__ w,
+                   bf16* __restrict__ s_out, bf16* __restrict__ y, int64_t n, int64_t sx, int64_t sd, int64_t ss,
+                   int64_t sy, float eps) {
+    __shared__ float red[NORM_THREADS / 32];
+    const int64_t row = blockIdx.x;
+    const bf16* xr = x + row * sx;
+    const bf16* dr = delta + row * sd;
+    float v[VPT];
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+        const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * j;
+        v[j] = c < n ? f32(to_bf16(f32(xr[c]) + f32(dr[c]))) : 0.0f;
+    }
+    float sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+        const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * j;
+        if (c < n) {
+            s_out[row * ss + c] = to_bf16(v[j]);  // exact: v[j] is a BF16 value
+            sq += v[j] * v[j];
+        }
+    }
+    sq = block_sum(sq, red);
+    const float r = 1.0f / sqrtf(sq / static_cast<float>(n) + eps);
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+        const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * j;
+        if (c < n) {
+            const float nv = v[j] * r;
+            y[row * sy + c] = to_bf16(HF ? f32(w[c]) * f32(to_bf16(nv)) : nv * f32(w[c]));
+        }
+    }
+}
+
+// qk_norm_rope_kernel: block (t, r) for r < n_q a query head, then n_kv key heads (normed as
+// rms_fwd_kernel does a row of D, rotated as rope_kernel does: y1 = x1 c - x2 s, y2 = x2 c + x1 s on
+// the norm's BF16 output, rounded once; with a cache the rotated key is also stored there), then
+// n_kv value heads (copied to the cache only). D <= NORM_THREADS * VPT.
+constexpr int QNR_MAX_D = 2 * NORM_THREADS;
+
+template <bool HF, int VPT>
+__global__ void __launch_bounds__(NORM_THREADS)
+qk_norm_rope_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                    const bf16* __restrict__ qw, const bf16* __restrict__ kw, const float* __restrict__ cosv,
+                    const float* __restrict__ sinv, bf16* __restrict__ qo, bf16* __restrict__ ko, bf16* kc, bf16* vc,
+                    const int64_t* __restrict__ rows, const int64_t* __restrict__ pos, int64_t n_q, int64_t n_kv,
+                    int64_t d, int64_t s_qt, int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh,
+                    int64_t s_ct, int64_t s_st, int64_t s_qot, int64_t s_qoh, int64_t s_kot, int64_t s_koh,
+                    int64_t s_cb, int64_t s_cs, int64_t s_ch, int64_t s_vcb, int64_t s_vcs, int64_t s_vch, float eps,
+                    int cache) {
+    __shared__ float red[NORM_THREADS / 32];
+    __shared__ float ys[QNR_MAX_D];
+    const int64_t t = blockIdx.x;
+    const int64_t r = blockIdx.y;
+    if (r >= n_q + n_kv) {  // a value head: the cache stores v's bits
+        if (!cache) return;
+        const int64_t h = r - n_q - n_kv;
+        const bf16* src = v + t * s_vt + h * s_vh;
+        bf16* dst = vc + rows[t] * s_vcb + pos[t] * s_vcs + h * s_vch;
+        for (int64_t c = threadIdx.x; c < d; c += NORM_THREADS) put_bits(dst + c, bits(src + c));
+        return;
+    }
+    const bool is_q = r < n_q;
+    const int64_t h = is_q ? r : r - n_q;
+    const bf16* xr = is_q ? q + t * s_qt + h * s_qh : k + t * s_kt + h * s_kh;
+    const bf16* w = is_q ? qw : kw;
+    float xv[VPT];
+    float sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+        const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * j;
+        xv[j] = c < d ? f32(xr[c]) : 0.0f;
+        if (c < d) sq += xv[j] * xv[j];
+    }
+    sq = block_sum(sq, red);
+    const float rs = 1.0f / sqrtf(sq / static_cast<float>(d) + eps);
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+        const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * j;
+        if (c < d) {
+            const float nv = xv[j] * rs;
+            ys[c] = f32(to_bf16(HF ? f32(w[c]) * f32(to_bf16(nv)) : nv * f32(w[c])));
+        }
+    }
+    __syncthreads();
+    const int64_t half = d / 2;
+    bf16* out = is_q ? qo + t * s_qot + h * s_qoh : ko + t * s_kot + h * s_koh;
+    bf16* kcache = (!is_q && cache) ? kc + rows[t] * s_cb + pos[t] * s_cs + h * s_ch : nullptr;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+        const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * j;
+        if (c < d) {
+            const int64_t i = c < half ? c : c - half;
+            const float cs = cosv[t * s_ct + i];
+            const float sn = sinv[t * s_st + i];
+            const float x1 = ys[i];
+            const float x2 = ys[i + half];
+            const bf16 o = to_bf16(c < half ? x1 * cs - x2 * sn : x2 * cs + x1 * sn);
+            out[c] = o;
+            if (kcache) kcache[c] = o;
+        }
+    }
+}
+
 }  // namespace
+
+// Decode fusion: s = x + delta and y = rms_norm(s) over [T, n] rows (unit stride on n); n <= 8192.
+RL_EXPORT int rl_add_rms_norm_fwd(const void* x, const void* delta, const void* w, void* s, void* y, int64_t rows, int64_t n, int64_t sx, int64_t sd, int64_t ss, int64_t sy, float eps, int64_t hf_order, void* stream) {
+    if (rows == 0 || n == 0) return 0;
+    if (rows >= 2147483647LL || n > 64 * NORM_THREADS) return static_cast<int>(cudaErrorInvalidValue);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    const unsigned grid = static_cast<unsigned>(rows);
+    const bf16* xa = static_cast<const bf16*>(x);
+    const bf16* da = static_cast<const bf16*>(delta);
+    const bf16* wa = static_cast<const bf16*>(w);
+    bf16* sa = static_cast<bf16*>(s);
+    bf16* ya = static_cast<bf16*>(y);
+#define RL_ADD_RMS(V)                                                                                          \
+    if (n <= (V) * NORM_THREADS) {                                                                             \
+        if (hf_order) add_rms_fwd_kernel<true, V><<<grid, NORM_THREADS, 0, st>>>(xa, da, wa, sa, ya, n, sx, sd, ss, sy, eps); \
+        else add_rms_fwd_kernel<false, V><<<grid, NORM_THREADS, 0, st>>>(xa, da, wa, sa, ya, n, sx, sd, ss, sy, eps);         \
+        return launch_status();                                                                                \
+    }
+    RL_ADD_RMS(8)
+    RL_ADD_RMS(32)
+    RL_ADD_RMS(64)
+#undef RL_ADD_RMS
+    return static_cast<int>(cudaErrorInvalidValue);
+}
+
+// Decode fusion: qk_norm of q [T, n_q, d] and k [T, n_kv, d], RoPE of both, and with cache = 1 the
+// K/V cache write (k_cache[rows[t], pos[t], h] = rotated k, v_cache[...] = v); d even, d <= 256.
+RL_EXPORT int rl_qk_norm_rope_fwd(const void* q, const void* k, const void* v, const void* qw, const void* kw, const void* cosv, const void* sinv, void* qo, void* ko, void* kc, void* vc, const void* rows, const void* pos, int64_t tokens, int64_t n_q, int64_t n_kv, int64_t d, int64_t s_qt, int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_ct, int64_t s_st, int64_t s_qot, int64_t s_qoh, int64_t s_kot, int64_t s_koh, int64_t s_cb, int64_t s_cs, int64_t s_ch, int64_t s_vcb, int64_t s_vcs, int64_t s_vch, float eps, int64_t hf_order, int64_t cache, void* stream) {
+    if (tokens == 0 || n_q + n_kv == 0 || d == 0) return 0;
+    if (tokens >= 2147483647LL || n_q + 2 * n_kv > 65535 || (d & 1) || d > QNR_MAX_D)
+        return static_cast<int>(cudaErrorInvalidValue);
+    dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(n_q + 2 * n_kv));
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+#define RL_QNR(HF, V)                                                                                              \
+    qk_norm_rope_kernel<HF, V><<<grid, NORM_THREADS, 0, st>>>(                                                     \
+        static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),                     \
+        static_cast<const bf16*>(qw), static_cast<const bf16*>(kw), static_cast<const float*>(cosv),               \
+        static_cast<const float*>(sinv), static_cast<bf16*>(qo), static_cast<bf16*>(ko), static_cast<bf16*>(kc),   \
+        static_cast<bf16*>(vc), static_cast<const int64_t*>(rows), static_cast<const int64_t*>(pos), n_q, n_kv, d, \
+        s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ct, s_st, s_qot, s_qoh, s_kot, s_koh, s_cb, s_cs, s_ch, s_vcb, s_vcs,  \
+        s_vch, eps, cache ? 1 : 0)
+    if (d <= NORM_THREADS) {
+        if (hf_order) RL_QNR(true, 1); else RL_QNR(false, 1);
+    } else {
+        if (hf_order) RL_QNR(true, 2); else RL_QNR(false, 2);
+    }
+#undef RL_QNR
+    return launch_status();
+}
 
 // Number of FP32 partial rows the caller allocates for rl_rms_norm_bwd_dw: ceil(rows / 64).
 RL_EXPORT int64_t rl_rms_norm_dw_chunks(int64_t rows) { return cdiv(rows, NORM_DW_ROWS); }

@@ -56,6 +56,14 @@ much of the weight is in flight and how many blocks fit an SM; the steps, their 
 instructions are the same, so the bits are (tested)."""
 
 
+WARP_GEMV_ON_CUDA = False
+"""Whether decode products with M <= 16 take the warp-streamed GEMV (``gemv_warp_kernel``: each
+warp streams its columns of one leaf through its own cp.async ring, the block merges the leaves:
+one launch, no workspace) instead of the ring GEMV and a merge launch. The same bits (tested in the
+host emulation at every M from 1 to 16, depth 1 and 2); off until its GPU tests and a gate have run
+on the H200. Calls can ask for either form (``warp_gemv=``)."""
+
+
 def set_gemv_variant(variant: int) -> int:
     """Make every later decode GEMV of this process use ring ``variant`` (for
     ``tools/gemv_compare.py --variants``); returns the previous one.
@@ -79,10 +87,11 @@ def use_leaf_split(m: int, n: int, depth: int) -> bool:
 
 
 def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False,
-                    leaf_split: bool | None = None) -> torch.Tensor:
+                    leaf_split: bool | None = None, warp_gemv: bool | None = None) -> torch.Tensor:
     """C [M, N] bf16 = tree-reduced a [M, K] @ b [K, N]; any strides (no copies).
 
-    ``leaf_split`` forces the form (None: :func:`use_leaf_split`); tests compare the two.
+    ``leaf_split`` forces the form (None: :func:`use_leaf_split`); ``warp_gemv`` the decode GEMV of
+    the leaf-parallel form for M <= 16 (None: :data:`WARP_GEMV_ON_CUDA`); tests compare them.
     ``fp32_merge`` (the Triton negative control's knob) must be False here."""
     if fp32_merge:
         raise ValueError("the FP32-merge negative control exists only for triton_cuda_bf16")
@@ -100,7 +109,7 @@ def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bo
             raise ValueError("the leaf-parallel form needs depth >= 1")
         w = torch.empty((1 << depth, m, n), dtype=torch.bfloat16, device=a.device)
         launch(a.device, "rl_det_gemm_leaves", a, b, c, w, m, n, k, a.stride(0), a.stride(1), b.stride(0),
-               b.stride(1), c.stride(0), c.stride(1), depth, *bounds)
+               b.stride(1), c.stride(0), c.stride(1), depth, *bounds, int(WARP_GEMV_ON_CUDA if warp_gemv is None else warp_gemv))
         return c
     launch(a.device, "rl_det_gemm", a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
            c.stride(0), c.stride(1), depth, *bounds)

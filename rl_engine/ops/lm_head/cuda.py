@@ -20,15 +20,18 @@ from __future__ import annotations
 import torch
 
 from rl_engine.backends.cuda_launch import launch
+from rl_engine.ops.det_gemm.cuda import WARP_GEMV_ON_CUDA
 
 
-def gemm_f32_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``a [M, K] @ b [K, N]`` (bf16, any strides) -> FP32 [M, N] (into ``out`` when given)."""
+def gemm_f32_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None,
+                 warp_gemv: bool | None = None) -> torch.Tensor:
+    """``a [M, K] @ b [K, N]`` (bf16, any strides) -> FP32 [M, N] (into ``out`` when given).
+    ``warp_gemv``: the decode GEMV for M <= 16 (None: ``det_gemm.cuda.WARP_GEMV_ON_CUDA``)."""
     m, k = a.shape
     n = b.shape[1]
     c = torch.empty((m, n), dtype=torch.float32, device=a.device) if out is None else out
     launch(a.device, "rl_gemm_bf16_f32out", a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-           c.stride(0), c.stride(1))
+           c.stride(0), c.stride(1), int(WARP_GEMV_ON_CUDA if warp_gemv is None else warp_gemv))
     return c
 
 
