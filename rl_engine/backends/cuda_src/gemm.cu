@@ -28,6 +28,8 @@
 //    to BF16, or FP32; with ACCUM the finished FP32 sum is added to C with one FP32 addition).
 #include <mma.h>
 
+#include <type_traits>
+
 #include "common.cuh"
 
 using namespace rl;
@@ -357,7 +359,55 @@ __device__ __forceinline__ void gemv_issue(bf16* ring, int s, const TreeArgs& g,
     }
 }
 
-template <bool OUT_F32, int KS, int STAGES, int MF>
+// The same copies as gemv_issue with each thread's source rows worked out once per block: 128 is
+// a multiple of the chunks per row, so a thread always copies chunk column kc of rows r0 + RSTEP i,
+// and a slot only adds its K position (the same bytes land in the same places).
+template <typename R>
+struct GvSources {
+    static constexpr int VPR = R::SK / 8;
+    static_assert(GV_THREADS % VPR == 0, "a thread keeps one chunk column");
+    static constexpr int RSTEP = GV_THREADS / VPR;
+    static constexpr int NI = (R::ROWS + GV_N + RSTEP - 1) / RSTEP;
+    const bf16* src[NI];  // row base + kc; nullptr: a row past M or N (zero-filled)
+    int kc;
+
+    __device__ __forceinline__ GvSources(const TreeArgs& g, int64_t n0) {
+        kc = (threadIdx.x % VPR) * 8;
+        const int r0 = threadIdx.x / VPR;
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+            const int r = r0 + RSTEP * i;
+            const bf16* p = nullptr;
+            if (r < R::ROWS) {
+                if (r < g.M) p = g.a + r * g.s_am + kc;
+            } else if (r < R::ROWS + GV_N) {
+                const int64_t n = n0 + (r - R::ROWS);
+                if (n < g.N) p = g.b + n * g.s_bn + kc;
+            }
+            src[i] = p;
+        }
+    }
+
+    __device__ __forceinline__ void issue(bf16* ring, int s, const TreeArgs& g, int64_t k0, int64_t hi) const {
+        bf16* slot = ring + static_cast<int64_t>(s) * R::SLOT + kc;
+        const int64_t left = hi - (k0 + kc);
+        const int bytes = left >= 8 ? 16 : (left > 0 ? static_cast<int>(left) * 2 : 0);
+        const int r0 = threadIdx.x / VPR;
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+            const int r = r0 + RSTEP * i;
+            if (r >= R::ROWS + GV_N) break;
+            const bool ok = src[i] != nullptr && bytes;
+            cp_async16(slot + r * R::LD, ok ? src[i] + k0 : g.a, ok ? bytes : 0);
+        }
+    }
+};
+
+struct GvNoSources {
+    __device__ __forceinline__ GvNoSources(const TreeArgs&, int64_t) {}
+};
+
+template <bool OUT_F32, int KS, int STAGES, int MF, bool PRE = false>
 __global__ void __launch_bounds__(GV_THREADS) gemv_leaf_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
     using R = GvRing<KS, STAGES, MF>;
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -370,19 +420,26 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_leaf_kernel(TreeArgs g, void*
     const int64_t hi = g.bounds[leaf + 1];
     const int64_t steps = cdiv(hi - lo, TB_K);   // the fused kernel's 32-wide steps
     const int64_t slots = cdiv(steps, KS);
+    const typename std::conditional<PRE, GvSources<R>, GvNoSources>::type srcs(g, n0);
     FragC acc[MF];
 #pragma unroll
     for (int f = 0; f < MF; ++f) wmma::fill_fragment(acc[f], 0.0f);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < slots) gemv_issue<R>(ring, s, g, n0, lo + s * R::SK, hi);
+        if (s < slots) {
+            if constexpr (PRE) srcs.issue(ring, s, g, lo + s * R::SK, hi);
+            else gemv_issue<R>(ring, s, g, n0, lo + s * R::SK, hi);
+        }
         cp_async_commit();
     }
     for (int64_t i = 0; i < slots; ++i) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();  // slot i has landed for every thread; slot i - 1 is free again
         const int64_t nxt = i + STAGES - 1;
-        if (nxt < slots) gemv_issue<R>(ring, static_cast<int>(nxt % STAGES), g, n0, lo + nxt * R::SK, hi);
+        if (nxt < slots) {
+            if constexpr (PRE) srcs.issue(ring, static_cast<int>(nxt % STAGES), g, lo + nxt * R::SK, hi);
+            else gemv_issue<R>(ring, static_cast<int>(nxt % STAGES), g, n0, lo + nxt * R::SK, hi);
+        }
         cp_async_commit();
         const bf16* slot = ring + (i % STAGES) * R::SLOT;
 #pragma unroll
@@ -423,24 +480,24 @@ __global__ void __launch_bounds__(GV_THREADS) gemv_leaf_kernel(TreeArgs g, void*
     }
 }
 
-template <bool OUT_F32, int KS, int STAGES, int MF>
+template <bool OUT_F32, int KS, int STAGES, int MF, bool PRE>
 int launch_gemv_rows(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
     constexpr size_t smem = GvRing<KS, STAGES, MF>::SMEM;
     static_assert(smem >= GV_THREADS / 32 * 256 * sizeof(float), "the ring must hold the FP32 staging area");
-    const cudaError_t e = cudaFuncSetAttribute(gemv_leaf_kernel<OUT_F32, KS, STAGES, MF>,
+    const cudaError_t e = cudaFuncSetAttribute(gemv_leaf_kernel<OUT_F32, KS, STAGES, MF, PRE>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return static_cast<int>(e);
     dim3 grid(static_cast<unsigned>(cdiv(g.N, GV_N)), static_cast<unsigned>(leaves));
-    gemv_leaf_kernel<OUT_F32, KS, STAGES, MF><<<grid, GV_THREADS, smem, st>>>(g, out, s_om, s_on);
+    gemv_leaf_kernel<OUT_F32, KS, STAGES, MF, PRE><<<grid, GV_THREADS, smem, st>>>(g, out, s_om, s_on);
     return launch_status();
 }
 
 // The fragment rows MF from M (a speed choice; every fragment runs the same steps whatever MF).
-template <bool OUT_F32, int KS, int STAGES>
+template <bool OUT_F32, int KS, int STAGES, bool PRE = false>
 int launch_gemv_ring(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
-    if (g.M <= 16) return launch_gemv_rows<OUT_F32, KS, STAGES, 1>(g, leaves, out, s_om, s_on, st);
-    if (g.M <= 32) return launch_gemv_rows<OUT_F32, KS, STAGES, 2>(g, leaves, out, s_om, s_on, st);
-    return launch_gemv_rows<OUT_F32, KS, STAGES, 4>(g, leaves, out, s_om, s_on, st);
+    if (g.M <= 16) return launch_gemv_rows<OUT_F32, KS, STAGES, 1, PRE>(g, leaves, out, s_om, s_on, st);
+    if (g.M <= 32) return launch_gemv_rows<OUT_F32, KS, STAGES, 2, PRE>(g, leaves, out, s_om, s_on, st);
+    return launch_gemv_rows<OUT_F32, KS, STAGES, 4, PRE>(g, leaves, out, s_om, s_on, st);
 }
 
 // The ring variants (KS, STAGES) and shared memory per block at MF = 1 (the A rows grow with MF):
@@ -448,7 +505,11 @@ int launch_gemv_ring(const TreeArgs& g, int leaves, void* out, int64_t s_om, int
 // On the H200 (evidence/2026-12-02-h200-decode-3dd21eb, where the numbering was 0 <-> 4 swapped)
 // (4, 2) was the fastest or within 2 % of it at every Qwen3-8B shape and M in {1, 16, 64}, and
 // (4, 4), the earlier default, was 20 % slower for the gate/up product at M = 1 and 1.9x slower at M = 64.
-constexpr int GV_VARIANTS = 5;
+// 5 and 6 = (4, 2) and (2, 4) with each thread's copy sources worked out once per block (GvSources):
+// the same copies with less address arithmetic per slot (not yet run on the H200; an earlier
+// version of the same change, lost with its branch, took the down product at M = 64 from 83.9 to
+// 59.7 us there).
+constexpr int GV_VARIANTS = 7;
 int g_gemv_variant = 0;
 
 template <bool OUT_F32>
@@ -458,6 +519,8 @@ int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t 
         case 2: return launch_gemv_ring<OUT_F32, 2, 6>(g, leaves, out, s_om, s_on, st);
         case 3: return launch_gemv_ring<OUT_F32, 1, 8>(g, leaves, out, s_om, s_on, st);
         case 4: return launch_gemv_ring<OUT_F32, 4, 4>(g, leaves, out, s_om, s_on, st);
+        case 5: return launch_gemv_ring<OUT_F32, 4, 2, true>(g, leaves, out, s_om, s_on, st);
+        case 6: return launch_gemv_ring<OUT_F32, 2, 4, true>(g, leaves, out, s_om, s_on, st);
         default: return launch_gemv_ring<OUT_F32, 4, 2>(g, leaves, out, s_om, s_on, st);
     }
 }

@@ -46,14 +46,15 @@ loops and merges as the fused kernel, so the bits are the same (tested); the cho
 on M and N."""
 
 
-GEMV_VARIANTS = 5
+GEMV_VARIANTS = 7
 """Ring geometries of the decode GEMV (``gemv_leaf_kernel``: 32-wide K steps per slot, slots):
 0 = (4, 2), the default (the fastest on the H200, or within 2 %, at every Qwen3-8B shape and M in
 {1, 16, 64}); 1 = (2, 4); 2 = (2, 6); 3 = (1, 8); 4 = (4, 4), the default until 2026-12-02 (the
-sweep in ``evidence/2026-12-02-h200-decode-3dd21eb`` numbered 0 and 4 the other way round). They
-differ only in how
-much of the weight is in flight and how many blocks fit an SM; the steps, their order and the
-instructions are the same, so the bits are (tested)."""
+sweep in ``evidence/2026-12-02-h200-decode-3dd21eb`` numbered 0 and 4 the other way round); 5 and
+6 = (4, 2) and (2, 4) with each thread's copy sources worked out once per block (less address
+arithmetic per slot; not yet run on the H200). They differ only in how much of the weight is in
+flight, how many blocks fit an SM and how the copy addresses are formed; the steps, their order
+and the instructions are the same, so the bits are (tested)."""
 
 
 WARP_GEMV_ON_CUDA = False
