@@ -270,14 +270,15 @@ def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
 def test_det_gemm_warp_gemv_depth_one_and_row_blocks(cuda_device):
     """The warp-streamed decode GEMV (``warp_gemv=True``; M <= 16: one or two 8-row blocks of A,
     the leaves merged in the block) gives the 128 x 128 kernel's bits at tree depth 1 and 2 and at
-    every M from 1 to 16, with N not a multiple of the block's columns, and the ring GEMV's FP32
-    logits; control: the other depth differs."""
+    every M from 1 to 16 (on the GPU; five of them in the emulation), with N not a multiple of the
+    block's columns, and the ring GEMV's FP32 logits; control: the other depth differs."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
-    k, n = (4096, 1000) if cuda_device.type == "cuda" else (1056, 40)
+    gpu = cuda_device.type == "cuda"
+    k, n = (4096, 1000) if gpu else (1056, 40)
     w = _bf16((n, k), 5, cuda_device, scale=k ** -0.5)
     rows = _bf16((16, k), 6, cuda_device)
-    for m in range(1, 17):
+    for m in range(1, 17) if gpu else (1, 3, 8, 9, 16):  # the emulation: both row blocks and their edges
         a = rows[:m]
         for depth in (1, 2):
             fused = dg_cuda.det_gemm_launch(a, w.t(), depth, leaf_split=False)
