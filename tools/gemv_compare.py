@@ -5,7 +5,8 @@ step) over copies of the weight that do not fit the L2, plus the bits of each ba
 path against its own prefill form, and the FP32 logits GEMV of ``lm_head`` (V = 151936). Meant to
 run under ``ncu`` too (``--once`` launches each shape once, untimed, for a kernel profile).
 ``--variants``: the CUDA side once per ring geometry of its decode GEMV
-(:func:`rl_engine.ops.det_gemm.cuda.set_gemv_variant`), each with its bits against the fused form.
+(:func:`rl_engine.ops.det_gemm.cuda.set_gemv_variant`) and per geometry of its warp GEMV
+(:func:`~rl_engine.ops.det_gemm.cuda.set_warp_gemv_variant`), each with its bits against the fused form.
 At M <= 16 the CUDA side is timed in both decode forms: the ring GEMV with its merge launch and the
 warp-streamed GEMV (``warp_gemv=True``, :data:`rl_engine.ops.det_gemm.cuda.WARP_GEMV_ON_CUDA`).
 
@@ -54,6 +55,7 @@ def main() -> int:
     ap.add_argument("--variants", action="store_true")
     args = ap.parse_args()
     variants = range(dg_cuda.GEMV_VARIANTS) if args.variants else (0,)
+    warp_variants = range(dg_cuda.WARP_GEMV_VARIANTS) if args.variants else (0,)
     dev = torch.device("cuda")
     copy = float("nan")
     if not args.once:
@@ -82,9 +84,14 @@ def main() -> int:
                 t[f"cuda ring[{v}]"] = time_per_call(
                     _cycled(lambda x: dg_cuda.det_gemm_launch(a, x.t(), 2, warp_gemv=False), ws))
             dg_cuda.set_gemv_variant(0)
-            if m <= 16:  # the warp-streamed GEMV (gemv_warp_kernel), merges included
-                same.append(torch.equal(dg_cuda.det_gemm_launch(a, w.t(), 2, warp_gemv=True).view(torch.int16), fused))
-                t["cuda warp"] = time_per_call(_cycled(lambda x: dg_cuda.det_gemm_launch(a, x.t(), 2, warp_gemv=True), ws))
+            if m <= 16:  # the warp-streamed GEMV (gemv_warp_kernel), merges included, per geometry
+                for v in warp_variants:
+                    dg_cuda.set_warp_gemv_variant(v)
+                    same.append(torch.equal(dg_cuda.det_gemm_launch(a, w.t(), 2, warp_gemv=True).view(torch.int16),
+                                            fused))
+                    t[f"cuda warp[{v}]"] = time_per_call(
+                        _cycled(lambda x: dg_cuda.det_gemm_launch(a, x.t(), 2, warp_gemv=True), ws))
+                dg_cuda.set_warp_gemv_variant(0)
             nbytes = 2 * (n * k + m * k + m * n)
             print(f"{name:8s} M={m:2d}: " + ", ".join(f"{key} {ms * 1e3:6.1f} us ({nbytes / ms / 1e6 / copy:.2f} of copy)"
                                                      for key, ms in t.items())
@@ -111,7 +118,10 @@ def main() -> int:
              "triton": time_per_call(lambda: lm_triton.lm_head_fwd(a, w), calls=4),
              "cuda ring": time_per_call(lambda: lm_cuda.gemm_f32_out(a, w.t(), warp_gemv=False), calls=4)}
         if m <= 16:
-            t["cuda warp"] = time_per_call(lambda: lm_cuda.gemm_f32_out(a, w.t(), warp_gemv=True), calls=4)
+            for v in warp_variants:
+                dg_cuda.set_warp_gemv_variant(v)
+                t[f"cuda warp[{v}]"] = time_per_call(lambda: lm_cuda.gemm_f32_out(a, w.t(), warp_gemv=True), calls=4)
+            dg_cuda.set_warp_gemv_variant(0)
         nbytes = 2 * (n * k + m * k) + 4 * m * n
         print(f"logits   M={m:2d}: " + ", ".join(f"{key} {ms * 1e3:6.1f} us ({nbytes / ms / 1e6 / copy:.2f} of copy)"
                                                  for key, ms in t.items())

@@ -271,22 +271,50 @@ def test_det_gemm_warp_gemv_depth_one_and_row_blocks(cuda_device):
     """The warp-streamed decode GEMV (``warp_gemv=True``; M <= 16: one or two 8-row blocks of A,
     the leaves merged in the block) gives the 128 x 128 kernel's bits at tree depth 1 and 2 and at
     every M from 1 to 16 (on the GPU; five of them in the emulation), with N not a multiple of the
-    block's columns, and the ring GEMV's FP32 logits; control: the other depth differs."""
+    block's columns, and the FP32 logits of the other kernels; control: the other depth differs."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
     gpu = cuda_device.type == "cuda"
-    k, n = (4096, 1000) if gpu else (1056, 40)
+    k, n = (4096, 1000) if gpu else (2112, 24)  # emulation: leaves of 528 (depth 2) and 1056 (depth 1)
     w = _bf16((n, k), 5, cuda_device, scale=k ** -0.5)
     rows = _bf16((16, k), 6, cuda_device)
+    # the 128 x 128 kernel is batch-invariant (tested above), so its 16 rows serve every M
+    fused = {d: dg_cuda.det_gemm_launch(rows, w.t(), d, leaf_split=False) for d in (1, 2)}
+    logits = gemm_f32_out(rows, w.t(), warp_gemv=False).view(torch.int32)
     for m in range(1, 17) if gpu else (1, 3, 8, 9, 16):  # the emulation: both row blocks and their edges
         a = rows[:m]
         for depth in (1, 2):
-            fused = dg_cuda.det_gemm_launch(a, w.t(), depth, leaf_split=False)
             warp = dg_cuda.det_gemm_launch(a, w.t(), depth, leaf_split=True, warp_gemv=True)
-            assert _bits_equal(warp, fused), f"M={m} depth {depth}"
-        assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True, warp_gemv=True), fused)
-        assert torch.equal(gemm_f32_out(a, w.t(), warp_gemv=True).view(torch.int32),
-                           gemm_f32_out(a, w.t(), warp_gemv=False).view(torch.int32)), f"logits M={m}"
+            assert _bits_equal(warp, fused[depth][:m]), f"M={m} depth {depth}"
+        assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True, warp_gemv=True), fused[2][:m])
+        assert torch.equal(gemm_f32_out(a, w.t(), warp_gemv=True).view(torch.int32), logits[:m]), f"logits M={m}"
+
+
+def test_every_warp_gemv_geometry_gives_the_same_bits(cuda_device):
+    """Each geometry of the warp GEMV (``set_warp_gemv_variant``: columns per warp, ring slots) gives
+    the fused kernel's bits for the BF16 leaves (one and two 8-row blocks of A) and the ring GEMV's
+    FP32 logits. Control: a depth-1 tree differs. The default geometry is restored."""
+    from rl_engine.ops.det_gemm import cuda as dg_cuda
+
+    # emulation: leaves of 840 = 26 32-wide steps and a quarter, seven 128-wide slots (every ring wraps)
+    k, n = (4096, 1000) if cuda_device.type == "cuda" else (3360, 24)
+    w = _bf16((n, k), 8, cuda_device, scale=k ** -0.5)
+    rows = _bf16((16, k), 9, cuda_device)
+    refs = {m: (dg_cuda.det_gemm_launch(rows[:m], w.t(), 2, leaf_split=False),
+                gemm_f32_out(rows[:m], w.t(), warp_gemv=False).view(torch.int32)) for m in (3, 12)}
+    try:
+        for v in range(dg_cuda.WARP_GEMV_VARIANTS):
+            dg_cuda.set_warp_gemv_variant(v)
+            for m, (fused, logits) in refs.items():
+                a = rows[:m]
+                warp = dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=True)
+                assert _bits_equal(warp, fused), f"variant {v}, M={m}"
+                assert torch.equal(gemm_f32_out(a, w.t(), warp_gemv=True).view(torch.int32), logits), f"variant {v}, M={m}"
+        assert not _bits_equal(dg_cuda.det_gemm_launch(rows[:3], w.t(), 1, leaf_split=True, warp_gemv=True), refs[3][0])
+    finally:
+        dg_cuda.set_warp_gemv_variant(0)
+    with pytest.raises(InputError, match="warp gemv variant"):
+        dg_cuda.set_warp_gemv_variant(dg_cuda.WARP_GEMV_VARIANTS)
 
 
 def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):

@@ -505,11 +505,10 @@ int launch_gemv_ring(const TreeArgs& g, int leaves, void* out, int64_t s_om, int
 // On the H200 (evidence/2026-12-02-h200-decode-3dd21eb, where the numbering was 0 <-> 4 swapped)
 // (4, 2) was the fastest or within 2 % of it at every Qwen3-8B shape and M in {1, 16, 64}, and
 // (4, 4), the earlier default, was 20 % slower for the gate/up product at M = 1 and 1.9x slower at M = 64.
-// 5 and 6 = (4, 2) and (2, 4) with each thread's copy sources worked out once per block (GvSources):
-// the same copies with less address arithmetic per slot (not yet run on the H200; an earlier
-// version of the same change, lost with its branch, took the down product at M = 64 from 83.9 to
-// 59.7 us there).
-constexpr int GV_VARIANTS = 7;
+// 5 = (4, 2) with each thread's copy sources worked out once per block (GvSources): the same
+// copies with less address arithmetic per slot (not yet run on the H200; an earlier version of the
+// same change, lost with its branch, took the down product at M = 64 from 83.9 to 59.7 us there).
+constexpr int GV_VARIANTS = 6;
 int g_gemv_variant = 0;
 
 template <bool OUT_F32>
@@ -520,7 +519,6 @@ int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t 
         case 3: return launch_gemv_ring<OUT_F32, 1, 8>(g, leaves, out, s_om, s_on, st);
         case 4: return launch_gemv_ring<OUT_F32, 4, 4>(g, leaves, out, s_om, s_on, st);
         case 5: return launch_gemv_ring<OUT_F32, 4, 2, true>(g, leaves, out, s_om, s_on, st);
-        case 6: return launch_gemv_ring<OUT_F32, 2, 4, true>(g, leaves, out, s_om, s_on, st);
         default: return launch_gemv_ring<OUT_F32, 4, 2>(g, leaves, out, s_om, s_on, st);
     }
 }
@@ -549,7 +547,6 @@ constexpr int GW_THREADS = GW_WARPS * 32;
 constexpr int GW_SK = 4 * TB_K;  // k per ring slot
 constexpr int GW_LD = GW_SK + 8; // row stride of a slot (elements)
 constexpr int GW_M = 16;
-constexpr int GW_NC = 2;         // 8-column groups per warp
 
 template <int NC, int XR, int DEPTH>
 struct GwRing {
@@ -707,27 +704,52 @@ __global__ void __launch_bounds__(GW_THREADS) gemv_warp_kernel(TreeArgs g, void*
     }
 }
 
-template <int LEAVES, int XR, int DEPTH, bool OUT_F32>
+template <int LEAVES, int NC, int XR, int DEPTH, bool OUT_F32>
 int launch_gemv_warp_rows(const TreeArgs& g, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
-    constexpr int COLS = 8 * GW_NC * (GW_WARPS / LEAVES);
-    constexpr size_t smem = GwRing<GW_NC, XR, DEPTH>::SMEM;
+    constexpr int COLS = 8 * NC * (GW_WARPS / LEAVES);
+    constexpr size_t smem = GwRing<NC, XR, DEPTH>::SMEM;
     const int64_t blocks = cdiv(g.N, COLS);
     if (blocks >= 2147483647LL) return static_cast<int>(cudaErrorInvalidValue);
-    const cudaError_t e = cudaFuncSetAttribute(gemv_warp_kernel<LEAVES, GW_NC, XR, DEPTH, OUT_F32>,
+    const cudaError_t e = cudaFuncSetAttribute(gemv_warp_kernel<LEAVES, NC, XR, DEPTH, OUT_F32>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return static_cast<int>(e);
-    gemv_warp_kernel<LEAVES, GW_NC, XR, DEPTH, OUT_F32><<<static_cast<unsigned>(blocks), GW_THREADS, smem, st>>>(
+    gemv_warp_kernel<LEAVES, NC, XR, DEPTH, OUT_F32><<<static_cast<unsigned>(blocks), GW_THREADS, smem, st>>>(
         g, out, s_om, s_on);
     return launch_status();
 }
 
-// M <= 8: one block of activation rows (8 zero-padded A rows), four slots per warp; M <= 16: two, three slots.
+// One geometry: NC 8-column groups per warp, ring slots for M <= 8 (one 8-row block of A) and for
+// M <= 16 (two).
+template <int LEAVES, int NC, int DEPTH8, int DEPTH16, bool OUT_F32>
+int launch_gemv_warp_geometry(const TreeArgs& g, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    if (g.M <= 8) return launch_gemv_warp_rows<LEAVES, NC, 1, DEPTH8, OUT_F32>(g, out, s_om, s_on, st);
+    return launch_gemv_warp_rows<LEAVES, NC, 2, DEPTH16, OUT_F32>(g, out, s_om, s_on, st);
+}
+
+// The warp GEMV's geometries (NC, slots at M <= 8, slots at M <= 16) and shared memory per block
+// at M <= 8: 0 = (2, 4, 3) 102 KB, the default (two blocks per SM); 1 = (2, 3, 2) 77 KB (two);
+// 2 = (2, 2, 2) 51 KB (four); 3 = (4, 3, 2) 128 KB (one, 32 columns per warp); 4 = (1, 6, 4) 102 KB
+// (two, 8 columns per warp: twice the blocks); at tree depth 1 always 0 (the sweep is for the decode
+// step's depth-2 products and logits; fewer instances to compile). They change which warp streams
+// which bytes and how far ahead, never a step, its order or an instruction: the same bits (tested).
+// Not yet timed.
+constexpr int GW_VARIANTS = 5;
+int g_gemv_warp_variant = 0;
+
 template <int LEAVES, bool OUT_F32>
 int launch_gemv_warp(const TreeArgs& g, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
     for (int i = 0; i <= LEAVES; ++i)
         if (g.bounds[i] - g.bounds[0] > 2147483647LL - GW_SK) return static_cast<int>(cudaErrorInvalidValue);
-    if (g.M <= 8) return launch_gemv_warp_rows<LEAVES, 1, 4, OUT_F32>(g, out, s_om, s_on, st);
-    return launch_gemv_warp_rows<LEAVES, 2, 3, OUT_F32>(g, out, s_om, s_on, st);
+    if constexpr (LEAVES == 2) {  // tree depth 1 (a tensor-parallel rank's half of K): the default only
+        return launch_gemv_warp_geometry<LEAVES, 2, 4, 3, OUT_F32>(g, out, s_om, s_on, st);
+    }
+    switch (g_gemv_warp_variant) {
+        case 1: return launch_gemv_warp_geometry<LEAVES, 2, 3, 2, OUT_F32>(g, out, s_om, s_on, st);
+        case 2: return launch_gemv_warp_geometry<LEAVES, 2, 2, 2, OUT_F32>(g, out, s_om, s_on, st);
+        case 3: return launch_gemv_warp_geometry<LEAVES, 4, 3, 2, OUT_F32>(g, out, s_om, s_on, st);
+        case 4: return launch_gemv_warp_geometry<LEAVES, 1, 6, 4, OUT_F32>(g, out, s_om, s_on, st);
+        default: return launch_gemv_warp_geometry<LEAVES, 2, 4, 3, OUT_F32>(g, out, s_om, s_on, st);
+    }
 }
 
 // Whether the decode form can run this product (host side; depends on M, layout and bounds only).
@@ -939,6 +961,14 @@ RL_EXPORT int64_t rl_gemv_variant(int64_t v) {
     if (v < 0 || v >= GV_VARIANTS) return -1;
     const int64_t old = g_gemv_variant;
     g_gemv_variant = static_cast<int>(v);
+    return old;
+}
+
+// The same for the warp GEMV's geometry (0 .. GW_VARIANTS - 1).
+RL_EXPORT int64_t rl_gemv_warp_variant(int64_t v) {
+    if (v < 0 || v >= GW_VARIANTS) return -1;
+    const int64_t old = g_gemv_warp_variant;
+    g_gemv_warp_variant = static_cast<int>(v);
     return old;
 }
 

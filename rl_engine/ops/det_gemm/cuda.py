@@ -46,13 +46,13 @@ loops and merges as the fused kernel, so the bits are the same (tested); the cho
 on M and N."""
 
 
-GEMV_VARIANTS = 7
+GEMV_VARIANTS = 6
 """Ring geometries of the decode GEMV (``gemv_leaf_kernel``: 32-wide K steps per slot, slots):
 0 = (4, 2), the default (the fastest on the H200, or within 2 %, at every Qwen3-8B shape and M in
 {1, 16, 64}); 1 = (2, 4); 2 = (2, 6); 3 = (1, 8); 4 = (4, 4), the default until 2026-12-02 (the
-sweep in ``evidence/2026-12-02-h200-decode-3dd21eb`` numbered 0 and 4 the other way round); 5 and
-6 = (4, 2) and (2, 4) with each thread's copy sources worked out once per block (less address
-arithmetic per slot; not yet run on the H200). They differ only in how much of the weight is in
+sweep in ``evidence/2026-12-02-h200-decode-3dd21eb`` numbered 0 and 4 the other way round); 5 =
+(4, 2) with each thread's copy sources worked out once per block (less address arithmetic per
+slot; not yet run on the H200). They differ only in how much of the weight is in
 flight, how many blocks fit an SM and how the copy addresses are formed; the steps, their order
 and the instructions are the same, so the bits are (tested)."""
 
@@ -80,6 +80,30 @@ def set_gemv_variant(variant: int) -> int:
     if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < GEMV_VARIANTS:
         raise InputError(f"gemv variant: expected an integer in [0, {GEMV_VARIANTS}), got {variant!r}")
     return query("rl_gemv_variant", variant)
+
+
+WARP_GEMV_VARIANTS = 5
+"""Geometries of the warp GEMV (``gemv_warp_kernel``: 8-column groups per warp, ring slots at M <= 8
+and at M <= 16): 0 = (2, 4, 3), the default; 1 = (2, 3, 2); 2 = (2, 2, 2); 3 = (4, 3, 2); 4 = (1, 6, 4).
+They differ in which warp streams which columns and how far ahead, never in a step, its order or an
+instruction, so the bits are the same (tested). Tree depth 1 always runs 0. Not yet timed on the H200."""
+
+
+def set_warp_gemv_variant(variant: int) -> int:
+    """Make every later warp GEMV of this process use geometry ``variant`` (for
+    ``tools/gemv_compare.py --variants``); returns the previous one.
+
+    Raises
+    ------
+    InputError
+        ``variant`` not in ``[0, WARP_GEMV_VARIANTS)``.
+    """
+    from rl_engine.backends.cuda_launch import query
+    from rl_engine.errors import InputError
+
+    if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < WARP_GEMV_VARIANTS:
+        raise InputError(f"warp gemv variant: expected an integer in [0, {WARP_GEMV_VARIANTS}), got {variant!r}")
+    return query("rl_gemv_warp_variant", variant)
 
 
 def use_leaf_split(m: int, n: int, depth: int) -> bool:
