@@ -34,6 +34,17 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return (red[0] + red[1]) + (red[2] + red[3]);
 }
 
+// r = 1 / sqrt(sum(x^2) / n + eps) and y = the contract's rounding order of x * r * w: the steps of
+// rms_fwd_kernel that its decode fusions share (one definition, so the same bits).
+__device__ __forceinline__ float rms_rstd(float sumsq, int64_t n, float eps) {
+    return 1.0f / sqrtf(sumsq / static_cast<float>(n) + eps);
+}
+template <bool HF>
+__device__ __forceinline__ bf16 rms_out(float x, float r, bf16 w) {
+    const float nv = x * r;
+    return to_bf16(HF ? f32(w) * f32(to_bf16(nv)) : nv * f32(w));
+}
+
 __device__ __forceinline__ int64_t row_offset(int64_t row, int64_t n_inner, int64_t so, int64_t si) {
     return (row / n_inner) * so + (row % n_inner) * si;
 }
@@ -52,17 +63,8 @@ rms_fwd_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __r
         ss += v * v;
     }
     ss = block_sum(ss, red);
-    const float r = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-    for (int64_t c = threadIdx.x; c < n; c += NORM_THREADS) {
-        const float nv = f32(xr[c]) * r;
-        float out;
-        if (HF) {
-            out = f32(w[c]) * f32(to_bf16(nv));
-        } else {
-            out = nv * f32(w[c]);
-        }
-        yr[c] = to_bf16(out);
-    }
+    const float r = rms_rstd(ss, n, eps);
+    for (int64_t c = threadIdx.x; c < n; c += NORM_THREADS) yr[c] = rms_out<HF>(f32(xr[c]), r, w[c]);
     if (threadIdx.x == 0) rstd[row] = r;
 }
 
@@ -150,14 +152,11 @@ add_rms_fwd_kernel(const bf16* __restrict__ x, const bf16* __restrict__ delta, c
         }
     }
     sq = block_sum(sq, red);
-    const float r = 1.0f / sqrtf(sq / static_cast<float>(n) + eps);
+    const float r = rms_rstd(sq, n, eps);
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
         const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * j;
-        if (c < n) {
-            const float nv = v[j] * r;
-            y[row * sy + c] = to_bf16(HF ? f32(w[c]) * f32(to_bf16(nv)) : nv * f32(w[c]));
-        }
+        if (c < n) y[row * sy + c] = rms_out<HF>(v[j], r, w[c]);
     }
 }
 
@@ -202,14 +201,11 @@ qk_norm_rope_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, cons
         if (c < d) sq += xv[j] * xv[j];
     }
     sq = block_sum(sq, red);
-    const float rs = 1.0f / sqrtf(sq / static_cast<float>(d) + eps);
+    const float rs = rms_rstd(sq, d, eps);
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
         const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * j;
-        if (c < d) {
-            const float nv = xv[j] * rs;
-            ys[c] = f32(to_bf16(HF ? f32(w[c]) * f32(to_bf16(nv)) : nv * f32(w[c])));
-        }
+        if (c < d) ys[c] = f32(rms_out<HF>(xv[j], rs, w[c]));
     }
     __syncthreads();
     const int64_t half = d / 2;
