@@ -10,6 +10,7 @@ with the same ``rl_*`` exports as the real one.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -59,6 +60,20 @@ def build(out_root: Path, src_dir: Path | None = None) -> Path:
     if lib.is_file():
         return lib
     out_root.mkdir(parents=True, exist_ok=True)
+    # Test processes start at once (pytest-xdist): the first one builds, the others wait on the
+    # key's lock and find the library, instead of each compiling the same sources.
+    with open(out_root / f"{key}.lock", "a+") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            if not lib.is_file():
+                _build_into(lib, sources, gxx, inc)
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    return lib
+
+
+def _build_into(lib: Path, sources: list[Path], gxx: str, inc: Path) -> None:
+    out_root = lib.parent
     tmp = Path(tempfile.mkdtemp(prefix="emu-", dir=out_root))
     try:
         for p in sources:
@@ -88,4 +103,3 @@ def build(out_root: Path, src_dir: Path | None = None) -> Path:
         os.replace(tmp_lib, lib)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return lib
