@@ -219,27 +219,30 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: to
     """
     from rl_engine.ops.rms_norm.triton import LANES
 
-    q_out, k_out, kc, vc, rw, ps, cs = _prepare_qk_norm_rope(q, k, v, q_weight, k_weight, eps, order, cos, sin, k_cache,
-                                                            v_cache, rows, positions)
+    q_out, k_out, cache, cached = _prepare_qk_norm_rope(q, k, v, q_weight, k_weight, eps, order, cos, sin, k_cache,
+                                                        v_cache, rows, positions)
     t, h, d = q.shape
     hkv = k.shape[1]
     if t == 0 or h + hkv == 0:
         return q_out, k_out
+    kc, vc, rw, ps, *cs = cache
     _qk_norm_rope_kernel[(t, h + 2 * hkv)](
-        q, k, v, q_weight, k_weight, cos, sin, q_out, k_out, kc if kc is not None else k_out,
-        vc if vc is not None else k_out, rw if rw is not None else cos, ps if ps is not None else cos, h, hkv,
-        float(eps), float(d),
+        q, k, v, q_weight, k_weight, cos, sin, q_out, k_out, kc, vc, rw, ps, h, hkv, float(eps), float(d),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), *cs,
-        D=d, HALF=d // 2, HF_ORDER=order == "hf", LANES=LANES, CHUNKS=triton.cdiv(d, LANES), CACHE=kc is not None,
+        D=d, HALF=d // 2, HF_ORDER=order == "hf", LANES=LANES, CHUNKS=triton.cdiv(d, LANES), CACHE=cached,
         num_warps=4, enable_fp_fusion=FP_FUSION)
     return q_out, k_out
 
 
-def _prepare_qk_norm_rope(q, k, v, q_weight, k_weight, eps, order, cos, sin, k_cache, v_cache, rows, positions):
+def _prepare_qk_norm_rope(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                          k_weight: torch.Tensor, eps: float, order: str, cos: torch.Tensor, sin: torch.Tensor,
+                          k_cache: torch.Tensor | None, v_cache: torch.Tensor | None, rows: torch.Tensor | None,
+                          positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, tuple, bool]:
     """Validate :func:`qk_norm_rope`'s arguments (InputError) and allocate its outputs; returns
-    ``(q_out, k_out, k_cache, v_cache, rows, positions, cache strides)`` (the four cache arguments
-    None and the strides zero without a cache)."""
+    ``(q_out, k_out, cache arguments, cached)``: the cache arguments are ``(k_cache, v_cache, rows,
+    positions, six cache strides)``, or, without a cache, pointers the kernels never read and zero
+    strides."""
     from rl_engine.ops.rms_norm.op import check_eps_order
 
     if q.dim() != 3 or k.dim() != 3:
@@ -266,11 +269,11 @@ def _prepare_qk_norm_rope(q, k, v, q_weight, k_weight, eps, order, cos, sin, k_c
     q_out = torch.empty((t, h, d), dtype=torch.bfloat16, device=dev)
     k_out = torch.empty((t, hkv, d), dtype=torch.bfloat16, device=dev)
     if not all(cached):
-        return q_out, k_out, None, None, None, None, (0,) * 6
+        return q_out, k_out, (k_out, k_out, cos, cos, *(0,) * 6), False
     _check_cache("qk_norm_rope", k_cache, v_cache, rows, positions, t, hkv, d, dev)
     kc, vc = k_cache, v_cache
-    cs = (kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2))
-    return q_out, k_out, kc, vc, rows, positions, cs
+    strides = (kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2))
+    return q_out, k_out, (kc, vc, rows, positions, *strides), True
 
 
 CUDA_QK_NORM_ROPE_MAX_D = 256
@@ -292,8 +295,8 @@ def qk_norm_rope_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weigh
     """
     from rl_engine.backends.cuda_launch import check_cuda_device, launch
 
-    q_out, k_out, kc, vc, rw, ps, cs = _prepare_qk_norm_rope(q, k, v, q_weight, k_weight, eps, order, cos, sin, k_cache,
-                                                            v_cache, rows, positions)
+    q_out, k_out, cache, cached = _prepare_qk_norm_rope(q, k, v, q_weight, k_weight, eps, order, cos, sin, k_cache,
+                                                        v_cache, rows, positions)
     t, h, d = q.shape
     hkv = k.shape[1]
     if d > CUDA_QK_NORM_ROPE_MAX_D:
@@ -301,11 +304,11 @@ def qk_norm_rope_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weigh
     check_cuda_device(q, k, v, cos)
     if t == 0 or h + hkv == 0:
         return q_out, k_out
-    launch(q.device, "rl_qk_norm_rope_fwd", q, k, v, q_weight, k_weight, cos, sin, q_out, k_out,
-           kc if kc is not None else k_out, vc if vc is not None else k_out, rw if rw is not None else cos,
-           ps if ps is not None else cos, t, h, hkv, d, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-           v.stride(0), v.stride(1), cos.stride(0), sin.stride(0), q_out.stride(0), q_out.stride(1),
-           k_out.stride(0), k_out.stride(1), *cs, float(eps), 1 if order == "hf" else 0, 1 if kc is not None else 0)
+    kc, vc, rw, ps, *cs = cache
+    launch(q.device, "rl_qk_norm_rope_fwd", q, k, v, q_weight, k_weight, cos, sin, q_out, k_out, kc, vc, rw, ps, t, h,
+           hkv, d, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
+           sin.stride(0), q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), *cs, float(eps),
+           1 if order == "hf" else 0, int(cached))
     return q_out, k_out
 
 
