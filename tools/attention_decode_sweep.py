@@ -10,7 +10,8 @@ process gives the bandwidth the KV read is measured against (bytes = the K and V
 sequence, read once). Prints one line per (shape, config) and writes ``--json`` (default
 ``$OUT/attention_decode_sweep.json``).
 
-Usage: ``python tools/attention_decode_sweep.py [--backend triton|cuda] [--quick] [--json PATH]``
+Usage: ``python tools/attention_decode_sweep.py [--backend triton|cuda] [--quick] [--json PATH]``;
+``--once B:CONTEXT`` launches the default decode twice at one shape, untimed, for ``ncu``.
 """
 
 from __future__ import annotations
@@ -38,8 +39,20 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--backend", choices=("triton", "cuda"), default="triton")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "attention_decode_sweep.json"))
+    ap.add_argument("--once", metavar="B:CONTEXT", default=None,
+                    help="launch the default decode once at one shape, untimed (for ncu), and stop")
     args = ap.parse_args()
     dev = torch.device("cuda")
+    if args.once:
+        bsz, ctx = (int(v) for v in args.once.split(":"))
+        at = at_cuda if args.backend == "cuda" else at_triton
+        kc, vc = (torch.randn((bsz, ctx, HKV, D), device=dev).to(torch.bfloat16) for _ in range(2))
+        q = torch.randn((bsz, H, D), device=dev).to(torch.bfloat16)
+        lens = torch.full((bsz,), ctx, dtype=torch.int32, device=dev)
+        for _ in range(2):  # a warm-up launch, then the profiled one
+            at.attention_decode_fwd(q, kc, vc, lens, D ** -0.5)
+        torch.cuda.synchronize()
+        return 0
     src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     copy = 2 * src.numel() / triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=100) / 1e6

@@ -10,7 +10,8 @@
 #      passed), PACKED=1 / BUCKETS=1 to turn the engine's packed projections / per-bucket graphs on
 #      for the call (before TESTS), FUSED=1 / LEAF_MERGE=1 the engine's fused launches / det_gemm's
 #      in-leaf merge,
-#      GEMV=1 for tools/gemv_compare.py (GEMV_ARGS, e.g. --variants) and an ncu profile, RMS_SWEEP=1
+#      GEMV=1 for tools/gemv_compare.py (GEMV_ARGS, e.g. --variants; NCU=1 adds an ncu profile),
+#      NCU_ATTN=B:CONTEXT for an ncu profile of the CUDA decode attention's two launches, RMS_SWEEP=1
 #      for tools/rms_decode_sweep.py, BENCH_OPS="chain_decode ..." to run
 #      `rl-engine bench --ops` last. A flag turned on here is committed only after the call passed.
 set -uo pipefail
@@ -70,6 +71,13 @@ if [ "${GEMV:-0}" = "1" ]; then  # decode GEMVs of both backends vs cuBLAS, and 
   [ "${NCU:-0}" = "1" ] && timeout 120 ncu --kernel-name regex:gemv_ --launch-skip "${NCU_SKIP:-6}" --launch-count 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
     python3 tools/gemv_compare.py --once >"$OUT/ncu-gemv.txt" 2>&1 && echo "ncu done after $(( $(date +%s) - start )) s"
+fi
+if [ -n "${NCU_ATTN:-}" ]; then  # e.g. NCU_ATTN=16:8192: ncu of the CUDA decode attention's two launches there
+  timeout 150 ncu --kernel-name regex:attn_decode --launch-skip 2 --launch-count 2 --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section LaunchStats python3 tools/attention_decode_sweep.py --backend cuda --once "$NCU_ATTN" \
+    >"$OUT/ncu-attention.txt" 2>&1
+  echo "ncu attention rc $? after $(( $(date +%s) - start )) s"
 fi
 if [ "${RMS_SWEEP:-0}" = "1" ]; then  # the Triton norm's warps at decode row counts
   timeout 120 python3 tools/rms_decode_sweep.py --json "$OUT/rms_decode_sweep.json" >"$OUT/rms-sweep.txt" 2>&1
