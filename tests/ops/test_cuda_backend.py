@@ -406,6 +406,11 @@ def test_qk_norm_rope_cuda_is_the_norms_the_rotations_and_the_cache_write(cuda_d
         assert _bits_equal(no_cache[0], ref_q) and _bits_equal(no_cache[1], ref_k)
         back = qk_norm_rope_cuda(q, k, v, qw, kw, 1e-6, order, cos, -sin)
         assert not _bits_equal(back[0], ref_q) and not _bits_equal(back[1], ref_k)
+    if d == 256:  # the kernel's largest head dim; one step above is refused before any launch
+        big = torch.zeros((1, 1, 512), dtype=torch.bfloat16, device=cuda_device)
+        tab = torch.zeros((1, 256), dtype=torch.float32, device=cuda_device)
+        with pytest.raises(InputError, match="above the kernel"):
+            qk_norm_rope_cuda(big, big, big, big[0, 0], big[0, 0], 1e-6, "hf", tab, tab)
 
 
 def test_lm_head_decode_rows_equal_prefill_rows(cuda_device):
