@@ -63,20 +63,6 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
     return r;
 }
 
-inline uint32_t shfl_xor_u32(uint32_t v, int off) {
-    float f;
-    std::memcpy(&f, &v, 4);
-    f = __shfl_xor_sync(0xffffffffu, f, off);  // moves the 32 bits unchanged
-    std::memcpy(&v, &f, 4);
-    return v;
-}
-
-inline uint4 ldg_stream16(const void* p) {
-    uint4 v;
-    std::memcpy(&v, p, 16);
-    return v;
-}
-
 // ldmatrix .x4 (common.cuh): every lane publishes its row address, then reads its four values.
 inline const void** emu_warp_ptrs() {
     static const void* ptrs[64][32];

@@ -66,8 +66,7 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // Fragments in the PTX ISA's layout, lane = 4 g + t: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1],
 // a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]; b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g];
 // d[0..1] = D[g][2t, 2t+1], d[2..3] = D[g+8][2t, 2t+1] (the lower-indexed element in the low half).
-// Also ldmatrix, a 16-byte global load that bypasses L1 (streamed data, read once per launch), and a
-// 32-bit xor shuffle. The host emulator defines its own versions (tests/cuda_emu/emu.h).
+// Also ldmatrix. The host emulator defines its own versions (tests/cuda_emu/emu.h).
 #ifndef RL_HOST_EMU
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     asm volatile(
@@ -82,17 +81,8 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row) {
     const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-__device__ __forceinline__ uint4 ldg_stream16(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-__device__ __forceinline__ uint32_t shfl_xor_u32(uint32_t v, int lane_mask) {
-    return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+                 : "r"(a)
+                 : "memory");  // reads shared memory that plain stores and cp.async wrote: keep it in order
 }
 #endif
 
