@@ -74,12 +74,18 @@ def set_gemv_variant(variant: int) -> int:
     InputError
         ``variant`` not in ``[0, GEMV_VARIANTS)``.
     """
+    return _set_variant("gemv variant", "rl_gemv_variant", variant, GEMV_VARIANTS)
+
+
+def _set_variant(what: str, export: str, variant: int, count: int) -> int:
+    """Check ``variant`` against ``[0, count)`` (InputError naming ``what``) and pass it to the
+    library's ``export``, which returns the previous one."""
     from rl_engine.backends.cuda_launch import query
     from rl_engine.errors import InputError
 
-    if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < GEMV_VARIANTS:
-        raise InputError(f"gemv variant: expected an integer in [0, {GEMV_VARIANTS}), got {variant!r}")
-    return query("rl_gemv_variant", variant)
+    if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < count:
+        raise InputError(f"{what}: expected an integer in [0, {count}), got {variant!r}")
+    return query(export, variant)
 
 
 WARP_GEMV_VARIANTS = 5
@@ -98,12 +104,7 @@ def set_warp_gemv_variant(variant: int) -> int:
     InputError
         ``variant`` not in ``[0, WARP_GEMV_VARIANTS)``.
     """
-    from rl_engine.backends.cuda_launch import query
-    from rl_engine.errors import InputError
-
-    if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < WARP_GEMV_VARIANTS:
-        raise InputError(f"warp gemv variant: expected an integer in [0, {WARP_GEMV_VARIANTS}), got {variant!r}")
-    return query("rl_gemv_warp_variant", variant)
+    return _set_variant("warp gemv variant", "rl_gemv_warp_variant", variant, WARP_GEMV_VARIANTS)
 
 
 def use_leaf_split(m: int, n: int, depth: int) -> bool:
