@@ -312,10 +312,10 @@ def qk_norm_rope_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weigh
     return q_out, k_out
 
 
-CUDA_FUSED_ON = False
+CUDA_FUSED_ON = True
 """Whether the ``cuda_bf16`` decode table takes :func:`add_rms_norm_cuda` and
-:func:`qk_norm_rope_cuda` (the separate ops' bits in the host emulation, with controls); off until
-their GPU tests and a gate have run on the H200."""
+:func:`qk_norm_rope_cuda` (the separate ops' bits, with controls, in the host emulation and on the
+H200)."""
 
 
 def fused_decode_impls(backend: str, *, switched_off_too: bool = False) -> dict[str, Callable[..., Any]]:

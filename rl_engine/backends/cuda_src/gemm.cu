@@ -501,13 +501,12 @@ int launch_gemv_ring(const TreeArgs& g, int leaves, void* out, int64_t s_om, int
 }
 
 // The ring variants (KS, STAGES) and shared memory per block at MF = 1 (the A rows grow with MF):
-// 0 = (4, 2) 44 KB, the default; 1 = (2, 4) 46 KB; 2 = (2, 6) 69 KB; 3 = (1, 8) 51 KB; 4 = (4, 4) 87 KB.
-// On the H200 (evidence/2026-12-02-h200-decode-3dd21eb, where the numbering was 0 <-> 4 swapped)
-// (4, 2) was the fastest or within 2 % of it at every Qwen3-8B shape and M in {1, 16, 64}, and
-// (4, 4), the earlier default, was 20 % slower for the gate/up product at M = 1 and 1.9x slower at M = 64.
-// 5 = (4, 2) with each thread's copy sources worked out once per block (GvSources): the same
-// copies with less address arithmetic per slot (not yet run on the H200; an earlier version of the
-// same change, lost with its branch, took the down product at M = 64 from 83.9 to 59.7 us there).
+// 0 = (4, 2) 44 KB with each thread's copy sources worked out once per block (GvSources), the
+// default; 1 = (2, 4) 46 KB; 2 = (2, 6) 69 KB; 3 = (1, 8) 51 KB; 4 = (4, 4) 87 KB; 5 = (4, 2) 44 KB
+// with the sources recomputed per slot. On the H200 (evidence/2026-12-02-h200-decode-80982b6, where
+// 0 and 5 were swapped) variant 0 was the fastest ring at every Qwen3-8B shape and M in {1, 16, 64}:
+// at M = 64, 34.4 / 25.5 / 122.8 / 60.5 us for the q/k/v, o, gate/up and down products against
+// 39.1 / 33.6 / 145.1 / 83.5 us for variant 5.
 constexpr int GV_VARIANTS = 6;
 int g_gemv_variant = 0;
 
@@ -518,8 +517,8 @@ int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t 
         case 2: return launch_gemv_ring<OUT_F32, 2, 6>(g, leaves, out, s_om, s_on, st);
         case 3: return launch_gemv_ring<OUT_F32, 1, 8>(g, leaves, out, s_om, s_on, st);
         case 4: return launch_gemv_ring<OUT_F32, 4, 4>(g, leaves, out, s_om, s_on, st);
-        case 5: return launch_gemv_ring<OUT_F32, 4, 2, true>(g, leaves, out, s_om, s_on, st);
-        default: return launch_gemv_ring<OUT_F32, 4, 2>(g, leaves, out, s_om, s_on, st);
+        case 5: return launch_gemv_ring<OUT_F32, 4, 2>(g, leaves, out, s_om, s_on, st);
+        default: return launch_gemv_ring<OUT_F32, 4, 2, true>(g, leaves, out, s_om, s_on, st);
     }
 }
 
@@ -726,21 +725,24 @@ int launch_gemv_warp_geometry(const TreeArgs& g, void* out, int64_t s_om, int64_
     return launch_gemv_warp_rows<LEAVES, NC, 2, DEPTH16, OUT_F32>(g, out, s_om, s_on, st);
 }
 
-// The warp GEMV's geometries (NC, slots at M <= 8, slots at M <= 16) and shared memory per block
-// at M <= 8: 0 = (2, 4, 3) 102 KB, the default (two blocks per SM); 1 = (2, 3, 2) 77 KB (two);
-// 2 = (2, 2, 2) 51 KB (four); 3 = (4, 3, 2) 128 KB (one, 32 columns per warp); 4 = (1, 6, 4) 102 KB
-// (two, 8 columns per warp: twice the blocks); at tree depth 1 always 0 (the sweep is for the decode
-// step's depth-2 products and logits; fewer instances to compile). They change which warp streams
-// which bytes and how far ahead, never a step, its order or an instruction: the same bits (tested).
-// Not yet timed.
-constexpr int GW_VARIANTS = 5;
+// The warp GEMV's geometries (NC, slots at M <= 8, slots at M <= 16), shared memory per block at
+// M <= 8 and blocks per SM: 1 = (2, 3, 2) 77 KB (two); 2 = (2, 2, 2) 51 KB (four); 3 = (4, 3, 2)
+// 128 KB (one, 32 columns per warp); 4 = (1, 6, 4) 102 KB (two, 8 columns per warp: twice the
+// blocks); 5 = (2, 4, 3) 102 KB (two). The default, 0, takes 2's form at M <= 8 and 3's at M <= 16:
+// the fastest warp forms on the H200 (evidence/2026-12-02-h200-decode-80982b6), at M = 1 16.4 /
+// 12.4 / 54.1 / 29.5 us for the q/k/v, o, gate/up and down products (cuBLAS 16.4 / 13.4 / 48.1 /
+// 29.6) and at M = 16 22.6 / 16.4 / 71.5 / 39.5 us. At tree depth 1 always 5 (the sweep is for the
+// decode step's depth-2 products and logits; fewer instances to compile). They change which warp
+// streams which bytes and how far ahead, never a step, its order or an instruction: the same bits
+// (tested).
+constexpr int GW_VARIANTS = 6;
 int g_gemv_warp_variant = 0;
 
 template <int LEAVES, bool OUT_F32>
 int launch_gemv_warp(const TreeArgs& g, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
     for (int i = 0; i <= LEAVES; ++i)
         if (g.bounds[i] - g.bounds[0] > 2147483647LL - GW_SK) return static_cast<int>(cudaErrorInvalidValue);
-    if constexpr (LEAVES == 2) {  // tree depth 1 (a tensor-parallel rank's half of K): the default only
+    if constexpr (LEAVES == 2) {  // tree depth 1 (a tensor-parallel rank's half of K): one geometry
         return launch_gemv_warp_geometry<LEAVES, 2, 4, 3, OUT_F32>(g, out, s_om, s_on, st);
     }
     switch (g_gemv_warp_variant) {
@@ -748,7 +750,10 @@ int launch_gemv_warp(const TreeArgs& g, void* out, int64_t s_om, int64_t s_on, c
         case 2: return launch_gemv_warp_geometry<LEAVES, 2, 2, 2, OUT_F32>(g, out, s_om, s_on, st);
         case 3: return launch_gemv_warp_geometry<LEAVES, 4, 3, 2, OUT_F32>(g, out, s_om, s_on, st);
         case 4: return launch_gemv_warp_geometry<LEAVES, 1, 6, 4, OUT_F32>(g, out, s_om, s_on, st);
-        default: return launch_gemv_warp_geometry<LEAVES, 2, 4, 3, OUT_F32>(g, out, s_om, s_on, st);
+        case 5: return launch_gemv_warp_geometry<LEAVES, 2, 4, 3, OUT_F32>(g, out, s_om, s_on, st);
+        default:
+            if (g.M <= 8) return launch_gemv_warp_rows<LEAVES, 2, 1, 2, OUT_F32>(g, out, s_om, s_on, st);
+            return launch_gemv_warp_rows<LEAVES, 4, 2, 2, OUT_F32>(g, out, s_om, s_on, st);
     }
 }
 

@@ -48,21 +48,20 @@ on M and N."""
 
 GEMV_VARIANTS = 6
 """Ring geometries of the decode GEMV (``gemv_leaf_kernel``: 32-wide K steps per slot, slots):
-0 = (4, 2), the default (the fastest on the H200, or within 2 %, at every Qwen3-8B shape and M in
-{1, 16, 64}); 1 = (2, 4); 2 = (2, 6); 3 = (1, 8); 4 = (4, 4), the default until 2026-12-02 (the
-sweep in ``evidence/2026-12-02-h200-decode-3dd21eb`` numbered 0 and 4 the other way round); 5 =
-(4, 2) with each thread's copy sources worked out once per block (less address arithmetic per
-slot; not yet run on the H200). They differ only in how much of the weight is in
-flight, how many blocks fit an SM and how the copy addresses are formed; the steps, their order
-and the instructions are the same, so the bits are (tested)."""
+0 = (4, 2) with each thread's copy sources worked out once per block, the default (the fastest ring
+on the H200 at every Qwen3-8B shape and M in {1, 16, 64}, ``evidence/2026-12-02-h200-decode-80982b6``,
+where it was numbered 5); 1 = (2, 4); 2 = (2, 6); 3 = (1, 8); 4 = (4, 4); 5 = (4, 2) with the
+sources recomputed per slot. They differ only in how much of the weight is in flight, how many
+blocks fit an SM and how the copy addresses are formed; the steps, their order and the
+instructions are the same, so the bits are (tested)."""
 
 
-WARP_GEMV_ON_CUDA = False
+WARP_GEMV_ON_CUDA = True
 """Whether decode products with M <= 16 take the warp-streamed GEMV (``gemv_warp_kernel``: each
 warp streams its columns of one leaf through its own cp.async ring, the block merges the leaves:
 one launch, no workspace) instead of the ring GEMV and a merge launch. The same bits (tested in the
-host emulation at every M from 1 to 16, depth 1 and 2); off until its GPU tests and a gate have run
-on the H200. Calls can ask for either form (``warp_gemv=``)."""
+host emulation at every M from 1 to 16, depth 1 and 2, and on the H200). Calls can ask for either
+form (``warp_gemv=``)."""
 
 
 def set_gemv_variant(variant: int) -> int:
@@ -88,11 +87,13 @@ def _set_variant(what: str, export: str, variant: int, count: int) -> int:
     return query(export, variant)
 
 
-WARP_GEMV_VARIANTS = 5
+WARP_GEMV_VARIANTS = 6
 """Geometries of the warp GEMV (``gemv_warp_kernel``: 8-column groups per warp, ring slots at M <= 8
-and at M <= 16): 0 = (2, 4, 3), the default; 1 = (2, 3, 2); 2 = (2, 2, 2); 3 = (4, 3, 2); 4 = (1, 6, 4).
-They differ in which warp streams which columns and how far ahead, never in a step, its order or an
-instruction, so the bits are the same (tested). Tree depth 1 always runs 0. Not yet timed on the H200."""
+and at M <= 16): 1 = (2, 3, 2); 2 = (2, 2, 2); 3 = (4, 3, 2); 4 = (1, 6, 4); 5 = (2, 4, 3); the
+default, 0, is 2's form at M <= 8 and 3's at M <= 16 (the fastest warp forms on the H200,
+``evidence/2026-12-02-h200-decode-80982b6``). They differ in which warp streams which columns and
+how far ahead, never in a step, its order or an instruction, so the bits are the same (tested).
+Tree depth 1 always runs 5."""
 
 
 def set_warp_gemv_variant(variant: int) -> int:
