@@ -515,16 +515,17 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
 
 
 def test_attention_decode_equals_prefill_at_qwen3_8b_shapes(cuda_device):
-    """At Qwen3-8B head shapes (32 query heads, 8 KV heads, D = 128) and contexts up to 2050, a
+    """At Qwen3-8B head shapes (32 query heads, 8 KV heads, D = 128) and contexts up to 8300, a
     decode step's output is bitwise the prefill row of the same query at every probed position
-    (block edges included) and for every column split of the second launch. One BF16 output is
+    (block edges and the softmax launch's 4096-key passes included) and for every column split of
+    the last launch. One BF16 output is
     too coarse to show a one-ulp FP32 change of the softmax sum in a few hundred elements, so this
     runs on the GPU with 2^20 outputs per probe set. Control: the keys of another sequence differ."""
     from rl_engine.ops.attention import cuda as at_cuda
 
     if cuda_device.type == "cpu":
         pytest.skip("Qwen3-8B shapes run on the GPU only (the host emulation runs one fiber per CUDA thread)")
-    lens, h, hkv, d = [1, 700, 1100, 2050], 32, 8, 128
+    lens, h, hkv, d = [1, 700, 4160, 8300], 32, 8, 128
     q, k, v, cu = _varlen(lens, h, hkv, d, 31, cuda_device)
     scale = d ** -0.5
     with torch.no_grad():
@@ -534,7 +535,8 @@ def test_attention_decode_equals_prefill_at_qwen3_8b_shapes(cuda_device):
         for b, n in enumerate(lens):
             kc[b, :n] = k[int(cu[b]):int(cu[b]) + n]
             vc[b, :n] = v[int(cu[b]):int(cu[b]) + n]
-        probes = sorted(set(range(0, max(lens), 37)) | {63, 64, 65, 699, 1023, 1024, 1099, 2047, 2048, 2049})
+        probes = sorted(set(range(0, max(lens), 37)) | {63, 64, 65, 699, 1023, 1024, 4095, 4096, 4097, 4159, 8191,
+                                                         8192, 8193, 8299})
         for pos in probes:
             live = [b for b, n in enumerate(lens) if pos < n]
             seqlens = torch.tensor([pos + 1 if pos < n else 0 for n in lens], dtype=torch.int32, device=cuda_device)
@@ -549,6 +551,33 @@ def test_attention_decode_equals_prefill_at_qwen3_8b_shapes(cuda_device):
         qd = q[torch.tensor([0, int(cu[1]) + 699, int(cu[2]) + 699, int(cu[3]) + 699], device=cuda_device)]
         out = at_cuda.attention_decode_fwd(qd, kc[[0, 2, 1, 3]], vc, seqlens, scale)
         assert not _bits_equal(out[1], full[int(cu[1]) + 699])
+
+
+def test_attention_decode_past_one_softmax_pass(cuda_device):
+    """The decode's softmax launch handles 64 key blocks (4096 keys) per pass and carries the
+    running maximum from pass to pass: at lengths 4096 (one full pass), 4097 (a second pass of one
+    block) and 4300, with keys that grow along the sequence so the maximum keeps moving in the
+    second pass, the decode row is bitwise the prefill row of the same query (the last query of
+    each sequence, as a chunk of one row over all its keys). Control: the same query with its last
+    pass's keys negated differs."""
+    lens, h, hkv, d = (4096, 4097, 4300), 4, 1, 16
+    scale = d ** -0.5
+    s_max = max(lens)
+    ramp = torch.linspace(0.5, 3.0, s_max)[:, None, None].to(cuda_device)
+    kc = (_bf16((len(lens), s_max, hkv, d), 41, cuda_device).float() * ramp).to(torch.bfloat16)
+    vc = _bf16((len(lens), s_max, hkv, d), 42, cuda_device)
+    q = _bf16((len(lens), h, d), 43, cuda_device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=cuda_device)
+    with torch.no_grad():
+        out = attention_decode_cuda(q, kc, vc, seqlens, scale)
+        for b, n in enumerate(lens):
+            cq = torch.tensor([0, 1], dtype=torch.int32, device=cuda_device)
+            ck = torch.tensor([0, n], dtype=torch.int32, device=cuda_device)
+            row = attention_cuda(q[b:b + 1], kc[b, :n].contiguous(), vc[b, :n].contiguous(), cq, ck, scale)
+            assert _bits_equal(out[b], row[0]), n
+        flipped = kc.clone()
+        flipped[2, 4096:] = -flipped[2, 4096:]
+        assert not _bits_equal(attention_decode_cuda(q, flipped, vc, seqlens, scale)[2], out[2])
 
 
 def test_attention_chunked_prefill_bitwise(cuda_device):

@@ -125,42 +125,75 @@ rms_bwd_dw_final_kernel(const float* __restrict__ partial, bf16* __restrict__ dw
 //
 // add_rms_fwd_kernel: s = bf16(x + delta) (one FP32 addition of two BF16 values, rounded once:
 // torch.add's bits), stored, then rms_fwd_kernel's steps on those BF16 values (the same column
-// order per thread, butterfly, block combination, division and square root). VPT columns per
-// thread stay in registers, so the row is read once and its loads are in flight together; the
-// weight's VPT values are loaded with them and both outputs are stored after the reduction, so no
-// load waits behind a store (loaded after the reduction, each weight load waited behind the
-// previous output's store: 32 round trips, 13.8 us per row of 4096 on the H200).
-template <bool HF, int VPT>
+// order per thread, butterfly, block combination, division and square root). The row's x, delta
+// and weight are staged in shared memory first (16-byte cp.async when VEC_IN, else 2-byte copies),
+// so every load of the row is in flight at once from a short loop; thread i then adds and sums
+// columns i, i + 128, ... in order, and after the reduction the outputs leave in 16-byte stores
+// (VEC_OUT; any thread may write any column then, each column's value is fixed). An earlier form
+// kept 32 columns per thread in registers with every column's code unrolled and took 12.7 us per
+// launch on the H200 whatever the row count (evidence/2026-12-02-h200-decode-80982b6).
+constexpr int64_t ADD_RMS_MAX_N = 8192;
+
+__device__ __forceinline__ void add_rms_row(const bf16* __restrict__ xr, const bf16* __restrict__ dr,
+                                            const bf16* __restrict__ w, bf16* xs, bf16* ds, bf16* ws, int64_t n,
+                                            bool vec) {
+    if (vec) {
+        for (int64_t e = threadIdx.x; e < n / 8; e += NORM_THREADS) {
+            cp_async16(xs + 8 * e, xr + 8 * e, 16);
+            cp_async16(ds + 8 * e, dr + 8 * e, 16);
+            cp_async16(ws + 8 * e, w + 8 * e, 16);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+    } else {
+        for (int64_t c = threadIdx.x; c < n; c += NORM_THREADS) {
+            xs[c] = xr[c];
+            ds[c] = dr[c];
+            ws[c] = w[c];
+        }
+    }
+    __syncthreads();
+}
+
+template <bool HF>
 __global__ void __launch_bounds__(NORM_THREADS)
 add_rms_fwd_kernel(const bf16* __restrict__ x, const bf16* __restrict__ delta, const bf16* __restrict__ w,
                    bf16* __restrict__ s_out, bf16* __restrict__ y, int64_t n, int64_t sx, int64_t sd, int64_t ss,
-                   int64_t sy, float eps) {
+                   int64_t sy, float eps, int vec_in, int vec_out) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ float red[NORM_THREADS / 32];
+    bf16* xs = reinterpret_cast<bf16*>(smem_raw);  // [n]: x, then s
+    bf16* ds = xs + n;                             // [n]: delta
+    bf16* ws = ds + n;                             // [n]: the weight
     const int64_t row = blockIdx.x;
-    const bf16* xr = x + row * sx;
-    const bf16* dr = delta + row * sd;
-    float v[VPT];
-    bf16 wv[VPT];
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-        const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * j;
-        v[j] = c < n ? f32(to_bf16(f32(xr[c]) + f32(dr[c]))) : 0.0f;
-        wv[j] = c < n ? w[c] : to_bf16(0.0f);
-    }
+    add_rms_row(x + row * sx, delta + row * sd, w, xs, ds, ws, n, vec_in != 0);
     float sq = 0.0f;
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-        const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * j;
-        if (c < n) sq += v[j] * v[j];
+    for (int64_t c = threadIdx.x; c < n; c += NORM_THREADS) {
+        const float v = f32(to_bf16(f32(xs[c]) + f32(ds[c])));
+        xs[c] = to_bf16(v);  // exact: v is a BF16 value
+        sq += v * v;
     }
-    sq = block_sum(sq, red);
+    sq = block_sum(sq, red);  // its barriers also publish every thread's s in xs
     const float r = rms_rstd(sq, n, eps);
+    bf16* so = s_out + row * ss;
+    bf16* yo = y + row * sy;
+    if (vec_out) {
+        for (int64_t e = threadIdx.x; e < n / 8; e += NORM_THREADS) {
+            const uint4 sv = *reinterpret_cast<const uint4*>(xs + 8 * e);
+            const uint4 wv = *reinterpret_cast<const uint4*>(ws + 8 * e);
+            const bf16* s8 = reinterpret_cast<const bf16*>(&sv);
+            const bf16* w8 = reinterpret_cast<const bf16*>(&wv);
+            uint4 yv;
+            bf16* y8 = reinterpret_cast<bf16*>(&yv);
 #pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-        const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * j;
-        if (c < n) {
-            s_out[row * ss + c] = to_bf16(v[j]);  // exact: v[j] is a BF16 value
-            y[row * sy + c] = rms_out<HF>(v[j], r, wv[j]);
+            for (int i = 0; i < 8; ++i) y8[i] = rms_out<HF>(f32(s8[i]), r, w8[i]);
+            *reinterpret_cast<uint4*>(so + 8 * e) = sv;
+            *reinterpret_cast<uint4*>(yo + 8 * e) = yv;
+        }
+    } else {
+        for (int64_t c = threadIdx.x; c < n; c += NORM_THREADS) {
+            so[c] = xs[c];
+            yo[c] = rms_out<HF>(f32(xs[c]), r, ws[c]);
         }
     }
 }
@@ -237,25 +270,19 @@ qk_norm_rope_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, cons
 // Decode fusion: s = x + delta and y = rms_norm(s) over [T, n] rows (unit stride on n); n <= 8192.
 RL_EXPORT int rl_add_rms_norm_fwd(const void* x, const void* delta, const void* w, void* s, void* y, int64_t rows, int64_t n, int64_t sx, int64_t sd, int64_t ss, int64_t sy, float eps, int64_t hf_order, void* stream) {
     if (rows == 0 || n == 0) return 0;
-    if (rows >= 2147483647LL || n > 64 * NORM_THREADS) return static_cast<int>(cudaErrorInvalidValue);
+    if (rows >= 2147483647LL || n > ADD_RMS_MAX_N) return static_cast<int>(cudaErrorInvalidValue);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    const unsigned grid = static_cast<unsigned>(rows);
-    const bf16* xa = static_cast<const bf16*>(x);
-    const bf16* da = static_cast<const bf16*>(delta);
-    const bf16* wa = static_cast<const bf16*>(w);
-    bf16* sa = static_cast<bf16*>(s);
-    bf16* ya = static_cast<bf16*>(y);
-#define RL_ADD_RMS(V)                                                                                          \
-    if (n <= (V) * NORM_THREADS) {                                                                             \
-        if (hf_order) add_rms_fwd_kernel<true, V><<<grid, NORM_THREADS, 0, st>>>(xa, da, wa, sa, ya, n, sx, sd, ss, sy, eps); \
-        else add_rms_fwd_kernel<false, V><<<grid, NORM_THREADS, 0, st>>>(xa, da, wa, sa, ya, n, sx, sd, ss, sy, eps);         \
-        return launch_status();                                                                                \
-    }
-    RL_ADD_RMS(8)
-    RL_ADD_RMS(32)
-    RL_ADD_RMS(64)
-#undef RL_ADD_RMS
-    return static_cast<int>(cudaErrorInvalidValue);
+    const auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+    const int vec_in = a16(x) && a16(delta) && a16(w) && n % 8 == 0 && sx % 8 == 0 && sd % 8 == 0;
+    const int vec_out = a16(s) && a16(y) && n % 8 == 0 && ss % 8 == 0 && sy % 8 == 0;
+    const size_t smem = static_cast<size_t>(3 * n) * sizeof(bf16);
+    const auto kernel = hf_order ? add_rms_fwd_kernel<true> : add_rms_fwd_kernel<false>;
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return static_cast<int>(e);
+    kernel<<<static_cast<unsigned>(rows), NORM_THREADS, smem, st>>>(
+        static_cast<const bf16*>(x), static_cast<const bf16*>(delta), static_cast<const bf16*>(w), static_cast<bf16*>(s),
+        static_cast<bf16*>(y), n, sx, sd, ss, sy, eps, vec_in, vec_out);
+    return launch_status();
 }
 
 // Decode fusion: qk_norm of q [T, n_q, d] and k [T, n_kv, d], RoPE of both, and with cache = 1 the
