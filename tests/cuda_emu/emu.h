@@ -63,17 +63,6 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
     return r;
 }
 
-// shfl.up: lane i reads lane i - off; lanes below off keep their own value (as the hardware does).
-inline float __shfl_up_sync(unsigned, float v, int off) {
-    float* buf = emu_warp_scratch();
-    const unsigned lane = emu_threadIdx.x % 32;
-    buf[lane] = v;
-    emu_sync_warp();
-    const float r = lane >= static_cast<unsigned>(off) ? buf[lane - static_cast<unsigned>(off)] : v;
-    emu_sync_warp();
-    return r;
-}
-
 // ldmatrix .x4 (common.cuh): every lane publishes its row address, then reads its four values.
 inline const void** emu_warp_ptrs() {
     static const void* ptrs[64][32];

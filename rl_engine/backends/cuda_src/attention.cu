@@ -195,35 +195,26 @@ int launch_fwd(const void* q, const void* k, const void* v, void* out, void* lse
 }
 
 // ------------------------------------------------------------------------------------- decode
-// One decode step runs in three launches that together compute exactly forward_rows for each
-// query head (the same scores, block maxima, exponentials, sums and FMA chains, in the same order),
-// so a decode row stays bitwise the prefill row of the same query (tested):
+// One decode step runs in two launches that together compute exactly forward_rows for each query
+// head (the same scores, block maxima, exponentials, sums and FMA chains, in the same order), so
+// a decode row stays bitwise the prefill row of the same query (tested):
 //   1. scores: block (b, KV head x head block, 128-key chunk); thread t owns key kv0 + t and runs
 //      the DC_HEADS dot products of that key (dot_row's FMA chain over d in order, interleaved),
 //      then s = visible_score(dot * scale); keys at or past the length get -inf, as a masked key
-//      does in forward_rows. The scores go (FP32) to the scratch [B, H, S_cap]. Each key row is
-//      read from shared memory once, by one thread, in 16-byte loads.
-//   2. softmax statistics: block (b, head). forward_rows walks the 64-key blocks keeping a running
-//      maximum m; everything else it computes for block k depends only on m before and after k:
-//      ref_k, alpha_k = exp(m_{k-1} - ref_k) (1 when m did not move) and p = exp(s - ref_k). The
-//      running maxima are a prefix maximum (exact in any order), so this launch takes the block
-//      maxima (one half-warp per block, the forward's lane layout), scans them, and computes every
-//      alpha and p in parallel; p replaces the score in the scratch, alpha goes to its own part.
-//      Each block's sum of p is formed in the forward's order (lane cs: (p_cs + p_cs+16) +
-//      (p_cs+32 + p_cs+48), then the half-warp butterfly) and one thread runs the l chain
-//      l = l * alpha_k + psum_k in block order.
-//   3. P V: block (b, KV head x head block, column slice); each warp owns 16 output columns of the
-//      group's DC_HEADS heads (lane: head lane / 8, columns 2 (lane % 8) + {0, 1}) and streams its
-//      own V columns, the heads' p and alphas block by block through a private cp.async ring (no
-//      block barrier), running o = o * alpha_k, then o = fma(p_j, v_j, o) for j in order. The
-//      column slice (d_split, 1 .. 8) only decides which output columns a block owns: each
-//      column's chain is the same, so the bits do not depend on it.
-// An earlier form did launches 2 and 3 in one, with two "stats" warps computing block k + 1's
-// softmax step while the others ran block k's chains, a block barrier per 64 keys: about 0.9 us
-// per block on the H200 at every batch size (evidence/2026-12-02-h200-decode-80982b6, ncu).
+//      does in forward_rows. The scores go (FP32) to the scratch sc [B, H, S_cap]. Each key row
+//      is read from shared memory once, by one thread, in 16-byte loads.
+//   2. softmax and P V: block (b, KV head x head block x column slice) walks the 64-key blocks in
+//      increasing order. Two "stats" warps (16 lanes per head, the lane layout of forward_rows:
+//      lane cs holds keys cs + 16 jj) compute the block max, alpha, p and the 16-lane sum l for
+//      block k + 1 while the P V threads run block k's FMA chains o = o * alpha, then
+//      o = fma(p_j, v_j, o) for j in order. Scores and V arrive through cp.async rings several
+//      blocks ahead. The column slice (d_split, 1 .. 8) only decides which output columns a
+//      block owns: each column's chain is the same, so the bits do not depend on it.
 constexpr int DC_HEADS = 4;                           // query heads per block, both launches
 constexpr int DC_SKEYS = 128;                         // keys (threads) per block of launch 1
-static_assert(AT_BKV == 4 * AT_LANES && AT_CPT == 4, "the forward's lane layout: 4 keys per lane");
+constexpr int DC_SSTAGES = 8;                         // score blocks in flight (launch 2)
+constexpr int DC_STAT_THREADS = DC_HEADS * AT_LANES;  // 64: two warps, one half-warp per head
+static_assert(DC_STAT_THREADS == 64 && AT_BKV == 4 * AT_LANES, "one 16-byte score copy per stats lane");
 
 // Rows [row0, row0 + R) x columns [0, W) of a row-major BF16 source (row stride s, unit column
 // stride) into shared rows of LDS elements, by NT threads; rows at or past n are zero-filled. VEC:
@@ -321,181 +312,125 @@ attn_decode_scores_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k
     }
 }
 
-// Launch 2. Scratch: scores / p [B, H, S_cap] (row stride s_sh), alpha [B, kv_heads * n_hb,
-// n_tiles, DC_HEADS] (launch 3's block y reads its heads' alphas of block k as one 16-byte chunk),
-// l [B, H].
-constexpr int DS_THREADS = 256;  // 16 half-warps
-constexpr int DS_CHUNK = 64;     // 64-key blocks per pass (their scores staged in shared memory)
-
-__global__ void __launch_bounds__(DS_THREADS)
-attn_decode_softmax_kernel(float* __restrict__ sc, float* __restrict__ alpha, float* __restrict__ lsum,
-                           const int32_t* __restrict__ seqlens, int64_t heads, int64_t group, int64_t n_hb,
-                           int64_t n_tiles, int64_t s_sb, int64_t s_sh) {
-    __shared__ float ss[DS_CHUNK * AT_BKV];
-    __shared__ float bm[DS_CHUNK], ref[DS_CHUNK], al[DS_CHUNK], ps[DS_CHUNK];
-    __shared__ float carry;  // the running maximum after the previous pass
-    const int64_t b = blockIdx.x;
-    const int64_t h = blockIdx.y;
-    const int64_t nblk = cdiv(static_cast<int64_t>(seqlens[b]), static_cast<int64_t>(AT_BKV));
-    const int tid = threadIdx.x;
-    const int hw = tid / AT_LANES;  // half-warp: one 64-key block at a time
-    const int cs = tid % AT_LANES;  // the forward's lane: keys cs + 16 jj
-    const int lane = tid & 31;
-    float* srow = sc + b * s_sb + h * s_sh;
-    const int64_t y = (h / group) * n_hb + (h % group) / DC_HEADS;
-    float* arow = alpha + ((b * (heads / group) * n_hb + y) * n_tiles) * DC_HEADS + (h % group) % DC_HEADS;
-    float l = 0.0f;  // thread 0
-    if (tid == 0) carry = -INFINITY;
-    for (int64_t c0 = 0; c0 < nblk; c0 += DS_CHUNK) {
-        const int nb = static_cast<int>(nblk - c0 < DS_CHUNK ? nblk - c0 : DS_CHUNK);
-        for (int k = hw; k < DS_CHUNK; k += DS_THREADS / AT_LANES) {  // the same trip count in every half-warp
-            float s[AT_CPT];
-#pragma unroll
-            for (int jj = 0; jj < AT_CPT; ++jj) {
-                s[jj] = k < nb ? srow[(c0 + k) * AT_BKV + cs + AT_LANES * jj] : -INFINITY;
-                ss[k * AT_BKV + cs + AT_LANES * jj] = s[jj];
-            }
-            const float v = half_warp_max(fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3])));
-            if (cs == 0) bm[k] = v;
-        }
-        __syncthreads();
-        if (tid < 32) {  // running maxima: lane i owns blocks 2i and 2i + 1 (fmaxf: exact, NaN-ignoring)
-            const float before = carry;
-            const float x0 = bm[2 * lane];
-            const float x1 = bm[2 * lane + 1];
-            float inc = fmaxf(x0, x1);
-#pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                const float t = __shfl_up_sync(0xffffffffu, inc, off);
-                if (lane >= off) inc = fmaxf(inc, t);
-            }
-            float excl = __shfl_up_sync(0xffffffffu, inc, 1);
-            if (lane == 0) excl = -INFINITY;
-            const float m_prev = fmaxf(before, excl);  // m before block 2i
-            const float m0 = fmaxf(m_prev, x0);
-            const float m1 = fmaxf(m0, x1);
-            const float r0 = (m0 == -INFINITY) ? 0.0f : m0;
-            const float r1 = (m1 == -INFINITY) ? 0.0f : m1;
-            ref[2 * lane] = r0;
-            ref[2 * lane + 1] = r1;
-            al[2 * lane] = (m0 == m_prev) ? 1.0f : expf(m_prev - r0);
-            al[2 * lane + 1] = (m1 == m0) ? 1.0f : expf(m0 - r1);
-            __syncwarp();  // every lane has read carry
-            if (lane == 31) carry = m1;  // blocks past nb have maximum -inf: m after the last one
-        }
-        __syncthreads();
-        for (int k = hw; k < DS_CHUNK; k += DS_THREADS / AT_LANES) {
-            const float r = ref[k];
-            float p[AT_CPT];
-#pragma unroll
-            for (int jj = 0; jj < AT_CPT; ++jj) p[jj] = expf(ss[k * AT_BKV + cs + AT_LANES * jj] - r);
-            if (k < nb) {
-#pragma unroll
-                for (int jj = 0; jj < AT_CPT; ++jj) srow[(c0 + k) * AT_BKV + cs + AT_LANES * jj] = p[jj];
-            }
-            const float psum = half_warp_sum((p[0] + p[1]) + (p[2] + p[3]));
-            if (cs == 0) ps[k] = psum;
-        }
-        __syncthreads();
-        for (int k = tid; k < nb; k += DS_THREADS) arow[(c0 + k) * DC_HEADS] = al[k];
-        if (tid == 0)
-            for (int k = 0; k < nb; ++k) l = l * al[k] + ps[k];
-        __syncthreads();  // the next pass overwrites the shared arrays
-    }
-    if (tid == 0) lsum[b * heads + h] = l;
-}
-
 template <int D, int DSPLIT>
 struct DecodePv {
-    static constexpr int DV = D / DSPLIT;            // output columns per block
-    static constexpr int WARPS = DV / 16;            // 16 columns per warp
-    static constexpr int THREADS = 32 * WARPS;
-    static constexpr int DEPTH = WARPS >= 16 ? 3 : (WARPS >= 8 ? 4 : 8);  // ring slots per warp (<= 151 KB a block)
-    static constexpr int PLD = AT_BKV + 4;           // p row stride: the heads' float4 reads hit distinct banks
-    static constexpr int V_BYTES = AT_BKV * 16 * 2;  // one slot's V: 64 keys x 16 columns
-    static constexpr int P_FLOATS = DC_HEADS * PLD + DC_HEADS;  // p of the heads, then their alphas
-    static constexpr int SLOT = V_BYTES + P_FLOATS * 4;
-    static constexpr size_t SMEM = static_cast<size_t>(WARPS) * DEPTH * SLOT;
-    static_assert(DV >= 16 && DV % 16 == 0, "whole 16-column warps");
-    static_assert(SLOT % 16 == 0 && (PLD * 4) % 16 == 0, "16-byte copies");
-    static_assert(DC_HEADS * 8 == 32, "a lane per (head, column pair)");
+    static constexpr int DV = D / DSPLIT;                 // output columns per block
+    static constexpr int NPV = DC_HEADS * DV / 2;         // P V threads: one column pair of one head each
+    static constexpr int THREADS = DC_STAT_THREADS + NPV;
+    static constexpr int LDV = DV + 8;
+    static constexpr int TILE = AT_BKV * LDV;             // elements of one V tile
+    static constexpr int STAGES = DV >= 128 ? 3 : (DV >= 64 ? 5 : 8);  // about 50 KB of V in flight at most
+    static constexpr int SCORES = DC_HEADS * AT_BKV;      // floats of one score block
+    static constexpr size_t SMEM = static_cast<size_t>(STAGES) * TILE * sizeof(bf16) +
+                                   static_cast<size_t>(DC_SSTAGES * SCORES + 2 * DC_HEADS * AT_BKV + 2 * DC_HEADS +
+                                                       DC_HEADS) * sizeof(float);
+    static_assert(DV >= 16 && DV % 8 == 0, "at least 16 output columns per block");
+    static_assert((STAGES * TILE * sizeof(bf16)) % 16 == 0, "the FP32 areas start 16-byte aligned");
 };
 
 template <int D, int DSPLIT>
 __global__ void __launch_bounds__(DecodePv<D, DSPLIT>::THREADS)
-attn_decode_pv_kernel(const float* __restrict__ sc, const float* __restrict__ alpha, const float* __restrict__ lsum,
-                      const bf16* __restrict__ vc, bf16* __restrict__ out, const int32_t* __restrict__ seqlens,
-                      int64_t heads, int64_t group, int64_t n_hb, int64_t n_tiles, int64_t s_sb, int64_t s_sh,
+attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc, bf16* __restrict__ out,
+                      const int32_t* __restrict__ seqlens, int64_t group, int64_t n_hb, int64_t s_sb, int64_t s_sh,
                       int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, int vec) {
     using P = DecodePv<D, DSPLIT>;
-    constexpr int DEPTH = P::DEPTH;
+    constexpr int DV = P::DV;
+    constexpr int LDV = P::LDV;
+    constexpr int STAGES = P::STAGES;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    const int warp = threadIdx.x >> 5;
-    const int lane = threadIdx.x & 31;
-    unsigned char* ring = smem_raw + static_cast<size_t>(warp) * DEPTH * P::SLOT;
+    bf16* ring = reinterpret_cast<bf16*>(smem_raw);                    // [STAGES][64][LDV] V tiles
+    float* sring = reinterpret_cast<float*>(ring + STAGES * P::TILE);  // [DC_SSTAGES][DC_HEADS][64] scores
+    float* ps = sring + DC_SSTAGES * P::SCORES;                        // [2][DC_HEADS][64] p
+    float* al = ps + 2 * DC_HEADS * AT_BKV;                            // [2][DC_HEADS] alpha
+    float* lsum = al + 2 * DC_HEADS;                                   // [DC_HEADS] l
+
     const int64_t b = blockIdx.x;
-    const int64_t y = blockIdx.y;
-    const int64_t kvh = y / n_hb;
-    const int64_t g0 = (y % n_hb) * DC_HEADS;
+    const int64_t kvh = blockIdx.y / n_hb;
+    const int64_t g0 = static_cast<int64_t>(blockIdx.y % n_hb) * DC_HEADS;
+    const int d0 = static_cast<int>(blockIdx.z) * DV;
     const int64_t n = seqlens[b];
     const int64_t nblk = cdiv(n, static_cast<int64_t>(AT_BKV));
-    const bf16* vbase = vc + b * s_vb + kvh * s_vh + static_cast<int64_t>(blockIdx.z) * P::DV + 16 * warp;
-    // this lane's p copies: chunk f = lane + 32 i is keys 4 (f % 16) .. + 3 of head f / 16
-    const float* psrc[2];
-    bool pok[2];
+    const int tid = threadIdx.x;
+    const bool stat = tid < DC_STAT_THREADS;
+
+    // stats threads: head hh = tid / 16, lane cs (forward_rows' row group and lane). Lane cs also
+    // copies floats [4 cs, 4 cs + 4) of its head's scores of a block (a half-warp copies one head,
+    // and only that half-warp reads them, so a __syncwarp after the wait makes them visible).
+    const int hh_s = tid / AT_LANES;
+    const int cs = tid % AT_LANES;
+    const bool head_s = stat && g0 + hh_s < group;
+    const float* srow = sc + b * s_sb + (kvh * group + g0 + (head_s ? hh_s : 0)) * s_sh;
+    float m = -INFINITY, l = 0.0f;
+    auto issue_scores = [&](int64_t blk) {
+        float* dst = sring + (blk % DC_SSTAGES) * P::SCORES + hh_s * AT_BKV + 4 * cs;
+        const bool ok = head_s && blk < nblk;
+        cp_async16(dst, ok ? srow + blk * AT_BKV + 4 * cs : sc, ok ? 16 : 0);
+    };
+    // forward_rows' per-block softmax step for one head, on the scores of block blk
+    auto stats_step = [&](int64_t blk) {
+        cp_async_wait<DC_SSTAGES - 2>();
+        __syncwarp();  // block blk's scores (this half-warp's copies) are visible; slot blk - 1 is read
+        issue_scores(blk + DC_SSTAGES - 1);
+        cp_async_commit();
+        const float* sb = sring + (blk % DC_SSTAGES) * P::SCORES + hh_s * AT_BKV;
+        float s[AT_CPT];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int f = lane + 32 * i;
-        pok[i] = g0 + f / 16 < group;
-        psrc[i] = sc + b * s_sb + (kvh * group + g0 + (pok[i] ? f / 16 : 0)) * s_sh + 4 * (f % 16);
-    }
-    const float* asrc = alpha + (b * static_cast<int64_t>(gridDim.y) + y) * n_tiles * DC_HEADS;
-    auto issue = [&](int64_t k) {
-        unsigned char* slot = ring + (k % DEPTH) * P::SLOT;
-        bf16* vs = reinterpret_cast<bf16*>(slot);
-        float* pt = reinterpret_cast<float*>(slot + P::V_BYTES);
-        const int64_t kv0 = k * AT_BKV;
-        if (vec) {
+        for (int jj = 0; jj < AT_CPT; ++jj) s[jj] = head_s ? sb[cs + AT_LANES * jj] : -INFINITY;
+        float bm = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+        bm = half_warp_max(bm);
+        const float m_new = fmaxf(m, bm);
+        const float ref = (m_new == -INFINITY) ? 0.0f : m_new;
+        const float alpha = (m_new == m) ? 1.0f : expf(m - ref);
+        float p[AT_CPT];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {  // 64 rows x two 16-byte halves
-                const int e = lane + 32 * i;
-                const int r = e >> 1;
-                const int h8 = 8 * (e & 1);
-                const bool ok = kv0 + r < n;
-                cp_async16(vs + r * 16 + h8, ok ? vbase + (kv0 + r) * s_vt + h8 : vbase, ok ? 16 : 0);
-            }
-        } else {  // rows past n are zeros, as the 16-byte path's zero fill
-            for (int e = lane; e < AT_BKV * 16; e += 32) {
-                const int r = e / 16;
-                vs[e] = kv0 + r < n ? vbase[(kv0 + r) * s_vt + e % 16] : to_bf16(0.0f);
-            }
-        }
+        for (int jj = 0; jj < AT_CPT; ++jj) p[jj] = expf(s[jj] - ref);
+        float psum = (p[0] + p[1]) + (p[2] + p[3]);
+        psum = half_warp_sum(psum);
+        l = l * alpha + psum;
+        m = m_new;
+        float* pb = ps + (blk & 1) * DC_HEADS * AT_BKV + hh_s * AT_BKV;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int f = lane + 32 * i;
-            cp_async16(pt + (f / 16) * P::PLD + 4 * (f % 16), pok[i] ? psrc[i] + kv0 : sc, pok[i] ? 16 : 0);
-        }
-        if (lane == 0) cp_async16(pt + DC_HEADS * P::PLD, asrc + k * DC_HEADS, 16);
+        for (int jj = 0; jj < AT_CPT; ++jj) pb[cs + AT_LANES * jj] = p[jj];
+        if (cs == 0) al[(blk & 1) * DC_HEADS + hh_s] = alpha;
     };
 
-    const int hh = lane >> 3;        // this lane's head in the group block
-    const int cp2 = 2 * (lane & 7);  // its two columns in the warp's 16
+    // P V threads: head hh = t / (DV / 2), local columns lc, lc + 1
+    const int t = tid - DC_STAT_THREADS;
+    const int hh_v = stat ? 0 : t / (DV / 2);
+    const int lc = stat ? 0 : (t % (DV / 2)) * 2;
+    const bf16* v_base = vc + b * s_vb + kvh * s_vh + d0;
     float o0 = 0.0f, o1 = 0.0f;
+
+    if (stat) {
 #pragma unroll
-    for (int s = 0; s < DEPTH - 1; ++s) {
-        if (s < nblk) issue(s);
-        cp_async_commit();
+        for (int s = 0; s < DC_SSTAGES - 1; ++s) {
+            issue_scores(s);
+            cp_async_commit();
+        }
+        if (nblk > 0) stats_step(0);
+    } else {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < nblk)
+                dc_issue_rows<DV, AT_BKV, LDV, P::NPV>(ring + s * P::TILE, v_base, s_vt, s * AT_BKV, n, t, vec);
+            cp_async_commit();
+        }
     }
     for (int64_t k = 0; k < nblk; ++k) {
-        cp_async_wait<DEPTH - 2>();
-        __syncwarp();  // slot k has landed for every lane; every lane is done with slot k - 1
-        if (k + DEPTH - 1 < nblk) issue(k + DEPTH - 1);
+        if (!stat) cp_async_wait<STAGES - 2>();
+        __syncthreads();  // V tile k and p / alpha of block k are visible; block k - 1's buffers are free
+        if (stat) {
+            if (k + 1 < nblk) stats_step(k + 1);
+            continue;
+        }
+        const int64_t nxt = k + STAGES - 1;
+        if (nxt < nblk)
+            dc_issue_rows<DV, AT_BKV, LDV, P::NPV>(ring + (nxt % STAGES) * P::TILE, v_base, s_vt, nxt * AT_BKV, n, t,
+                                                   vec);
         cp_async_commit();
-        const unsigned char* slot = ring + (k % DEPTH) * P::SLOT;
-        const bf16* vt = reinterpret_cast<const bf16*>(slot) + cp2;
-        const float* pt = reinterpret_cast<const float*>(slot + P::V_BYTES);
-        const float a = pt[DC_HEADS * P::PLD + hh];
-        const float4* pb = reinterpret_cast<const float4*>(pt + hh * P::PLD);
+        const float a = al[(k & 1) * DC_HEADS + hh_v];
+        const float4* pb = reinterpret_cast<const float4*>(ps + (k & 1) * DC_HEADS * AT_BKV + hh_v * AT_BKV);
+        const bf16* vt = ring + (k % STAGES) * P::TILE + lc;
         o0 = o0 * a;
         o1 = o1 * a;
         const int64_t kv0 = k * AT_BKV;
@@ -507,7 +442,7 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const float* __restrict__ al
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const float2 v2 =
-                        __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + (4 * j4 + i) * 16));
+                        __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + (4 * j4 + i) * LDV));
                     o0 = __fmaf_rn(pj[i], v2.x, o0);
                     o1 = __fmaf_rn(pj[i], v2.y, o1);
                 }
@@ -517,18 +452,19 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const float* __restrict__ al
             for (int j = 0; j < AT_BKV; ++j) {
                 const float pj = pf[j];
                 const bool vis = kv0 + j <= n - 1;
-                const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + j * 16));
+                const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + j * LDV));
                 o0 = __fmaf_rn(pj, absent_if_masked(v2.x, vis), o0);
                 o1 = __fmaf_rn(pj, absent_if_masked(v2.y, vis), o1);
             }
         }
     }
     cp_async_wait<0>();
-    if (g0 + hh >= group) return;
-    const int64_t head = kvh * group + g0 + hh;
-    const float lv = lsum[b * heads + head];
+    if (stat && cs == 0) lsum[hh_s] = l;
+    __syncthreads();
+    if (stat || g0 + hh_v >= group) return;
+    const float lv = lsum[hh_v];
     const bool has = lv != 0.0f;  // 0: no visible key (exact 0); NaN: a visible non-finite value
-    bf16* orow = out + b * s_ob + head * s_oh + static_cast<int64_t>(blockIdx.z) * P::DV + 16 * warp + cp2;
+    bf16* orow = out + b * s_ob + (kvh * group + g0 + hh_v) * s_oh + d0 + lc;
     orow[0] = to_bf16(has ? o0 / lv : 0.0f);
     orow[1] = to_bf16(has ? o1 / lv : 0.0f);
 }
@@ -537,31 +473,23 @@ inline bool rows_vec16(const void* base, int64_t s0, int64_t s1, int64_t s2) {
     return (reinterpret_cast<uintptr_t>(base) & 15u) == 0 && s0 % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0;
 }
 
-// Floats of the decode scratch (launch 2's comment): scores / p, alpha, l.
-inline int64_t decode_scratch_floats(int64_t batch, int64_t kv_heads, int64_t group, int64_t n_tiles) {
-    const int64_t n_hb = cdiv(group, static_cast<int64_t>(DC_HEADS));
-    return batch * kv_heads * group * n_tiles * AT_BKV + batch * kv_heads * n_hb * n_tiles * DC_HEADS +
-           batch * kv_heads * group;
-}
-
 template <int D, int DSPLIT>
-int launch_decode_pv(const float* sc, const float* alpha, const float* lsum, const void* vc, void* out,
-                     const void* seqlens, int64_t batch, int64_t kv_heads, int64_t group, int64_t n_hb,
-                     int64_t n_tiles, int64_t s_sb, int64_t s_sh, int64_t s_vb, int64_t s_vt, int64_t s_vh,
-                     int64_t s_ob, int64_t s_oh, cudaStream_t st) {
+int launch_decode_pv(const float* sc, const void* vc, void* out, const void* seqlens, int64_t batch, int64_t kv_heads,
+                     int64_t group, int64_t n_hb, int64_t s_sb, int64_t s_sh, int64_t s_vb, int64_t s_vt,
+                     int64_t s_vh, int64_t s_ob, int64_t s_oh, cudaStream_t st) {
     using P = DecodePv<D, DSPLIT>;
     if (int e = prepare(attn_decode_pv_kernel<D, DSPLIT>, P::SMEM)) return e;
     dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb), static_cast<unsigned>(DSPLIT));
     attn_decode_pv_kernel<D, DSPLIT><<<grid, P::THREADS, P::SMEM, st>>>(
-        sc, alpha, lsum, static_cast<const bf16*>(vc), static_cast<bf16*>(out), static_cast<const int32_t*>(seqlens),
-        kv_heads * group, group, n_hb, n_tiles, s_sb, s_sh, s_vb, s_vt, s_vh, s_ob, s_oh,
-        static_cast<int>(rows_vec16(vc, s_vb, s_vt, s_vh)));
+        sc, static_cast<const bf16*>(vc), static_cast<bf16*>(out), static_cast<const int32_t*>(seqlens), group, n_hb,
+        s_sb, s_sh, s_vb, s_vt, s_vh, s_ob, s_oh, static_cast<int>(rows_vec16(vc, s_vb, s_vt, s_vh)));
     return launch_status();
 }
 
-// The column split of launch 3 when the caller leaves it to the library (d_split 0): doubled while
+// The column split of launch 2 when the caller leaves it to the library (d_split 0): doubled while
 // the grid has fewer than DECODE_PV_BLOCKS blocks (a speed choice from B and the head shapes only;
-// same bits, tested): small batches get more, smaller blocks spread over more SMs.
+// same bits, tested). Launch 2 is one sequential walk over the keys per block, so small batches
+// need the split to keep enough blocks in flight.
 constexpr int64_t DECODE_PV_BLOCKS = 256;
 
 template <int D>
@@ -573,8 +501,6 @@ int launch_decode(const void* q, const void* kc, const void* vc, void* out, cons
     const int64_t s_sh = n_tiles * AT_BKV;
     const int64_t s_sb = kv_heads * group * s_sh;
     float* scores = static_cast<float*>(sc);
-    float* alpha = scores + batch * s_sb;
-    float* lsum = alpha + batch * kv_heads * n_hb * n_tiles * DC_HEADS;
     if (int e = prepare(attn_decode_scores_kernel<D>, DecodeScores<D>::SMEM)) return e;
     dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb),
               static_cast<unsigned>(cdiv(s_sh, static_cast<int64_t>(DC_SKEYS))));
@@ -582,17 +508,13 @@ int launch_decode(const void* q, const void* kc, const void* vc, void* out, cons
         static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const int32_t*>(seqlens), scores, group,
         n_hb, s_qb, s_qh, s_kb, s_kt, s_kh, s_sb, s_sh, scale, static_cast<int>(rows_vec16(kc, s_kb, s_kt, s_kh)));
     if (int e = launch_status()) return e;
-    attn_decode_softmax_kernel<<<dim3(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * group)), DS_THREADS,
-                                 0, st>>>(scores, alpha, lsum, static_cast<const int32_t*>(seqlens), kv_heads * group,
-                                          group, n_hb, n_tiles, s_sb, s_sh);
-    if (int e = launch_status()) return e;
     const int64_t blocks = batch * kv_heads * n_hb;
     if (dsplit == 0) {
         dsplit = 1;
         while (blocks * dsplit < DECODE_PV_BLOCKS && dsplit < 8 && D / (2 * dsplit) >= 16) dsplit *= 2;
     }
-#define RL_DECODE_PV(S) launch_decode_pv<D, S>(scores, alpha, lsum, vc, out, seqlens, batch, kv_heads, group, n_hb, \
-                                               n_tiles, s_sb, s_sh, s_vb, s_vt, s_vh, s_ob, s_oh, st)
+#define RL_DECODE_PV(S) launch_decode_pv<D, S>(scores, vc, out, seqlens, batch, kv_heads, group, n_hb, s_sb, s_sh, \
+                                               s_vb, s_vt, s_vh, s_ob, s_oh, st)
     if (dsplit == 1) return RL_DECODE_PV(1);
     if constexpr (D / 2 >= 16) {
         if (dsplit == 2) return RL_DECODE_PV(2);
@@ -627,24 +549,15 @@ RL_EXPORT int rl_attention_fwd(const void* q, const void* k, const void* v, void
     }
 }
 
-// Floats of the FP32 scratch a decode step needs (scores / p, alpha, l: launch 2's comment), or -1
-// for head counts the decode cannot run.
-RL_EXPORT int64_t rl_attention_decode_scratch(int64_t batch, int64_t heads, int64_t kv_heads, int64_t n_tiles) {
-    if (batch < 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads || n_tiles < 0) return -1;
-    return decode_scratch_floats(batch, kv_heads, heads / kv_heads, n_tiles);
-}
-
 // Decode step. q [B, H, D], caches [B, S_max, Hkv, D] (strides b, t, h), seqlens int32 [B],
-// out [B, H, D]; scores: FP32 scratch of rl_attention_decode_scratch(B, H, Hkv, n_tiles) elements
-// (n_tiles = ceil(S_max / 64)), written and read by this step only. d_split: launch 3's column
-// split (0: the library's choice; else 1, 2, 4 or 8 with D / d_split >= 16); the bits do not
-// depend on it.
+// out [B, H, D]; scores: FP32 scratch of B * H * n_tiles * 64 elements (n_tiles = ceil(S_max / 64)),
+// written and read by this step only. d_split: phase 2's column split (0: the library's choice;
+// else 1, 2, 4 or 8 with D / d_split >= 16); the bits do not depend on it.
 RL_EXPORT int rl_attention_decode_split(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scores, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t n_tiles, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, int64_t d_split, void* stream) {
     if (batch == 0 || heads == 0 || n_tiles == 0) return 0;
     if (kv_heads <= 0 || heads % kv_heads || n_tiles < 0 || n_tiles > 65535) return static_cast<int>(cudaErrorInvalidValue);
     const int64_t group = heads / kv_heads;
-    if (!grid_fits(batch, kv_heads * cdiv(group, static_cast<int64_t>(DC_HEADS))) || !grid_fits(batch, heads) ||
-        d_split < 0 || d_split > 8)
+    if (!grid_fits(batch, kv_heads * cdiv(group, static_cast<int64_t>(DC_HEADS))) || d_split < 0 || d_split > 8)
         return static_cast<int>(cudaErrorInvalidValue);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
 #define RL_DECODE_D(DD) launch_decode<DD>(q, kc, vc, out, seqlens, scores, batch, kv_heads, group, n_tiles, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, d_split, st)
@@ -659,7 +572,7 @@ RL_EXPORT int rl_attention_decode_split(const void* q, const void* kc, const voi
 #undef RL_DECODE_D
 }
 
-// Decode step (the library chooses launch 3's column split); arguments as rl_attention_decode_split.
+// Decode step (the library chooses phase 2's column split); arguments as rl_attention_decode_split.
 RL_EXPORT int rl_attention_decode(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scores, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t n_tiles, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, void* stream) {
     return rl_attention_decode_split(q, kc, vc, out, seqlens, scores, batch, heads, kv_heads, head_dim, n_tiles, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, 0, stream);
 }

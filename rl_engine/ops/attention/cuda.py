@@ -87,14 +87,12 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
 def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_split: int = 0) -> torch.Tensor:
     """Launch one decode step; returns out [B, H, D] bf16 (validated inputs, no host reads).
 
-    Three launches (``attention.cu``, decode): the scores of every (head, key) into an FP32
-    scratch allocated here (``rl_attention_decode_scratch`` floats: scores, then per-block alphas
-    and per-head sums), the forward's softmax statistics per (sequence, head) with the running
-    maximum as a prefix maximum, then one walk over the 64-key blocks per (sequence, KV head,
-    column slice) with the forward's ``P V`` chains. ``d_split`` (0: the library's choice,
-    ``DECODE_PV_BLOCKS`` in attention.cu): column slices per (sequence, KV head), 1, 2, 4 or 8 with
-    at least 16 columns each; the bits do not depend on it (tested), it is a parameter for tests and
-    the sweep tool."""
+    Two launches (``attention.cu``, decode): the scores of every (head, key) into an FP32 scratch
+    [B, H, ceil(S_max / 64) * 64] allocated here, then one sequential walk over the 64-key blocks
+    per (sequence, KV head, column slice) with the per-row softmax and ``P V`` chains of the
+    forward. ``d_split`` (0: the library's choice, ``DECODE_PV_BLOCKS`` in attention.cu): column
+    slices per (sequence, KV head), 1, 2, 4 or 8 with at least 16 columns each; the bits do not
+    depend on it (tested), it is a parameter for tests and the sweep tool."""
     bsz, h, d = q.shape
     s_max, hkv = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty((bsz, h, d), dtype=torch.bfloat16, device=q.device)
@@ -102,8 +100,7 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_
         return out
     bkv = query("rl_attention_block_kv")
     n_tiles = -(-s_max // bkv)
-    scores = torch.empty((query("rl_attention_decode_scratch", bsz, h, hkv, n_tiles),), dtype=torch.float32,
-                         device=q.device)
+    scores = torch.empty((bsz, h, n_tiles * bkv), dtype=torch.float32, device=q.device)
     args = (q, k_cache, v_cache, out, cache_seqlens, scores, bsz, h, hkv, d, n_tiles, q.stride(0), q.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
             v_cache.stride(2), out.stride(0), out.stride(1), float(scale))
