@@ -315,7 +315,10 @@ attn_decode_scores_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k
 template <int D, int DSPLIT>
 struct DecodePv {
     static constexpr int DV = D / DSPLIT;                 // output columns per block
-    static constexpr int NPV = DC_HEADS * DV / 2;         // P V threads: one column pair of one head each
+    // Columns per P V thread: one at the small-batch splits (4 and 8, latency-bound walks: half the
+    // instructions per thread per key block), else a pair. Each column's chain is the same either way.
+    static constexpr int CPT = DSPLIT >= 4 ? 1 : 2;
+    static constexpr int NPV = DC_HEADS * DV / CPT;       // P V threads: CPT columns of one head each
     static constexpr int THREADS = DC_STAT_THREADS + NPV;
     static constexpr int LDV = DV + 8;
     static constexpr int TILE = AT_BKV * LDV;             // elements of one V tile
@@ -394,10 +397,11 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
         if (cs == 0) al[(blk & 1) * DC_HEADS + hh_s] = alpha;
     };
 
-    // P V threads: head hh = t / (DV / 2), local columns lc, lc + 1
+    // P V threads: head hh = t / (DV / CPT), local columns lc .. lc + CPT - 1
     const int t = tid - DC_STAT_THREADS;
-    const int hh_v = stat ? 0 : t / (DV / 2);
-    const int lc = stat ? 0 : (t % (DV / 2)) * 2;
+    constexpr int CPT = P::CPT;
+    const int hh_v = stat ? 0 : t / (DV / CPT);
+    const int lc = stat ? 0 : (t % (DV / CPT)) * CPT;
     const bf16* v_base = vc + b * s_vb + kvh * s_vh + d0;
     float o0 = 0.0f, o1 = 0.0f;
 
@@ -441,10 +445,14 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
                 const float pj[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const float2 v2 =
-                        __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + (4 * j4 + i) * LDV));
-                    o0 = __fmaf_rn(pj[i], v2.x, o0);
-                    o1 = __fmaf_rn(pj[i], v2.y, o1);
+                    if constexpr (CPT == 2) {
+                        const float2 v2 =
+                            __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + (4 * j4 + i) * LDV));
+                        o0 = __fmaf_rn(pj[i], v2.x, o0);
+                        o1 = __fmaf_rn(pj[i], v2.y, o1);
+                    } else {
+                        o0 = __fmaf_rn(pj[i], f32(vt[(4 * j4 + i) * LDV]), o0);
+                    }
                 }
             }
         } else {  // masked keys (p = 0): their values are absent, not 0 * v
@@ -452,9 +460,13 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
             for (int j = 0; j < AT_BKV; ++j) {
                 const float pj = pf[j];
                 const bool vis = kv0 + j <= n - 1;
-                const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + j * LDV));
-                o0 = __fmaf_rn(pj, absent_if_masked(v2.x, vis), o0);
-                o1 = __fmaf_rn(pj, absent_if_masked(v2.y, vis), o1);
+                if constexpr (CPT == 2) {
+                    const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + j * LDV));
+                    o0 = __fmaf_rn(pj, absent_if_masked(v2.x, vis), o0);
+                    o1 = __fmaf_rn(pj, absent_if_masked(v2.y, vis), o1);
+                } else {
+                    o0 = __fmaf_rn(pj, absent_if_masked(f32(vt[j * LDV]), vis), o0);
+                }
             }
         }
     }
@@ -466,7 +478,7 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
     const bool has = lv != 0.0f;  // 0: no visible key (exact 0); NaN: a visible non-finite value
     bf16* orow = out + b * s_ob + (kvh * group + g0 + hh_v) * s_oh + d0 + lc;
     orow[0] = to_bf16(has ? o0 / lv : 0.0f);
-    orow[1] = to_bf16(has ? o1 / lv : 0.0f);
+    if constexpr (CPT == 2) orow[1] = to_bf16(has ? o1 / lv : 0.0f);
 }
 
 inline bool rows_vec16(const void* base, int64_t s0, int64_t s1, int64_t s2) {
