@@ -21,6 +21,11 @@ timeout "${GATE_TIMEOUT:-570}" rl-engine gate --out "$OUT/gate" "$@" 2>"$OUT/gat
 rc=$?
 tail -n 30 "$OUT/gate-progress.log"
 echo "gate exit code $rc"
-# the device tool returns at most 8 files: pack the gate folder (evidence, reports, plots)
-tar czf "$OUT/gate.tgz" -C "$OUT" gate && rm -rf "$OUT/gate"
+# the device tool returns at most 8 files: pack the gate folder (evidence, reports, plots) and the
+# call's small files into one archive, so that a round run after it in the same call (OUT=$OUT/round)
+# still has room for its own archives
+cp "$OUT"/env.json "$OUT"/env.json.txt "$OUT"/gate-progress.log "$OUT"/install.log "$OUT/gate/" 2>/dev/null
+[ -f "$OUT/gpu-tests.log" ] && cp "$OUT/gpu-tests.log" "$OUT/gate/"
+tar czf "$OUT/gate.tgz" -C "$OUT" gate && rm -rf "$OUT/gate" \
+  && rm -f "$OUT"/env.json "$OUT"/env.json.txt "$OUT"/gate-progress.log "$OUT"/gpu-tests.log "$OUT"/install.log
 exit 0
