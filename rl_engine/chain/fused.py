@@ -88,7 +88,8 @@ def _check_add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
 
 
 CUDA_ADD_RMS_MAX_E = 8192
-"""Longest row of :func:`add_rms_norm_cuda` (64 columns per thread of its 128, held in registers)."""
+"""Longest row of :func:`add_rms_norm_cuda` (the row's x, delta and weight are staged in 48 KiB of
+shared memory)."""
 
 
 def add_rms_norm_cuda(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
