@@ -40,7 +40,7 @@ def main() -> int:
     ap.add_argument("--backend", choices=("triton", "cuda"), default="triton")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "attention_decode_sweep.json"))
     ap.add_argument("--once", metavar="B:CONTEXT", default=None,
-                    help="launch the default decode once at one shape, untimed (for ncu), and stop")
+                    help="launch the default decode twice at one shape (a warm-up, then the one to profile), untimed, for ncu, and stop")
     args = ap.parse_args()
     dev = torch.device("cuda")
     if args.once:

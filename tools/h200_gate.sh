@@ -24,8 +24,9 @@ echo "gate exit code $rc"
 # the device tool returns at most 8 files: pack the gate folder (evidence, reports, plots) and the
 # call's small files into one archive, so that a round run after it in the same call (OUT=$OUT/round)
 # still has room for its own archives
-cp "$OUT"/env.json "$OUT"/env.json.txt "$OUT"/gate-progress.log "$OUT"/install.log "$OUT/gate/" 2>/dev/null
-[ -f "$OUT/gpu-tests.log" ] && cp "$OUT/gpu-tests.log" "$OUT/gate/"
-tar czf "$OUT/gate.tgz" -C "$OUT" gate && rm -rf "$OUT/gate" \
-  && rm -f "$OUT"/env.json "$OUT"/env.json.txt "$OUT"/gate-progress.log "$OUT"/gpu-tests.log "$OUT"/install.log
+mkdir -p "$OUT/gate"
+for f in env.json env.json.txt gate-progress.log install.log gpu-tests.log; do
+  [ -f "$OUT/$f" ] && mv "$OUT/$f" "$OUT/gate/"
+done
+tar czf "$OUT/gate.tgz" -C "$OUT" gate && rm -rf "$OUT/gate"
 exit 0
