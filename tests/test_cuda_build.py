@@ -117,8 +117,7 @@ def test_sources_are_framework_free_and_ieee():
     assert "fast_math" not in flags and "fast-math" not in flags
     assert "-gencode=arch=compute_90a,code=sm_90a" in cuda_build.NVCC_FLAGS
     assert "-fmad=false" in cuda_build.NVCC_FLAGS
-    abi = re.search(r"#define RL_ABI_VERSION (\d+)", (cuda_build.SOURCE_DIR / "runtime.cu").read_text())
-    assert abi and int(abi.group(1)) == cuda_build.ABI_VERSION
+    assert cuda_build.source_abi_version() == cuda_build.ABI_VERSION
 
 
 @needs_nvcc

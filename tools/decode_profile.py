@@ -2,7 +2,7 @@
 the captured step (``rl_engine.bench.chain``'s step: forward, lm_head, sampler), per kernel name.
 
 Usage: ``python tools/decode_profile.py [--backend triton_cuda_bf16] [--batch 1] [--context 1024]
-[--replays 5] [--json PATH]``. Prints the step's wall time per replay (CUDA events), the summed
+[--replays 5] [--json PATH] [--pdl 0|1|2]``. Prints the step's wall time per replay (CUDA events), the summed
 kernel time per replay, the number of kernels per replay, and the kernels by total time.
 """
 
@@ -24,7 +24,13 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=5)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--pdl", type=int, default=None, choices=(0, 1, 2),
+                    help="cuda_bf16's PDL mode of the decode forward (rl_engine.chain.fused.CUDA_DECODE_PDL)")
     args = ap.parse_args()
+    if args.pdl is not None:  # the decode forward's mode (the lm_head and sampler launch plainly)
+        from rl_engine.chain import fused
+
+        fused.CUDA_DECODE_PDL = args.pdl
     from rl_engine.bench import chain
     from rl_engine.bench.common import QWEN3_8B, Pool
     from rl_engine.chain.model import Qwen3Model

@@ -6,6 +6,7 @@
 #      to skip a sweep, ATTN_BACKENDS ("triton cuda": the attention sweep per backend), GEMM_MS (the det_gemm
 #      sweep's M values, default 64),
 #      WARP_GEMV=1 / CUDA_FUSED=1 turn on the cuda_bf16 warp GEMV / fused launches for the call,
+#      PDL=N sets the cuda_bf16 decode forward's PDL mode (rl_engine/chain/fused.py CUDA_DECODE_PDL) for the call,
 #      FUSED_DRAW=1 to run the fused draw's GPU test (the draw is ON for the rest of the call only if it
 #      passed), PACKED=1 / BUCKETS=1 to turn the engine's packed projections / per-bucket graphs on
 #      for the call (before TESTS), FUSED=1 / LEAF_MERGE=1 the engine's fused launches / det_gemm's
@@ -37,6 +38,9 @@ if [ "${WARP_GEMV:-0}" = "1" ]; then  # cuda_bf16: the warp-streamed GEMV for M 
 fi
 if [ "${CUDA_FUSED:-0}" = "1" ]; then  # cuda_bf16: its fused add + norm and qk_norm + RoPE + cache write, for this call
   sed -i 's/^CUDA_FUSED_ON = False/CUDA_FUSED_ON = True/' rl_engine/chain/fused.py && echo "cuda_bf16 fused launches ON"
+fi
+if [ -n "${PDL:-}" ]; then  # cuda_bf16: the decode forward's PDL mode, for this call
+  sed -i "s/^CUDA_DECODE_PDL = [0-9]/CUDA_DECODE_PDL = $PDL/" rl_engine/chain/fused.py && echo "decode PDL mode $PDL"
 fi
 if [ "${FUSED_DRAW:-0}" = "1" ]; then
   timeout 120 python3 -m pytest -q -o addopts=-ra tests/rollout/test_rollout_sampling.py -k one_kernel_draw >"$OUT/fused-draw-test.log" 2>&1
@@ -83,10 +87,12 @@ if [ "${RMS_SWEEP:-0}" = "1" ]; then  # the Triton norm's warps at decode row co
   timeout 120 python3 tools/rms_decode_sweep.py --json "$OUT/rms_decode_sweep.json" >"$OUT/rms-sweep.txt" 2>&1
   echo "rms sweep rc $? after $(( $(date +%s) - start )) s"; grep -v Warn "$OUT/rms-sweep.txt" | tail -n 30
 fi
-for p in ${PROFILES:-}; do
-  IFS=: read -r be b c <<<"$p"
-  timeout 120 python3 tools/decode_profile.py --backend "$be" --batch "$b" --context "$c" --top 14 >"$OUT/profile-$be-B$b-ctx$c.txt" 2>&1
-  echo "profile $p rc $? after $(( $(date +%s) - start )) s"; grep -v Warning "$OUT/profile-$be-B$b-ctx$c.txt" | grep -v _warn_once | head -n 9
+for p in ${PROFILES:-}; do  # backend:batch:context[:pdl mode of the cuda_bf16 decode forward]
+  IFS=: read -r be b c pdl <<<"$p"
+  name="profile-$be-B$b-ctx$c${pdl:+-pdl$pdl}"
+  timeout 120 python3 tools/decode_profile.py --backend "$be" --batch "$b" --context "$c" --top 14 ${pdl:+--pdl "$pdl"} \
+    >"$OUT/$name.txt" 2>&1
+  echo "profile $p rc $? after $(( $(date +%s) - start )) s"; grep -v Warning "$OUT/$name.txt" | grep -v _warn_once | head -n 9
 done
 if [ -n "${BENCH_OPS:-}" ]; then  # e.g. "chain_decode" or "chain_decode chain_generate"
   # shellcheck disable=SC2086

@@ -69,8 +69,17 @@ NVCC_FLAGS: tuple[str, ...] = (
 
 LINK_FLAGS: tuple[str, ...] = ("-shared", *ARCH_FLAGS, "-cudart=static")
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 """Must equal ``RL_ABI_VERSION`` in ``cuda_src/runtime.cu``."""
+
+PROGRAMMATIC_LAUNCH = 0
+"""The PDL mode the library starts in (programmatic dependent launch, ``cuda_src/common.cuh``):
+0 = plain launches; 1 = the decode kernels (warp GEMV, add + RMSNorm, qk_norm + RoPE, SwiGLU, the
+decode attention's two launches) may start while the kernel before them finishes, waiting in the
+kernel for its results; 2 = that, and the GEMV and add + RMSNorm also copy their weight before
+that wait. Mode 2 is only correct where no kernel writes a weight while those run:
+:func:`rl_engine.backends.cuda_launch.programmatic_launch` sets it for a block of code. The bits do
+not depend on the mode."""
 
 
 class CudaBuildError(RLEngineError):
@@ -308,6 +317,15 @@ def parse_prototypes(src_dir: Path = SOURCE_DIR) -> dict[str, tuple[str, list[tu
     return protos
 
 
+def source_abi_version(src_dir: Path = SOURCE_DIR) -> int:
+    """``RL_ABI_VERSION`` as ``src_dir/runtime.cu`` defines it (a frozen copy of older sources, which
+    tests load with their own prototypes, carries its own version)."""
+    m = re.search(r"#define RL_ABI_VERSION (\d+)", (Path(src_dir) / "runtime.cu").read_text())
+    if m is None:
+        raise CudaBuildError(f"{src_dir}/runtime.cu defines no RL_ABI_VERSION")
+    return int(m.group(1))
+
+
 class CudaLibrary:
     """The loaded ``librl_cuda.so`` with typed entry points."""
 
@@ -320,8 +338,9 @@ class CudaLibrary:
             fn.restype = _RESTYPE[ret]
             fn.argtypes = [_CTYPE[t] for t, _ in args]
         abi = int(self._lib.rl_abi_version())
-        if abi != ABI_VERSION:
-            raise CudaBuildError(f"{result.path} has ABI version {abi}, the Python side expects {ABI_VERSION}")
+        expected = ABI_VERSION if Path(src_dir) == SOURCE_DIR else source_abi_version(src_dir)
+        if abi != expected:
+            raise CudaBuildError(f"{result.path} has ABI version {abi}, the Python side expects {expected}")
 
     def error_string(self, code: int) -> str:
         raw = self._lib.rl_cuda_error_string(int(code))
@@ -374,5 +393,7 @@ def load_library() -> CudaLibrary:
     global _LIB
     with _LIB_LOCK:
         if _LIB is None:
-            _LIB = CudaLibrary(build())
+            lib = CudaLibrary(build())
+            lib.query("rl_set_programmatic_launch", PROGRAMMATIC_LAUNCH)
+            _LIB = lib
         return _LIB

@@ -89,3 +89,26 @@ def query(name: str, *args: int) -> int:
     """An ``int64_t`` value exported by the library: a kernel constant (``rl_logp_chunk_v()``) or
     a scratch size (``rl_rms_norm_dw_chunks(rows)``)."""
     return _library().query(name, *args)
+
+
+def set_programmatic_launch(mode: int) -> int:
+    """Set the PDL mode of later ``cuda_bf16`` launches in this process (0, 1 or 2: see
+    :data:`rl_engine.backends.cuda_build.PROGRAMMATIC_LAUNCH`) and return the previous one.
+
+    A CUDA graph keeps the mode its launches were captured with. Raises ValueError for another
+    mode. Under the host emulation the mode is accepted and changes nothing (launches run one
+    after another there)."""
+    if mode not in (0, 1, 2):
+        raise ValueError(f"PDL mode must be 0, 1 or 2, got {mode!r}")
+    return _library().query("rl_set_programmatic_launch", mode)
+
+
+@contextlib.contextmanager
+def programmatic_launch(mode: int = 2) -> Iterator[None]:
+    """Launches inside the block use PDL mode ``mode`` (default 2: early weight copies, for a
+    decode step, where no kernel writes a weight); the previous mode is restored on exit."""
+    old = set_programmatic_launch(mode)
+    try:
+        yield
+    finally:
+        set_programmatic_launch(old)

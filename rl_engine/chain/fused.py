@@ -21,6 +21,7 @@ Both backends provide them: :func:`add_rms_norm` / :func:`qk_norm_rope` are the 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -319,6 +320,24 @@ CUDA_FUSED_ON = True
 H200)."""
 
 
+CUDA_DECODE_PDL = 2
+"""The PDL mode (programmatic dependent launch, :data:`rl_engine.backends.cuda_build.PROGRAMMATIC_LAUNCH`)
+of ``cuda_bf16``'s decode forwards on a GPU (:func:`decode_launch_scope`): 2 lets each decode kernel
+start while the one before it finishes, copying its weight meanwhile; 0 launches plainly. The
+bits do not depend on it."""
+
+
+def decode_launch_scope(backend: str, device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """The launch mode of one decode forward of ``backend`` on ``device``: ``cuda_bf16`` on a GPU
+    runs in PDL mode :data:`CUDA_DECODE_PDL` (a decode forward writes no weight, which mode 2
+    needs); any other backend or device as it is."""
+    if backend == "cuda_bf16" and device.type == "cuda" and CUDA_DECODE_PDL:
+        from rl_engine.backends.cuda_launch import programmatic_launch
+
+        return programmatic_launch(CUDA_DECODE_PDL)
+    return contextlib.nullcontext()
+
+
 def fused_decode_impls(backend: str, *, switched_off_too: bool = False) -> dict[str, Callable[..., Any]]:
     """The fused implementations ``backend`` has, by op-table name (``add_rms_norm``,
     ``qk_norm_rope``); empty for a backend without them, and for ``cuda_bf16`` while
@@ -330,5 +349,5 @@ def fused_decode_impls(backend: str, *, switched_off_too: bool = False) -> dict[
     return {}
 
 
-__all__ = ["FUSED_BACKENDS", "add_rms_norm", "add_rms_norm_cuda", "fused_decode_impls", "qk_norm_rope",
-           "qk_norm_rope_cuda"]
+__all__ = ["FUSED_BACKENDS", "add_rms_norm", "add_rms_norm_cuda", "decode_launch_scope", "fused_decode_impls",
+           "qk_norm_rope", "qk_norm_rope_cuda"]

@@ -36,6 +36,7 @@ Qwen3MLP, Qwen3RMSNorm, rotate-half RoPE).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -355,13 +356,19 @@ class Qwen3Model:
         f = ops or self.ops
         step = self._step(ids, positions, cu_seqlens, cache, decode, checked)
         cos, sin = self.rope_tables(positions, checked=True)
-        x = f("embedding", "embedding", ids=ids, weight=self.weights.embed_tokens)
-        packs = self.packed_projections() if packed else [None] * len(self.weights.layers)
-        pending = None
-        for li, (lw, pk) in enumerate(zip(self.weights.layers, packs)):
-            x, pending = self._layer(f.scope(f"layer{li}."), li, lw, x, pending, positions, cos, sin, cu_seqlens,
-                                     cache, step, plan, pk)
-        return self._residual_norm(f, "final_norm", x, pending, self.weights.norm)[1]
+        scope: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if decode:
+            from rl_engine.chain.fused import decode_launch_scope
+
+            scope = decode_launch_scope(self.backend, self.device)
+        with scope:  # cuda_bf16 decode: programmatic dependent launch (rl_engine.chain.fused.CUDA_DECODE_PDL)
+            x = f("embedding", "embedding", ids=ids, weight=self.weights.embed_tokens)
+            packs = self.packed_projections() if packed else [None] * len(self.weights.layers)
+            pending = None
+            for li, (lw, pk) in enumerate(zip(self.weights.layers, packs)):
+                x, pending = self._layer(f.scope(f"layer{li}."), li, lw, x, pending, positions, cos, sin, cu_seqlens,
+                                         cache, step, plan, pk)
+            return self._residual_norm(f, "final_norm", x, pending, self.weights.norm)[1]
 
     def _norm(self, f: OpTable, site: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return f(site, "rms_norm", x=x, weight=w, eps=self.config.rms_norm_eps, order=self.norm_order)

@@ -152,3 +152,66 @@ def test_qk_norm_rope_is_the_norms_the_rotations_and_the_cache_write(device, ord
         qk_norm_rope(q, k, v, qw, kw, 1e-6, order, cos, sin, k_cache=kc)
     with pytest.raises(InputError, match="cos"):
         qk_norm_rope(q, k, v, qw, kw, 1e-6, order, cos.double(), sin)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 16])
+def test_cuda_decode_bits_do_not_depend_on_the_pdl_mode(batch):
+    """``cuda_bf16``'s decode forward at Qwen3-8B layer shapes (two layers) gives the same bits with
+    programmatic dependent launch off (mode 0) and in the decode mode (2: each kernel starts while
+    the one before it finishes and copies its weight meanwhile), eagerly and in 20 replays of a
+    captured step. A kernel that read its predecessor's output before ``pdl_wait`` would race and
+    differ in some replay. Control: a decode with one weight element changed is seen."""
+    from rl_engine.chain import fused
+    from rl_engine.chain.config import Qwen3Config
+    from rl_engine.chain.weights import synthetic_weights
+    from rl_engine.graphs import capture
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    dev = torch.device("cuda")
+    cfg = Qwen3Config(vocab_size=1024, hidden_size=4096, intermediate_size=12288, num_hidden_layers=2,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
+                      tie_word_embeddings=False, max_position_embeddings=2048)
+    model = Qwen3Model(synthetic_weights(cfg, 0, logit_scale=2.0, device=dev), "cuda_bf16")
+    ops = model.decode_ops()
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, cfg.vocab_size, (batch,), generator=gen).to(dev)
+    pos = (torch.arange(batch, dtype=torch.int64) * 37 + 700).to(dev)
+
+    def forward(mode: int, graph: bool) -> list[torch.Tensor]:
+        old = fused.CUDA_DECODE_PDL
+        fused.CUDA_DECODE_PDL = mode
+        try:
+            cache = KVCache.allocate(cfg, batch, 2048, model.dtype, dev)
+            for t in cache.k + cache.v:  # a filled cache: every visible key is read
+                t.copy_(torch.randn(t.shape, generator=gen.manual_seed(2)).to(t.dtype))
+
+            def step() -> torch.Tensor:
+                return model.forward(ids, pos, cache=cache, decode=True, checked=True, ops=ops, packed=True)
+
+            if not graph:
+                with torch.no_grad():
+                    return [step().clone()]
+            g, out = capture(step)
+            outs = []
+            for _ in range(20):
+                g.replay()
+                outs.append(out.clone())
+            return outs
+        finally:
+            fused.CUDA_DECODE_PDL = old
+
+    reference = forward(0, graph=False)[0]
+    for mode in (0, 2):
+        for graph in (False, True):
+            for i, h in enumerate(forward(mode, graph)):
+                assert _same(h, reference), f"PDL mode {mode}, graph {graph}, replay {i}: bits differ"
+
+    w = model.weights.layers[1].down_proj
+    saved = w[7, 11].clone()
+    w[7, 11] = saved + 1.0
+    try:
+        assert not _same(forward(2, graph=False)[0], reference)
+    finally:
+        w[7, 11] = saved

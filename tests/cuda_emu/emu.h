@@ -150,6 +150,10 @@ inline void cp_async16(void* dst, const void* src, int src_bytes) {
     std::memset(static_cast<unsigned char*>(dst) + src_bytes, 0, static_cast<size_t>(16 - src_bytes));
 }
 inline void cp_async_commit() {}
+// Programmatic dependent launch (common.cuh): launches run one after another here, so the wait has
+// nothing to wait for and there is no early start to allow.
+inline void pdl_wait() {}
+inline void pdl_launch_dependents() {}
 template <int N>
 inline void cp_async_wait() {}
 

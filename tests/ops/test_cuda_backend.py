@@ -845,3 +845,26 @@ def test_cross_backend_check_catches_another_reduction_order(cuda_device):
         b = CUDA_IMPLS["rms_norm"](**inp)
         caught.append(not compare_bitwise("control", a, b, load_contract().nan_policy).passed)
     assert any(caught)
+
+
+def test_programmatic_launch_mode_is_set_restored_and_checked(cuda_device):
+    """The PDL mode (``cuda_build.PROGRAMMATIC_LAUNCH``) is set and returned by
+    ``set_programmatic_launch``, restored by the ``programmatic_launch`` block even when it raises,
+    and a mode out of range is refused by Python (ValueError) and by the library (-1, unchanged)."""
+    from rl_engine.backends.cuda_launch import programmatic_launch, query, set_programmatic_launch
+
+    start = set_programmatic_launch(0)
+    try:
+        assert set_programmatic_launch(2) == 0
+        assert set_programmatic_launch(1) == 2
+        with pytest.raises(RuntimeError, match="inside"):
+            with programmatic_launch(2):
+                assert set_programmatic_launch(2) == 2
+                raise RuntimeError("inside")
+        assert set_programmatic_launch(1) == 1
+        with pytest.raises(ValueError, match="0, 1 or 2"):
+            set_programmatic_launch(3)
+        assert query("rl_set_programmatic_launch", 3) == -1
+        assert set_programmatic_launch(0) == 1
+    finally:
+        set_programmatic_launch(start)

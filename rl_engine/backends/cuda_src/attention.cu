@@ -260,6 +260,8 @@ attn_decode_scores_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k
     const int64_t kvh = blockIdx.y / n_hb;
     const int64_t g0 = static_cast<int64_t>(blockIdx.y % n_hb) * DC_HEADS;
     const int64_t kv0 = static_cast<int64_t>(blockIdx.z) * DC_SKEYS;
+    pdl_wait();  // launched through launch_pdl: q and the cache's new row come from the kernel before
+    pdl_launch_dependents();
     const int64_t n = seqlens[b];
     if (kv0 >= n) return;  // uniform over the block; launch 2 reads no score of this chunk
     const int t = threadIdx.x;
@@ -405,7 +407,13 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
     const bf16* v_base = vc + b * s_vb + kvh * s_vh + d0;
     float o0 = 0.0f, o1 = 0.0f;
 
+    // Launched through launch_pdl right after launch 1 (common.cuh's PDL rules). The V tiles are
+    // copied before pdl_wait: the cache rows and seqlens were written before launch 1, and launch 1
+    // lets this launch start only after its own pdl_wait, when every kernel before it has completed.
+    // The scores (launch 1's output) are read after it.
     if (stat) {
+        pdl_wait();
+        pdl_launch_dependents();
 #pragma unroll
         for (int s = 0; s < DC_SSTAGES - 1; ++s) {
             issue_scores(s);
@@ -419,6 +427,8 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
                 dc_issue_rows<DV, AT_BKV, LDV, P::NPV>(ring + s * P::TILE, v_base, s_vt, s * AT_BKV, n, t, vec);
             cp_async_commit();
         }
+        pdl_wait();
+        pdl_launch_dependents();
     }
     for (int64_t k = 0; k < nblk; ++k) {
         if (!stat) cp_async_wait<STAGES - 2>();
@@ -492,10 +502,9 @@ int launch_decode_pv(const float* sc, const void* vc, void* out, const void* seq
     using P = DecodePv<D, DSPLIT>;
     if (int e = prepare(attn_decode_pv_kernel<D, DSPLIT>, P::SMEM)) return e;
     dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb), static_cast<unsigned>(DSPLIT));
-    attn_decode_pv_kernel<D, DSPLIT><<<grid, P::THREADS, P::SMEM, st>>>(
-        sc, static_cast<const bf16*>(vc), static_cast<bf16*>(out), static_cast<const int32_t*>(seqlens), group, n_hb,
-        s_sb, s_sh, s_vb, s_vt, s_vh, s_ob, s_oh, static_cast<int>(rows_vec16(vc, s_vb, s_vt, s_vh)));
-    return launch_status();
+    return launch_pdl(attn_decode_pv_kernel<D, DSPLIT>, grid, dim3(P::THREADS), P::SMEM, st, sc,
+                      static_cast<const bf16*>(vc), static_cast<bf16*>(out), static_cast<const int32_t*>(seqlens), group,
+                      n_hb, s_sb, s_sh, s_vb, s_vt, s_vh, s_ob, s_oh, static_cast<int>(rows_vec16(vc, s_vb, s_vt, s_vh)));
 }
 
 // The column split of launch 2 when the caller leaves it to the library (d_split 0): doubled while
@@ -516,10 +525,11 @@ int launch_decode(const void* q, const void* kc, const void* vc, void* out, cons
     if (int e = prepare(attn_decode_scores_kernel<D>, DecodeScores<D>::SMEM)) return e;
     dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb),
               static_cast<unsigned>(cdiv(s_sh, static_cast<int64_t>(DC_SKEYS))));
-    attn_decode_scores_kernel<D><<<grid, DC_SKEYS, DecodeScores<D>::SMEM, st>>>(
-        static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const int32_t*>(seqlens), scores, group,
-        n_hb, s_qb, s_qh, s_kb, s_kt, s_kh, s_sb, s_sh, scale, static_cast<int>(rows_vec16(kc, s_kb, s_kt, s_kh)));
-    if (int e = launch_status()) return e;
+    if (int e = launch_pdl(attn_decode_scores_kernel<D>, grid, dim3(DC_SKEYS), DecodeScores<D>::SMEM, st,
+                           static_cast<const bf16*>(q), static_cast<const bf16*>(kc),
+                           static_cast<const int32_t*>(seqlens), scores, group, n_hb, s_qb, s_qh, s_kb, s_kt, s_kh, s_sb,
+                           s_sh, scale, static_cast<int>(rows_vec16(kc, s_kb, s_kt, s_kh))))
+        return e;
     const int64_t blocks = batch * kv_heads * n_hb;
     if (dsplit == 0) {
         dsplit = 1;

@@ -86,6 +86,25 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row) {
 }
 #endif
 
+// Programmatic dependent launch (PDL, sm_90; CUDA Programming Guide, "Programmatic Dependent
+// Launch and Synchronization"). A kernel launched by launch_pdl with PDL on may start while the
+// kernel before it in the stream still runs. Rules every such kernel keeps:
+//   * Every block calls pdl_wait() (griddepcontrol.wait), before its first read of anything the
+//     kernel before it may write, before its first global write and before any early return; it
+//     returns once that kernel has completed and its writes are visible. Before it, a block only
+//     reads what no kernel writes while it runs (weights, and only where the caller said so: PDL
+//     mode 2 below) and writes its own shared memory. (Every block waits, so the kernel cannot
+//     complete before the one before it.)
+//   * pdl_launch_dependents() (griddepcontrol.launch_dependents) comes after pdl_wait(), so the
+//     next kernel can start only once every kernel before this one has completed: at any moment
+//     at most two kernels of a stream overlap, and a kernel's wait covers every earlier kernel.
+// Launched without PDL (PDL off, or a triple-chevron launch), both instructions return at once.
+// The emulator (tests/cuda_emu/emu.h) defines them as no-ops: its launches run one after another.
+#ifndef RL_HOST_EMU
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+#endif
+
 __device__ __forceinline__ bool aligned16(const void* p) {
     return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
@@ -127,5 +146,36 @@ __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return 
 
 // The status of the launches just issued (0 = cudaSuccess).
 inline int launch_status() { return static_cast<int>(cudaGetLastError()); }
+
+// PDL mode (rl_set_programmatic_launch, runtime.cu): 0 = launch_pdl makes a plain triple-chevron
+// launch; 1 = with the programmatic-stream-serialization attribute; 2 = that, and kernels that
+// stream a weight (the warp GEMV's B operand, add + RMSNorm's weight) start copying it before
+// pdl_wait. Mode 2 is the caller's promise that the kernel before such a launch does not write
+// those operands (a decode step: none of its kernels writes a weight).
+extern int g_programmatic_launch;
+inline bool pdl_early_weights() { return g_programmatic_launch >= 2; }
+
+// Launch `kernel` on `st`, with PDL when it is on. Only kernels that keep common.cuh's PDL rules
+// (pdl_wait before dependent reads and global writes) may be launched this way.
+template <class... P, class... A>
+inline int launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args) {
+#ifndef RL_HOST_EMU
+    if (g_programmatic_launch) {
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = st;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+    }
+#endif
+    kernel<<<grid, block, smem, st>>>(static_cast<P>(args)...);
+    return launch_status();
+}
 
 }  // namespace rl

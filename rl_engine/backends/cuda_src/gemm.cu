@@ -556,7 +556,8 @@ struct GwRing {
 };
 
 template <int LEAVES, int NC, int XR, int DEPTH, bool OUT_F32>
-__global__ void __launch_bounds__(GW_THREADS) gemv_warp_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
+__global__ void __launch_bounds__(GW_THREADS) gemv_warp_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on,
+                                                                 int early_w) {
     static_assert(GW_WARPS % LEAVES == 0 && (!OUT_F32 || LEAVES == 1), "FP32 output is the one-leaf GEMM");
     using R = GwRing<NC, XR, DEPTH>;
     constexpr int CPW = R::WROWS;                    // columns per warp
@@ -602,15 +603,18 @@ __global__ void __launch_bounds__(GW_THREADS) gemv_warp_kernel(TreeArgs g, void*
         if (m >= g.M) *reinterpret_cast<uint4*>(ring + slot * R::SLOT + (R::WROWS + m) * GW_LD + 8 * (i % CHUNKS)) =
                           make_uint4(0u, 0u, 0u, 0u);
     }
-    auto issue = [&](int s) {
+    auto issue_w = [&](int s) {  // slot s's weight rows
         bf16* slot = ring + (s % DEPTH) * R::SLOT;
-        const int k = s * GW_SK + kc;  // offset inside the leaf
-        const int bytes = k < width ? 16 : 0;
+        const bool in = s * GW_SK + kc < width;  // offset inside the leaf
 #pragma unroll
         for (int i = 0; i < CPW / RPP; ++i) {
-            const bool ok = wok[i] && bytes;
+            const bool ok = wok[i] && in;
             cp_async16(slot + (rr + RPP * i) * GW_LD + kc, ok ? wsrc[i] + s * GW_SK : g.b, ok ? 16 : 0);
         }
+    };
+    auto issue_x = [&](int s) {  // slot s's activation rows
+        bf16* slot = ring + (s % DEPTH) * R::SLOT;
+        const int bytes = s * GW_SK + kc < width ? 16 : 0;
 #pragma unroll
         for (int i = 0; i < R::XROWS / RPP; ++i)
             if (xok[i]) cp_async16(slot + (R::WROWS + rr + RPP * i) * GW_LD + kc, bytes ? xsrc[i] + s * GW_SK : g.a, bytes);
@@ -621,9 +625,24 @@ __global__ void __launch_bounds__(GW_THREADS) gemv_warp_kernel(TreeArgs g, void*
     for (int j = 0; j < NC; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    // With early_w (PDL mode 2, common.cuh) the first slots' weights are in flight before pdl_wait,
+    // the activation rows after it. The weights join commit group 0 either way, so slot s is
+    // complete once groups 0 .. s are, as in the loop below.
+    if (early_w) {
+#pragma unroll
+        for (int s = 0; s < DEPTH - 1; ++s)
+            if (s < slots) issue_w(s);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    if (!early_w) {
+#pragma unroll
+        for (int s = 0; s < DEPTH - 1; ++s)
+            if (s < slots) issue_w(s);
+    }
 #pragma unroll
     for (int s = 0; s < DEPTH - 1; ++s) {
-        if (s < slots) issue(s);
+        if (s < slots) issue_x(s);
         cp_async_commit();
     }
     // ldmatrix row addresses: lanes 8q .. 8q + 7 give the rows of matrix q.
@@ -632,7 +651,10 @@ __global__ void __launch_bounds__(GW_THREADS) gemv_warp_kernel(TreeArgs g, void*
     for (int s = 0; s < slots; ++s) {
         cp_async_wait<DEPTH - 2>();
         __syncwarp();  // slot s has landed for every lane; every lane is done with slot s - 1
-        if (s + DEPTH - 1 < slots) issue(s + DEPTH - 1);
+        if (s + DEPTH - 1 < slots) {
+            issue_w(s + DEPTH - 1);
+            issue_x(s + DEPTH - 1);
+        }
         cp_async_commit();
         const bf16* slot = ring + (s % DEPTH) * R::SLOT;
 #pragma unroll
@@ -712,9 +734,8 @@ int launch_gemv_warp_rows(const TreeArgs& g, void* out, int64_t s_om, int64_t s_
     const cudaError_t e = cudaFuncSetAttribute(gemv_warp_kernel<LEAVES, NC, XR, DEPTH, OUT_F32>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return static_cast<int>(e);
-    gemv_warp_kernel<LEAVES, NC, XR, DEPTH, OUT_F32><<<static_cast<unsigned>(blocks), GW_THREADS, smem, st>>>(
-        g, out, s_om, s_on);
-    return launch_status();
+    return launch_pdl(gemv_warp_kernel<LEAVES, NC, XR, DEPTH, OUT_F32>, dim3(static_cast<unsigned>(blocks)),
+                      dim3(GW_THREADS), smem, st, g, out, s_om, s_on, static_cast<int>(pdl_early_weights()));
 }
 
 // One geometry: NC 8-column groups per warp, ring slots for M <= 8 (one 8-row block of A) and for

@@ -134,18 +134,27 @@ rms_bwd_dw_final_kernel(const float* __restrict__ partial, bf16* __restrict__ dw
 // launch on the H200 whatever the row count (evidence/2026-12-02-h200-decode-80982b6).
 constexpr int64_t ADD_RMS_MAX_N = 8192;
 
+// With early_w (PDL mode 2, common.cuh) the weight's copies are issued before pdl_wait and overlap
+// the end of the kernel before; the row is copied after it.
 __device__ __forceinline__ void add_rms_row(const bf16* __restrict__ xr, const bf16* __restrict__ dr,
                                             const bf16* __restrict__ w, bf16* xs, bf16* ds, bf16* ws, int64_t n,
-                                            bool vec) {
+                                            bool vec, bool early_w) {
     if (vec) {
+        if (early_w)
+            for (int64_t e = threadIdx.x; e < n / 8; e += NORM_THREADS) cp_async16(ws + 8 * e, w + 8 * e, 16);
+        pdl_wait();
+        pdl_launch_dependents();
+        if (!early_w)
+            for (int64_t e = threadIdx.x; e < n / 8; e += NORM_THREADS) cp_async16(ws + 8 * e, w + 8 * e, 16);
         for (int64_t e = threadIdx.x; e < n / 8; e += NORM_THREADS) {
             cp_async16(xs + 8 * e, xr + 8 * e, 16);
             cp_async16(ds + 8 * e, dr + 8 * e, 16);
-            cp_async16(ws + 8 * e, w + 8 * e, 16);
         }
         cp_async_commit();
         cp_async_wait<0>();
     } else {
+        pdl_wait();  // the 2-byte path has no copy to leave in flight
+        pdl_launch_dependents();
         for (int64_t c = threadIdx.x; c < n; c += NORM_THREADS) {
             xs[c] = xr[c];
             ds[c] = dr[c];
@@ -159,14 +168,14 @@ template <bool HF>
 __global__ void __launch_bounds__(NORM_THREADS)
 add_rms_fwd_kernel(const bf16* __restrict__ x, const bf16* __restrict__ delta, const bf16* __restrict__ w,
                    bf16* __restrict__ s_out, bf16* __restrict__ y, int64_t n, int64_t sx, int64_t sd, int64_t ss,
-                   int64_t sy, float eps, int vec_in, int vec_out) {
+                   int64_t sy, float eps, int vec_in, int vec_out, int early_w) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ float red[NORM_THREADS / 32];
     bf16* xs = reinterpret_cast<bf16*>(smem_raw);  // [n]: x, then s
     bf16* ds = xs + n;                             // [n]: delta
     bf16* ws = ds + n;                             // [n]: the weight
     const int64_t row = blockIdx.x;
-    add_rms_row(x + row * sx, delta + row * sd, w, xs, ds, ws, n, vec_in != 0);
+    add_rms_row(x + row * sx, delta + row * sd, w, xs, ds, ws, n, vec_in != 0, early_w != 0);
     float sq = 0.0f;
     for (int64_t c = threadIdx.x; c < n; c += NORM_THREADS) {
         const float v = f32(to_bf16(f32(xs[c]) + f32(ds[c])));
@@ -218,6 +227,8 @@ qk_norm_rope_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, cons
     __shared__ float ys[QNR_MAX_D];
     const int64_t t = blockIdx.x;
     const int64_t r = blockIdx.y;
+    pdl_wait();  // launched through launch_pdl: q, k, v come from the kernel before
+    pdl_launch_dependents();
     if (r >= n_q + n_kv) {  // a value head: the cache stores v's bits
         if (!cache) return;
         const int64_t h = r - n_q - n_kv;
@@ -279,10 +290,10 @@ RL_EXPORT int rl_add_rms_norm_fwd(const void* x, const void* delta, const void* 
     const auto kernel = hf_order ? add_rms_fwd_kernel<true> : add_rms_fwd_kernel<false>;
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return static_cast<int>(e);
-    kernel<<<static_cast<unsigned>(rows), NORM_THREADS, smem, st>>>(
-        static_cast<const bf16*>(x), static_cast<const bf16*>(delta), static_cast<const bf16*>(w), static_cast<bf16*>(s),
-        static_cast<bf16*>(y), n, sx, sd, ss, sy, eps, vec_in, vec_out);
-    return launch_status();
+    return launch_pdl(kernel, dim3(static_cast<unsigned>(rows)), dim3(NORM_THREADS), smem, st, static_cast<const bf16*>(x),
+                      static_cast<const bf16*>(delta), static_cast<const bf16*>(w), static_cast<bf16*>(s),
+                      static_cast<bf16*>(y), n, sx, sd, ss, sy, eps, vec_in, vec_out,
+                      static_cast<int>(pdl_early_weights()));
 }
 
 // Decode fusion: qk_norm of q [T, n_q, d] and k [T, n_kv, d], RoPE of both, and with cache = 1 the
@@ -293,8 +304,9 @@ RL_EXPORT int rl_qk_norm_rope_fwd(const void* q, const void* k, const void* v, c
         return static_cast<int>(cudaErrorInvalidValue);
     dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(n_q + 2 * n_kv));
     cudaStream_t st = static_cast<cudaStream_t>(stream);
+    int rc = 0;
 #define RL_QNR(HF, V)                                                                                              \
-    qk_norm_rope_kernel<HF, V><<<grid, NORM_THREADS, 0, st>>>(                                                     \
+    rc = launch_pdl(qk_norm_rope_kernel<HF, V>, grid, dim3(NORM_THREADS), 0, st,                                    \
         static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),                     \
         static_cast<const bf16*>(qw), static_cast<const bf16*>(kw), static_cast<const float*>(cosv),               \
         static_cast<const float*>(sinv), static_cast<bf16*>(qo), static_cast<bf16*>(ko), static_cast<bf16*>(kc),   \
@@ -307,7 +319,7 @@ RL_EXPORT int rl_qk_norm_rope_fwd(const void* q, const void* k, const void* v, c
         if (hf_order) RL_QNR(true, 2); else RL_QNR(false, 2);
     }
 #undef RL_QNR
-    return launch_status();
+    return rc;
 }
 
 // Number of FP32 partial rows the caller allocates for rl_rms_norm_bwd_dw: ceil(rows / 64).
