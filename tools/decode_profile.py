@@ -2,7 +2,7 @@
 the captured step (``rl_engine.bench.chain``'s step: forward, lm_head, sampler), per kernel name.
 
 Usage: ``python tools/decode_profile.py [--backend triton_cuda_bf16] [--batch 1] [--context 1024]
-[--replays 5] [--json PATH] [--pdl 0|1|2]``. Prints the step's wall time per replay (CUDA events), the summed
+[--replays 5] [--json PATH] [--pdl 0|1|2] [--pdl-attention 0|1|2]``. Prints the step's wall time per replay (CUDA events), the summed
 kernel time per replay, the number of kernels per replay, and the kernels by total time.
 """
 
@@ -25,12 +25,27 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json", default=None)
     ap.add_argument("--pdl", type=int, default=None, choices=(0, 1, 2),
-                    help="cuda_bf16's PDL mode of the decode forward (rl_engine.chain.fused.CUDA_DECODE_PDL)")
+                    help="cuda_bf16's PDL mode of the decode forward (rl_engine.chain.fused.CUDA_DECODE_PDL), "
+                         "at any batch")
+    ap.add_argument("--pdl-attention", type=int, default=None, choices=(0, 1, 2),
+                    help="the PDL mode of cuda_bf16's decode attention launches only")
     args = ap.parse_args()
-    if args.pdl is not None:  # the decode forward's mode (the lm_head and sampler launch plainly)
-        from rl_engine.chain import fused
+    from rl_engine.chain import fused
 
+    if args.pdl is not None:  # the decode forward's mode (the lm_head and sampler launch plainly)
         fused.CUDA_DECODE_PDL = args.pdl
+        fused.CUDA_DECODE_PDL_MAX_BATCH = max(fused.CUDA_DECODE_PDL_MAX_BATCH, args.batch)
+    if args.pdl_attention is not None:  # the decode attention's two launches in their own mode
+        import rl_engine.ops.attention.cuda as attention_cuda
+        from rl_engine.backends.cuda_launch import programmatic_launch
+
+        plain_launch = attention_cuda.launch
+
+        def attention_launch(device, name, *a):
+            with programmatic_launch(args.pdl_attention):
+                plain_launch(device, name, *a)
+
+        attention_cuda.launch = attention_launch
     from rl_engine.bench import chain
     from rl_engine.bench.common import QWEN3_8B, Pool
     from rl_engine.chain.model import Qwen3Model

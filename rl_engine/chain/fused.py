@@ -322,16 +322,25 @@ H200)."""
 
 CUDA_DECODE_PDL = 2
 """The PDL mode (programmatic dependent launch, :data:`rl_engine.backends.cuda_build.PROGRAMMATIC_LAUNCH`)
-of ``cuda_bf16``'s decode forwards on a GPU (:func:`decode_launch_scope`): 2 lets each decode kernel
-start while the one before it finishes, copying its weight meanwhile; 0 launches plainly. The
-bits do not depend on it."""
+of ``cuda_bf16``'s decode forwards on a GPU of at most :data:`CUDA_DECODE_PDL_MAX_BATCH` rows
+(:func:`decode_launch_scope`): 2 lets each decode kernel start while the one before it finishes,
+copying its weight meanwhile; 0 launches plainly. The bits do not depend on it (tested on the H200
+at Qwen3-8B layer shapes, B = 1 and 16, eager and 20 graph replays)."""
+
+CUDA_DECODE_PDL_MAX_BATCH = 8
+"""The largest decode batch that runs in :data:`CUDA_DECODE_PDL`. On the H200
+(``evidence/2026-12-02-h200-decode-26d40ec``) mode 2 took the Qwen3-8B step at B = 1 from 5.47 to
+5.00 ms (context 1024) and from 0.44-0.47 to 0.49 of copy bandwidth (context 8192); at B = 16 it
+was neutral at context 1024 and slower at context 8192 (0.51-0.54 to 0.44 of copy bandwidth);
+B = 64's products do not take the PDL launches."""
 
 
-def decode_launch_scope(backend: str, device: torch.device) -> contextlib.AbstractContextManager[None]:
-    """The launch mode of one decode forward of ``backend`` on ``device``: ``cuda_bf16`` on a GPU
-    runs in PDL mode :data:`CUDA_DECODE_PDL` (a decode forward writes no weight, which mode 2
-    needs); any other backend or device as it is."""
-    if backend == "cuda_bf16" and device.type == "cuda" and CUDA_DECODE_PDL:
+def decode_launch_scope(backend: str, device: torch.device, batch: int) -> contextlib.AbstractContextManager[None]:
+    """The launch mode of one decode forward of ``batch`` rows of ``backend`` on ``device``:
+    ``cuda_bf16`` on a GPU with ``batch <= CUDA_DECODE_PDL_MAX_BATCH`` runs in PDL mode
+    :data:`CUDA_DECODE_PDL` (a decode forward writes no weight, which mode 2 needs); anything
+    else as it is."""
+    if backend == "cuda_bf16" and device.type == "cuda" and CUDA_DECODE_PDL and batch <= CUDA_DECODE_PDL_MAX_BATCH:
         from rl_engine.backends.cuda_launch import programmatic_launch
 
         return programmatic_launch(CUDA_DECODE_PDL)

@@ -360,7 +360,7 @@ class Qwen3Model:
         if decode:
             from rl_engine.chain.fused import decode_launch_scope
 
-            scope = decode_launch_scope(self.backend, self.device)
+            scope = decode_launch_scope(self.backend, self.device, int(ids.shape[0]))
         with scope:  # cuda_bf16 decode: programmatic dependent launch (rl_engine.chain.fused.CUDA_DECODE_PDL)
             x = f("embedding", "embedding", ids=ids, weight=self.weights.embed_tokens)
             packs = self.packed_projections() if packed else [None] * len(self.weights.layers)

@@ -180,8 +180,8 @@ def test_cuda_decode_bits_do_not_depend_on_the_pdl_mode(batch):
     pos = (torch.arange(batch, dtype=torch.int64) * 37 + 700).to(dev)
 
     def forward(mode: int, graph: bool) -> list[torch.Tensor]:
-        old = fused.CUDA_DECODE_PDL
-        fused.CUDA_DECODE_PDL = mode
+        old = fused.CUDA_DECODE_PDL, fused.CUDA_DECODE_PDL_MAX_BATCH
+        fused.CUDA_DECODE_PDL, fused.CUDA_DECODE_PDL_MAX_BATCH = mode, batch
         try:
             cache = KVCache.allocate(cfg, batch, 2048, model.dtype, dev)
             for t in cache.k + cache.v:  # a filled cache: every visible key is read
@@ -200,7 +200,7 @@ def test_cuda_decode_bits_do_not_depend_on_the_pdl_mode(batch):
                 outs.append(out.clone())
             return outs
         finally:
-            fused.CUDA_DECODE_PDL = old
+            fused.CUDA_DECODE_PDL, fused.CUDA_DECODE_PDL_MAX_BATCH = old
 
     reference = forward(0, graph=False)[0]
     for mode in (0, 2):
