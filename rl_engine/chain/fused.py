@@ -327,12 +327,14 @@ of ``cuda_bf16``'s decode forwards on a GPU of at most :data:`CUDA_DECODE_PDL_MA
 copying its weight meanwhile; 0 launches plainly. The bits do not depend on it (tested on the H200
 at Qwen3-8B layer shapes, B = 1 and 16, eager and 20 graph replays)."""
 
-CUDA_DECODE_PDL_MAX_BATCH = 8
-"""The largest decode batch that runs in :data:`CUDA_DECODE_PDL`. On the H200
-(``evidence/2026-12-02-h200-decode-26d40ec``) mode 2 took the Qwen3-8B step at B = 1 from 5.47 to
-5.00 ms (context 1024) and from 0.44-0.47 to 0.49 of copy bandwidth (context 8192); at B = 16 it
-was neutral at context 1024 and slower at context 8192 (0.51-0.54 to 0.44 of copy bandwidth);
-B = 64's products do not take the PDL launches."""
+CUDA_DECODE_PDL_MAX_BATCH = 16
+"""The largest decode batch that runs in :data:`CUDA_DECODE_PDL` (B = 64's products take the ring /
+leaf kernels, which launch plainly, and mode 2 was neutral there). On the H200
+(``evidence/2026-12-02-h200-decode-26d40ec``), Qwen3-8B graph steps, plain against mode 2:
+5.47 against 5.00 ms at B = 1 (context 1024), 7.22 against 7.12 ms at B = 8, and at B = 16 7.73
+against 7.60 ms (context 1024) and 15.10 against 14.94 ms (context 8192) with the decode attention
+launched plainly, as its launcher does past batch 8 (``DECODE_PDL_MAX_BATCH`` in
+``cuda_src/attention.cu``: with it under PDL B = 16 context 8192 took 18.8 ms)."""
 
 
 def decode_launch_scope(backend: str, device: torch.device, batch: int) -> contextlib.AbstractContextManager[None]:

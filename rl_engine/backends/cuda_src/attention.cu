@@ -495,6 +495,12 @@ inline bool rows_vec16(const void* base, int64_t s0, int64_t s1, int64_t s2) {
     return (reinterpret_cast<uintptr_t>(base) & 15u) == 0 && s0 % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0;
 }
 
+// The decode attention's two launches take PDL (when the library's mode has it on, common.cuh) only
+// up to this batch. On the H200 (evidence/2026-12-02-h200-decode-26d40ec) they made the Qwen3-8B
+// step faster at B = 1 and 8 and slower at B = 16, context 8192 (18.8 ms against 15.1 plain, 14.9
+// with every other decode kernel under PDL); a speed choice, the same bits either way.
+constexpr int64_t DECODE_PDL_MAX_BATCH = 8;
+
 template <int D, int DSPLIT>
 int launch_decode_pv(const float* sc, const void* vc, void* out, const void* seqlens, int64_t batch, int64_t kv_heads,
                      int64_t group, int64_t n_hb, int64_t s_sb, int64_t s_sh, int64_t s_vb, int64_t s_vt,
@@ -502,9 +508,10 @@ int launch_decode_pv(const float* sc, const void* vc, void* out, const void* seq
     using P = DecodePv<D, DSPLIT>;
     if (int e = prepare(attn_decode_pv_kernel<D, DSPLIT>, P::SMEM)) return e;
     dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb), static_cast<unsigned>(DSPLIT));
-    return launch_pdl(attn_decode_pv_kernel<D, DSPLIT>, grid, dim3(P::THREADS), P::SMEM, st, sc,
-                      static_cast<const bf16*>(vc), static_cast<bf16*>(out), static_cast<const int32_t*>(seqlens), group,
-                      n_hb, s_sb, s_sh, s_vb, s_vt, s_vh, s_ob, s_oh, static_cast<int>(rows_vec16(vc, s_vb, s_vt, s_vh)));
+    return launch_pdl_if(batch <= DECODE_PDL_MAX_BATCH, attn_decode_pv_kernel<D, DSPLIT>, grid, dim3(P::THREADS),
+                         P::SMEM, st, sc, static_cast<const bf16*>(vc), static_cast<bf16*>(out),
+                         static_cast<const int32_t*>(seqlens), group, n_hb, s_sb, s_sh, s_vb, s_vt, s_vh, s_ob, s_oh,
+                         static_cast<int>(rows_vec16(vc, s_vb, s_vt, s_vh)));
 }
 
 // The column split of launch 2 when the caller leaves it to the library (d_split 0): doubled while
@@ -525,7 +532,8 @@ int launch_decode(const void* q, const void* kc, const void* vc, void* out, cons
     if (int e = prepare(attn_decode_scores_kernel<D>, DecodeScores<D>::SMEM)) return e;
     dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb),
               static_cast<unsigned>(cdiv(s_sh, static_cast<int64_t>(DC_SKEYS))));
-    if (int e = launch_pdl(attn_decode_scores_kernel<D>, grid, dim3(DC_SKEYS), DecodeScores<D>::SMEM, st,
+    if (int e = launch_pdl_if(batch <= DECODE_PDL_MAX_BATCH, attn_decode_scores_kernel<D>, grid, dim3(DC_SKEYS),
+                              DecodeScores<D>::SMEM, st,
                            static_cast<const bf16*>(q), static_cast<const bf16*>(kc),
                            static_cast<const int32_t*>(seqlens), scores, group, n_hb, s_qb, s_qh, s_kb, s_kt, s_kh, s_sb,
                            s_sh, scale, static_cast<int>(rows_vec16(kc, s_kb, s_kt, s_kh))))

@@ -155,12 +155,14 @@ inline int launch_status() { return static_cast<int>(cudaGetLastError()); }
 extern int g_programmatic_launch;
 inline bool pdl_early_weights() { return g_programmatic_launch >= 2; }
 
-// Launch `kernel` on `st`, with PDL when it is on. Only kernels that keep common.cuh's PDL rules
-// (pdl_wait before dependent reads and global writes) may be launched this way.
+// Launch `kernel` on `st`, with PDL when it is on and `allow` holds (a launcher's own speed rule).
+// Only kernels that keep common.cuh's PDL rules (pdl_wait before dependent reads and global writes)
+// may be launched this way.
 template <class... P, class... A>
-inline int launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args) {
+inline int launch_pdl_if(bool allow, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                         A... args) {
 #ifndef RL_HOST_EMU
-    if (g_programmatic_launch) {
+    if (g_programmatic_launch && allow) {
         cudaLaunchAttribute attr[1];
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -176,6 +178,11 @@ inline int launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, 
 #endif
     kernel<<<grid, block, smem, st>>>(static_cast<P>(args)...);
     return launch_status();
+}
+
+template <class... P, class... A>
+inline int launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args) {
+    return launch_pdl_if(true, kernel, grid, block, smem, st, args...);
 }
 
 }  // namespace rl
