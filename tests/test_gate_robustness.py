@@ -152,6 +152,28 @@ def test_report_writes_plots_inside_the_folder(tmp_path):
     assert "plots/silu-triton_cuda_bf16.png" in (tmp_path / "report.md").read_text()
 
 
+def test_plots_drawn_in_worker_processes_have_the_bytes_of_one_process(tmp_path, monkeypatch):
+    """The report's per-op figures drawn in spawned worker processes (what a full gate does) are
+    byte for byte the figures drawn in this process, in the same order. Control: the same rows under
+    another title give other bytes (the comparison can fail)."""
+    import os
+
+    import rl_engine.gate.report as report_mod
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: the plots are always drawn in this process")
+    ev = run_gate(_config(tmp_path, judgments=["forward_accuracy"]), load_contract())
+    jobs = [(rs, report_mod._plot_title(op, be)) for (op, be), rs in report_mod._plots_by_op(ev).items()]
+    assert len(jobs) >= 1
+    jobs = jobs * 2  # at least two, so the pool has work for two workers
+    monkeypatch.setattr(report_mod, "PLOT_PROCESS_MIN", 2)
+    pooled = report_mod._render_all(jobs)
+    serial = [report_mod._plot_op(*j) for j in jobs]
+    assert pooled == serial and all(pooled)
+    other = report_mod._plot_op(jobs[0][0], "another title")
+    assert other != serial[0]
+
+
 def test_ctrl_c_while_reports_are_written_says_to_run_report_not_resume(tmp_path, monkeypatch, capsys):
     """Every cell done, then Ctrl-C in the report writer: --resume would refuse (nothing missing),
     so the message must point at `rl-engine report`; mid-run it must point at --resume."""
