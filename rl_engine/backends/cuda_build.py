@@ -72,15 +72,6 @@ LINK_FLAGS: tuple[str, ...] = ("-shared", *ARCH_FLAGS, "-cudart=static")
 ABI_VERSION = 2
 """Must equal ``RL_ABI_VERSION`` in ``cuda_src/runtime.cu``."""
 
-PROGRAMMATIC_LAUNCH = 0
-"""The PDL mode the library starts in (programmatic dependent launch, ``cuda_src/common.cuh``):
-0 = plain launches; 1 = the decode kernels (warp GEMV, add + RMSNorm, qk_norm + RoPE, SwiGLU, the
-decode attention's two launches) may start while the kernel before them finishes, waiting in the
-kernel for its results; 2 = that, and the GEMV and add + RMSNorm also copy their weight before
-that wait. Mode 2 is only correct where no kernel writes a weight while those run:
-:func:`rl_engine.backends.cuda_launch.programmatic_launch` sets it for a block of code. The bits do
-not depend on the mode."""
-
 
 class CudaBuildError(RLEngineError):
     """``nvcc`` failed; the message holds the command and its output."""
@@ -393,7 +384,5 @@ def load_library() -> CudaLibrary:
     global _LIB
     with _LIB_LOCK:
         if _LIB is None:
-            lib = CudaLibrary(build())
-            lib.query("rl_set_programmatic_launch", PROGRAMMATIC_LAUNCH)
-            _LIB = lib
+            _LIB = CudaLibrary(build())
         return _LIB

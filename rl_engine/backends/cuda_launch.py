@@ -92,8 +92,13 @@ def query(name: str, *args: int) -> int:
 
 
 def set_programmatic_launch(mode: int) -> int:
-    """Set the PDL mode of later ``cuda_bf16`` launches in this process (0, 1 or 2: see
-    :data:`rl_engine.backends.cuda_build.PROGRAMMATIC_LAUNCH`) and return the previous one.
+    """Set the PDL mode (programmatic dependent launch, ``cuda_src/common.cuh``) of later
+    ``cuda_bf16`` launches in this process and return the previous one. 0, the library's start:
+    plain launches; 1: the decode kernels (warp GEMV, add + RMSNorm, qk_norm + RoPE, SwiGLU, the
+    decode attention's two launches) may start while the kernel before them finishes, waiting in
+    the kernel for its results; 2: that, and the GEMV and add + RMSNorm also copy their weight
+    before that wait, which is only correct where no kernel writes a weight meanwhile. The bits do
+    not depend on the mode.
 
     A CUDA graph keeps the mode its launches were captured with. Raises ValueError for another
     mode. Under the host emulation the mode is accepted and changes nothing (launches run one

@@ -321,7 +321,7 @@ H200)."""
 
 
 CUDA_DECODE_PDL = 2
-"""The PDL mode (programmatic dependent launch, :data:`rl_engine.backends.cuda_build.PROGRAMMATIC_LAUNCH`)
+"""The PDL mode (programmatic dependent launch, :func:`rl_engine.backends.cuda_launch.set_programmatic_launch`)
 of ``cuda_bf16``'s decode forwards on a GPU of at most :data:`CUDA_DECODE_PDL_MAX_BATCH` rows
 (:func:`decode_launch_scope`): 2 lets each decode kernel start while the one before it finishes,
 copying its weight meanwhile; 0 launches plainly. The bits do not depend on it (tested on the H200

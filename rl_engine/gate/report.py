@@ -538,10 +538,6 @@ def _plot_title(op: str, backend: str) -> str:
     return f"{op} / {backend}: error against the FP32 reference"
 
 
-def _plot_op_job(job: tuple[list[dict[str, Any]], str]) -> bytes | None:
-    return _plot_op(*job)
-
-
 def _render_all(jobs: list[tuple[list[dict[str, Any]], str]]) -> list[bytes | None]:
     """``_plot_op`` of every job, in order: in worker processes (spawned, so a parent that holds a
     CUDA context is never forked) when there are at least :data:`PLOT_PROCESS_MIN` jobs and more
@@ -550,9 +546,9 @@ def _render_all(jobs: list[tuple[list[dict[str, Any]], str]]) -> list[bytes | No
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     workers = min(cpus, len(jobs))
     if len(jobs) < PLOT_PROCESS_MIN or workers < 2:
-        return [_plot_op_job(j) for j in jobs]
+        return [_plot_op(rows, title) for rows, title in jobs]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_plot_op_job, jobs))
+        return list(pool.map(_plot_op, *zip(*jobs)))
 
 
 def write_plots(ev: dict[str, Any], out_dir: Path) -> list[tuple[str, str, str, bytes]]:
@@ -563,10 +559,10 @@ def write_plots(ev: dict[str, Any], out_dir: Path) -> list[tuple[str, str, str, 
 
     plots = []
     folder = out_dir / "plots"
-    jobs = [((op, backend), safe_output_path(folder, f"{op}-{backend}.png"), rs)  # names validated before any write
-            for (op, backend), rs in _plots_by_op(ev).items()]
-    args = [(rs, _plot_title(op, backend)) for (op, backend), _, rs in jobs]
-    for ((op, backend), target, _), png in zip(jobs, _render_all(args)):
+    by_op = _plots_by_op(ev)
+    targets = [safe_output_path(folder, f"{op}-{backend}.png") for op, backend in by_op]  # before any write
+    pngs = _render_all([(rs, _plot_title(op, backend)) for (op, backend), rs in by_op.items()])
+    for (op, backend), target, png in zip(by_op, targets, pngs):
         if png:
             write_bytes_atomic(target, png, prefix=".plot-")
             plots.append((op, backend, f"plots/{target.name}", png))

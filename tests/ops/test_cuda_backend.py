@@ -848,7 +848,7 @@ def test_cross_backend_check_catches_another_reduction_order(cuda_device):
 
 
 def test_programmatic_launch_mode_is_set_restored_and_checked(cuda_device):
-    """The PDL mode (``cuda_build.PROGRAMMATIC_LAUNCH``) is set and returned by
+    """The PDL mode (0 at the library's start) is set and returned by
     ``set_programmatic_launch``, restored by the ``programmatic_launch`` block even when it raises,
     and a mode out of range is refused by Python (ValueError) and by the library (-1, unchanged)."""
     from rl_engine.backends.cuda_launch import programmatic_launch, query, set_programmatic_launch
