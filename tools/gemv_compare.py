@@ -10,7 +10,7 @@ run under ``ncu`` too (``--once`` launches each shape once, untimed, for a kerne
 At M <= 16 the CUDA side is timed in both decode forms: the ring GEMV with its merge launch and the
 warp-streamed GEMV (``warp_gemv=True``, :data:`rl_engine.ops.det_gemm.cuda.WARP_GEMV_ON_CUDA`).
 
-Usage: ``python tools/gemv_compare.py [--once] [--variants]``
+Usage: ``python tools/gemv_compare.py [--once] [--variants | --ring-variants 0,6,7] [--ms 1,16,64]``
 """
 
 from __future__ import annotations
@@ -53,8 +53,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--once", action="store_true")
     ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--ring-variants", default=None, help="comma-separated ring / tile variants to time (implies --variants)")
+    ap.add_argument("--ms", default="1,16,64", help="comma-separated M values (default 1,16,64)")
     args = ap.parse_args()
-    variants = range(dg_cuda.GEMV_VARIANTS) if args.variants else (0,)
+    ms = tuple(int(v) for v in args.ms.split(","))
+    if args.ring_variants:
+        variants = tuple(int(v) for v in args.ring_variants.split(","))
+    else:
+        variants = range(dg_cuda.GEMV_VARIANTS) if args.variants else (0,)
     warp_variants = range(dg_cuda.WARP_GEMV_VARIANTS) if args.variants else (0,)
     dev = torch.device("cuda")
     copy = float("nan")
@@ -68,7 +74,7 @@ def main() -> int:
         ws = _weights(n, k, dev, k + n)
         w = ws[0]
         g = torch.Generator(device=dev).manual_seed(n)
-        for m in (1, 16, 64):
+        for m in ms:
             a = torch.randn((m, k), generator=g, device=dev).to(torch.bfloat16)
             if args.once:
                 dg_cuda.det_gemm_launch(a, w.t(), 2, warp_gemv=m <= 16)
@@ -104,7 +110,7 @@ def main() -> int:
     k, n = 4096, 151936
     g = torch.Generator(device=dev).manual_seed(7)
     w = (torch.randn((n, k), generator=g, device=dev) * k ** -0.5).to(torch.bfloat16)
-    for m in (1, 16, 64):
+    for m in ms:
         a = torch.randn((m, k), generator=g, device=dev).to(torch.bfloat16)
         if args.once:
             lm_cuda.gemm_f32_out(a, w.t(), warp_gemv=m <= 16)

@@ -3,7 +3,7 @@
 # the GPU tests of the decode kernels, the decode-attention and det_gemm (M = 64) sweeps, and
 # decode-step profiles; everything lands under $OUT.
 # env: OUT, TESTS (pytest selection), PROFILES ("backend:batch:context ..."), ATTN_SWEEP=0 / GEMM_SWEEP=0
-#      to skip a sweep, ATTN_BACKENDS ("triton cuda": the attention sweep per backend), GEMM_MS (the det_gemm
+#      to skip a sweep, ATTN_BACKENDS ("triton cuda": the attention sweep per backend; ATTN_ARGS, e.g. --quick), GEMM_MS (the det_gemm
 #      sweep's M values, default 64),
 #      WARP_GEMV=1 / CUDA_FUSED=1 turn on the cuda_bf16 warp GEMV / fused launches for the call,
 #      PDL=N sets the cuda_bf16 decode forward's PDL mode (rl_engine/chain/fused.py CUDA_DECODE_PDL) for the call,
@@ -11,7 +11,7 @@
 #      passed), PACKED=1 / BUCKETS=1 to turn the engine's packed projections / per-bucket graphs on
 #      for the call (before TESTS), FUSED=1 / LEAF_MERGE=1 the engine's fused launches / det_gemm's
 #      in-leaf merge,
-#      GEMV=1 for tools/gemv_compare.py (GEMV_ARGS, e.g. --variants; NCU=1 adds an ncu profile),
+#      GEMV=1 for tools/gemv_compare.py (GEMV_ARGS, e.g. --variants; GEMV_TIMEOUT, default 150 s; NCU=1 adds an ncu profile),
 #      NCU_ATTN=B:CONTEXT for an ncu profile of the CUDA decode attention's two launches, RMS_SWEEP=1
 #      for tools/rms_decode_sweep.py, BENCH_OPS="chain_decode ..." to run
 #      `rl-engine bench --ops` last. A flag turned on here is committed only after the call passed.
@@ -70,7 +70,7 @@ if [ "${GEMM_SWEEP:-1}" = "1" ]; then
   echo "det_gemm sweep rc $? after $(( $(date +%s) - start )) s"; grep -v "^  " "$OUT/det-gemm-sweep-m${GEMM_MS:-64}.txt" | tail -n 12
 fi
 if [ "${GEMV:-0}" = "1" ]; then  # decode GEMVs of both backends vs cuBLAS, and (NCU=1) an ncu profile of the CUDA one (NCU_SKIP: gemv launches skipped first, 6 = the gate/up product at M = 1)
-  timeout 150 python3 tools/gemv_compare.py ${GEMV_ARGS:-} >"$OUT/gemv-compare.txt" 2>&1
+  timeout "${GEMV_TIMEOUT:-150}" python3 tools/gemv_compare.py ${GEMV_ARGS:-} >"$OUT/gemv-compare.txt" 2>&1
   echo "gemv compare rc $? after $(( $(date +%s) - start )) s"; grep -v Warn "$OUT/gemv-compare.txt" | tail -n 16
   [ "${NCU:-0}" = "1" ] && timeout 120 ncu --kernel-name regex:gemv_ --launch-skip "${NCU_SKIP:-6}" --launch-count 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \

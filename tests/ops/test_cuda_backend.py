@@ -17,6 +17,8 @@ with a planted one-ulp negative control. No tolerance literal appears here.
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import shutil
 from pathlib import Path
@@ -264,7 +266,20 @@ def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
         for warp in (False, True):
             assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=warp), fused), \
                 f"M={m} warp_gemv={warp}"
+        if m > 16 and cuda_device.type == "cuda":  # the tile form's geometries at the real shapes
+            try:
+                for v in TILE_GEMV_VARIANTS:
+                    dg_cuda.set_gemv_variant(v)
+                    assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=False),
+                                       fused), f"M={m} variant {v}"
+            finally:
+                dg_cuda.set_gemv_variant(DEFAULT_GEMV_VARIANT)
     assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True), fused)
+
+
+TILE_GEMV_VARIANTS = (6, 7, 8, 9)
+"""The tile form's geometries among ``rl_engine.ops.det_gemm.cuda.GEMV_VARIANTS``."""
+DEFAULT_GEMV_VARIANT = 0
 
 
 def test_det_gemm_warp_gemv_depth_one_and_row_blocks(cuda_device):
@@ -330,7 +345,7 @@ def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
     try:
         for v in range(dg_cuda.GEMV_VARIANTS):
             dg_cuda.set_gemv_variant(v)
-            for m in (5, 40):  # one and three 16-row fragments per warp
+            for m in (5, 20, 40):  # one, two and three 16-row fragments per warp
                 a = rows[:m]
                 fused = dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=False)
                 ring = dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=False)
@@ -340,7 +355,7 @@ def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
                     f"variant {v}, M={m}"
                 assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True, warp_gemv=False), fused)
     finally:
-        dg_cuda.set_gemv_variant(0)
+        dg_cuda.set_gemv_variant(DEFAULT_GEMV_VARIANT)
     with pytest.raises(InputError, match="gemv variant"):
         dg_cuda.set_gemv_variant(dg_cuda.GEMV_VARIANTS)
 
@@ -457,8 +472,31 @@ def _varlen(lens, h, hkv, d, seed, device):
     return _bf16((t, h, d), seed, device), _bf16((t, hkv, d), seed + 1, device), _bf16((t, hkv, d), seed + 2, device), cu
 
 
+@contextlib.contextmanager
+def _pv_form(form: str):
+    """The decode step's second launch in ``form`` (rl_engine.ops.attention.cuda.DECODE_PV_FORMS)
+    inside the block, the previous form restored after it."""
+    from rl_engine.ops.attention import cuda as at_cuda
+
+    old = at_cuda.set_decode_pv_form(form)
+    try:
+        yield
+    finally:
+        at_cuda.set_decode_pv_form(old)
+
+
+@pytest.mark.parametrize("form", ["per_head", "head_fused"])
 @pytest.mark.parametrize("d", [32, 64])
-def test_attention_decode_bitwise_equals_prefill_rows(cuda_device, d):
+def test_attention_decode_bitwise_equals_prefill_rows(cuda_device, d, form):
+    """Every decode position (block edges included) of four sequences is bitwise the prefill row
+    of the same query, in both forms of the second launch; two query heads per KV head, so the
+    head-fused form also runs chains of heads that do not exist (never stored). Sequences that
+    are not live at a step get exact +0 rows."""
+    with _pv_form(form):
+        _decode_equals_prefill_rows(cuda_device, d)
+
+
+def _decode_equals_prefill_rows(cuda_device, d):
     lens = [1, 70, 5, 130]
     h, hkv = 4, 2
     q, k, v, cu = _varlen(lens, h, hkv, d, 7, cuda_device)
@@ -495,8 +533,9 @@ def test_attention_decode_bitwise_equals_prefill_rows(cuda_device, d):
 def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
     """The decode kernel's head-dim split (blocks that each own D / d_split output columns and load
     only that slice of V) gives the unsplit bits for d_split 2, 4, 8 at D = 128, with NaN written
-    past every length (masked means absent); d_split 0 (the library's choice) too. Control: a
-    cache whose V columns are rotated differs."""
+    past every length (masked means absent); d_split 0 (the library's choice) too; and so does each
+    form of the second launch (per head, head-fused, the library's choice). Control: a cache whose V
+    columns are rotated differs."""
     from rl_engine.ops.attention import cuda as at_cuda
 
     lens, h, hkv, d = (1, 63, 130), 8, 2, 128
@@ -507,9 +546,13 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
         vc[i, n:] = float("nan")
     q = _bf16((len(lens), h, d), 23, cuda_device)
     seqlens = torch.tensor(lens, dtype=torch.int32, device=cuda_device)
-    whole = at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=1)
-    for split in (2, 4, 8, 0):
-        assert _bits_equal(at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=split), whole), split
+    with _pv_form("per_head"):
+        whole = at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=1)
+    for form in at_cuda.DECODE_PV_FORMS:
+        with _pv_form(form):
+            for split in (1, 2, 4, 8, 0):
+                out = at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=split)
+                assert _bits_equal(out, whole), (form, split)
     rolled = vc[:, :, :, list(range(1, d)) + [0]].contiguous()
     assert not _bits_equal(at_cuda.attention_decode_fwd(q, kc, rolled, seqlens, d ** -0.5, d_split=4), whole)
 
@@ -517,7 +560,7 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
 def test_attention_decode_equals_prefill_at_qwen3_8b_shapes(cuda_device):
     """At Qwen3-8B head shapes (32 query heads, 8 KV heads, D = 128) and contexts up to 2050, a
     decode step's output is bitwise the prefill row of the same query at every probed position
-    (block edges included) and for every column split of the second launch. One BF16 output is
+    (block edges included), for every column split and every form of the second launch. One BF16 output is
     too coarse to show a one-ulp FP32 change of the softmax sum in a few hundred elements, so this
     runs on the GPU with 2^20 outputs per probe set. Control: the keys of another sequence differ."""
     from rl_engine.ops.attention import cuda as at_cuda
@@ -542,13 +585,31 @@ def test_attention_decode_equals_prefill_at_qwen3_8b_shapes(cuda_device):
             for b in live:
                 qd[b] = q[int(cu[b]) + pos]
             want = full[torch.tensor([int(cu[b]) + pos for b in live], device=cuda_device)]
-            for split in (0, 1, 2, 4, 8):
-                out = at_cuda.attention_decode_fwd(qd, kc, vc, seqlens, scale, d_split=split)
-                assert _bits_equal(out[live], want), (pos, split)
+            for form in at_cuda.DECODE_PV_FORMS:
+                with _pv_form(form):
+                    for split in (0, 1, 2, 4, 8):
+                        out = at_cuda.attention_decode_fwd(qd, kc, vc, seqlens, scale, d_split=split)
+                        assert _bits_equal(out[live], want), (pos, form, split)
         seqlens = torch.tensor([1, 700, 700, 700], dtype=torch.int32, device=cuda_device)
         qd = q[torch.tensor([0, int(cu[1]) + 699, int(cu[2]) + 699, int(cu[3]) + 699], device=cuda_device)]
         out = at_cuda.attention_decode_fwd(qd, kc[[0, 2, 1, 3]], vc, seqlens, scale)
         assert not _bits_equal(out[1], full[int(cu[1]) + 699])
+
+
+def test_decode_pv_form_is_checked_set_and_restored(cuda_device):
+    """set_decode_pv_form returns the previous form and refuses a name it does not know before it
+    reaches the library (which keeps its form)."""
+    from rl_engine.errors import InputError
+    from rl_engine.ops.attention import cuda as at_cuda
+
+    old = at_cuda.set_decode_pv_form("head_fused")
+    try:
+        assert at_cuda.set_decode_pv_form("per_head") == "head_fused"
+        with pytest.raises(InputError, match="decode pv form"):
+            at_cuda.set_decode_pv_form("fused")
+        assert at_cuda.set_decode_pv_form("per_head") == "per_head"
+    finally:
+        at_cuda.set_decode_pv_form(old)
 
 
 def test_attention_decode_past_4096_keys(cuda_device):

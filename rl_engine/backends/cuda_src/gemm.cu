@@ -500,6 +500,163 @@ int launch_gemv_ring(const TreeArgs& g, int leaves, void* out, int64_t s_om, int
     return launch_gemv_rows<OUT_F32, KS, STAGES, 4, PRE>(g, leaves, out, s_om, s_on, st);
 }
 
+// Tile form of the decode GEMV for batches of sequences (gemv_tile_kernel; M up to 64): the ring
+// kernel above has each of its warps load all M rows of A from shared memory for a 16-column strip,
+// so at M = 64 it reads four bytes of A from shared memory per byte of weight, and each 64-column
+// block fetches its own copy of A through the L2. Here a block of WARPS warps owns 32 WARPS columns
+// of one leaf and each warp a 16 MF x 32 tile: per 32-wide step it loads its A rows (2 MF ldmatrix)
+// and its 32 weight rows (4 ldmatrix) once and issues 8 MF mma.sync m16n8k16 from them.
+//   * The K loop is the fused kernel's leaf loop: 32-wide steps from the leaf's first index in
+//     increasing k, each two MMAs of 16 k (k 0..15, then 16..31), zero-filled past the leaf's end,
+//     no step past its last; every output element is one accumulator fed by the same HMMA
+//     instructions in the same order as WMMA's 16x16x16 tiles (the warp GEMV's argument), so the
+//     same FP32 sums; then one rounding to BF16 into the leaf workspace (leaf_merge_kernel merges),
+//     or the FP32 sum itself for the FP32-output GEMM (one leaf).
+//   * A ring slot holds GT_SK = 64 k (two steps) of the block's 16 MF A rows and its weight rows,
+//     16-byte cp.async copies (a leaf's bounds are multiples of 8, so a copy lies wholly inside or
+//     outside it; rows past M or N and chunks past the leaf's end are zero-filled); STAGES slots,
+//     STAGES - 1 in flight while the block multiplies the oldest. Row stride 144 bytes: the eight
+//     rows of an 8 x 8 ldmatrix fall in distinct banks.
+// Needs what the ring kernel needs (gemv_ok). The geometry (WARPS, STAGES) changes which warp
+// computes which columns and how far ahead copies run, never a step, its order or an instruction.
+constexpr int GT_SK = 2 * TB_K;    // k per ring slot
+constexpr int GT_LD = GT_SK + 8;   // row stride of a slot (elements)
+constexpr int GT_WN = 32;          // columns per warp
+
+template <int WARPS, int STAGES, int MF>
+struct GtRing {
+    static constexpr int ROWS = 16 * MF;                  // A rows of a slot
+    static constexpr int COLS = GT_WN * WARPS;            // weight rows (output columns) of a slot
+    static constexpr int SLOT = (ROWS + COLS) * GT_LD;    // elements: A rows, then weight rows
+    static constexpr size_t SMEM = static_cast<size_t>(STAGES) * SLOT * sizeof(bf16);
+    static constexpr int THREADS = 32 * WARPS;
+};
+
+template <bool OUT_F32, int WARPS, int STAGES, int MF>
+__global__ void __launch_bounds__(GtRing<WARPS, STAGES, MF>::THREADS)
+    gemv_tile_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
+    using R = GtRing<WARPS, STAGES, MF>;
+    constexpr int CHUNKS = GT_SK / 8;  // 16-byte chunks per row of a slot
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16* ring = reinterpret_cast<bf16*>(smem_raw);
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int64_t n0 = static_cast<int64_t>(blockIdx.x) * R::COLS;
+    const int leaf = static_cast<int>(blockIdx.y);
+    const int64_t lo = g.bounds[leaf];
+    const int64_t width = g.bounds[leaf + 1] - lo;
+    const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
+    const int64_t slots = cdiv(width, static_cast<int64_t>(GT_SK));
+
+    auto issue = [&](int64_t s) {  // slot s: k in [lo + s GT_SK, + GT_SK)
+        bf16* slot = ring + (s % STAGES) * R::SLOT;
+        for (int v = threadIdx.x; v < (R::ROWS + R::COLS) * CHUNKS; v += R::THREADS) {
+            const int r = v / CHUNKS;
+            const int kc = (v % CHUNKS) * 8;
+            const int64_t off = s * GT_SK + kc;  // offset inside the leaf
+            const bool in = off < width;
+            const bf16* src;
+            bool ok;
+            if (r < R::ROWS) {
+                ok = in && r < g.M;
+                src = g.a + (ok ? r * g.s_am + lo + off : 0);
+            } else {
+                const int64_t n = n0 + (r - R::ROWS);
+                ok = in && n < g.N;
+                src = g.b + (ok ? n * g.s_bn + lo + off : 0);
+            }
+            cp_async16(slot + r * GT_LD + kc, src, ok ? 16 : 0);
+        }
+    };
+
+    float acc[MF][GT_WN / 8][4];
+#pragma unroll
+    for (int f = 0; f < MF; ++f)
+#pragma unroll
+        for (int j = 0; j < GT_WN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[f][j][e] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < slots) issue(s);
+        cp_async_commit();
+    }
+    // ldmatrix row addresses: A (16 x 16 of a k half): lanes 0..15 rows 0..15 at k 0, lanes 16..31
+    // the same rows at k 8; weights (8 rows x 32 k): lanes 8q .. 8q + 7 rows 0..7 at k 8q.
+    const int arow = lane & 15;
+    const int akof = (lane >> 4) * 8;
+    const int brow = lane & 7;
+    const int bkof = (lane >> 3) * 8;
+    for (int64_t i = 0; i < slots; ++i) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // slot i has landed for every thread; slot i - 1 is free again
+        if (i + STAGES - 1 < slots) issue(i + STAGES - 1);
+        cp_async_commit();
+        const bf16* slot = ring + (i % STAGES) * R::SLOT;
+        const bf16* wrows = slot + (R::ROWS + warp * GT_WN) * GT_LD;
+#pragma unroll
+        for (int q = 0; q < GT_SK / TB_K; ++q) {
+            if (i * (GT_SK / TB_K) + q >= steps) break;  // uniform: no step past the leaf's last
+            uint32_t a[MF][2][4];
+#pragma unroll
+            for (int f = 0; f < MF; ++f)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) ldsm_x4(a[f][c], slot + (16 * f + arow) * GT_LD + q * TB_K + 16 * c + akof);
+#pragma unroll
+            for (int j = 0; j < GT_WN / 8; ++j) {
+                uint32_t b[4];  // k 0..7, 8..15 (first MMA), 16..23, 24..31 (second) of weight rows 8j .. 8j + 7
+                ldsm_x4(b, wrows + (8 * j + brow) * GT_LD + q * TB_K + bkof);
+                const uint32_t b0[2] = {b[0], b[1]};
+                const uint32_t b1[2] = {b[2], b[3]};
+#pragma unroll
+                for (int f = 0; f < MF; ++f) {
+                    mma_bf16_16816(acc[f][j], a[f][0], b0);
+                    mma_bf16_16816(acc[f][j], a[f][1], b1);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+    const int gq = lane >> 2;
+    const int t = lane & 3;
+#pragma unroll
+    for (int f = 0; f < MF; ++f)
+#pragma unroll
+        for (int j = 0; j < GT_WN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int64_t r = 16 * f + gq + 8 * (e >> 1);
+                const int64_t c = n0 + warp * GT_WN + 8 * j + 2 * t + (e & 1);
+                if (r < g.M && c < g.N) {
+                    if (OUT_F32) {
+                        static_cast<float*>(out)[r * s_om + c * s_on] = acc[f][j][e];
+                    } else {
+                        static_cast<bf16*>(out)[leaf * g.M * g.N + r * s_om + c * s_on] = to_bf16(acc[f][j][e]);
+                    }
+                }
+            }
+}
+
+template <bool OUT_F32, int WARPS, int STAGES, int MF>
+int launch_gemv_tile_rows(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    using R = GtRing<WARPS, STAGES, MF>;
+    const cudaError_t e = cudaFuncSetAttribute(gemv_tile_kernel<OUT_F32, WARPS, STAGES, MF>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(R::SMEM));
+    if (e != cudaSuccess) return static_cast<int>(e);
+    dim3 grid(static_cast<unsigned>(cdiv(g.N, static_cast<int64_t>(R::COLS))), static_cast<unsigned>(leaves));
+    gemv_tile_kernel<OUT_F32, WARPS, STAGES, MF><<<grid, R::THREADS, R::SMEM, st>>>(g, out, s_om, s_on);
+    return launch_status();
+}
+
+// The A rows MF from M (a speed choice; every fragment runs the same steps whatever MF).
+template <bool OUT_F32, int WARPS, int STAGES>
+int launch_gemv_tile(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    if (g.M <= 16) return launch_gemv_tile_rows<OUT_F32, WARPS, STAGES, 1>(g, leaves, out, s_om, s_on, st);
+    if (g.M <= 32) return launch_gemv_tile_rows<OUT_F32, WARPS, STAGES, 2>(g, leaves, out, s_om, s_on, st);
+    return launch_gemv_tile_rows<OUT_F32, WARPS, STAGES, 4>(g, leaves, out, s_om, s_on, st);
+}
+
 // The ring variants (KS, STAGES) and shared memory per block at MF = 1 (the A rows grow with MF):
 // 0 = (4, 2) 44 KB with each thread's copy sources worked out once per block (GvSources), the
 // default; 1 = (2, 4) 46 KB; 2 = (2, 6) 69 KB; 3 = (1, 8) 51 KB; 4 = (4, 4) 87 KB; 5 = (4, 2) 44 KB
@@ -507,17 +664,30 @@ int launch_gemv_ring(const TreeArgs& g, int leaves, void* out, int64_t s_om, int
 // 0 and 5 were swapped) variant 0 was the fastest ring at every Qwen3-8B shape and M in {1, 16, 64}:
 // at M = 64, 34.4 / 25.5 / 122.8 / 60.5 us for the q/k/v, o, gate/up and down products against
 // 39.1 / 33.6 / 145.1 / 83.5 us for variant 5.
-constexpr int GV_VARIANTS = 6;
+// 6 .. 9 are the tile form (gemv_tile_kernel) with (WARPS, STAGES) = 6: (4, 4) 110 KB at M = 64
+// (128 columns per block); 7: (4, 3) 83 KB; 8: (8, 3) 138 KB (256 columns); 9: (2, 4) 74 KB (64
+// columns).
+constexpr int GV_VARIANTS = 10;
 int g_gemv_variant = 0;
+
+// Variant 0, the default, takes the tile form (6's geometry) above this many rows: a speed choice
+// from M only, the same bits.
+constexpr int64_t GV_TILE_MIN_M = 17;
 
 template <bool OUT_F32>
 int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    if (g_gemv_variant == 0 && g.M >= GV_TILE_MIN_M)
+        return launch_gemv_tile<OUT_F32, 4, 4>(g, leaves, out, s_om, s_on, st);
     switch (g_gemv_variant) {
         case 1: return launch_gemv_ring<OUT_F32, 2, 4>(g, leaves, out, s_om, s_on, st);
         case 2: return launch_gemv_ring<OUT_F32, 2, 6>(g, leaves, out, s_om, s_on, st);
         case 3: return launch_gemv_ring<OUT_F32, 1, 8>(g, leaves, out, s_om, s_on, st);
         case 4: return launch_gemv_ring<OUT_F32, 4, 4>(g, leaves, out, s_om, s_on, st);
         case 5: return launch_gemv_ring<OUT_F32, 4, 2>(g, leaves, out, s_om, s_on, st);
+        case 6: return launch_gemv_tile<OUT_F32, 4, 4>(g, leaves, out, s_om, s_on, st);
+        case 7: return launch_gemv_tile<OUT_F32, 4, 3>(g, leaves, out, s_om, s_on, st);
+        case 8: return launch_gemv_tile<OUT_F32, 8, 3>(g, leaves, out, s_om, s_on, st);
+        case 9: return launch_gemv_tile<OUT_F32, 2, 4>(g, leaves, out, s_om, s_on, st);
         default: return launch_gemv_ring<OUT_F32, 4, 2, true>(g, leaves, out, s_om, s_on, st);
     }
 }
