@@ -1,6 +1,6 @@
 """Sweep the decode-attention launch on a GPU (issue #19): Triton's head-dim split, warps and
 stages, or with ``--backend cuda`` the CUDA backend's column split of its second launch and that launch's form
-(per head or head-fused, ``rl_engine.ops.attention.cuda.DECODE_PV_FORMS``).
+(standard or deep V ring, ``rl_engine.ops.attention.cuda.DECODE_PV_FORMS``).
 
 For B in {1, 16, 64} x context in {1024, 8192} at Qwen3-8B head shapes (32 query heads over 8 KV
 heads, D = 128; a static cache of exactly ``context`` positions, every sequence at full length), each
@@ -77,7 +77,7 @@ def main() -> int:
         scale = D ** -0.5
         nbytes = 2 * kc.numel() * 2
         if at is at_cuda:
-            at_cuda.set_decode_pv_form("per_head")
+            at_cuda.set_decode_pv_form("standard")
         ref = at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=1)
         if at is at_cuda:
             at_cuda.set_decode_pv_form("auto")

@@ -485,13 +485,12 @@ def _pv_form(form: str):
         at_cuda.set_decode_pv_form(old)
 
 
-@pytest.mark.parametrize("form", ["per_head", "head_fused"])
+@pytest.mark.parametrize("form", ["standard", "deep"])
 @pytest.mark.parametrize("d", [32, 64])
 def test_attention_decode_bitwise_equals_prefill_rows(cuda_device, d, form):
     """Every decode position (block edges included) of four sequences is bitwise the prefill row
-    of the same query, in both forms of the second launch; two query heads per KV head, so the
-    head-fused form also runs chains of heads that do not exist (never stored). Sequences that
-    are not live at a step get exact +0 rows."""
+    of the same query, in both forms of the second launch (standard and deep V ring). Sequences
+    that are not live at a step get exact +0 rows."""
     with _pv_form(form):
         _decode_equals_prefill_rows(cuda_device, d)
 
@@ -534,7 +533,7 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
     """The decode kernel's head-dim split (blocks that each own D / d_split output columns and load
     only that slice of V) gives the unsplit bits for d_split 2, 4, 8 at D = 128, with NaN written
     past every length (masked means absent); d_split 0 (the library's choice) too; and so does each
-    form of the second launch (per head, head-fused, the library's choice). Control: a cache whose V
+    form of the second launch (standard and deep V ring, the library's choice). Control: a cache whose V
     columns are rotated differs."""
     from rl_engine.ops.attention import cuda as at_cuda
 
@@ -546,7 +545,7 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
         vc[i, n:] = float("nan")
     q = _bf16((len(lens), h, d), 23, cuda_device)
     seqlens = torch.tensor(lens, dtype=torch.int32, device=cuda_device)
-    with _pv_form("per_head"):
+    with _pv_form("standard"):
         whole = at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=1)
     for form in at_cuda.DECODE_PV_FORMS:
         with _pv_form(form):
@@ -602,12 +601,12 @@ def test_decode_pv_form_is_checked_set_and_restored(cuda_device):
     from rl_engine.errors import InputError
     from rl_engine.ops.attention import cuda as at_cuda
 
-    old = at_cuda.set_decode_pv_form("head_fused")
+    old = at_cuda.set_decode_pv_form("deep")
     try:
-        assert at_cuda.set_decode_pv_form("per_head") == "head_fused"
+        assert at_cuda.set_decode_pv_form("standard") == "deep"
         with pytest.raises(InputError, match="decode pv form"):
-            at_cuda.set_decode_pv_form("fused")
-        assert at_cuda.set_decode_pv_form("per_head") == "per_head"
+            at_cuda.set_decode_pv_form("deeper")
+        assert at_cuda.set_decode_pv_form("standard") == "standard"
     finally:
         at_cuda.set_decode_pv_form(old)
 

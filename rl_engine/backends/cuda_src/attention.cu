@@ -314,26 +314,20 @@ attn_decode_scores_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k
     }
 }
 
-// Launch 2 has two forms that run the same chains (the form only decides which thread runs which
-// chain, so the bits do not depend on it; tested):
-//   * per head (HF = false): a P V thread owns CPT columns of one query head;
-//   * head-fused (HF = true): a P V thread owns CPT columns of every head of the block (DC_HEADS
-//     heads of one KV group), so each V element is read from shared memory and converted once for
-//     DC_HEADS chains, and one 16-byte load gives the p of every head for a key (p is stored key
-//     major). A quarter of the P V threads, about half the instructions per FMA.
-template <int D, int DSPLIT, bool HF>
+// Launch 2's V ring: DEEP keeps about twice as many V tiles in flight per block (a speed choice:
+// which tiles are in flight never changes a chain, so the bits are the same; tested).
+template <int D, int DSPLIT, bool DEEP>
 struct DecodePv {
     static constexpr int DV = D / DSPLIT;                 // output columns per block
-    // Columns per P V thread. Per head: one at the small-batch splits (4 and 8, latency-bound walks:
-    // half the instructions per thread per key block), else a pair. Head-fused: a pair from 64
-    // columns up, else one. Each column's chain is the same either way.
-    static constexpr int CPT = HF ? (DV >= 64 ? 2 : 1) : (DSPLIT >= 4 ? 1 : 2);
-    static constexpr int NPV = (HF ? 1 : DC_HEADS) * DV / CPT;  // P V threads
+    // Columns per P V thread: one at the small-batch splits (4 and 8, latency-bound walks: half the
+    // instructions per thread per key block), else a pair. Each column's chain is the same either way.
+    static constexpr int CPT = DSPLIT >= 4 ? 1 : 2;
+    static constexpr int NPV = DC_HEADS * DV / CPT;       // P V threads: CPT columns of one head each
     static constexpr int THREADS = DC_STAT_THREADS + NPV;
     static constexpr int LDV = DV + 8;
     static constexpr int TILE = AT_BKV * LDV;             // elements of one V tile
-    // about 50 KB of V in flight at most (head-fused at 128 columns: 3 tiles ahead, 52 KB)
-    static constexpr int STAGES = DV >= 128 ? (HF ? 4 : 3) : (DV >= 64 ? 5 : 8);
+    // about 50 KB of V in flight at most; DEEP about 90 KB (at DV >= 64)
+    static constexpr int STAGES = DEEP ? (DV >= 128 ? 6 : (DV >= 64 ? 10 : 16)) : (DV >= 128 ? 3 : (DV >= 64 ? 5 : 8));
     static constexpr int SCORES = DC_HEADS * AT_BKV;      // floats of one score block
     static constexpr size_t SMEM = static_cast<size_t>(STAGES) * TILE * sizeof(bf16) +
                                    static_cast<size_t>(DC_SSTAGES * SCORES + 2 * DC_HEADS * AT_BKV + 2 * DC_HEADS +
@@ -342,33 +336,19 @@ struct DecodePv {
     static_assert((STAGES * TILE * sizeof(bf16)) % 16 == 0, "the FP32 areas start 16-byte aligned");
 };
 
-// CPT consecutive BF16 values of shared row v as FP32 (exact).
-template <int CPT>
-__device__ __forceinline__ void dc_load_v(float (&x)[CPT], const bf16* v) {
-    if constexpr (CPT == 2) {
-        const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v));
-        x[0] = v2.x;
-        x[1] = v2.y;
-    } else {
-        x[0] = f32(v[0]);
-    }
-}
-
-template <int D, int DSPLIT, bool HF>
-__global__ void __launch_bounds__(DecodePv<D, DSPLIT, HF>::THREADS)
+template <int D, int DSPLIT, bool DEEP>
+__global__ void __launch_bounds__(DecodePv<D, DSPLIT, DEEP>::THREADS)
 attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc, bf16* __restrict__ out,
                       const int32_t* __restrict__ seqlens, int64_t group, int64_t n_hb, int64_t s_sb, int64_t s_sh,
                       int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, int vec) {
-    using P = DecodePv<D, DSPLIT, HF>;
+    using P = DecodePv<D, DSPLIT, DEEP>;
     constexpr int DV = P::DV;
     constexpr int LDV = P::LDV;
     constexpr int STAGES = P::STAGES;
-    constexpr int CPT = P::CPT;
-    constexpr int NH = HF ? DC_HEADS : 1;  // heads per P V thread
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* ring = reinterpret_cast<bf16*>(smem_raw);                    // [STAGES][64][LDV] V tiles
     float* sring = reinterpret_cast<float*>(ring + STAGES * P::TILE);  // [DC_SSTAGES][DC_HEADS][64] scores
-    float* ps = sring + DC_SSTAGES * P::SCORES;  // [2][DC_HEADS][64] p (per head), [2][64][DC_HEADS] (head-fused)
+    float* ps = sring + DC_SSTAGES * P::SCORES;                        // [2][DC_HEADS][64] p
     float* al = ps + 2 * DC_HEADS * AT_BKV;                            // [2][DC_HEADS] alpha
     float* lsum = al + 2 * DC_HEADS;                                   // [DC_HEADS] l
 
@@ -416,26 +396,19 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
         psum = half_warp_sum(psum);
         l = l * alpha + psum;
         m = m_new;
-        float* pb = ps + (blk & 1) * DC_HEADS * AT_BKV;
+        float* pb = ps + (blk & 1) * DC_HEADS * AT_BKV + hh_s * AT_BKV;
 #pragma unroll
-        for (int jj = 0; jj < AT_CPT; ++jj) {
-            const int key = cs + AT_LANES * jj;
-            pb[HF ? key * DC_HEADS + hh_s : hh_s * AT_BKV + key] = p[jj];
-        }
+        for (int jj = 0; jj < AT_CPT; ++jj) pb[cs + AT_LANES * jj] = p[jj];
         if (cs == 0) al[(blk & 1) * DC_HEADS + hh_s] = alpha;
     };
 
-    // P V threads: per head, head hh = t / (DV / CPT); head-fused, every head. Local columns lc ..
-    // lc + CPT - 1.
+    // P V threads: head hh = t / (DV / CPT), local columns lc .. lc + CPT - 1
     const int t = tid - DC_STAT_THREADS;
-    const int hh_v = (stat || HF) ? 0 : t / (DV / CPT);
+    constexpr int CPT = P::CPT;
+    const int hh_v = stat ? 0 : t / (DV / CPT);
     const int lc = stat ? 0 : (t % (DV / CPT)) * CPT;
     const bf16* v_base = vc + b * s_vb + kvh * s_vh + d0;
-    float o[NH][CPT];
-#pragma unroll
-    for (int h = 0; h < NH; ++h)
-#pragma unroll
-        for (int c = 0; c < CPT; ++c) o[h][c] = 0.0f;
+    float o0 = 0.0f, o1 = 0.0f;
 
     // Launched through launch_pdl right after launch 1 (common.cuh's PDL rules). The V tiles are
     // copied before pdl_wait: the cache rows and seqlens were written before launch 1, and launch 1
@@ -472,72 +445,40 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
             dc_issue_rows<DV, AT_BKV, LDV, P::NPV>(ring + (nxt % STAGES) * P::TILE, v_base, s_vt, nxt * AT_BKV, n, t,
                                                    vec);
         cp_async_commit();
-        const float* pk = ps + (k & 1) * DC_HEADS * AT_BKV;  // this block's p
+        const float a = al[(k & 1) * DC_HEADS + hh_v];
+        const float4* pb = reinterpret_cast<const float4*>(ps + (k & 1) * DC_HEADS * AT_BKV + hh_v * AT_BKV);
         const bf16* vt = ring + (k % STAGES) * P::TILE + lc;
+        o0 = o0 * a;
+        o1 = o1 * a;
         const int64_t kv0 = k * AT_BKV;
-        const bool whole = kv0 + AT_BKV - 1 <= n - 1;  // the row sees the whole block
-        if constexpr (HF) {
-            const float4 a4 = *reinterpret_cast<const float4*>(al + (k & 1) * DC_HEADS);
-            const float a[DC_HEADS] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-            for (int h = 0; h < DC_HEADS; ++h)
-#pragma unroll
-                for (int c = 0; c < CPT; ++c) o[h][c] = o[h][c] * a[h];
-            const float4* p4 = reinterpret_cast<const float4*>(pk);
-            if (whole) {
-#pragma unroll 8
-                for (int j = 0; j < AT_BKV; ++j) {
-                    const float4 pj4 = p4[j];
-                    const float pj[DC_HEADS] = {pj4.x, pj4.y, pj4.z, pj4.w};
-                    float x[CPT];
-                    dc_load_v<CPT>(x, vt + j * LDV);
-#pragma unroll
-                    for (int h = 0; h < DC_HEADS; ++h)
-#pragma unroll
-                        for (int c = 0; c < CPT; ++c) o[h][c] = __fmaf_rn(pj[h], x[c], o[h][c]);
-                }
-            } else {  // masked keys (p = 0): their values are absent, not 0 * v
-                for (int j = 0; j < AT_BKV; ++j) {
-                    const float4 pj4 = p4[j];
-                    const float pj[DC_HEADS] = {pj4.x, pj4.y, pj4.z, pj4.w};
-                    const bool vis = kv0 + j <= n - 1;
-                    float x[CPT];
-                    dc_load_v<CPT>(x, vt + j * LDV);
-#pragma unroll
-                    for (int c = 0; c < CPT; ++c) x[c] = absent_if_masked(x[c], vis);
-#pragma unroll
-                    for (int h = 0; h < DC_HEADS; ++h)
-#pragma unroll
-                        for (int c = 0; c < CPT; ++c) o[h][c] = __fmaf_rn(pj[h], x[c], o[h][c]);
-                }
-            }
-        } else {
-            const float a = al[(k & 1) * DC_HEADS + hh_v];
-            const float4* pb = reinterpret_cast<const float4*>(pk + hh_v * AT_BKV);
-#pragma unroll
-            for (int c = 0; c < CPT; ++c) o[0][c] = o[0][c] * a;
-            if (whole) {
+        if (kv0 + AT_BKV - 1 <= n - 1) {  // the row sees the whole block
 #pragma unroll 4
-                for (int j4 = 0; j4 < AT_BKV / 4; ++j4) {
-                    const float4 p4 = pb[j4];
-                    const float pj[4] = {p4.x, p4.y, p4.z, p4.w};
+            for (int j4 = 0; j4 < AT_BKV / 4; ++j4) {
+                const float4 p4 = pb[j4];
+                const float pj[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        float x[CPT];
-                        dc_load_v<CPT>(x, vt + (4 * j4 + i) * LDV);
-#pragma unroll
-                        for (int c = 0; c < CPT; ++c) o[0][c] = __fmaf_rn(pj[i], x[c], o[0][c]);
+                for (int i = 0; i < 4; ++i) {
+                    if constexpr (CPT == 2) {
+                        const float2 v2 =
+                            __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + (4 * j4 + i) * LDV));
+                        o0 = __fmaf_rn(pj[i], v2.x, o0);
+                        o1 = __fmaf_rn(pj[i], v2.y, o1);
+                    } else {
+                        o0 = __fmaf_rn(pj[i], f32(vt[(4 * j4 + i) * LDV]), o0);
                     }
                 }
-            } else {  // masked keys (p = 0): their values are absent, not 0 * v
-                const float* pf = reinterpret_cast<const float*>(pb);
-                for (int j = 0; j < AT_BKV; ++j) {
-                    const float pj = pf[j];
-                    const bool vis = kv0 + j <= n - 1;
-                    float x[CPT];
-                    dc_load_v<CPT>(x, vt + j * LDV);
-#pragma unroll
-                    for (int c = 0; c < CPT; ++c) o[0][c] = __fmaf_rn(pj, absent_if_masked(x[c], vis), o[0][c]);
+            }
+        } else {  // masked keys (p = 0): their values are absent, not 0 * v
+            const float* pf = reinterpret_cast<const float*>(pb);
+            for (int j = 0; j < AT_BKV; ++j) {
+                const float pj = pf[j];
+                const bool vis = kv0 + j <= n - 1;
+                if constexpr (CPT == 2) {
+                    const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + j * LDV));
+                    o0 = __fmaf_rn(pj, absent_if_masked(v2.x, vis), o0);
+                    o1 = __fmaf_rn(pj, absent_if_masked(v2.y, vis), o1);
+                } else {
+                    o0 = __fmaf_rn(pj, absent_if_masked(f32(vt[j * LDV]), vis), o0);
                 }
             }
         }
@@ -545,17 +486,12 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
     cp_async_wait<0>();
     if (stat && cs == 0) lsum[hh_s] = l;
     __syncthreads();
-    if (stat) return;
-#pragma unroll
-    for (int h = 0; h < NH; ++h) {
-        const int hh = HF ? h : hh_v;
-        if (g0 + hh >= group) continue;
-        const float lv = lsum[hh];
-        const bool has = lv != 0.0f;  // 0: no visible key (exact 0); NaN: a visible non-finite value
-        bf16* orow = out + b * s_ob + (kvh * group + g0 + hh) * s_oh + d0 + lc;
-#pragma unroll
-        for (int c = 0; c < CPT; ++c) orow[c] = to_bf16(has ? o[h][c] / lv : 0.0f);
-    }
+    if (stat || g0 + hh_v >= group) return;
+    const float lv = lsum[hh_v];
+    const bool has = lv != 0.0f;  // 0: no visible key (exact 0); NaN: a visible non-finite value
+    bf16* orow = out + b * s_ob + (kvh * group + g0 + hh_v) * s_oh + d0 + lc;
+    orow[0] = to_bf16(has ? o0 / lv : 0.0f);
+    if constexpr (CPT == 2) orow[1] = to_bf16(has ? o1 / lv : 0.0f);
 }
 
 inline bool rows_vec16(const void* base, int64_t s0, int64_t s1, int64_t s2) {
@@ -568,25 +504,24 @@ inline bool rows_vec16(const void* base, int64_t s0, int64_t s1, int64_t s2) {
 // with every other decode kernel under PDL); a speed choice, the same bits either way.
 constexpr int64_t DECODE_PDL_MAX_BATCH = 8;
 
-template <int D, int DSPLIT, bool HF>
+template <int D, int DSPLIT, bool DEEP>
 int launch_decode_pv(const float* sc, const void* vc, void* out, const void* seqlens, int64_t batch, int64_t kv_heads,
                      int64_t group, int64_t n_hb, int64_t s_sb, int64_t s_sh, int64_t s_vb, int64_t s_vt,
                      int64_t s_vh, int64_t s_ob, int64_t s_oh, cudaStream_t st) {
-    using P = DecodePv<D, DSPLIT, HF>;
-    if (int e = prepare(attn_decode_pv_kernel<D, DSPLIT, HF>, P::SMEM)) return e;
+    using P = DecodePv<D, DSPLIT, DEEP>;
+    if (int e = prepare(attn_decode_pv_kernel<D, DSPLIT, DEEP>, P::SMEM)) return e;
     dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb), static_cast<unsigned>(DSPLIT));
-    return launch_pdl_if(batch <= DECODE_PDL_MAX_BATCH, attn_decode_pv_kernel<D, DSPLIT, HF>, grid,
+    return launch_pdl_if(batch <= DECODE_PDL_MAX_BATCH, attn_decode_pv_kernel<D, DSPLIT, DEEP>, grid,
                          dim3(P::THREADS), P::SMEM, st, sc, static_cast<const bf16*>(vc), static_cast<bf16*>(out),
                          static_cast<const int32_t*>(seqlens), group, n_hb, s_sb, s_sh, s_vb, s_vt, s_vh, s_ob, s_oh,
                          static_cast<int>(rows_vec16(vc, s_vb, s_vt, s_vh)));
 }
 
-// Launch 2's form (DecodePv): 0 = the library's choice (head-fused from DECODE_HF_MIN_GROUPS
-// (sequence, KV head x head block) groups up), 1 = per head, 2 = head-fused. Set for the process by
-// rl_attention_decode_pv_form (tests and the sweep tool); a speed choice, the same bits.
+// Launch 2's form (DecodePv): 0 = the library's choice (the standard V ring), 1 = the standard ring,
+// 2 = the deep ring. Set for the process by rl_attention_decode_pv_form (tests and the sweep tool);
+// a speed choice, the same bits.
 constexpr int DECODE_PV_FORMS = 3;
 int g_decode_pv_form = 0;
-constexpr int64_t DECODE_HF_MIN_GROUPS = 64;
 
 // The column split of launch 2 when the caller leaves it to the library (d_split 0): doubled while
 // the grid has fewer than DECODE_PV_BLOCKS blocks (a speed choice from B and the head shapes only;
@@ -617,12 +552,12 @@ int launch_decode(const void* q, const void* kc, const void* vc, void* out, cons
         dsplit = 1;
         while (blocks * dsplit < DECODE_PV_BLOCKS && dsplit < 8 && D / (2 * dsplit) >= 16) dsplit *= 2;
     }
-    const bool hf = g_decode_pv_form == 2 || (g_decode_pv_form == 0 && blocks >= DECODE_HF_MIN_GROUPS);
-#define RL_DECODE_PV(S)                                                                                          \
-    (hf ? launch_decode_pv<D, S, true>(scores, vc, out, seqlens, batch, kv_heads, group, n_hb, s_sb, s_sh, s_vb, \
-                                       s_vt, s_vh, s_ob, s_oh, st)                                                 \
-        : launch_decode_pv<D, S, false>(scores, vc, out, seqlens, batch, kv_heads, group, n_hb, s_sb, s_sh, s_vb, \
-                                        s_vt, s_vh, s_ob, s_oh, st))
+    const bool deep = g_decode_pv_form == 2;
+#define RL_DECODE_PV(S)                                                                                           \
+    (deep ? launch_decode_pv<D, S, true>(scores, vc, out, seqlens, batch, kv_heads, group, n_hb, s_sb, s_sh, s_vb, \
+                                         s_vt, s_vh, s_ob, s_oh, st)                                                 \
+          : launch_decode_pv<D, S, false>(scores, vc, out, seqlens, batch, kv_heads, group, n_hb, s_sb, s_sh, s_vb, \
+                                          s_vt, s_vh, s_ob, s_oh, st))
     if (dsplit == 1) return RL_DECODE_PV(1);
     if constexpr (D / 2 >= 16) {
         if (dsplit == 2) return RL_DECODE_PV(2);
@@ -638,9 +573,9 @@ int launch_decode(const void* q, const void* kc, const void* vc, void* out, cons
 }
 }  // namespace
 
-// Pick launch 2's form of the decode step (0 = the library's choice, 1 = per head, 2 = head-fused)
-// for every later launch of this process; returns the previous one, or -1 (and changes nothing) for
-// a value outside the range. For tests and the sweep tool: the bits do not depend on the form.
+// Pick launch 2's form of the decode step (0 = the library's choice, 1 = standard V ring, 2 = deep
+// V ring) for every later launch of this process; returns the previous one, or -1 (and changes
+// nothing) for a value outside the range. For tests and the sweep tool: the bits do not depend on it.
 RL_EXPORT int64_t rl_attention_decode_pv_form(int64_t form) {
     if (form < 0 || form >= DECODE_PV_FORMS) return -1;
     const int64_t old = g_decode_pv_form;

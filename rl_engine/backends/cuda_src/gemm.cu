@@ -512,30 +512,32 @@ int launch_gemv_ring(const TreeArgs& g, int leaves, void* out, int64_t s_om, int
 //     instructions in the same order as WMMA's 16x16x16 tiles (the warp GEMV's argument), so the
 //     same FP32 sums; then one rounding to BF16 into the leaf workspace (leaf_merge_kernel merges),
 //     or the FP32 sum itself for the FP32-output GEMM (one leaf).
-//   * A ring slot holds GT_SK = 64 k (two steps) of the block's 16 MF A rows and its weight rows,
+//   * A ring slot holds KS steps (64 or 128 k) of the block's 16 MF A rows and its weight rows,
 //     16-byte cp.async copies (a leaf's bounds are multiples of 8, so a copy lies wholly inside or
 //     outside it; rows past M or N and chunks past the leaf's end are zero-filled); STAGES slots,
-//     STAGES - 1 in flight while the block multiplies the oldest. Row stride 144 bytes: the eight
-//     rows of an 8 x 8 ldmatrix fall in distinct banks.
+//     STAGES - 1 in flight while the block multiplies the oldest. Row stride 32 KS + 16 bytes: the
+//     eight rows of an 8 x 8 ldmatrix fall in distinct banks.
 // Needs what the ring kernel needs (gemv_ok). The geometry (WARPS, STAGES) changes which warp
 // computes which columns and how far ahead copies run, never a step, its order or an instruction.
-constexpr int GT_SK = 2 * TB_K;    // k per ring slot
-constexpr int GT_LD = GT_SK + 8;   // row stride of a slot (elements)
 constexpr int GT_WN = 32;          // columns per warp
 
-template <int WARPS, int STAGES, int MF>
+template <int WARPS, int STAGES, int KS, int MF>
 struct GtRing {
+    static constexpr int SK = KS * TB_K;                  // k per ring slot (KS steps)
+    static constexpr int LD = SK + 8;                     // row stride of a slot (elements)
     static constexpr int ROWS = 16 * MF;                  // A rows of a slot
     static constexpr int COLS = GT_WN * WARPS;            // weight rows (output columns) of a slot
-    static constexpr int SLOT = (ROWS + COLS) * GT_LD;    // elements: A rows, then weight rows
+    static constexpr int SLOT = (ROWS + COLS) * LD;       // elements: A rows, then weight rows
     static constexpr size_t SMEM = static_cast<size_t>(STAGES) * SLOT * sizeof(bf16);
     static constexpr int THREADS = 32 * WARPS;
 };
 
-template <bool OUT_F32, int WARPS, int STAGES, int MF>
-__global__ void __launch_bounds__(GtRing<WARPS, STAGES, MF>::THREADS)
+template <bool OUT_F32, int WARPS, int STAGES, int KS, int MF>
+__global__ void __launch_bounds__(GtRing<WARPS, STAGES, KS, MF>::THREADS)
     gemv_tile_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
-    using R = GtRing<WARPS, STAGES, MF>;
+    using R = GtRing<WARPS, STAGES, KS, MF>;
+    constexpr int GT_SK = R::SK;
+    constexpr int GT_LD = R::LD;
     constexpr int CHUNKS = GT_SK / 8;  // 16-byte chunks per row of a slot
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16* ring = reinterpret_cast<bf16*>(smem_raw);
@@ -637,24 +639,24 @@ __global__ void __launch_bounds__(GtRing<WARPS, STAGES, MF>::THREADS)
             }
 }
 
-template <bool OUT_F32, int WARPS, int STAGES, int MF>
+template <bool OUT_F32, int WARPS, int STAGES, int KS, int MF>
 int launch_gemv_tile_rows(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
-    using R = GtRing<WARPS, STAGES, MF>;
-    const cudaError_t e = cudaFuncSetAttribute(gemv_tile_kernel<OUT_F32, WARPS, STAGES, MF>,
+    using R = GtRing<WARPS, STAGES, KS, MF>;
+    const cudaError_t e = cudaFuncSetAttribute(gemv_tile_kernel<OUT_F32, WARPS, STAGES, KS, MF>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(R::SMEM));
     if (e != cudaSuccess) return static_cast<int>(e);
     dim3 grid(static_cast<unsigned>(cdiv(g.N, static_cast<int64_t>(R::COLS))), static_cast<unsigned>(leaves));
-    gemv_tile_kernel<OUT_F32, WARPS, STAGES, MF><<<grid, R::THREADS, R::SMEM, st>>>(g, out, s_om, s_on);
+    gemv_tile_kernel<OUT_F32, WARPS, STAGES, KS, MF><<<grid, R::THREADS, R::SMEM, st>>>(g, out, s_om, s_on);
     return launch_status();
 }
 
 // The A rows MF from M (a speed choice; every fragment runs the same steps whatever MF).
-template <bool OUT_F32, int WARPS, int STAGES>
+template <bool OUT_F32, int WARPS, int STAGES, int KS>
 int launch_gemv_tile(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
-    if (g.M <= 16) return launch_gemv_tile_rows<OUT_F32, WARPS, STAGES, 1>(g, leaves, out, s_om, s_on, st);
-    if (g.M <= 32) return launch_gemv_tile_rows<OUT_F32, WARPS, STAGES, 2>(g, leaves, out, s_om, s_on, st);
-    return launch_gemv_tile_rows<OUT_F32, WARPS, STAGES, 4>(g, leaves, out, s_om, s_on, st);
+    if (g.M <= 16) return launch_gemv_tile_rows<OUT_F32, WARPS, STAGES, KS, 1>(g, leaves, out, s_om, s_on, st);
+    if (g.M <= 32) return launch_gemv_tile_rows<OUT_F32, WARPS, STAGES, KS, 2>(g, leaves, out, s_om, s_on, st);
+    return launch_gemv_tile_rows<OUT_F32, WARPS, STAGES, KS, 4>(g, leaves, out, s_om, s_on, st);
 }
 
 // The ring variants (KS, STAGES) and shared memory per block at MF = 1 (the A rows grow with MF):
@@ -664,30 +666,25 @@ int launch_gemv_tile(const TreeArgs& g, int leaves, void* out, int64_t s_om, int
 // 0 and 5 were swapped) variant 0 was the fastest ring at every Qwen3-8B shape and M in {1, 16, 64}:
 // at M = 64, 34.4 / 25.5 / 122.8 / 60.5 us for the q/k/v, o, gate/up and down products against
 // 39.1 / 33.6 / 145.1 / 83.5 us for variant 5.
-// 6 .. 9 are the tile form (gemv_tile_kernel) with (WARPS, STAGES) = 6: (4, 4) 110 KB at M = 64
-// (128 columns per block); 7: (4, 3) 83 KB; 8: (8, 3) 138 KB (256 columns); 9: (2, 4) 74 KB (64
-// columns).
+// 6 .. 9 are the tile form (gemv_tile_kernel) with (WARPS, STAGES, 32-wide steps per slot) and
+// shared memory per block at M = 64: 6 = (4, 4, 2) 110 KB (128 columns per block); 7 = (2, 3, 4)
+// 104 KB (64 columns, 256 bytes of each weight row per slot); 8 = (4, 3, 4) 157 KB; 9 = (2, 6, 2)
+// 110 KB.
 constexpr int GV_VARIANTS = 10;
 int g_gemv_variant = 0;
 
-// Variant 0, the default, takes the tile form (6's geometry) above this many rows: a speed choice
-// from M only, the same bits.
-constexpr int64_t GV_TILE_MIN_M = 17;
-
 template <bool OUT_F32>
 int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
-    if (g_gemv_variant == 0 && g.M >= GV_TILE_MIN_M)
-        return launch_gemv_tile<OUT_F32, 4, 4>(g, leaves, out, s_om, s_on, st);
     switch (g_gemv_variant) {
         case 1: return launch_gemv_ring<OUT_F32, 2, 4>(g, leaves, out, s_om, s_on, st);
         case 2: return launch_gemv_ring<OUT_F32, 2, 6>(g, leaves, out, s_om, s_on, st);
         case 3: return launch_gemv_ring<OUT_F32, 1, 8>(g, leaves, out, s_om, s_on, st);
         case 4: return launch_gemv_ring<OUT_F32, 4, 4>(g, leaves, out, s_om, s_on, st);
         case 5: return launch_gemv_ring<OUT_F32, 4, 2>(g, leaves, out, s_om, s_on, st);
-        case 6: return launch_gemv_tile<OUT_F32, 4, 4>(g, leaves, out, s_om, s_on, st);
-        case 7: return launch_gemv_tile<OUT_F32, 4, 3>(g, leaves, out, s_om, s_on, st);
-        case 8: return launch_gemv_tile<OUT_F32, 8, 3>(g, leaves, out, s_om, s_on, st);
-        case 9: return launch_gemv_tile<OUT_F32, 2, 4>(g, leaves, out, s_om, s_on, st);
+        case 6: return launch_gemv_tile<OUT_F32, 4, 4, 2>(g, leaves, out, s_om, s_on, st);
+        case 7: return launch_gemv_tile<OUT_F32, 2, 3, 4>(g, leaves, out, s_om, s_on, st);
+        case 8: return launch_gemv_tile<OUT_F32, 4, 3, 4>(g, leaves, out, s_om, s_on, st);
+        case 9: return launch_gemv_tile<OUT_F32, 2, 6, 2>(g, leaves, out, s_om, s_on, st);
         default: return launch_gemv_ring<OUT_F32, 4, 2, true>(g, leaves, out, s_om, s_on, st);
     }
 }

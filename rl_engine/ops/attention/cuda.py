@@ -84,12 +84,11 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
     return dq, dk, dv
 
 
-DECODE_PV_FORMS = ("auto", "per_head", "head_fused")
+DECODE_PV_FORMS = ("auto", "standard", "deep")
 """Forms of the decode step's second launch (``DecodePv`` in ``attention.cu``), in the library's
-numbering: ``auto`` (the library's choice: head-fused from 64 (sequence, KV head) groups up),
-``per_head`` (a thread owns columns of one query head) and ``head_fused`` (a thread owns columns of
-every query head of its KV group: each V element is read and converted once for all of them). They
-only decide which thread runs which chain, so the bits are the same (tested)."""
+numbering: ``auto`` (the library's choice, today the standard ring), ``standard`` (about 50 KB of V
+tiles in flight per block) and ``deep`` (about twice that). Which tiles are in flight never changes
+a chain, so the bits are the same (tested)."""
 
 
 def set_decode_pv_form(form: str) -> str:

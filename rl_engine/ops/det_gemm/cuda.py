@@ -48,13 +48,13 @@ on M and N."""
 
 GEMV_VARIANTS = 10
 """Geometries of the decode GEMV for the ring and merge path (M <= 64). Ring (``gemv_leaf_kernel``:
-32-wide K steps per slot, slots): 0, the default, = (4, 2) with each thread's copy sources worked
-out once per block up to M = 16 (the fastest ring on the H200 at every Qwen3-8B shape and M in
-{1, 16, 64}, ``evidence/2026-12-02-h200-decode-80982b6``, where it was numbered 5) and the tile form
-(6) from M = 17 up; 1 = (2, 4); 2 = (2, 6);
+32-wide K steps per slot, slots): 0 = (4, 2) with each thread's copy sources worked out once per
+block, the default (the fastest ring on the H200 at every Qwen3-8B shape and M in {1, 16, 64},
+``evidence/2026-12-02-h200-decode-80982b6``, where it was numbered 5); 1 = (2, 4); 2 = (2, 6);
 3 = (1, 8); 4 = (4, 4); 5 = (4, 2) with the sources recomputed per slot. Tile form
 (``gemv_tile_kernel``: a warp owns a 16 MF x 32 tile and loads its A rows once per step for all of
-them; warps, slots of 64 k): 6 = (4, 4), 7 = (4, 3), 8 = (8, 3), 9 = (2, 4). They differ only in
+them; warps, slots, 32-wide steps per slot): 6 = (4, 4, 2), 7 = (2, 3, 4), 8 = (4, 3, 4), 9 = (2, 6,
+2). They differ only in
 which warp computes which outputs, how much of the weight is in flight, how many blocks fit an SM
 and how the copy addresses are formed; the steps, their order and the MMA instructions are the
 same, so the bits are (tested)."""
