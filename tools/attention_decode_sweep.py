@@ -1,6 +1,5 @@
 """Sweep the decode-attention launch on a GPU (issue #19): Triton's head-dim split, warps and
-stages, or with ``--backend cuda`` the CUDA backend's column split of its second launch and that launch's form
-(standard or deep V ring, ``rl_engine.ops.attention.cuda.DECODE_PV_FORMS``).
+stages, or with ``--backend cuda`` the CUDA backend's column split of its second launch.
 
 For B in {1, 16, 64} x context in {1024, 8192} at Qwen3-8B head shapes (32 query heads over 8 KV
 heads, D = 128; a static cache of exactly ``context`` positions, every sequence at full length), each
@@ -60,8 +59,8 @@ def main() -> int:
     del src, dst
     print(f"copy bandwidth {copy:.0f} GB/s")
     splits = (1, 4) if args.quick else (1, 2, 4, 8)
-    if args.backend == "cuda":  # the launch constants are compiled in; the column split and the form vary
-        at, configs = at_cuda, [(s, f, None) for s in splits for f in at_cuda.DECODE_PV_FORMS[1:]]
+    if args.backend == "cuda":  # the launch constants are compiled in; only the column split varies
+        at, configs = at_cuda, [(s, None, None) for s in splits]
     else:
         stages = (2,) if args.quick else (2, 3)
         warps = (4,) if args.quick else (4, 8)
@@ -76,18 +75,13 @@ def main() -> int:
         lens = torch.full((bsz,), ctx, dtype=torch.int32, device=dev)
         scale = D ** -0.5
         nbytes = 2 * kc.numel() * 2
-        if at is at_cuda:
-            at_cuda.set_decode_pv_form("standard")
         ref = at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=1)
-        if at is at_cuda:
-            at_cuda.set_decode_pv_form("auto")
         default_ms = time_per_call(lambda: at.attention_decode_fwd(q, kc, vc, lens, scale), CALLS, REPLAYS)
         print(f"B={bsz} ctx={ctx}: KV {nbytes / 1e6:.0f} MB; launcher default "
               f"{default_ms * 1e3:.1f} us = {nbytes / default_ms / 1e6 / copy:.2f} of copy")
         for split, w, st in configs:
             def call(split=split, w=w, st=st):
-                if at is at_cuda:  # w is the second launch's form
-                    at_cuda.set_decode_pv_form(w)
+                if w is None:
                     return at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=split)
                 return at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=split, num_warps=w, num_stages=st)
             try:
@@ -96,17 +90,12 @@ def main() -> int:
             except Exception as exc:  # a configuration that does not compile is a row, not the end
                 same, ms, err = None, None, f"{type(exc).__name__}: {str(exc)[:200]}"
             frac = None if ms is None else nbytes / ms / 1e6 / copy
-            if at is at_cuda:
-                at_cuda.set_decode_pv_form("auto")
-            rows.append({"B": bsz, "context": ctx, "d_split": split,
-                         **({"form": w} if at is at_cuda else {"num_warps": w, "num_stages": st}),
+            rows.append({"B": bsz, "context": ctx, "d_split": split, "num_warps": w, "num_stages": st,
                          "same_bits": same, "us": None if ms is None else ms * 1e3, "of_copy": frac,
                          "kv_bytes": nbytes, "copy_gbps": copy, "error": err})
-            label = w if at is at_cuda else f"{w}w {st}s"
-            print(f"  split {split} {label}: " + (err or f"{ms * 1e3:8.1f} us {frac:.2f} of copy, same bits {same}"))
+            print(f"  split {split} {w or '-'}w {st or '-'}s: " + (err or f"{ms * 1e3:8.1f} us {frac:.2f} of copy, same bits {same}"))
         del kc, vc
-    bad = sorted({(r["d_split"], r.get("form"), r.get("num_warps"), r.get("num_stages"))
-                  for r in rows if r["same_bits"] is False}, key=str)
+    bad = sorted({(r["d_split"], r["num_warps"], r["num_stages"]) for r in rows if r["same_bits"] is False})
     if bad:
         print("CONFIGS WITH OTHER BITS:", bad)
     with open(args.json, "w") as f:

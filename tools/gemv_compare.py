@@ -10,7 +10,9 @@ run under ``ncu`` too (``--once`` launches each shape once, untimed, for a kerne
 At M <= 16 the CUDA side is timed in both decode forms: the ring GEMV with its merge launch and the
 warp-streamed GEMV (``warp_gemv=True``, :data:`rl_engine.ops.det_gemm.cuda.WARP_GEMV_ON_CUDA`).
 
-Usage: ``python tools/gemv_compare.py [--once] [--variants | --ring-variants 0,6,7] [--ms 1,16,64]``
+``--cross-bits``: only whether the two backends give the same bits (det_gemm and logits), untimed.
+
+Usage: ``python tools/gemv_compare.py [--cross-bits] [--once [--once-backend triton]] [--variants | --ring-variants 0,3] [--ms 1,16,64]``
 """
 
 from __future__ import annotations
@@ -52,10 +54,16 @@ def _cycled(fn, ws):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--once", action="store_true")
+    ap.add_argument("--once-backend", choices=("cuda", "triton"), default="cuda",
+                    help="the backend whose decode GEMVs --once launches (default cuda)")
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--ring-variants", default=None, help="comma-separated ring / tile variants to time (implies --variants)")
     ap.add_argument("--ms", default="1,16,64", help="comma-separated M values (default 1,16,64)")
+    ap.add_argument("--cross-bits", action="store_true",
+                    help="only compare the two backends' det_gemm and logits bits at every shape and M, untimed")
     args = ap.parse_args()
+    if args.cross_bits:
+        return _cross_bits(tuple(int(v) for v in args.ms.split(",")))
     ms = tuple(int(v) for v in args.ms.split(","))
     if args.ring_variants:
         variants = tuple(int(v) for v in args.ring_variants.split(","))
@@ -76,6 +84,10 @@ def main() -> int:
         g = torch.Generator(device=dev).manual_seed(n)
         for m in ms:
             a = torch.randn((m, k), generator=g, device=dev).to(torch.bfloat16)
+            if args.once and args.once_backend == "triton":
+                dg_triton.det_gemm_launch(a, w.t(), 2, False)
+                torch.cuda.synchronize()
+                continue
             if args.once:
                 dg_cuda.det_gemm_launch(a, w.t(), 2, warp_gemv=m <= 16)
                 torch.cuda.synchronize()
@@ -132,6 +144,37 @@ def main() -> int:
         print(f"logits   M={m:2d}: " + ", ".join(f"{key} {ms * 1e3:6.1f} us ({nbytes / ms / 1e6 / copy:.2f} of copy)"
                                                  for key, ms in t.items())
               + f"; cuda decode = prefill bits {same}")
+    return 0
+
+
+def _cross_bits(ms: tuple[int, ...]) -> int:
+    """Whether triton_cuda_bf16 and cuda_bf16 give the same det_gemm (depth 2) and FP32 logits bits
+    at the Qwen3-8B decode shapes. Both declare the same K tree and 16-wide k chunks in increasing
+    order inside a leaf (Triton: BK = 64 steps of tl.dot, which its Hopper build issues as wgmma at
+    M = 64; CUDA: 32-wide steps of mma.sync m16n8k16), so equal bits say the two instructions round
+    the same FP32 accumulation. A report, not a claim of the contract."""
+    from rl_engine.ops.lm_head import cuda as lm_cuda
+    from rl_engine.ops.lm_head import triton as lm_triton
+
+    dev = torch.device("cuda")
+    for name, (k, n) in SHAPES.items():
+        g = torch.Generator(device=dev).manual_seed(k + n)
+        w = (torch.randn((n, k), generator=g, device=dev) * k ** -0.5).to(torch.bfloat16)
+        for m in ms:
+            a = torch.randn((m, k), generator=g, device=dev).to(torch.bfloat16)
+            ct = dg_cuda.det_gemm_launch(a, w.t(), 2)
+            tt = dg_triton.det_gemm_launch(a, w.t(), 2, False)
+            diff = int((ct.view(torch.int16) != tt.view(torch.int16)).sum())
+            print(f"{name:8s} M={m:2d}: det_gemm cuda == triton bits {diff == 0} ({diff} of {ct.numel()} differ)")
+    k, n = 4096, 151936
+    g = torch.Generator(device=dev).manual_seed(7)
+    w = (torch.randn((n, k), generator=g, device=dev) * k ** -0.5).to(torch.bfloat16)
+    for m in ms:
+        a = torch.randn((m, k), generator=g, device=dev).to(torch.bfloat16)
+        ct = lm_cuda.gemm_f32_out(a, w.t())
+        tt = lm_triton.lm_head_fwd(a, w)
+        diff = int((ct.view(torch.int32) != tt.view(torch.int32)).sum())
+        print(f"logits   M={m:2d}: cuda == triton bits {diff == 0} ({diff} of {ct.numel()} differ)")
     return 0
 
 

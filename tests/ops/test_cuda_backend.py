@@ -17,8 +17,6 @@ with a planted one-ulp negative control. No tolerance literal appears here.
 
 from __future__ import annotations
 
-import contextlib
-
 import math
 import shutil
 from pathlib import Path
@@ -254,7 +252,8 @@ def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
     decode kernel (gemv_leaf_kernel: cp.async ring, each warp one 16-column strip of 1, 2 or 4
     16 x 16 fragments); its bits equal
     the fused 128 x 128 kernel's at every Qwen3-8B projection shape and at a K whose leaves end inside a
-    32-wide step (1056: leaves of 264). Control: a depth-1 tree differs."""
+    32-wide step (1056: leaves of 264), and so do the warpgroup MMA form's on the GPU. Control: a
+    depth-1 tree differs."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
     if cuda_device.type == "cpu" and n * k > 1056 * 72:
@@ -266,20 +265,15 @@ def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
         for warp in (False, True):
             assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=warp), fused), \
                 f"M={m} warp_gemv={warp}"
-        if m > 16 and cuda_device.type == "cuda":  # the tile form's geometries at the real shapes
+        if cuda_device.type == "cuda":  # the warpgroup form at the real shapes
             try:
-                for v in TILE_GEMV_VARIANTS:
+                for v in dg_cuda.WGMMA_GEMV_VARIANTS:
                     dg_cuda.set_gemv_variant(v)
                     assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=False),
                                        fused), f"M={m} variant {v}"
             finally:
-                dg_cuda.set_gemv_variant(DEFAULT_GEMV_VARIANT)
+                dg_cuda.set_gemv_variant(0)
     assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True), fused)
-
-
-TILE_GEMV_VARIANTS = (6, 7, 8, 9)
-"""The tile form's geometries among ``rl_engine.ops.det_gemm.cuda.GEMV_VARIANTS``."""
-DEFAULT_GEMV_VARIANT = 0
 
 
 def test_det_gemm_warp_gemv_depth_one_and_row_blocks(cuda_device):
@@ -335,7 +329,8 @@ def test_every_warp_gemv_geometry_gives_the_same_bits(cuda_device):
 def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
     """Each ring geometry of the decode GEMV (``set_gemv_variant``) gives the fused kernel's bits
     for the BF16 leaves and the FP32 logits, with leaves that end inside a 32-wide step (K = 1056:
-    leaves of 264). Control: a depth-1 tree differs. The default variant is restored."""
+    leaves of 264). Control: a depth-1 tree differs. The default variant is restored. The warpgroup
+    form (variant 6) runs on the GPU only."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
     from rl_engine.ops.lm_head.cuda import gemm_f32_out
 
@@ -344,6 +339,8 @@ def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
     logits = gemm_f32_out(rows, w.t())  # 70 rows: the 128 x 128 kernel
     try:
         for v in range(dg_cuda.GEMV_VARIANTS):
+            if v in dg_cuda.WGMMA_GEMV_VARIANTS and cuda_device.type != "cuda":
+                continue  # the host emulation has no warpgroup MMA (the GPU runs it)
             dg_cuda.set_gemv_variant(v)
             for m in (5, 20, 40):  # one, two and three 16-row fragments per warp
                 a = rows[:m]
@@ -355,7 +352,7 @@ def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
                     f"variant {v}, M={m}"
                 assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True, warp_gemv=False), fused)
     finally:
-        dg_cuda.set_gemv_variant(DEFAULT_GEMV_VARIANT)
+        dg_cuda.set_gemv_variant(0)
     with pytest.raises(InputError, match="gemv variant"):
         dg_cuda.set_gemv_variant(dg_cuda.GEMV_VARIANTS)
 
@@ -472,30 +469,8 @@ def _varlen(lens, h, hkv, d, seed, device):
     return _bf16((t, h, d), seed, device), _bf16((t, hkv, d), seed + 1, device), _bf16((t, hkv, d), seed + 2, device), cu
 
 
-@contextlib.contextmanager
-def _pv_form(form: str):
-    """The decode step's second launch in ``form`` (rl_engine.ops.attention.cuda.DECODE_PV_FORMS)
-    inside the block, the previous form restored after it."""
-    from rl_engine.ops.attention import cuda as at_cuda
-
-    old = at_cuda.set_decode_pv_form(form)
-    try:
-        yield
-    finally:
-        at_cuda.set_decode_pv_form(old)
-
-
-@pytest.mark.parametrize("form", ["standard", "deep"])
 @pytest.mark.parametrize("d", [32, 64])
-def test_attention_decode_bitwise_equals_prefill_rows(cuda_device, d, form):
-    """Every decode position (block edges included) of four sequences is bitwise the prefill row
-    of the same query, in both forms of the second launch (standard and deep V ring). Sequences
-    that are not live at a step get exact +0 rows."""
-    with _pv_form(form):
-        _decode_equals_prefill_rows(cuda_device, d)
-
-
-def _decode_equals_prefill_rows(cuda_device, d):
+def test_attention_decode_bitwise_equals_prefill_rows(cuda_device, d):
     lens = [1, 70, 5, 130]
     h, hkv = 4, 2
     q, k, v, cu = _varlen(lens, h, hkv, d, 7, cuda_device)
@@ -532,9 +507,8 @@ def _decode_equals_prefill_rows(cuda_device, d):
 def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
     """The decode kernel's head-dim split (blocks that each own D / d_split output columns and load
     only that slice of V) gives the unsplit bits for d_split 2, 4, 8 at D = 128, with NaN written
-    past every length (masked means absent); d_split 0 (the library's choice) too; and so does each
-    form of the second launch (standard and deep V ring, the library's choice). Control: a cache whose V
-    columns are rotated differs."""
+    past every length (masked means absent); d_split 0 (the library's choice) too. Control: a
+    cache whose V columns are rotated differs."""
     from rl_engine.ops.attention import cuda as at_cuda
 
     lens, h, hkv, d = (1, 63, 130), 8, 2, 128
@@ -545,13 +519,9 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
         vc[i, n:] = float("nan")
     q = _bf16((len(lens), h, d), 23, cuda_device)
     seqlens = torch.tensor(lens, dtype=torch.int32, device=cuda_device)
-    with _pv_form("standard"):
-        whole = at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=1)
-    for form in at_cuda.DECODE_PV_FORMS:
-        with _pv_form(form):
-            for split in (1, 2, 4, 8, 0):
-                out = at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=split)
-                assert _bits_equal(out, whole), (form, split)
+    whole = at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=1)
+    for split in (2, 4, 8, 0):
+        assert _bits_equal(at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=split), whole), split
     rolled = vc[:, :, :, list(range(1, d)) + [0]].contiguous()
     assert not _bits_equal(at_cuda.attention_decode_fwd(q, kc, rolled, seqlens, d ** -0.5, d_split=4), whole)
 
@@ -559,7 +529,7 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
 def test_attention_decode_equals_prefill_at_qwen3_8b_shapes(cuda_device):
     """At Qwen3-8B head shapes (32 query heads, 8 KV heads, D = 128) and contexts up to 2050, a
     decode step's output is bitwise the prefill row of the same query at every probed position
-    (block edges included), for every column split and every form of the second launch. One BF16 output is
+    (block edges included) and for every column split of the second launch. One BF16 output is
     too coarse to show a one-ulp FP32 change of the softmax sum in a few hundred elements, so this
     runs on the GPU with 2^20 outputs per probe set. Control: the keys of another sequence differ."""
     from rl_engine.ops.attention import cuda as at_cuda
@@ -584,31 +554,13 @@ def test_attention_decode_equals_prefill_at_qwen3_8b_shapes(cuda_device):
             for b in live:
                 qd[b] = q[int(cu[b]) + pos]
             want = full[torch.tensor([int(cu[b]) + pos for b in live], device=cuda_device)]
-            for form in at_cuda.DECODE_PV_FORMS:
-                with _pv_form(form):
-                    for split in (0, 1, 2, 4, 8):
-                        out = at_cuda.attention_decode_fwd(qd, kc, vc, seqlens, scale, d_split=split)
-                        assert _bits_equal(out[live], want), (pos, form, split)
+            for split in (0, 1, 2, 4, 8):
+                out = at_cuda.attention_decode_fwd(qd, kc, vc, seqlens, scale, d_split=split)
+                assert _bits_equal(out[live], want), (pos, split)
         seqlens = torch.tensor([1, 700, 700, 700], dtype=torch.int32, device=cuda_device)
         qd = q[torch.tensor([0, int(cu[1]) + 699, int(cu[2]) + 699, int(cu[3]) + 699], device=cuda_device)]
         out = at_cuda.attention_decode_fwd(qd, kc[[0, 2, 1, 3]], vc, seqlens, scale)
         assert not _bits_equal(out[1], full[int(cu[1]) + 699])
-
-
-def test_decode_pv_form_is_checked_set_and_restored(cuda_device):
-    """set_decode_pv_form returns the previous form and refuses a name it does not know before it
-    reaches the library (which keeps its form)."""
-    from rl_engine.errors import InputError
-    from rl_engine.ops.attention import cuda as at_cuda
-
-    old = at_cuda.set_decode_pv_form("deep")
-    try:
-        assert at_cuda.set_decode_pv_form("standard") == "deep"
-        with pytest.raises(InputError, match="decode pv form"):
-            at_cuda.set_decode_pv_form("deeper")
-        assert at_cuda.set_decode_pv_form("standard") == "standard"
-    finally:
-        at_cuda.set_decode_pv_form(old)
 
 
 def test_attention_decode_past_4096_keys(cuda_device):

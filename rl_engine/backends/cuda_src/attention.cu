@@ -314,9 +314,7 @@ attn_decode_scores_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k
     }
 }
 
-// Launch 2's V ring: DEEP keeps about twice as many V tiles in flight per block (a speed choice:
-// which tiles are in flight never changes a chain, so the bits are the same; tested).
-template <int D, int DSPLIT, bool DEEP>
+template <int D, int DSPLIT>
 struct DecodePv {
     static constexpr int DV = D / DSPLIT;                 // output columns per block
     // Columns per P V thread: one at the small-batch splits (4 and 8, latency-bound walks: half the
@@ -326,8 +324,7 @@ struct DecodePv {
     static constexpr int THREADS = DC_STAT_THREADS + NPV;
     static constexpr int LDV = DV + 8;
     static constexpr int TILE = AT_BKV * LDV;             // elements of one V tile
-    // about 50 KB of V in flight at most; DEEP about 90 KB (at DV >= 64)
-    static constexpr int STAGES = DEEP ? (DV >= 128 ? 6 : (DV >= 64 ? 10 : 16)) : (DV >= 128 ? 3 : (DV >= 64 ? 5 : 8));
+    static constexpr int STAGES = DV >= 128 ? 3 : (DV >= 64 ? 5 : 8);  // about 50 KB of V in flight at most
     static constexpr int SCORES = DC_HEADS * AT_BKV;      // floats of one score block
     static constexpr size_t SMEM = static_cast<size_t>(STAGES) * TILE * sizeof(bf16) +
                                    static_cast<size_t>(DC_SSTAGES * SCORES + 2 * DC_HEADS * AT_BKV + 2 * DC_HEADS +
@@ -336,12 +333,12 @@ struct DecodePv {
     static_assert((STAGES * TILE * sizeof(bf16)) % 16 == 0, "the FP32 areas start 16-byte aligned");
 };
 
-template <int D, int DSPLIT, bool DEEP>
-__global__ void __launch_bounds__(DecodePv<D, DSPLIT, DEEP>::THREADS)
+template <int D, int DSPLIT>
+__global__ void __launch_bounds__(DecodePv<D, DSPLIT>::THREADS)
 attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc, bf16* __restrict__ out,
                       const int32_t* __restrict__ seqlens, int64_t group, int64_t n_hb, int64_t s_sb, int64_t s_sh,
                       int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, int vec) {
-    using P = DecodePv<D, DSPLIT, DEEP>;
+    using P = DecodePv<D, DSPLIT>;
     constexpr int DV = P::DV;
     constexpr int LDV = P::LDV;
     constexpr int STAGES = P::STAGES;
@@ -504,24 +501,18 @@ inline bool rows_vec16(const void* base, int64_t s0, int64_t s1, int64_t s2) {
 // with every other decode kernel under PDL); a speed choice, the same bits either way.
 constexpr int64_t DECODE_PDL_MAX_BATCH = 8;
 
-template <int D, int DSPLIT, bool DEEP>
+template <int D, int DSPLIT>
 int launch_decode_pv(const float* sc, const void* vc, void* out, const void* seqlens, int64_t batch, int64_t kv_heads,
                      int64_t group, int64_t n_hb, int64_t s_sb, int64_t s_sh, int64_t s_vb, int64_t s_vt,
                      int64_t s_vh, int64_t s_ob, int64_t s_oh, cudaStream_t st) {
-    using P = DecodePv<D, DSPLIT, DEEP>;
-    if (int e = prepare(attn_decode_pv_kernel<D, DSPLIT, DEEP>, P::SMEM)) return e;
+    using P = DecodePv<D, DSPLIT>;
+    if (int e = prepare(attn_decode_pv_kernel<D, DSPLIT>, P::SMEM)) return e;
     dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb), static_cast<unsigned>(DSPLIT));
-    return launch_pdl_if(batch <= DECODE_PDL_MAX_BATCH, attn_decode_pv_kernel<D, DSPLIT, DEEP>, grid,
-                         dim3(P::THREADS), P::SMEM, st, sc, static_cast<const bf16*>(vc), static_cast<bf16*>(out),
+    return launch_pdl_if(batch <= DECODE_PDL_MAX_BATCH, attn_decode_pv_kernel<D, DSPLIT>, grid, dim3(P::THREADS),
+                         P::SMEM, st, sc, static_cast<const bf16*>(vc), static_cast<bf16*>(out),
                          static_cast<const int32_t*>(seqlens), group, n_hb, s_sb, s_sh, s_vb, s_vt, s_vh, s_ob, s_oh,
                          static_cast<int>(rows_vec16(vc, s_vb, s_vt, s_vh)));
 }
-
-// Launch 2's form (DecodePv): 0 = the library's choice (the standard V ring), 1 = the standard ring,
-// 2 = the deep ring. Set for the process by rl_attention_decode_pv_form (tests and the sweep tool);
-// a speed choice, the same bits.
-constexpr int DECODE_PV_FORMS = 3;
-int g_decode_pv_form = 0;
 
 // The column split of launch 2 when the caller leaves it to the library (d_split 0): doubled while
 // the grid has fewer than DECODE_PV_BLOCKS blocks (a speed choice from B and the head shapes only;
@@ -552,12 +543,8 @@ int launch_decode(const void* q, const void* kc, const void* vc, void* out, cons
         dsplit = 1;
         while (blocks * dsplit < DECODE_PV_BLOCKS && dsplit < 8 && D / (2 * dsplit) >= 16) dsplit *= 2;
     }
-    const bool deep = g_decode_pv_form == 2;
-#define RL_DECODE_PV(S)                                                                                           \
-    (deep ? launch_decode_pv<D, S, true>(scores, vc, out, seqlens, batch, kv_heads, group, n_hb, s_sb, s_sh, s_vb, \
-                                         s_vt, s_vh, s_ob, s_oh, st)                                                 \
-          : launch_decode_pv<D, S, false>(scores, vc, out, seqlens, batch, kv_heads, group, n_hb, s_sb, s_sh, s_vb, \
-                                          s_vt, s_vh, s_ob, s_oh, st))
+#define RL_DECODE_PV(S) launch_decode_pv<D, S>(scores, vc, out, seqlens, batch, kv_heads, group, n_hb, s_sb, s_sh, \
+                                               s_vb, s_vt, s_vh, s_ob, s_oh, st)
     if (dsplit == 1) return RL_DECODE_PV(1);
     if constexpr (D / 2 >= 16) {
         if (dsplit == 2) return RL_DECODE_PV(2);
@@ -572,16 +559,6 @@ int launch_decode(const void* q, const void* kc, const void* vc, void* out, cons
     return static_cast<int>(cudaErrorInvalidValue);
 }
 }  // namespace
-
-// Pick launch 2's form of the decode step (0 = the library's choice, 1 = standard V ring, 2 = deep
-// V ring) for every later launch of this process; returns the previous one, or -1 (and changes
-// nothing) for a value outside the range. For tests and the sweep tool: the bits do not depend on it.
-RL_EXPORT int64_t rl_attention_decode_pv_form(int64_t form) {
-    if (form < 0 || form >= DECODE_PV_FORMS) return -1;
-    const int64_t old = g_decode_pv_form;
-    g_decode_pv_form = static_cast<int>(form);
-    return old;
-}
 
 RL_EXPORT int64_t rl_attention_block_q(void) { return AT_GROUPS * AT_RPT_PREFILL; }
 RL_EXPORT int64_t rl_attention_block_kv(void) { return AT_BKV; }

@@ -84,30 +84,6 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
     return dq, dk, dv
 
 
-DECODE_PV_FORMS = ("auto", "standard", "deep")
-"""Forms of the decode step's second launch (``DecodePv`` in ``attention.cu``), in the library's
-numbering: ``auto`` (the library's choice, today the standard ring), ``standard`` (about 50 KB of V
-tiles in flight per block) and ``deep`` (about twice that). Which tiles are in flight never changes
-a chain, so the bits are the same (tested)."""
-
-
-def set_decode_pv_form(form: str) -> str:
-    """Make every later decode step of this process use the second launch's ``form`` (one of
-    :data:`DECODE_PV_FORMS`; for tests and ``tools/attention_decode_sweep.py``); returns the
-    previous form.
-
-    Raises
-    ------
-    InputError
-        ``form`` is not one of :data:`DECODE_PV_FORMS`.
-    """
-    from rl_engine.errors import InputError
-
-    if form not in DECODE_PV_FORMS:
-        raise InputError(f"decode pv form: expected one of {DECODE_PV_FORMS}, got {form!r}")
-    return DECODE_PV_FORMS[query("rl_attention_decode_pv_form", DECODE_PV_FORMS.index(form))]
-
-
 def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_split: int = 0) -> torch.Tensor:
     """Launch one decode step; returns out [B, H, D] bf16 (validated inputs, no host reads).
 
