@@ -246,13 +246,17 @@ def test_det_gemm_leaf_parallel_form_equals_fused_form(cuda_device, m, k, n, tra
     assert dg_cuda.use_leaf_split(1, 4096, 2) and not dg_cuda.use_leaf_split(4096, 4096, 2)
 
 
+TILE_GEMV_VARIANTS = (6, 7, 8)
+"""The tile form's geometries among ``rl_engine.ops.det_gemm.cuda.GEMV_VARIANTS``."""
+
+
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (1056, 72)])
 def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
     """At decode-sized M (<= 64) with a contiguous weight, the leaf-parallel form runs the streamed
     decode kernel (gemv_leaf_kernel: cp.async ring, each warp one 16-column strip of 1, 2 or 4
     16 x 16 fragments); its bits equal
     the fused 128 x 128 kernel's at every Qwen3-8B projection shape and at a K whose leaves end inside a
-    32-wide step (1056: leaves of 264), and so do the warpgroup MMA form's on the GPU. Control: a
+    32-wide step (1056: leaves of 264), and so do the tile form's geometries on the GPU. Control: a
     depth-1 tree differs."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
@@ -265,9 +269,9 @@ def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
         for warp in (False, True):
             assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=warp), fused), \
                 f"M={m} warp_gemv={warp}"
-        if cuda_device.type == "cuda":  # the warpgroup form at the real shapes
+        if cuda_device.type == "cuda":  # the tile form's geometries at the real shapes
             try:
-                for v in dg_cuda.WGMMA_GEMV_VARIANTS:
+                for v in TILE_GEMV_VARIANTS:
                     dg_cuda.set_gemv_variant(v)
                     assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=False),
                                        fused), f"M={m} variant {v}"
@@ -329,8 +333,7 @@ def test_every_warp_gemv_geometry_gives_the_same_bits(cuda_device):
 def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
     """Each ring geometry of the decode GEMV (``set_gemv_variant``) gives the fused kernel's bits
     for the BF16 leaves and the FP32 logits, with leaves that end inside a 32-wide step (K = 1056:
-    leaves of 264). Control: a depth-1 tree differs. The default variant is restored. The warpgroup
-    form (variant 6) runs on the GPU only."""
+    leaves of 264). Control: a depth-1 tree differs. The default variant is restored."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
     from rl_engine.ops.lm_head.cuda import gemm_f32_out
 
@@ -339,8 +342,6 @@ def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
     logits = gemm_f32_out(rows, w.t())  # 70 rows: the 128 x 128 kernel
     try:
         for v in range(dg_cuda.GEMV_VARIANTS):
-            if v in dg_cuda.WGMMA_GEMV_VARIANTS and cuda_device.type != "cuda":
-                continue  # the host emulation has no warpgroup MMA (the GPU runs it)
             dg_cuda.set_gemv_variant(v)
             for m in (5, 20, 40):  # one, two and three 16-row fragments per warp
                 a = rows[:m]

@@ -500,179 +500,174 @@ int launch_gemv_ring(const TreeArgs& g, int leaves, void* out, int64_t s_om, int
     return launch_gemv_rows<OUT_F32, KS, STAGES, 4, PRE>(g, leaves, out, s_om, s_on, st);
 }
 
-// Warpgroup form of the decode GEMV (gemv_wgmma_kernel; GPU only, variant 6): one warpgroup (four
-// warps) per block owns all 64 rows of A and WG_N columns of one leaf, and multiplies with the
-// Hopper warpgroup MMA (wgmma.mma_async m64nWG_Nk16, BF16 operands read from shared memory through
-// matrix descriptors, FP32 accumulators in registers) instead of ldmatrix + mma.sync.
-//   * The K loop is the fused kernel's leaf loop: 32-wide steps from the leaf's first index in
-//     increasing k, each two products of 16 k (k 0..15, then 16..31), zero-filled past the leaf's
-//     end, no step past its last; every output element is one FP32 accumulator that takes one
-//     k16 product per instruction in increasing k, as in WMMA's and mma.sync's chains. Whether the
-//     warpgroup instruction rounds that accumulation as the HMMA of mma.sync does is the one thing
-//     this form adds to the argument: the GPU tests compare its bits with the fused kernel's.
-//   * A ring slot holds 64 k (two steps) of the 64 A rows and the WG_N weight rows, 16-byte
-//     cp.async copies into the no-swizzle K-major layout of the PTX ISA ("core matrices" of 8 rows
-//     x 16 bytes, 128 contiguous bytes each): a k16 half of A is core matrices [row group 0..7]
-//     [k 0..7, 8..15]; LBO (between the two k halves) = 1024 bytes for A, and SBO (between row
-//     groups) = 128 bytes. The same for the weight rows.
-//   * Accumulator fragment of m64nNk16 (PTX ISA): warp w holds rows 16 w .. 16 w + 15; for each
-//     8-column group j, lane 4 g + t holds (16 w + g, 8 j + 2 t + {0, 1}) in d[4 j], d[4 j + 1] and
-//     row + 8 in d[4 j + 2], d[4 j + 3].
-constexpr int WG_SK = 2 * TB_K;  // k per ring slot
-constexpr int WG_M = 64;         // rows (A is zero-filled past M)
+// Tile form of the decode GEMV for batches of sequences (gemv_tile_kernel; variants 6 .. 8). On the
+// H200 the ring kernel above is bound by its instruction count at M = 64: wmma::load_matrix_sync on
+// a generic pointer compiles to scalar LDS / LD, and the copy addresses are recomputed per slot;
+// it executed 35.5 M instructions for the gate/up product where Triton's kernel for the same grid
+// executed 11.3 M and streamed twice as fast (ncu, evidence/2026-12-02-h200-decode-f6bcfa5).
+// Here a block of WARPS warps owns WN WARPS columns of one leaf and each warp a 16 MF x WN tile:
+//   * per 32-wide step a warp loads its A rows (2 MF ldmatrix.x4) and its weight rows (WN / 8
+//     ldmatrix.x4) once and issues 2 MF WN / 8 mma.sync m16n8k16 from them;
+//   * each thread's copies are worked out once per block: a thread always copies the same 16-byte
+//     chunk column kc of rows r0 + 16 i (A rows, then weight rows), so a slot only adds its K
+//     position to a pointer worked out at the start, and its shared-memory places are constants;
+//   * the K loop is the fused kernel's leaf loop: 32-wide steps from the leaf's first index in
+//     increasing k, each two MMAs of 16 k (k 0..15, then 16..31), zero-filled past the leaf's end
+//     (a leaf's bounds are multiples of 8, so a copy lies wholly inside or outside it), no step past
+//     its last; every output element is one accumulator fed by the same HMMA instructions in the
+//     same order as WMMA's 16x16x16 tiles (the warp GEMV's argument), so the same FP32 sums; then
+//     one rounding to BF16 into the leaf workspace (leaf_merge_kernel merges), or the FP32 sum
+//     itself for the FP32-output GEMM (one leaf);
+//   * a ring slot holds 64 k (two steps) of the 16 MF A rows and the weight rows; STAGES slots,
+//     STAGES - 1 in flight while the block multiplies the oldest. Row stride 144 bytes: the eight
+//     rows of an 8 x 8 ldmatrix fall in distinct banks.
+// Needs what the ring kernel needs (gemv_ok). The geometry (WARPS, STAGES, WN) changes which warp
+// computes which columns and how far ahead copies run, never a step, its order or an instruction.
+constexpr int GT_SK = 2 * TB_K;   // k per ring slot
+constexpr int GT_LD = GT_SK + 8;  // row stride of a slot (elements)
+constexpr int GT_CHUNKS = GT_SK / 8;
 
-template <int WG_N, int STAGES>
-struct WgRing {
-    static constexpr int A_BYTES = WG_M * WG_SK * 2;         // 8 KB
-    static constexpr int B_BYTES = WG_N * WG_SK * 2;
-    static constexpr int SLOT = A_BYTES + B_BYTES;           // bytes
-    static constexpr size_t SMEM = static_cast<size_t>(STAGES) * SLOT;
+template <int WARPS, int STAGES, int WN, int MF>
+struct GtRing {
+    static constexpr int ROWS = 16 * MF;                  // A rows of a slot
+    static constexpr int COLS = WN * WARPS;               // weight rows (output columns) of a slot
+    static constexpr int SLOT = (ROWS + COLS) * GT_LD;    // elements: A rows, then weight rows
+    static constexpr size_t SMEM = static_cast<size_t>(STAGES) * SLOT * sizeof(bf16);
+    static constexpr int THREADS = 32 * WARPS;
+    static constexpr int RSTEP = THREADS / GT_CHUNKS;     // rows between a thread's copies
+    static constexpr int NCOPY = (ROWS + COLS) / RSTEP;   // copies per thread per slot
+    static_assert(THREADS % GT_CHUNKS == 0 && (ROWS + COLS) % RSTEP == 0 && ROWS % RSTEP == 0,
+                  "every thread copies whole rows of one chunk column");
 };
 
-// Byte offset in a K-major no-swizzle operand of `rows` rows x 64 k: k16 half c (0..3) occupies
-// rows * 32 bytes; inside it, the core matrix (row group r / 8, k half (k / 8) % 2) of 128 bytes,
-// row r % 8 of it at 16 (r % 8).
-__device__ __forceinline__ int wg_offset(int rows, int r, int k) {
-    const int c = k / 16;
-    const int kk = (k / 8) % 2;
-    return c * rows * 32 + kk * rows * 16 + (r / 8) * 128 + (r % 8) * 16;
-}
-
-#ifndef RL_HOST_EMU
-__device__ __forceinline__ uint64_t wg_desc(const void* smem, uint32_t lbo, uint32_t sbo) {
-    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    return static_cast<uint64_t>((a >> 4) & 0x3FFFu) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
-           (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32);  // base offset 0, no swizzle
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// d[32] += A (64 x 16, descriptor da) @ B (16 x 64, K-major descriptor db), FP32 accumulation.
-__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"  // scale-d: accumulate into d
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(1));
-}
-
-template <bool OUT_F32, int STAGES>
-__global__ void __launch_bounds__(128) gemv_wgmma_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
-    constexpr int WG_N = 64;
-    using R = WgRing<WG_N, STAGES>;
-    constexpr int CHUNKS = WG_SK / 8;  // 16-byte chunks per row of a slot
+template <bool OUT_F32, int WARPS, int STAGES, int WN, int MF>
+__global__ void __launch_bounds__(GtRing<WARPS, STAGES, WN, MF>::THREADS)
+    gemv_tile_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
+    using R = GtRing<WARPS, STAGES, WN, MF>;
     extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16* ring = reinterpret_cast<bf16*>(smem_raw);
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
-    const int64_t n0 = static_cast<int64_t>(blockIdx.x) * WG_N;
+    const int64_t n0 = static_cast<int64_t>(blockIdx.x) * R::COLS;
     const int leaf = static_cast<int>(blockIdx.y);
     const int64_t lo = g.bounds[leaf];
     const int64_t width = g.bounds[leaf + 1] - lo;
     const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
-    const int64_t slots = cdiv(width, static_cast<int64_t>(WG_SK));
+    const int64_t slots = cdiv(width, static_cast<int64_t>(GT_SK));
 
-    // Copies of slot s: thread pairs take the two 16-byte chunks of one 32-byte piece of a row, the
-    // pairs walk the rows (A rows, then weight rows), then the next piece.
-    auto issue = [&](int64_t s) {
-        unsigned char* slot = smem_raw + (s % STAGES) * R::SLOT;
-        for (int v = threadIdx.x; v < (WG_M + WG_N) * CHUNKS; v += 128) {
-            const int pair = v >> 1;
-            const int r = pair % (WG_M + WG_N);
-            const int kc = 8 * (2 * (pair / (WG_M + WG_N)) + (v & 1));
-            const int64_t off = s * WG_SK + kc;
-            const bool in = off < width;
-            const bf16* src;
-            bool ok;
-            unsigned char* dst;
-            if (r < WG_M) {
-                ok = in && r < g.M;
-                src = g.a + (ok ? r * g.s_am + lo + off : 0);
-                dst = slot + wg_offset(WG_M, r, kc);
-            } else {
-                const int64_t n = n0 + (r - WG_M);
-                ok = in && n < g.N;
-                src = g.b + (ok ? n * g.s_bn + lo + off : 0);
-                dst = slot + R::A_BYTES + wg_offset(WG_N, r - WG_M, kc);
-            }
-            cp_async16(dst, src, ok ? 16 : 0);
+    // This thread's copies: chunk column kc of rows r0 + RSTEP i (i < ROWS / RSTEP: A rows).
+    const int kc = (threadIdx.x % GT_CHUNKS) * 8;
+    const int r0 = threadIdx.x / GT_CHUNKS;
+    const bf16* src[R::NCOPY];  // nullptr: a row past M or N (zero-filled)
+#pragma unroll
+    for (int i = 0; i < R::NCOPY; ++i) {
+        const int r = r0 + R::RSTEP * i;
+        const bf16* p = nullptr;
+        if (r < R::ROWS) {
+            if (r < g.M) p = g.a + r * g.s_am + lo + kc;
+        } else {
+            const int64_t n = n0 + (r - R::ROWS);
+            if (n < g.N) p = g.b + n * g.s_bn + lo + kc;
+        }
+        src[i] = p;
+    }
+    bf16* dst0 = ring + r0 * GT_LD + kc;
+    auto issue = [&](int64_t s) {  // slot s: k in [lo + s GT_SK, + GT_SK)
+        bf16* dst = dst0 + (s % STAGES) * R::SLOT;
+        const bool in = s * GT_SK + kc < width;  // offset inside the leaf
+#pragma unroll
+        for (int i = 0; i < R::NCOPY; ++i) {
+            const bool ok = in && src[i] != nullptr;
+            cp_async16(dst + R::RSTEP * i * GT_LD, ok ? src[i] + s * GT_SK : g.a, ok ? 16 : 0);
         }
     };
 
-    float acc[32];
+    float acc[MF][WN / 8][4];
 #pragma unroll
-    for (int e = 0; e < 32; ++e) acc[e] = 0.0f;
+    for (int f = 0; f < MF; ++f)
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[f][j][e] = 0.0f;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < slots) issue(s);
         cp_async_commit();
     }
+    // ldmatrix row addresses: A (16 x 16 of a k half): lanes 0..15 rows 0..15 at k 0, lanes 16..31
+    // the same rows at k 8; weights (8 rows x 32 k): lanes 8q .. 8q + 7 rows 0..7 at k 8q.
+    const int arow = lane & 15;
+    const int akof = (lane >> 4) * 8;
+    const int brow = lane & 7;
+    const int bkof = (lane >> 3) * 8;
     for (int64_t i = 0; i < slots; ++i) {
         cp_async_wait<STAGES - 2>();
-        fence_proxy_async();  // this thread's cp.async data is visible to the warpgroup MMA's reads
-        __syncthreads();      // slot i has landed for every thread; every MMA of slot i - 1 has completed
+        __syncthreads();  // slot i has landed for every thread; slot i - 1 is free again
         if (i + STAGES - 1 < slots) issue(i + STAGES - 1);
         cp_async_commit();
-        const unsigned char* slot = smem_raw + (i % STAGES) * R::SLOT;
-        wg_fence();
-        auto mma = [&](int c) {  // k16 product c of the slot
-            wgmma_n64(acc, wg_desc(slot + c * WG_M * 32, WG_M * 16, 128),
-                      wg_desc(slot + R::A_BYTES + c * WG_N * 32, WG_N * 16, 128));
-        };
-        mma(0);
-        mma(1);
-        if (i * (WG_SK / TB_K) + 1 < steps) {  // uniform: no step past the leaf's last
-            mma(2);
-            mma(3);
+        const bf16* slot = ring + (i % STAGES) * R::SLOT;
+        const bf16* wrows = slot + (R::ROWS + warp * WN) * GT_LD;
+#pragma unroll
+        for (int q = 0; q < GT_SK / TB_K; ++q) {
+            if (i * (GT_SK / TB_K) + q >= steps) break;  // uniform: no step past the leaf's last
+            uint32_t a[MF][2][4];
+#pragma unroll
+            for (int f = 0; f < MF; ++f)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) ldsm_x4(a[f][c], slot + (16 * f + arow) * GT_LD + q * TB_K + 16 * c + akof);
+#pragma unroll
+            for (int j = 0; j < WN / 8; ++j) {
+                uint32_t b[4];  // k 0..7, 8..15 (first MMA), 16..23, 24..31 (second) of weight rows 8j .. 8j + 7
+                ldsm_x4(b, wrows + (8 * j + brow) * GT_LD + q * TB_K + bkof);
+                const uint32_t b0[2] = {b[0], b[1]};
+                const uint32_t b1[2] = {b[2], b[3]};
+#pragma unroll
+                for (int f = 0; f < MF; ++f) {
+                    mma_bf16_16816(acc[f][j], a[f][0], b0);
+                    mma_bf16_16816(acc[f][j], a[f][1], b1);
+                }
+            }
         }
-        wg_commit();
-        wg_wait0();
     }
     cp_async_wait<0>();
     const int gq = lane >> 2;
     const int t = lane & 3;
 #pragma unroll
-    for (int j = 0; j < WG_N / 8; ++j)
+    for (int f = 0; f < MF; ++f)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int64_t r = 16 * warp + gq + 8 * (e >> 1);
-            const int64_t c = n0 + 8 * j + 2 * t + (e & 1);
-            if (r < g.M && c < g.N) {
-                if (OUT_F32) {
-                    static_cast<float*>(out)[r * s_om + c * s_on] = acc[4 * j + e];
-                } else {
-                    static_cast<bf16*>(out)[leaf * g.M * g.N + r * s_om + c * s_on] = to_bf16(acc[4 * j + e]);
+        for (int j = 0; j < WN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int64_t r = 16 * f + gq + 8 * (e >> 1);
+                const int64_t c = n0 + warp * WN + 8 * j + 2 * t + (e & 1);
+                if (r < g.M && c < g.N) {
+                    if (OUT_F32) {
+                        static_cast<float*>(out)[r * s_om + c * s_on] = acc[f][j][e];
+                    } else {
+                        static_cast<bf16*>(out)[leaf * g.M * g.N + r * s_om + c * s_on] = to_bf16(acc[f][j][e]);
+                    }
                 }
             }
-        }
 }
-#endif
 
-template <bool OUT_F32, int STAGES>
-int launch_gemv_wgmma(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
-#ifdef RL_HOST_EMU
-    (void)g, (void)leaves, (void)out, (void)s_om, (void)s_on, (void)st;
-    return static_cast<int>(cudaErrorNotSupported);  // the host emulation has no warpgroup MMA
-#else
-    using R = WgRing<64, STAGES>;
-    const cudaError_t e = cudaFuncSetAttribute(gemv_wgmma_kernel<OUT_F32, STAGES>,
+template <bool OUT_F32, int WARPS, int STAGES, int WN, int MF>
+int launch_gemv_tile_rows(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    using R = GtRing<WARPS, STAGES, WN, MF>;
+    const cudaError_t e = cudaFuncSetAttribute(gemv_tile_kernel<OUT_F32, WARPS, STAGES, WN, MF>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(R::SMEM));
     if (e != cudaSuccess) return static_cast<int>(e);
-    dim3 grid(static_cast<unsigned>(cdiv(g.N, static_cast<int64_t>(64))), static_cast<unsigned>(leaves));
-    gemv_wgmma_kernel<OUT_F32, STAGES><<<grid, 128, R::SMEM, st>>>(g, out, s_om, s_on);
+    dim3 grid(static_cast<unsigned>(cdiv(g.N, static_cast<int64_t>(R::COLS))), static_cast<unsigned>(leaves));
+    gemv_tile_kernel<OUT_F32, WARPS, STAGES, WN, MF><<<grid, R::THREADS, R::SMEM, st>>>(g, out, s_om, s_on);
     return launch_status();
-#endif
+}
+
+// The A rows MF from M (a speed choice; every fragment runs the same steps whatever MF).
+template <bool OUT_F32, int WARPS, int STAGES, int WN>
+int launch_gemv_tile(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    if (g.M <= 16) return launch_gemv_tile_rows<OUT_F32, WARPS, STAGES, WN, 1>(g, leaves, out, s_om, s_on, st);
+    if (g.M <= 32) return launch_gemv_tile_rows<OUT_F32, WARPS, STAGES, WN, 2>(g, leaves, out, s_om, s_on, st);
+    return launch_gemv_tile_rows<OUT_F32, WARPS, STAGES, WN, 4>(g, leaves, out, s_om, s_on, st);
 }
 
 // The ring variants (KS, STAGES) and shared memory per block at MF = 1 (the A rows grow with MF):
@@ -682,19 +677,30 @@ int launch_gemv_wgmma(const TreeArgs& g, int leaves, void* out, int64_t s_om, in
 // 0 and 5 were swapped) variant 0 was the fastest ring at every Qwen3-8B shape and M in {1, 16, 64}:
 // at M = 64, 34.4 / 25.5 / 122.8 / 60.5 us for the q/k/v, o, gate/up and down products against
 // 39.1 / 33.6 / 145.1 / 83.5 us for variant 5.
-// 6 is the warpgroup form (gemv_wgmma_kernel, 4 slots of 64 k, 64 KB; the GPU only).
-constexpr int GV_VARIANTS = 7;
+// 6 .. 8 are the tile form (gemv_tile_kernel) with (WARPS, STAGES, columns per warp) and shared
+// memory per block at M = 64: 6 = (4, 4, 32) 110 KB (128 columns per block); 7 = (4, 4, 16) 74 KB
+// (64 columns); 8 = (4, 6, 16) 110 KB.
+constexpr int GV_VARIANTS = 9;
 int g_gemv_variant = 0;
+
+// Variant 0, the default, takes the tile form in geometry GV_TILE_DEFAULT from GV_TILE_MIN_M rows
+// up (65: never): a speed choice from M only, the same bits.
+constexpr int64_t GV_TILE_MIN_M = 65;
+constexpr int GV_TILE_DEFAULT = 6;
 
 template <bool OUT_F32>
 int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
-    switch (g_gemv_variant) {
+    int v = g_gemv_variant;
+    if (v == 0 && g.M >= GV_TILE_MIN_M) v = GV_TILE_DEFAULT;
+    switch (v) {
         case 1: return launch_gemv_ring<OUT_F32, 2, 4>(g, leaves, out, s_om, s_on, st);
         case 2: return launch_gemv_ring<OUT_F32, 2, 6>(g, leaves, out, s_om, s_on, st);
         case 3: return launch_gemv_ring<OUT_F32, 1, 8>(g, leaves, out, s_om, s_on, st);
         case 4: return launch_gemv_ring<OUT_F32, 4, 4>(g, leaves, out, s_om, s_on, st);
         case 5: return launch_gemv_ring<OUT_F32, 4, 2>(g, leaves, out, s_om, s_on, st);
-        case 6: return launch_gemv_wgmma<OUT_F32, 4>(g, leaves, out, s_om, s_on, st);
+        case 6: return launch_gemv_tile<OUT_F32, 4, 4, 32>(g, leaves, out, s_om, s_on, st);
+        case 7: return launch_gemv_tile<OUT_F32, 4, 4, 16>(g, leaves, out, s_om, s_on, st);
+        case 8: return launch_gemv_tile<OUT_F32, 4, 6, 16>(g, leaves, out, s_om, s_on, st);
         default: return launch_gemv_ring<OUT_F32, 4, 2, true>(g, leaves, out, s_om, s_on, st);
     }
 }

@@ -46,21 +46,18 @@ loops and merges as the fused kernel, so the bits are the same (tested); the cho
 on M and N."""
 
 
-GEMV_VARIANTS = 7
+GEMV_VARIANTS = 9
 """Geometries of the decode GEMV for the ring and merge path (M <= 64). Ring (``gemv_leaf_kernel``:
 32-wide K steps per slot, slots): 0 = (4, 2) with each thread's copy sources worked out once per
 block, the default (the fastest ring on the H200 at every Qwen3-8B shape and M in {1, 16, 64},
 ``evidence/2026-12-02-h200-decode-80982b6``, where it was numbered 5); 1 = (2, 4); 2 = (2, 6);
-3 = (1, 8); 4 = (4, 4); 5 = (4, 2) with the sources recomputed per slot. They differ only in how much
-of the weight is in flight, how many blocks fit an SM and how the copy addresses are formed; the
-steps, their order and the instructions are the same, so the bits are (tested). 6 = the warpgroup
-form (``gemv_wgmma_kernel``: Hopper's warpgroup MMA on 64-row tiles, GPU only), the same steps in
-the same order with another tensor-core instruction: its bits are compared with the fused kernel's
-on the GPU (``WGMMA_GEMV_VARIANTS``)."""
-
-WGMMA_GEMV_VARIANTS = (6,)
-"""The variants that use the warpgroup MMA (no host emulation: the launch reports not supported
-there)."""
+3 = (1, 8); 4 = (4, 4); 5 = (4, 2) with the sources recomputed per slot. Tile form
+(``gemv_tile_kernel``: a warp owns a 16 MF x 32 or 16 MF x 16 tile, loads its A rows once per step
+for all of it by ldmatrix and multiplies with mma.sync; each thread's copy addresses worked out once
+per block; warps, slots of 64 k, columns per warp): 6 = (4, 4, 32), 7 = (4, 4, 16), 8 = (4, 6, 16).
+They differ only in which warp computes which outputs, how much of the weight is in flight, how
+many blocks fit an SM and how the copy addresses are formed; the steps, their order and the MMA
+instructions are the same, so the bits are (tested)."""
 
 
 WARP_GEMV_ON_CUDA = True
