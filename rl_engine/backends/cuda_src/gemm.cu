@@ -684,8 +684,11 @@ constexpr int GV_VARIANTS = 9;
 int g_gemv_variant = 0;
 
 // Variant 0, the default, takes the tile form in geometry GV_TILE_DEFAULT from GV_TILE_MIN_M rows
-// up (65: never): a speed choice from M only, the same bits.
-constexpr int64_t GV_TILE_MIN_M = 65;
+// up: a speed choice from M only, the same bits. On the H200 (evidence/2026-12-02-h200-decode-1d1a1ab)
+// at M = 64 the tile form 6 took 32.1 / 21.3 / 101.8 / 43.9 us for the q/k/v, o, gate/up and down
+// products (merge launch included) where the ring took 34.8 / 25.8 / 120.0 / 60.4; 7 and 8 were
+// slower than 6.
+constexpr int64_t GV_TILE_MIN_M = 17;
 constexpr int GV_TILE_DEFAULT = 6;
 
 template <bool OUT_F32>

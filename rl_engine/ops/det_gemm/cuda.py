@@ -48,9 +48,11 @@ on M and N."""
 
 GEMV_VARIANTS = 9
 """Geometries of the decode GEMV for the ring and merge path (M <= 64). Ring (``gemv_leaf_kernel``:
-32-wide K steps per slot, slots): 0 = (4, 2) with each thread's copy sources worked out once per
-block, the default (the fastest ring on the H200 at every Qwen3-8B shape and M in {1, 16, 64},
-``evidence/2026-12-02-h200-decode-80982b6``, where it was numbered 5); 1 = (2, 4); 2 = (2, 6);
+32-wide K steps per slot, slots): 0, the default, = (4, 2) with each thread's copy sources worked
+out once per block up to M = 16 (the fastest ring on the H200 at every Qwen3-8B shape and M in
+{1, 16, 64}, ``evidence/2026-12-02-h200-decode-80982b6``, where it was numbered 5), and the tile form 6
+from M = 17 up (17 % less time than that ring over the four products at M = 64,
+``evidence/2026-12-02-h200-decode-1d1a1ab``); 1 = (2, 4); 2 = (2, 6);
 3 = (1, 8); 4 = (4, 4); 5 = (4, 2) with the sources recomputed per slot. Tile form
 (``gemv_tile_kernel``: a warp owns a 16 MF x 32 or 16 MF x 16 tile, loads its A rows once per step
 for all of it by ldmatrix and multiplies with mma.sync; each thread's copy addresses worked out once
