@@ -16,7 +16,11 @@ ranks equals the unsplit product bit for bit.
 
 Leaf-parallel form (``rl_det_gemm_leaves``): for outputs of fewer than ``LEAF_SPLIT_BELOW_TILES``
 tiles (decode), one block per (tile, leaf) runs the same leaf loop into a BF16 workspace and a
-second kernel applies the same merges; same bits, ``2^depth`` times the blocks.
+second kernel applies the same merges; same bits, ``2^depth`` times the blocks. At decode sizes
+(M <= 64, unit stride along K) the leaves are streamed GEMVs that run the same 32-wide steps with
+``mma.sync`` / WMMA: the warp GEMV for M <= 16 (the block merges its leaves, one launch), the ring
+(``gemv_leaf_kernel``) when that is off, and the tile form (``gemv_tile_kernel``) for M > 16
+(:data:`GEMV_VARIANTS`).
 
 Batch invariance: output ``(m, n)`` is computed from row m of ``a`` and column n of ``b`` by the
 same MMA sequence whatever M, the row's position in its tile, or the operand strides.
