@@ -57,14 +57,14 @@ def main() -> int:
     ap.add_argument("--once-backend", choices=("cuda", "triton"), default="cuda",
                     help="the backend whose decode GEMVs --once launches (default cuda)")
     ap.add_argument("--variants", action="store_true")
-    ap.add_argument("--ring-variants", default=None, help="comma-separated ring / tile variants to time (implies --variants)")
+    ap.add_argument("--ring-variants", default=None, help="comma-separated ring / tile variants to time (the warp GEMV only in its default geometry)")
     ap.add_argument("--ms", default="1,16,64", help="comma-separated M values (default 1,16,64)")
     ap.add_argument("--cross-bits", action="store_true",
                     help="only compare the two backends' det_gemm and logits bits at every shape and M, untimed")
     args = ap.parse_args()
-    if args.cross_bits:
-        return _cross_bits(tuple(int(v) for v in args.ms.split(",")))
     ms = tuple(int(v) for v in args.ms.split(","))
+    if args.cross_bits:
+        return _cross_bits(ms)
     if args.ring_variants:
         variants = tuple(int(v) for v in args.ring_variants.split(","))
     else:

@@ -246,18 +246,14 @@ def test_det_gemm_leaf_parallel_form_equals_fused_form(cuda_device, m, k, n, tra
     assert dg_cuda.use_leaf_split(1, 4096, 2) and not dg_cuda.use_leaf_split(4096, 4096, 2)
 
 
-TILE_GEMV_VARIANTS = (6, 7, 8)
-"""The tile form's geometries among ``rl_engine.ops.det_gemm.cuda.GEMV_VARIANTS``."""
-
-
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (1056, 72)])
 def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
-    """At decode-sized M (<= 64) with a contiguous weight, the leaf-parallel form runs the streamed
-    decode kernel (gemv_leaf_kernel: cp.async ring, each warp one 16-column strip of 1, 2 or 4
-    16 x 16 fragments); its bits equal
-    the fused 128 x 128 kernel's at every Qwen3-8B projection shape and at a K whose leaves end inside a
-    32-wide step (1056: leaves of 264), and so do the tile form's geometries on the GPU. Control: a
-    depth-1 tree differs."""
+    """At decode-sized M (<= 64) with a contiguous weight, the leaf-parallel form runs a streamed
+    decode kernel (the ring, gemv_leaf_kernel, up to M = 16 without the warp GEMV; the tile form,
+    gemv_tile_kernel, from M = 17; the warp GEMV with ``warp_gemv``); its bits equal the fused
+    128 x 128 kernel's at every Qwen3-8B projection shape and at a K whose leaves end inside a 32-wide
+    step (1056: leaves of 264), and so do every tile geometry's on the GPU. Control: a depth-1 tree
+    differs."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
     if cuda_device.type == "cpu" and n * k > 1056 * 72:
@@ -271,7 +267,7 @@ def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
                 f"M={m} warp_gemv={warp}"
         if cuda_device.type == "cuda":  # the tile form's geometries at the real shapes
             try:
-                for v in TILE_GEMV_VARIANTS:
+                for v in dg_cuda.TILE_GEMV_VARIANTS:
                     dg_cuda.set_gemv_variant(v)
                     assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=False),
                                        fused), f"M={m} variant {v}"

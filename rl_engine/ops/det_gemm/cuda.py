@@ -65,6 +65,9 @@ They differ only in which warp computes which outputs, how much of the weight is
 many blocks fit an SM and how the copy addresses are formed; the steps, their order and the MMA
 instructions are the same, so the bits are (tested)."""
 
+TILE_GEMV_VARIANTS = (6, 7, 8)
+"""The tile form's geometries among :data:`GEMV_VARIANTS`."""
+
 
 WARP_GEMV_ON_CUDA = True
 """Whether decode products with M <= 16 take the warp-streamed GEMV (``gemv_warp_kernel``: each
