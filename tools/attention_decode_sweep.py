@@ -1,10 +1,11 @@
 """Sweep the decode-attention launch on a GPU (issue #19): Triton's head-dim split, warps and
-stages, or with ``--backend cuda`` the CUDA backend's column split of its second launch.
+stages, or with ``--backend cuda`` the CUDA backend's forms: the two launches at each column split of
+the second launch, and the one-pass kernel.
 
 For B in {1, 16, 64} x context in {1024, 8192} at Qwen3-8B head shapes (32 query heads over 8 KV
 heads, D = 128; a static cache of exactly ``context`` positions, every sequence at full length), each
-configuration's output is compared bit for bit with the default launch (``d_split = 1``, the module's
-warps and stages) and timed as it runs in a captured decode step: ``CALLS`` launches back to back in
+configuration's output is compared bit for bit with the unsplit launch (``d_split = 1``, the module's
+warps and stages; for cuda the two launches at split 1) and timed as it runs in a captured decode step: ``CALLS`` launches back to back in
 one CUDA graph, replayed ``REPLAYS`` times between CUDA events. A 1 GiB device copy in the same
 process gives the bandwidth the KV read is measured against (bytes = the K and V of every
 sequence, read once). Prints one line per (shape, config) and writes ``--json`` (default
@@ -59,8 +60,8 @@ def main() -> int:
     del src, dst
     print(f"copy bandwidth {copy:.0f} GB/s")
     splits = (1, 4) if args.quick else (1, 2, 4, 8)
-    if args.backend == "cuda":  # the launch constants are compiled in; only the column split varies
-        at, configs = at_cuda, [(s, None, None) for s in splits]
+    if args.backend == "cuda":  # the launch constants are compiled in; the form and column split vary
+        at, configs = at_cuda, [(s, None, None) for s in splits] + [("one_pass", None, None)]
     else:
         stages = (2,) if args.quick else (2, 3)
         warps = (4,) if args.quick else (4, 8)
@@ -75,14 +76,17 @@ def main() -> int:
         lens = torch.full((bsz,), ctx, dtype=torch.int32, device=dev)
         scale = D ** -0.5
         nbytes = 2 * kc.numel() * 2
-        ref = at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=1)
+        unsplit = {"form": "two_launch"} if args.backend == "cuda" else {}
+        ref = at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=1, **unsplit)
         default_ms = time_per_call(lambda: at.attention_decode_fwd(q, kc, vc, lens, scale), CALLS, REPLAYS)
         print(f"B={bsz} ctx={ctx}: KV {nbytes / 1e6:.0f} MB; launcher default "
               f"{default_ms * 1e3:.1f} us = {nbytes / default_ms / 1e6 / copy:.2f} of copy")
         for split, w, st in configs:
             def call(split=split, w=w, st=st):
+                if split == "one_pass":
+                    return at.attention_decode_fwd(q, kc, vc, lens, scale, form="one_pass")
                 if w is None:
-                    return at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=split)
+                    return at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=split, form="two_launch")
                 return at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=split, num_warps=w, num_stages=st)
             try:
                 same = bool(torch.equal(call().view(torch.int16), ref.view(torch.int16)))
@@ -95,7 +99,7 @@ def main() -> int:
                          "kv_bytes": nbytes, "copy_gbps": copy, "error": err})
             print(f"  split {split} {w or '-'}w {st or '-'}s: " + (err or f"{ms * 1e3:8.1f} us {frac:.2f} of copy, same bits {same}"))
         del kc, vc
-    bad = sorted({(r["d_split"], r["num_warps"], r["num_stages"]) for r in rows if r["same_bits"] is False})
+    bad = sorted({(str(r["d_split"]), r["num_warps"] or 0, r["num_stages"] or 0) for r in rows if r["same_bits"] is False})
     if bad:
         print("CONFIGS WITH OTHER BITS:", bad)
     with open(args.json, "w") as f:

@@ -2,7 +2,7 @@
 the captured step (``rl_engine.bench.chain``'s step: forward, lm_head, sampler), per kernel name.
 
 Usage: ``python tools/decode_profile.py [--backend triton_cuda_bf16] [--batch 1] [--context 1024]
-[--replays 5] [--json PATH] [--pdl 0|1|2] [--pdl-attention 0|1|2]``. Prints the step's wall time per replay (CUDA events), the summed
+[--replays 5] [--json PATH] [--pdl 0|1|2] [--pdl-attention 0|1|2] [--tile-gemv-min-m M]``. Prints the step's wall time per replay (CUDA events), the summed
 kernel time per replay, the number of kernels per replay, and the kernels by total time.
 """
 
@@ -29,8 +29,16 @@ def main() -> int:
                          "at any batch")
     ap.add_argument("--pdl-attention", type=int, default=None, choices=(0, 1, 2),
                     help="the PDL mode of cuda_bf16's decode attention launches only")
+    ap.add_argument("--tile-gemv-min-m", type=int, default=None,
+                    help="cuda_bf16: the tile-form decode GEMV from this many rows up (default 17; below it the "
+                         "warp GEMV), rl_engine.ops.det_gemm.cuda.set_tile_gemv_min_m")
     args = ap.parse_args()
     from rl_engine.chain import fused
+
+    if args.tile_gemv_min_m is not None:
+        from rl_engine.ops.det_gemm.cuda import set_tile_gemv_min_m
+
+        set_tile_gemv_min_m(args.tile_gemv_min_m)
 
     if args.pdl is not None:  # the decode forward's mode (the lm_head and sampler launch plainly)
         fused.CUDA_DECODE_PDL = args.pdl

@@ -252,8 +252,8 @@ def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
     decode kernel (the ring, gemv_leaf_kernel, up to M = 16 without the warp GEMV; the tile form,
     gemv_tile_kernel, from M = 17; the warp GEMV with ``warp_gemv``); its bits equal the fused
     128 x 128 kernel's at every Qwen3-8B projection shape and at a K whose leaves end inside a 32-wide
-    step (1056: leaves of 264), and so do every tile geometry's on the GPU. Control: a depth-1 tree
-    differs."""
+    step (1056: leaves of 264), and so do every tile geometry's on the GPU, and the tile form where
+    ``set_tile_gemv_min_m(1)`` puts it in place of the warp GEMV. Control: a depth-1 tree differs."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
     if cuda_device.type == "cpu" and n * k > 1056 * 72:
@@ -273,6 +273,12 @@ def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
                                        fused), f"M={m} variant {v}"
             finally:
                 dg_cuda.set_gemv_variant(0)
+            old = dg_cuda.set_tile_gemv_min_m(1)  # the tile form in place of the warp GEMV too
+            try:
+                assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=True), fused), \
+                    f"M={m} tile from M = 1"
+            finally:
+                assert dg_cuda.set_tile_gemv_min_m(old) == 1
     assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True), fused)
 
 
@@ -352,6 +358,16 @@ def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
         dg_cuda.set_gemv_variant(0)
     with pytest.raises(InputError, match="gemv variant"):
         dg_cuda.set_gemv_variant(dg_cuda.GEMV_VARIANTS)
+    assert dg_cuda.set_tile_gemv_min_m(1) == dg_cuda.TILE_GEMV_MIN_M  # the tile form at M = 5, not the warp GEMV
+    try:
+        a = rows[:5]
+        assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=True),
+                           dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=False))
+    finally:
+        dg_cuda.set_tile_gemv_min_m(dg_cuda.TILE_GEMV_MIN_M)
+    for bad in (0, 66, True, 2.0):
+        with pytest.raises(InputError, match="tile gemv min m"):
+            dg_cuda.set_tile_gemv_min_m(bad)
 
 
 @pytest.mark.parametrize("order", ["hf", "fused"])
@@ -468,6 +484,10 @@ def _varlen(lens, h, hkv, d, seed, device):
 
 @pytest.mark.parametrize("d", [32, 64])
 def test_attention_decode_bitwise_equals_prefill_rows(cuda_device, d):
+    """Every probed decode position (block edges, zero-length rows, NaN junk past each length) in
+    both decode forms (two launches, one pass) and the public op is bitwise the prefill row."""
+    from rl_engine.ops.attention import cuda as at_cuda
+
     lens = [1, 70, 5, 130]
     h, hkv = 4, 2
     q, k, v, cu = _varlen(lens, h, hkv, d, 7, cuda_device)
@@ -494,18 +514,20 @@ def test_attention_decode_bitwise_equals_prefill_rows(cuda_device, d):
             qd = torch.zeros((len(lens), h, d), dtype=torch.bfloat16, device=cuda_device)
             for b, r in zip(live, rows):
                 qd[b] = q[r]
-            out = attention_decode_cuda(qd, kc, vc, seqlens, scale)
-            for b, r in zip(live, rows):
-                assert _bits_equal(out[b], full[r]), (step, b)
-            for b in set(range(len(lens))) - set(live):
-                assert bool((out[b] == 0).all()) and not bool(torch.signbit(out[b]).any())
+            for form in ("two_launch", "one_pass"):
+                out = at_cuda.attention_decode_fwd(qd, kc, vc, seqlens, scale, form=form)
+                for b, r in zip(live, rows):
+                    assert _bits_equal(out[b], full[r]), (step, b, form)
+                for b in set(range(len(lens))) - set(live):
+                    assert bool((out[b] == 0).all()) and not bool(torch.signbit(out[b]).any()), form
+            assert _bits_equal(attention_decode_cuda(qd, kc, vc, seqlens, scale), out)
 
 
 def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
     """The decode kernel's head-dim split (blocks that each own D / d_split output columns and load
     only that slice of V) gives the unsplit bits for d_split 2, 4, 8 at D = 128, with NaN written
-    past every length (masked means absent); d_split 0 (the library's choice) too. Control: a
-    cache whose V columns are rotated differs."""
+    past every length (masked means absent); d_split 0 (the library's choice), the one-pass form
+    and the library's form too. Control: a cache whose V columns are rotated differs, in both forms."""
     from rl_engine.ops.attention import cuda as at_cuda
 
     lens, h, hkv, d = (1, 63, 130), 8, 2, 128
@@ -516,11 +538,16 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
         vc[i, n:] = float("nan")
     q = _bf16((len(lens), h, d), 23, cuda_device)
     seqlens = torch.tensor(lens, dtype=torch.int32, device=cuda_device)
-    whole = at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=1)
+    whole = at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=1, form="two_launch")
     for split in (2, 4, 8, 0):
-        assert _bits_equal(at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=split), whole), split
+        got = at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=split, form="two_launch")
+        assert _bits_equal(got, whole), split
+    for form in ("one_pass", "auto"):
+        assert _bits_equal(at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, form=form), whole), form
     rolled = vc[:, :, :, list(range(1, d)) + [0]].contiguous()
-    assert not _bits_equal(at_cuda.attention_decode_fwd(q, kc, rolled, seqlens, d ** -0.5, d_split=4), whole)
+    assert not _bits_equal(at_cuda.attention_decode_fwd(q, kc, rolled, seqlens, d ** -0.5, d_split=4,
+                                                        form="two_launch"), whole)
+    assert not _bits_equal(at_cuda.attention_decode_fwd(q, kc, rolled, seqlens, d ** -0.5, form="one_pass"), whole)
 
 
 def test_attention_decode_equals_prefill_at_qwen3_8b_shapes(cuda_device):
@@ -551,9 +578,9 @@ def test_attention_decode_equals_prefill_at_qwen3_8b_shapes(cuda_device):
             for b in live:
                 qd[b] = q[int(cu[b]) + pos]
             want = full[torch.tensor([int(cu[b]) + pos for b in live], device=cuda_device)]
-            for split in (0, 1, 2, 4, 8):
-                out = at_cuda.attention_decode_fwd(qd, kc, vc, seqlens, scale, d_split=split)
-                assert _bits_equal(out[live], want), (pos, split)
+            for form, split in [("two_launch", s) for s in (0, 1, 2, 4, 8)] + [("one_pass", 0), ("auto", 0)]:
+                out = at_cuda.attention_decode_fwd(qd, kc, vc, seqlens, scale, d_split=split, form=form)
+                assert _bits_equal(out[live], want), (pos, form, split)
         seqlens = torch.tensor([1, 700, 700, 700], dtype=torch.int32, device=cuda_device)
         qd = q[torch.tensor([0, int(cu[1]) + 699, int(cu[2]) + 699, int(cu[3]) + 699], device=cuda_device)]
         out = at_cuda.attention_decode_fwd(qd, kc[[0, 2, 1, 3]], vc, seqlens, scale)
@@ -564,7 +591,9 @@ def test_attention_decode_past_4096_keys(cuda_device):
     """Decode rows at lengths 4096, 4097 and 4300 (64, 65 and 68 key blocks), with keys that grow
     along the sequence so the running maximum keeps moving late in the walk, are bitwise the
     prefill row of the same query (the last query of each sequence, as a chunk of one row over all
-    its keys). Control: the same query with the keys past 4096 negated differs."""
+    its keys), in both decode forms. Control: the same query with the keys past 4096 negated differs."""
+    from rl_engine.ops.attention import cuda as at_cuda
+
     lens, h, hkv, d = (4096, 4097, 4300), 4, 1, 16
     scale = d ** -0.5
     s_max = max(lens)
@@ -575,6 +604,8 @@ def test_attention_decode_past_4096_keys(cuda_device):
     seqlens = torch.tensor(lens, dtype=torch.int32, device=cuda_device)
     with torch.no_grad():
         out = attention_decode_cuda(q, kc, vc, seqlens, scale)
+        for form in ("two_launch", "one_pass"):
+            assert _bits_equal(at_cuda.attention_decode_fwd(q, kc, vc, seqlens, scale, form=form), out), form
         for b, n in enumerate(lens):
             cq = torch.tensor([0, 1], dtype=torch.int32, device=cuda_device)
             ck = torch.tensor([0, n], dtype=torch.int32, device=cuda_device)

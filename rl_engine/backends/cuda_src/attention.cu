@@ -240,6 +240,106 @@ __device__ __forceinline__ void dc_issue_rows(bf16* dst, const bf16* src, int64_
     }
 }
 
+// The DC_HEADS score dot products of one key row kr (shared memory, 16-byte aligned): dot_row's
+// FMA chain over d in increasing order for each head (the heads interleaved), q from qf
+// ([DC_HEADS][D] FP32, exact). acc starts at 0.
+template <int D>
+__device__ __forceinline__ void dc_dots(const bf16* kr, const float* qf, float (&acc)[DC_HEADS]) {
+#pragma unroll 4
+    for (int d = 0; d < D; d += 8) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(kr + d);
+        const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+        float kf[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = __bfloat1622float2(k2[i]);
+            kf[2 * i] = f.x;
+            kf[2 * i + 1] = f.y;
+        }
+#pragma unroll
+        for (int h = 0; h < DC_HEADS; ++h) {
+            const float4 qa = *reinterpret_cast<const float4*>(qf + h * D + d);
+            const float4 qb = *reinterpret_cast<const float4*>(qf + h * D + d + 4);
+            acc[h] = __fmaf_rn(qa.x, kf[0], acc[h]);
+            acc[h] = __fmaf_rn(qa.y, kf[1], acc[h]);
+            acc[h] = __fmaf_rn(qa.z, kf[2], acc[h]);
+            acc[h] = __fmaf_rn(qa.w, kf[3], acc[h]);
+            acc[h] = __fmaf_rn(qb.x, kf[4], acc[h]);
+            acc[h] = __fmaf_rn(qb.y, kf[5], acc[h]);
+            acc[h] = __fmaf_rn(qb.z, kf[6], acc[h]);
+            acc[h] = __fmaf_rn(qb.w, kf[7], acc[h]);
+        }
+    }
+}
+
+// forward_rows' per-block softmax step for one head, run by a half-warp (lane cs holds keys
+// cs + 16 jj of the block): sb holds the block's 64 scores of the head (read only when head; a
+// head past the group takes -inf). Updates m and l, writes p to pb[0 .. 64) and, from lane 0,
+// alpha to *alpha_out.
+__device__ __forceinline__ void dc_softmax_block(const float* sb, bool head, int cs, float& m, float& l, float* pb,
+                                                 float* alpha_out) {
+    float s[AT_CPT];
+#pragma unroll
+    for (int jj = 0; jj < AT_CPT; ++jj) s[jj] = head ? sb[cs + AT_LANES * jj] : -INFINITY;
+    float bm = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+    bm = half_warp_max(bm);
+    const float m_new = fmaxf(m, bm);
+    const float ref = (m_new == -INFINITY) ? 0.0f : m_new;
+    const float alpha = (m_new == m) ? 1.0f : expf(m - ref);
+    float p[AT_CPT];
+#pragma unroll
+    for (int jj = 0; jj < AT_CPT; ++jj) p[jj] = expf(s[jj] - ref);
+    float psum = (p[0] + p[1]) + (p[2] + p[3]);
+    psum = half_warp_sum(psum);
+    l = l * alpha + psum;
+    m = m_new;
+#pragma unroll
+    for (int jj = 0; jj < AT_CPT; ++jj) pb[cs + AT_LANES * jj] = p[jj];
+    if (cs == 0) *alpha_out = alpha;
+}
+
+// One 64-key block of one thread's P V chains: CPT (1 or 2) adjacent output columns of one head,
+// o = o * a, then o = fma(p_j, v_j, o) for j in block order. pb: the head's 64 p values (16-byte
+// aligned); vt: the thread's first column in the block's V tile (row stride LDV); kv0: the
+// block's first key; n: the row's key count (keys >= n are masked: their values are absent).
+template <int CPT, int LDV>
+__device__ __forceinline__ void dc_pv_block(float& o0, float& o1, float a, const float* pb, const bf16* vt,
+                                            int64_t kv0, int64_t n) {
+    o0 = o0 * a;
+    o1 = o1 * a;
+    if (kv0 + AT_BKV - 1 <= n - 1) {  // the row sees the whole block
+        const float4* pb4 = reinterpret_cast<const float4*>(pb);
+#pragma unroll 4
+        for (int j4 = 0; j4 < AT_BKV / 4; ++j4) {
+            const float4 p4 = pb4[j4];
+            const float pj[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if constexpr (CPT == 2) {
+                    const float2 v2 =
+                        __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + (4 * j4 + i) * LDV));
+                    o0 = __fmaf_rn(pj[i], v2.x, o0);
+                    o1 = __fmaf_rn(pj[i], v2.y, o1);
+                } else {
+                    o0 = __fmaf_rn(pj[i], f32(vt[(4 * j4 + i) * LDV]), o0);
+                }
+            }
+        }
+    } else {  // masked keys (p = 0): their values are absent, not 0 * v
+        for (int j = 0; j < AT_BKV; ++j) {
+            const float pj = pb[j];
+            const bool vis = kv0 + j <= n - 1;
+            if constexpr (CPT == 2) {
+                const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + j * LDV));
+                o0 = __fmaf_rn(pj, absent_if_masked(v2.x, vis), o0);
+                o1 = __fmaf_rn(pj, absent_if_masked(v2.y, vis), o1);
+            } else {
+                o0 = __fmaf_rn(pj, absent_if_masked(f32(vt[j * LDV]), vis), o0);
+            }
+        }
+    }
+}
+
 template <int D>
 struct DecodeScores {
     static constexpr int LDK = D + 8;  // 16-byte aligned rows; 8 rows of one load phase hit distinct banks
@@ -279,34 +379,7 @@ attn_decode_scores_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k
 #pragma unroll
     for (int h = 0; h < DC_HEADS; ++h) acc[h] = 0.0f;
     const bool vis = key < n;  // forward_rows: key <= lim = n - 1
-    if (vis) {
-        const bf16* kr = ks + t * LDK;
-#pragma unroll 4
-        for (int d = 0; d < D; d += 8) {
-            const uint4 raw = *reinterpret_cast<const uint4*>(kr + d);
-            const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-            float kf[8];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float2 f = __bfloat1622float2(k2[i]);
-                kf[2 * i] = f.x;
-                kf[2 * i + 1] = f.y;
-            }
-#pragma unroll
-            for (int h = 0; h < DC_HEADS; ++h) {
-                const float4 qa = *reinterpret_cast<const float4*>(qf + h * D + d);
-                const float4 qb = *reinterpret_cast<const float4*>(qf + h * D + d + 4);
-                acc[h] = __fmaf_rn(qa.x, kf[0], acc[h]);
-                acc[h] = __fmaf_rn(qa.y, kf[1], acc[h]);
-                acc[h] = __fmaf_rn(qa.z, kf[2], acc[h]);
-                acc[h] = __fmaf_rn(qa.w, kf[3], acc[h]);
-                acc[h] = __fmaf_rn(qb.x, kf[4], acc[h]);
-                acc[h] = __fmaf_rn(qb.y, kf[5], acc[h]);
-                acc[h] = __fmaf_rn(qb.z, kf[6], acc[h]);
-                acc[h] = __fmaf_rn(qb.w, kf[7], acc[h]);
-            }
-        }
-    }
+    if (vis) dc_dots<D>(ks + t * LDK, qf, acc);
 #pragma unroll
     for (int h = 0; h < DC_HEADS; ++h) {
         if (g0 + h < group)
@@ -377,26 +450,8 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
         __syncwarp();  // block blk's scores (this half-warp's copies) are visible; slot blk - 1 is read
         issue_scores(blk + DC_SSTAGES - 1);
         cp_async_commit();
-        const float* sb = sring + (blk % DC_SSTAGES) * P::SCORES + hh_s * AT_BKV;
-        float s[AT_CPT];
-#pragma unroll
-        for (int jj = 0; jj < AT_CPT; ++jj) s[jj] = head_s ? sb[cs + AT_LANES * jj] : -INFINITY;
-        float bm = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
-        bm = half_warp_max(bm);
-        const float m_new = fmaxf(m, bm);
-        const float ref = (m_new == -INFINITY) ? 0.0f : m_new;
-        const float alpha = (m_new == m) ? 1.0f : expf(m - ref);
-        float p[AT_CPT];
-#pragma unroll
-        for (int jj = 0; jj < AT_CPT; ++jj) p[jj] = expf(s[jj] - ref);
-        float psum = (p[0] + p[1]) + (p[2] + p[3]);
-        psum = half_warp_sum(psum);
-        l = l * alpha + psum;
-        m = m_new;
-        float* pb = ps + (blk & 1) * DC_HEADS * AT_BKV + hh_s * AT_BKV;
-#pragma unroll
-        for (int jj = 0; jj < AT_CPT; ++jj) pb[cs + AT_LANES * jj] = p[jj];
-        if (cs == 0) al[(blk & 1) * DC_HEADS + hh_s] = alpha;
+        dc_softmax_block(sring + (blk % DC_SSTAGES) * P::SCORES + hh_s * AT_BKV, head_s, cs, m, l,
+                         ps + (blk & 1) * DC_HEADS * AT_BKV + hh_s * AT_BKV, al + (blk & 1) * DC_HEADS + hh_s);
     };
 
     // P V threads: head hh = t / (DV / CPT), local columns lc .. lc + CPT - 1
@@ -442,43 +497,8 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
             dc_issue_rows<DV, AT_BKV, LDV, P::NPV>(ring + (nxt % STAGES) * P::TILE, v_base, s_vt, nxt * AT_BKV, n, t,
                                                    vec);
         cp_async_commit();
-        const float a = al[(k & 1) * DC_HEADS + hh_v];
-        const float4* pb = reinterpret_cast<const float4*>(ps + (k & 1) * DC_HEADS * AT_BKV + hh_v * AT_BKV);
-        const bf16* vt = ring + (k % STAGES) * P::TILE + lc;
-        o0 = o0 * a;
-        o1 = o1 * a;
-        const int64_t kv0 = k * AT_BKV;
-        if (kv0 + AT_BKV - 1 <= n - 1) {  // the row sees the whole block
-#pragma unroll 4
-            for (int j4 = 0; j4 < AT_BKV / 4; ++j4) {
-                const float4 p4 = pb[j4];
-                const float pj[4] = {p4.x, p4.y, p4.z, p4.w};
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    if constexpr (CPT == 2) {
-                        const float2 v2 =
-                            __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + (4 * j4 + i) * LDV));
-                        o0 = __fmaf_rn(pj[i], v2.x, o0);
-                        o1 = __fmaf_rn(pj[i], v2.y, o1);
-                    } else {
-                        o0 = __fmaf_rn(pj[i], f32(vt[(4 * j4 + i) * LDV]), o0);
-                    }
-                }
-            }
-        } else {  // masked keys (p = 0): their values are absent, not 0 * v
-            const float* pf = reinterpret_cast<const float*>(pb);
-            for (int j = 0; j < AT_BKV; ++j) {
-                const float pj = pf[j];
-                const bool vis = kv0 + j <= n - 1;
-                if constexpr (CPT == 2) {
-                    const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + j * LDV));
-                    o0 = __fmaf_rn(pj, absent_if_masked(v2.x, vis), o0);
-                    o1 = __fmaf_rn(pj, absent_if_masked(v2.y, vis), o1);
-                } else {
-                    o0 = __fmaf_rn(pj, absent_if_masked(f32(vt[j * LDV]), vis), o0);
-                }
-            }
-        }
+        dc_pv_block<CPT, LDV>(o0, o1, al[(k & 1) * DC_HEADS + hh_v], ps + (k & 1) * DC_HEADS * AT_BKV + hh_v * AT_BKV,
+                              ring + (k % STAGES) * P::TILE + lc, k * AT_BKV, n);
     }
     cp_async_wait<0>();
     if (stat && cs == 0) lsum[hh_s] = l;
@@ -489,6 +509,148 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
     bf16* orow = out + b * s_ob + (kvh * group + g0 + hh_v) * s_oh + d0 + lc;
     orow[0] = to_bf16(has ? o0 / lv : 0.0f);
     if constexpr (CPT == 2) orow[1] = to_bf16(has ? o1 / lv : 0.0f);
+}
+
+// One-pass form of a decode step: one launch in which block (b, KV head x head block) does both
+// launches' work for its DC_HEADS query heads and all D columns, in three roles of one pipeline:
+//   * score warps (AT_BKV threads, one key of a block each): dc_dots for block k + 2 from a K tile
+//     in shared memory, then visible_score(dot * scale), or -inf past the length, into a
+//     shared-memory score slot: launch 1's values;
+//   * stats warps (DC_STAT_THREADS, launch 2's lane layout): dc_softmax_block for block k + 1 from
+//     that slot; they also stream the K tiles (a cp.async ring of STAGES blocks);
+//   * P V threads (a column pair of one head each): dc_pv_block for block k from a V ring.
+// One __syncthreads per step hands each block on from role to role, so every value is computed by
+// the same expression in the same order as in the two-launch form: the same bits (tested). What
+// changes is where the time goes: K and V stream through one block per (sequence, KV head), with
+// no FP32 score scratch in global memory. A speed choice of the launcher (form 0).
+template <int D>
+struct DecodeOnePass {
+    static constexpr int NSC = AT_BKV;                        // score threads
+    static constexpr int NPV = DC_HEADS * D / 2;              // P V threads, two columns each
+    static constexpr int THREADS = NSC + DC_STAT_THREADS + NPV;
+    static constexpr int LD = D + 8;                          // K and V tile rows (16-byte aligned)
+    static constexpr int TILE = AT_BKV * LD;
+    static constexpr int STAGES = D >= 256 ? 2 : 3;           // K tiles and V tiles in each ring
+    static constexpr int SCORES = DC_HEADS * AT_BKV;
+    static constexpr int MIN_BLOCKS = D <= 128 ? 2 : 1;       // blocks per SM the registers must allow
+    static constexpr size_t SMEM = static_cast<size_t>(2 * STAGES) * TILE * sizeof(bf16) +
+                                   static_cast<size_t>(DC_HEADS * D + 4 * SCORES + 3 * DC_HEADS) * sizeof(float);
+    static_assert(NSC % 32 == 0 && DC_STAT_THREADS % 32 == 0, "roles are whole warps");
+    static_assert((2 * STAGES * TILE * sizeof(bf16)) % 16 == 0, "the FP32 areas start 16-byte aligned");
+};
+
+template <int D>
+__global__ void __launch_bounds__(DecodeOnePass<D>::THREADS, DecodeOnePass<D>::MIN_BLOCKS)
+attn_decode_one_pass_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, const bf16* __restrict__ vc,
+                            bf16* __restrict__ out, const int32_t* __restrict__ seqlens, int64_t group, int64_t n_hb,
+                            int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb,
+                            int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, int vec_k,
+                            int vec_v) {
+    using P = DecodeOnePass<D>;
+    constexpr int LD = P::LD;
+    constexpr int STAGES = P::STAGES;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* kring = reinterpret_cast<bf16*>(smem_raw);                  // [STAGES][64][LD] K tiles
+    bf16* vring = kring + STAGES * P::TILE;                           // [STAGES][64][LD] V tiles
+    float* qf = reinterpret_cast<float*>(vring + STAGES * P::TILE);   // [DC_HEADS][D] q (FP32, exact)
+    float* sbuf = qf + DC_HEADS * D;                                  // [2][DC_HEADS][64] scores
+    float* ps = sbuf + 2 * P::SCORES;                                 // [2][DC_HEADS][64] p
+    float* al = ps + 2 * P::SCORES;                                   // [2][DC_HEADS] alpha
+    float* lsum = al + 2 * DC_HEADS;                                  // [DC_HEADS] l
+
+    const int64_t b = blockIdx.x;
+    const int64_t kvh = blockIdx.y / n_hb;
+    const int64_t g0 = static_cast<int64_t>(blockIdx.y % n_hb) * DC_HEADS;
+    const int tid = threadIdx.x;
+    enum { SCORE, STAT, PV };
+    const int role = tid < P::NSC ? SCORE : (tid < P::NSC + DC_STAT_THREADS ? STAT : PV);
+    pdl_wait();  // q and the cache's new row come from the kernels before
+    pdl_launch_dependents();
+    const int64_t n = seqlens[b];
+    const int64_t nblk = cdiv(n, static_cast<int64_t>(AT_BKV));
+    const bf16* k_base = kc + b * s_kb + kvh * s_kh;
+    const bf16* v_base = vc + b * s_vb + kvh * s_vh;
+
+    // stats: head hh_s, lane cs (launch 2's layout); they also issue the K ring's copies
+    const int st = tid - P::NSC;
+    const int hh_s = st / AT_LANES;
+    const int cs = st % AT_LANES;
+    const bool head_s = role == STAT && g0 + hh_s < group;
+    float m = -INFINITY, l = 0.0f;
+    // P V: head hh_v, columns lc and lc + 1
+    const int t = tid - P::NSC - DC_STAT_THREADS;
+    const int hh_v = role == PV ? t / (D / 2) : 0;
+    const int lc = role == PV ? (t % (D / 2)) * 2 : 0;
+    float o0 = 0.0f, o1 = 0.0f;
+
+    if (role == STAT) {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < nblk)
+                dc_issue_rows<D, AT_BKV, LD, DC_STAT_THREADS>(kring + s * P::TILE, k_base, s_kt, s * AT_BKV, n, st,
+                                                             vec_k);
+            cp_async_commit();
+        }
+    } else if (role == PV) {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < nblk)
+                dc_issue_rows<D, AT_BKV, LD, P::NPV>(vring + s * P::TILE, v_base, s_vt, s * AT_BKV, n, t, vec_v);
+            cp_async_commit();
+        }
+    }
+    for (int e = tid; e < DC_HEADS * D; e += P::THREADS) {
+        const int64_t g = g0 + e / D;
+        qf[e] = g < group ? f32(q[b * s_qb + (kvh * group + g) * s_qh + e % D]) : 0.0f;
+    }
+    // Step k: the scores of block k + 2, the softmax of block k + 1, the P V chains of block k.
+    for (int64_t k = -2; k < nblk; ++k) {
+        if (role == STAT) cp_async_wait<STAGES - 2>();               // K tile k + 2 (this thread's copies)
+        else if (role == PV && k >= 0) cp_async_wait<STAGES - 2>();  // V tile k
+        __syncthreads();  // tiles, scores of k + 1, p / alpha of k are visible; the slots refilled below are read
+        if (role == SCORE) {
+            const int64_t blk = k + 2;
+            if (blk < nblk) {
+                const int64_t key = blk * AT_BKV + tid;
+                float acc[DC_HEADS];
+#pragma unroll
+                for (int h = 0; h < DC_HEADS; ++h) acc[h] = 0.0f;
+                const bool vis = key < n;  // forward_rows: key <= lim = n - 1
+                if (vis) dc_dots<D>(kring + (blk % STAGES) * P::TILE + tid * LD, qf, acc);
+                float* sb = sbuf + (blk & 1) * P::SCORES + tid;
+#pragma unroll
+                for (int h = 0; h < DC_HEADS; ++h)
+                    sb[h * AT_BKV] = vis ? visible_score(acc[h] * scale, true) : -INFINITY;
+            }
+        } else if (role == STAT) {
+            const int64_t nxt = k + 2 + STAGES - 1;
+            if (nxt < nblk)
+                dc_issue_rows<D, AT_BKV, LD, DC_STAT_THREADS>(kring + (nxt % STAGES) * P::TILE, k_base, s_kt,
+                                                             nxt * AT_BKV, n, st, vec_k);
+            cp_async_commit();
+            const int64_t blk = k + 1;
+            if (blk >= 0 && blk < nblk)
+                dc_softmax_block(sbuf + (blk & 1) * P::SCORES + hh_s * AT_BKV, head_s, cs, m, l,
+                                 ps + (blk & 1) * P::SCORES + hh_s * AT_BKV, al + (blk & 1) * DC_HEADS + hh_s);
+        } else if (k >= 0) {
+            const int64_t nxt = k + STAGES - 1;
+            if (nxt < nblk)
+                dc_issue_rows<D, AT_BKV, LD, P::NPV>(vring + (nxt % STAGES) * P::TILE, v_base, s_vt, nxt * AT_BKV, n,
+                                                     t, vec_v);
+            cp_async_commit();
+            dc_pv_block<2, LD>(o0, o1, al[(k & 1) * DC_HEADS + hh_v], ps + (k & 1) * P::SCORES + hh_v * AT_BKV,
+                               vring + (k % STAGES) * P::TILE + lc, k * AT_BKV, n);
+        }
+    }
+    cp_async_wait<0>();
+    if (role == STAT && cs == 0) lsum[hh_s] = l;
+    __syncthreads();
+    if (role != PV || g0 + hh_v >= group) return;
+    const float lv = lsum[hh_v];
+    const bool has = lv != 0.0f;  // 0: no visible key (exact 0); NaN: a visible non-finite value
+    bf16* orow = out + b * s_ob + (kvh * group + g0 + hh_v) * s_oh + lc;
+    orow[0] = to_bf16(has ? o0 / lv : 0.0f);
+    orow[1] = to_bf16(has ? o1 / lv : 0.0f);
 }
 
 inline bool rows_vec16(const void* base, int64_t s0, int64_t s1, int64_t s2) {
@@ -520,12 +682,40 @@ int launch_decode_pv(const float* sc, const void* vc, void* out, const void* seq
 // need the split to keep enough blocks in flight.
 constexpr int64_t DECODE_PV_BLOCKS = 256;
 
+// The form of a decode step when the caller leaves it to the library (form 0): the one-pass
+// kernel from this many blocks (B x KV heads x head blocks) up, else the two launches. A speed
+// choice from B and the head shapes only; the same bits (tested).
+constexpr int64_t DECODE_ONE_PASS_MIN_BLOCKS = 128;
+
+template <int D>
+int launch_decode_one_pass(const void* q, const void* kc, const void* vc, void* out, const void* seqlens,
+                           int64_t batch, int64_t kv_heads, int64_t group, int64_t n_hb, int64_t s_qb, int64_t s_qh,
+                           int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh,
+                           int64_t s_ob, int64_t s_oh, float scale, cudaStream_t st) {
+    using P = DecodeOnePass<D>;
+    if (int e = prepare(attn_decode_one_pass_kernel<D>, P::SMEM)) return e;
+    dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb));
+    return launch_pdl_if(batch <= DECODE_PDL_MAX_BATCH, attn_decode_one_pass_kernel<D>, grid, dim3(P::THREADS),
+                         P::SMEM, st, static_cast<const bf16*>(q), static_cast<const bf16*>(kc),
+                         static_cast<const bf16*>(vc), static_cast<bf16*>(out), static_cast<const int32_t*>(seqlens),
+                         group, n_hb, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale,
+                         static_cast<int>(rows_vec16(kc, s_kb, s_kt, s_kh)),
+                         static_cast<int>(rows_vec16(vc, s_vb, s_vt, s_vh)));
+}
+
+// form: 0 the library's choice, 1 the two launches (phase 2's column split dsplit, 0: the
+// library's), 2 the one-pass kernel.
 template <int D>
 int launch_decode(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* sc,
                   int64_t batch, int64_t kv_heads, int64_t group, int64_t n_tiles, int64_t s_qb, int64_t s_qh,
                   int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob,
-                  int64_t s_oh, float scale, int64_t dsplit, cudaStream_t st) {
+                  int64_t s_oh, float scale, int64_t form, int64_t dsplit, cudaStream_t st) {
     const int64_t n_hb = cdiv(group, static_cast<int64_t>(DC_HEADS));
+    const int64_t blocks = batch * kv_heads * n_hb;
+    if (form == 0) form = blocks >= DECODE_ONE_PASS_MIN_BLOCKS ? 2 : 1;
+    if (form == 2)
+        return launch_decode_one_pass<D>(q, kc, vc, out, seqlens, batch, kv_heads, group, n_hb, s_qb, s_qh, s_kb,
+                                         s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
     const int64_t s_sh = n_tiles * AT_BKV;
     const int64_t s_sb = kv_heads * group * s_sh;
     float* scores = static_cast<float*>(sc);
@@ -538,7 +728,6 @@ int launch_decode(const void* q, const void* kc, const void* vc, void* out, cons
                            static_cast<const int32_t*>(seqlens), scores, group, n_hb, s_qb, s_qh, s_kb, s_kt, s_kh, s_sb,
                            s_sh, scale, static_cast<int>(rows_vec16(kc, s_kb, s_kt, s_kh))))
         return e;
-    const int64_t blocks = batch * kv_heads * n_hb;
     if (dsplit == 0) {
         dsplit = 1;
         while (blocks * dsplit < DECODE_PV_BLOCKS && dsplit < 8 && D / (2 * dsplit) >= 16) dsplit *= 2;
@@ -581,16 +770,18 @@ RL_EXPORT int rl_attention_fwd(const void* q, const void* k, const void* v, void
 
 // Decode step. q [B, H, D], caches [B, S_max, Hkv, D] (strides b, t, h), seqlens int32 [B],
 // out [B, H, D]; scores: FP32 scratch of B * H * n_tiles * 64 elements (n_tiles = ceil(S_max / 64)),
-// written and read by this step only. d_split: phase 2's column split (0: the library's choice;
-// else 1, 2, 4 or 8 with D / d_split >= 16); the bits do not depend on it.
-RL_EXPORT int rl_attention_decode_split(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scores, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t n_tiles, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, int64_t d_split, void* stream) {
+// written and read by this step's two-launch form only. form: 0 the library's choice, 1 the two
+// launches, 2 the one-pass kernel; d_split: the two launches' column split (0: the library's choice;
+// else 1, 2, 4 or 8 with D / d_split >= 16; only with form 1). The bits depend on neither.
+RL_EXPORT int rl_attention_decode_form(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scores, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t n_tiles, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, int64_t form, int64_t d_split, void* stream) {
     if (batch == 0 || heads == 0 || n_tiles == 0) return 0;
     if (kv_heads <= 0 || heads % kv_heads || n_tiles < 0 || n_tiles > 65535) return static_cast<int>(cudaErrorInvalidValue);
     const int64_t group = heads / kv_heads;
-    if (!grid_fits(batch, kv_heads * cdiv(group, static_cast<int64_t>(DC_HEADS))) || d_split < 0 || d_split > 8)
+    if (!grid_fits(batch, kv_heads * cdiv(group, static_cast<int64_t>(DC_HEADS))) || d_split < 0 || d_split > 8 ||
+        form < 0 || form > 2 || (form != 1 && d_split != 0))
         return static_cast<int>(cudaErrorInvalidValue);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-#define RL_DECODE_D(DD) launch_decode<DD>(q, kc, vc, out, seqlens, scores, batch, kv_heads, group, n_tiles, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, d_split, st)
+#define RL_DECODE_D(DD) launch_decode<DD>(q, kc, vc, out, seqlens, scores, batch, kv_heads, group, n_tiles, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, form, d_split, st)
     switch (head_dim) {
         case 16: return RL_DECODE_D(16);
         case 32: return RL_DECODE_D(32);
@@ -602,7 +793,13 @@ RL_EXPORT int rl_attention_decode_split(const void* q, const void* kc, const voi
 #undef RL_DECODE_D
 }
 
-// Decode step (the library chooses phase 2's column split); arguments as rl_attention_decode_split.
+// Decode step in the two-launch form with phase 2's column split d_split (0: the library's);
+// arguments as rl_attention_decode_form.
+RL_EXPORT int rl_attention_decode_split(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scores, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t n_tiles, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, int64_t d_split, void* stream) {
+    return rl_attention_decode_form(q, kc, vc, out, seqlens, scores, batch, heads, kv_heads, head_dim, n_tiles, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, 1, d_split, stream);
+}
+
+// Decode step in the library's form; arguments as rl_attention_decode_form.
 RL_EXPORT int rl_attention_decode(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scores, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t n_tiles, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, void* stream) {
-    return rl_attention_decode_split(q, kc, vc, out, seqlens, scores, batch, heads, kv_heads, head_dim, n_tiles, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, 0, stream);
+    return rl_attention_decode_form(q, kc, vc, out, seqlens, scores, batch, heads, kv_heads, head_dim, n_tiles, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, 0, 0, stream);
 }

@@ -693,11 +693,14 @@ int g_gemv_variant = 0;
 // slower than 6.
 constexpr int64_t GV_TILE_MIN_M = 17;
 constexpr int GV_TILE_DEFAULT = 6;
+// The row count from which the tile form replaces the warp GEMV and the ring (rl_gemv_tile_min_m
+// changes it for the process: the decode-profile tool's step-level comparison; the same bits).
+int64_t g_gemv_tile_min_m = GV_TILE_MIN_M;
 
 template <bool OUT_F32>
 int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
     int v = g_gemv_variant;
-    if (v == 0 && g.M >= GV_TILE_MIN_M) v = GV_TILE_DEFAULT;
+    if (v == 0 && g.M >= g_gemv_tile_min_m) v = GV_TILE_DEFAULT;
     switch (v) {
         case 1: return launch_gemv_ring<OUT_F32, 2, 4>(g, leaves, out, s_om, s_on, st);
         case 2: return launch_gemv_ring<OUT_F32, 2, 6>(g, leaves, out, s_om, s_on, st);
@@ -1002,7 +1005,7 @@ int launch_tree_leaves(const TreeArgs& g, int depth, bf16* w, bool warp_gemv, cu
     if (g.bounds[0] != 0 || g.bounds[leaves] != g.K) return static_cast<int>(cudaErrorInvalidValue);
     for (int i = 0; i < leaves; ++i)
         if (g.bounds[i + 1] < g.bounds[i]) return static_cast<int>(cudaErrorInvalidValue);
-    if (warp_gemv && g.M <= GW_M && gemv_ok(g, leaves)) {  // streams the weight, merges in the block: one launch
+    if (warp_gemv && g.M <= GW_M && g.M < g_gemv_tile_min_m && gemv_ok(g, leaves)) {  // streams the weight, merges in the block: one launch
         return depth == 1 ? launch_gemv_warp<2, false>(g, g.c, g.s_cm, g.s_cn, st)
                           : launch_gemv_warp<4, false>(g, g.c, g.s_cm, g.s_cn, st);
     }
@@ -1176,6 +1179,17 @@ RL_EXPORT int64_t rl_gemv_variant(int64_t v) {
     if (v < 0 || v >= GV_VARIANTS) return -1;
     const int64_t old = g_gemv_variant;
     g_gemv_variant = static_cast<int>(v);
+    return old;
+}
+
+// Make the tile form (geometry GV_TILE_DEFAULT) the decode GEMV of det_gemm's leaves from m rows up
+// (1 .. GV_M + 1; the default is GV_TILE_MIN_M) for every later launch of this process, in place of
+// the warp GEMV below it; returns the previous value, or -1 (and changes nothing) outside the
+// range. For the decode-profile tool: the bits do not depend on it.
+RL_EXPORT int64_t rl_gemv_tile_min_m(int64_t m) {
+    if (m < 1 || m > GV_M + 1) return -1;
+    const int64_t old = g_gemv_tile_min_m;
+    g_gemv_tile_min_m = m;
     return old;
 }
 

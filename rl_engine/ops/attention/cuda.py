@@ -84,20 +84,45 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
     return dq, dk, dv
 
 
-def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_split: int = 0) -> torch.Tensor:
+DECODE_FORMS = {"auto": 0, "two_launch": 1, "one_pass": 2}
+"""Forms of a decode step (``rl_attention_decode_form`` in ``attention.cu``): ``auto`` is the
+library's choice (the one-pass kernel from ``DECODE_ONE_PASS_MIN_BLOCKS`` blocks up)."""
+
+
+def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_split: int = 0,
+                         form: str = "auto") -> torch.Tensor:
     """Launch one decode step; returns out [B, H, D] bf16 (validated inputs, no host reads).
 
-    Two launches (``attention.cu``, decode): the scores of every (head, key) into an FP32 scratch
-    [B, H, ceil(S_max / 64) * 64] allocated here, then one sequential walk over the 64-key blocks
-    per (sequence, KV head, column slice) with the per-row softmax and ``P V`` chains of the
-    forward. ``d_split`` (0: the library's choice, ``DECODE_PV_BLOCKS`` in attention.cu): column
-    slices per (sequence, KV head), 1, 2, 4 or 8 with at least 16 columns each; the bits do not
-    depend on it (tested), it is a parameter for tests and the sweep tool."""
+    Two forms compute the same function (``attention.cu``, decode; the same bits, tested):
+    ``two_launch``, the scores of every (head, key) into an FP32 scratch [B, H, ceil(S_max / 64) * 64]
+    allocated here, then one sequential walk over the 64-key blocks per (sequence, KV head, column
+    slice) with the per-row softmax and ``P V`` chains of the forward; ``one_pass``, one block per
+    (sequence, KV head) that computes the scores, softmax and ``P V`` of each 64-key block in a
+    pipeline (no scratch). ``form="auto"`` is the library's choice from B and the head shapes.
+    ``d_split`` (two launches only; 0: the library's choice, ``DECODE_PV_BLOCKS`` in attention.cu):
+    column slices per (sequence, KV head), 1, 2, 4 or 8 with at least 16 columns each; the bits
+    depend on neither, they are parameters for tests and the sweep tool.
+
+    Raises:
+        ValueError: ``form`` not one of ``DECODE_FORMS``, or ``d_split`` given with a form other
+            than ``two_launch``."""
+    if form not in DECODE_FORMS:
+        raise ValueError(f"form must be one of {sorted(DECODE_FORMS)}, got {form!r}")
+    if d_split and form != "two_launch":
+        raise ValueError(f"d_split {d_split} applies to the two_launch form only, got form {form!r}")
     bsz, h, d = q.shape
     s_max, hkv = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty((bsz, h, d), dtype=torch.bfloat16, device=q.device)
     if bsz == 0:
         return out
+    bkv = query("rl_attention_block_kv")
+    n_tiles = -(-s_max // bkv)
+    scores = torch.empty((bsz, h, n_tiles * bkv), dtype=torch.float32, device=q.device)
+    launch(q.device, "rl_attention_decode_form", q, k_cache, v_cache, out, cache_seqlens, scores, bsz, h, hkv, d,
+           n_tiles, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+           v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), float(scale),
+           DECODE_FORMS[form], int(d_split))
+    return out
     bkv = query("rl_attention_block_kv")
     n_tiles = -(-s_max // bkv)
     scores = torch.empty((bsz, h, n_tiles * bkv), dtype=torch.float32, device=q.device)

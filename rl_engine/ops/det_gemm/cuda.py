@@ -100,6 +100,29 @@ def _set_variant(what: str, export: str, variant: int, count: int) -> int:
     return query(export, variant)
 
 
+TILE_GEMV_MIN_M = 17
+"""The row count from which det_gemm's leaf-parallel decode GEMV takes the tile form by default
+(``GV_TILE_MIN_M`` in ``gemm.cu``); below it, the warp GEMV (M <= 16) or the ring."""
+
+
+def set_tile_gemv_min_m(m: int) -> int:
+    """Make every later leaf-parallel decode GEMV of this process with at least ``m`` rows take the
+    tile form (in place of the warp GEMV or the ring below :data:`TILE_GEMV_MIN_M`); returns the
+    previous value. For ``tools/decode_profile.py --tile-gemv-min-m``: the bits do not depend on it.
+
+    Raises
+    ------
+    InputError
+        ``m`` not in ``[1, 65]``.
+    """
+    from rl_engine.backends.cuda_launch import query
+    from rl_engine.errors import InputError
+
+    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 65:
+        raise InputError(f"tile gemv min m: expected an integer in [1, 65], got {m!r}")
+    return query("rl_gemv_tile_min_m", m)
+
+
 WARP_GEMV_VARIANTS = 6
 """Geometries of the warp GEMV (``gemv_warp_kernel``: 8-column groups per warp, ring slots at M <= 8
 and at M <= 16): 1 = (2, 3, 2); 2 = (2, 2, 2); 3 = (4, 3, 2); 4 = (1, 6, 4); 5 = (2, 4, 3); the
