@@ -482,14 +482,14 @@ def _varlen(lens, h, hkv, d, seed, device):
     return _bf16((t, h, d), seed, device), _bf16((t, hkv, d), seed + 1, device), _bf16((t, hkv, d), seed + 2, device), cu
 
 
-@pytest.mark.parametrize("d", [32, 64])
-def test_attention_decode_bitwise_equals_prefill_rows(cuda_device, d):
+@pytest.mark.parametrize("d,h,hkv", [(32, 4, 2), (64, 4, 2), (32, 10, 2)])
+def test_attention_decode_bitwise_equals_prefill_rows(cuda_device, d, h, hkv):
     """Every probed decode position (block edges, zero-length rows, NaN junk past each length) in
-    both decode forms (two launches, one pass) and the public op is bitwise the prefill row."""
+    both decode forms (two launches, one pass) and the public op is bitwise the prefill row, for
+    query groups of 2 (half a block's heads) and 5 (a second head block with one head)."""
     from rl_engine.ops.attention import cuda as at_cuda
 
     lens = [1, 70, 5, 130]
-    h, hkv = 4, 2
     q, k, v, cu = _varlen(lens, h, hkv, d, 7, cuda_device)
     scale = d ** -0.5
     with torch.no_grad():

@@ -240,11 +240,11 @@ __device__ __forceinline__ void dc_issue_rows(bf16* dst, const bf16* src, int64_
     }
 }
 
-// The DC_HEADS score dot products of one key row kr (shared memory, 16-byte aligned): dot_row's
-// FMA chain over d in increasing order for each head (the heads interleaved), q from qf
-// ([DC_HEADS][D] FP32, exact). acc starts at 0.
-template <int D>
-__device__ __forceinline__ void dc_dots(const bf16* kr, const float* qf, float (&acc)[DC_HEADS]) {
+// The NH score dot products of one key row kr (shared memory, 16-byte aligned) with NH query heads:
+// dot_row's FMA chain over d in increasing order for each head (the heads interleaved), q from qf
+// ([NH][D] FP32, exact). acc starts at 0.
+template <int D, int NH>
+__device__ __forceinline__ void dc_dots(const bf16* kr, const float* qf, float (&acc)[NH]) {
 #pragma unroll 4
     for (int d = 0; d < D; d += 8) {
         const uint4 raw = *reinterpret_cast<const uint4*>(kr + d);
@@ -257,7 +257,7 @@ __device__ __forceinline__ void dc_dots(const bf16* kr, const float* qf, float (
             kf[2 * i + 1] = f.y;
         }
 #pragma unroll
-        for (int h = 0; h < DC_HEADS; ++h) {
+        for (int h = 0; h < NH; ++h) {
             const float4 qa = *reinterpret_cast<const float4*>(qf + h * D + d);
             const float4 qb = *reinterpret_cast<const float4*>(qf + h * D + d + 4);
             acc[h] = __fmaf_rn(qa.x, kf[0], acc[h]);
@@ -340,6 +340,48 @@ __device__ __forceinline__ void dc_pv_block(float& o0, float& o1, float a, const
     }
 }
 
+// dc_pv_block for two heads at once (the one-pass form): o[h][c] for heads h = 0, 1 (p values pb0,
+// pb1; rescale a0, a1) and columns c = 0, 1 of one V pair; each chain is dc_pv_block's, one V load
+// serves four of them.
+template <int LDV>
+__device__ __forceinline__ void dc_pv_block_2h(float (&o)[2][2], float a0, float a1, const float* pb0,
+                                               const float* pb1, const bf16* vt, int64_t kv0, int64_t n) {
+    o[0][0] = o[0][0] * a0;
+    o[0][1] = o[0][1] * a0;
+    o[1][0] = o[1][0] * a1;
+    o[1][1] = o[1][1] * a1;
+    if (kv0 + AT_BKV - 1 <= n - 1) {  // the row sees the whole block
+        const float4* p0 = reinterpret_cast<const float4*>(pb0);
+        const float4* p1 = reinterpret_cast<const float4*>(pb1);
+#pragma unroll 4
+        for (int j4 = 0; j4 < AT_BKV / 4; ++j4) {
+            const float4 x = p0[j4];
+            const float4 y = p1[j4];
+            const float q0[4] = {x.x, x.y, x.z, x.w};
+            const float q1[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + (4 * j4 + i) * LDV));
+                o[0][0] = __fmaf_rn(q0[i], v2.x, o[0][0]);
+                o[0][1] = __fmaf_rn(q0[i], v2.y, o[0][1]);
+                o[1][0] = __fmaf_rn(q1[i], v2.x, o[1][0]);
+                o[1][1] = __fmaf_rn(q1[i], v2.y, o[1][1]);
+            }
+        }
+    } else {  // masked keys (p = 0): their values are absent, not 0 * v
+        for (int j = 0; j < AT_BKV; ++j) {
+            const bool vis = kv0 + j <= n - 1;
+            const float2 v2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vt + j * LDV));
+            const float vx = absent_if_masked(v2.x, vis);
+            const float vy = absent_if_masked(v2.y, vis);
+            o[0][0] = __fmaf_rn(pb0[j], vx, o[0][0]);
+            o[0][1] = __fmaf_rn(pb0[j], vy, o[0][1]);
+            o[1][0] = __fmaf_rn(pb1[j], vx, o[1][0]);
+            o[1][1] = __fmaf_rn(pb1[j], vy, o[1][1]);
+        }
+    }
+}
+
 template <int D>
 struct DecodeScores {
     static constexpr int LDK = D + 8;  // 16-byte aligned rows; 8 rows of one load phase hit distinct banks
@@ -379,7 +421,7 @@ attn_decode_scores_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k
 #pragma unroll
     for (int h = 0; h < DC_HEADS; ++h) acc[h] = 0.0f;
     const bool vis = key < n;  // forward_rows: key <= lim = n - 1
-    if (vis) dc_dots<D>(ks + t * LDK, qf, acc);
+    if (vis) dc_dots<D, DC_HEADS>(ks + t * LDK, qf, acc);
 #pragma unroll
     for (int h = 0; h < DC_HEADS; ++h) {
         if (g0 + h < group)
@@ -513,20 +555,21 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
 
 // One-pass form of a decode step: one launch in which block (b, KV head x head block) does both
 // launches' work for its DC_HEADS query heads and all D columns, in three roles of one pipeline:
-//   * score warps (AT_BKV threads, one key of a block each): dc_dots for block k + 2 from a K tile
-//     in shared memory, then visible_score(dot * scale), or -inf past the length, into a
+//   * score warps (2 AT_BKV threads, one key and two heads each): dc_dots for block k + 2 from a K
+//     tile in shared memory, then visible_score(dot * scale), or -inf past the length, into a
 //     shared-memory score slot: launch 1's values;
 //   * stats warps (DC_STAT_THREADS, launch 2's lane layout): dc_softmax_block for block k + 1 from
 //     that slot; they also stream the K tiles (a cp.async ring of STAGES blocks);
-//   * P V threads (a column pair of one head each): dc_pv_block for block k from a V ring.
+//   * P V threads (a column pair of two heads each: one V load for four chains): dc_pv_block's
+//     chains (dc_pv_block_2h) for block k from a V ring.
 // One __syncthreads per step hands each block on from role to role, so every value is computed by
 // the same expression in the same order as in the two-launch form: the same bits (tested). What
 // changes is where the time goes: K and V stream through one block per (sequence, KV head), with
 // no FP32 score scratch in global memory. A speed choice of the launcher (form 0).
 template <int D>
 struct DecodeOnePass {
-    static constexpr int NSC = AT_BKV;                        // score threads
-    static constexpr int NPV = DC_HEADS * D / 2;              // P V threads, two columns each
+    static constexpr int NSC = 2 * AT_BKV;                    // score threads: one key, two heads each
+    static constexpr int NPV = D;                             // P V threads: two heads x two columns each
     static constexpr int THREADS = NSC + DC_STAT_THREADS + NPV;
     static constexpr int LD = D + 8;                          // K and V tile rows (16-byte aligned)
     static constexpr int TILE = AT_BKV * LD;
@@ -535,7 +578,8 @@ struct DecodeOnePass {
     static constexpr int MIN_BLOCKS = D <= 128 ? 2 : 1;       // blocks per SM the registers must allow
     static constexpr size_t SMEM = static_cast<size_t>(2 * STAGES) * TILE * sizeof(bf16) +
                                    static_cast<size_t>(DC_HEADS * D + 4 * SCORES + 3 * DC_HEADS) * sizeof(float);
-    static_assert(NSC % 32 == 0 && DC_STAT_THREADS % 32 == 0, "roles are whole warps");
+    static_assert(DC_HEADS == 4, "two head pairs per block");
+    static_assert(NSC % 32 == 0 && DC_STAT_THREADS % 32 == 0, "the score and stats roles are whole warps");
     static_assert((2 * STAGES * TILE * sizeof(bf16)) % 16 == 0, "the FP32 areas start 16-byte aligned");
 };
 
@@ -577,11 +621,14 @@ attn_decode_one_pass_kernel(const bf16* __restrict__ q, const bf16* __restrict__
     const int cs = st % AT_LANES;
     const bool head_s = role == STAT && g0 + hh_s < group;
     float m = -INFINITY, l = 0.0f;
-    // P V: head hh_v, columns lc and lc + 1
+    // scores: key tid % 64 of a block, heads 2 hp_s and 2 hp_s + 1
+    const int hp_s = tid / AT_BKV;
+    const int key_s = tid % AT_BKV;
+    // P V: heads 2 hp_v and 2 hp_v + 1, columns lc and lc + 1
     const int t = tid - P::NSC - DC_STAT_THREADS;
-    const int hh_v = role == PV ? t / (D / 2) : 0;
+    const int hp_v = role == PV ? t / (D / 2) : 0;
     const int lc = role == PV ? (t % (D / 2)) * 2 : 0;
-    float o0 = 0.0f, o1 = 0.0f;
+    float o[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 
     if (role == STAT) {
 #pragma unroll
@@ -611,15 +658,13 @@ attn_decode_one_pass_kernel(const bf16* __restrict__ q, const bf16* __restrict__
         if (role == SCORE) {
             const int64_t blk = k + 2;
             if (blk < nblk) {
-                const int64_t key = blk * AT_BKV + tid;
-                float acc[DC_HEADS];
-#pragma unroll
-                for (int h = 0; h < DC_HEADS; ++h) acc[h] = 0.0f;
+                const int64_t key = blk * AT_BKV + key_s;
+                float acc[2] = {0.0f, 0.0f};
                 const bool vis = key < n;  // forward_rows: key <= lim = n - 1
-                if (vis) dc_dots<D>(kring + (blk % STAGES) * P::TILE + tid * LD, qf, acc);
-                float* sb = sbuf + (blk & 1) * P::SCORES + tid;
+                if (vis) dc_dots<D, 2>(kring + (blk % STAGES) * P::TILE + key_s * LD, qf + 2 * hp_s * D, acc);
+                float* sb = sbuf + (blk & 1) * P::SCORES + 2 * hp_s * AT_BKV + key_s;
 #pragma unroll
-                for (int h = 0; h < DC_HEADS; ++h)
+                for (int h = 0; h < 2; ++h)
                     sb[h * AT_BKV] = vis ? visible_score(acc[h] * scale, true) : -INFINITY;
             }
         } else if (role == STAT) {
@@ -638,19 +683,25 @@ attn_decode_one_pass_kernel(const bf16* __restrict__ q, const bf16* __restrict__
                 dc_issue_rows<D, AT_BKV, LD, P::NPV>(vring + (nxt % STAGES) * P::TILE, v_base, s_vt, nxt * AT_BKV, n,
                                                      t, vec_v);
             cp_async_commit();
-            dc_pv_block<2, LD>(o0, o1, al[(k & 1) * DC_HEADS + hh_v], ps + (k & 1) * P::SCORES + hh_v * AT_BKV,
-                               vring + (k % STAGES) * P::TILE + lc, k * AT_BKV, n);
+            const float* pb = ps + (k & 1) * P::SCORES + 2 * hp_v * AT_BKV;
+            const float* ak = al + (k & 1) * DC_HEADS + 2 * hp_v;
+            dc_pv_block_2h<LD>(o, ak[0], ak[1], pb, pb + AT_BKV, vring + (k % STAGES) * P::TILE + lc, k * AT_BKV, n);
         }
     }
     cp_async_wait<0>();
     if (role == STAT && cs == 0) lsum[hh_s] = l;
     __syncthreads();
-    if (role != PV || g0 + hh_v >= group) return;
-    const float lv = lsum[hh_v];
-    const bool has = lv != 0.0f;  // 0: no visible key (exact 0); NaN: a visible non-finite value
-    bf16* orow = out + b * s_ob + (kvh * group + g0 + hh_v) * s_oh + lc;
-    orow[0] = to_bf16(has ? o0 / lv : 0.0f);
-    orow[1] = to_bf16(has ? o1 / lv : 0.0f);
+    if (role != PV) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int hh = 2 * hp_v + h;
+        if (g0 + hh >= group) break;
+        const float lv = lsum[hh];
+        const bool has = lv != 0.0f;  // 0: no visible key (exact 0); NaN: a visible non-finite value
+        bf16* orow = out + b * s_ob + (kvh * group + g0 + hh) * s_oh + lc;
+        orow[0] = to_bf16(has ? o[h][0] / lv : 0.0f);
+        orow[1] = to_bf16(has ? o[h][1] / lv : 0.0f);
+    }
 }
 
 inline bool rows_vec16(const void* base, int64_t s0, int64_t s1, int64_t s2) {
