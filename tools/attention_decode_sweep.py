@@ -1,6 +1,6 @@
 """Sweep the decode-attention launch on a GPU (issue #19): Triton's head-dim split, warps and
 stages, or with ``--backend cuda`` the CUDA backend's forms: the two launches at each column split of
-the second launch, and the one-pass kernel.
+the second launch, and the one-pass kernel at each ring depth (printed as its stages).
 
 For B in {1, 16, 64} x context in {1024, 8192} at Qwen3-8B head shapes (32 query heads over 8 KV
 heads, D = 128; a static cache of exactly ``context`` positions, every sequence at full length), each
@@ -61,7 +61,7 @@ def main() -> int:
     print(f"copy bandwidth {copy:.0f} GB/s")
     splits = (1, 4) if args.quick else (1, 2, 4, 8)
     if args.backend == "cuda":  # the launch constants are compiled in; the form and column split vary
-        at, configs = at_cuda, [(s, None, None) for s in splits] + [("one_pass", None, None)]
+        at, configs = at_cuda, [(s, None, None) for s in splits] + [("one_pass", None, st) for st in at_cuda.ONE_PASS_STAGES]
     else:
         stages = (2,) if args.quick else (2, 3)
         warps = (4,) if args.quick else (4, 8)
@@ -83,8 +83,12 @@ def main() -> int:
               f"{default_ms * 1e3:.1f} us = {nbytes / default_ms / 1e6 / copy:.2f} of copy")
         for split, w, st in configs:
             def call(split=split, w=w, st=st):
-                if split == "one_pass":
-                    return at.attention_decode_fwd(q, kc, vc, lens, scale, form="one_pass")
+                if split == "one_pass":  # num_stages: the one-pass form's ring depth
+                    old = at.set_one_pass_stages(st)
+                    try:
+                        return at.attention_decode_fwd(q, kc, vc, lens, scale, form="one_pass")
+                    finally:
+                        at.set_one_pass_stages(old)
                 if w is None:
                     return at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=split, form="two_launch")
                 return at.attention_decode_fwd(q, kc, vc, lens, scale, d_split=split, num_warps=w, num_stages=st)

@@ -12,7 +12,8 @@
 #      for the call (before TESTS), FUSED=1 / LEAF_MERGE=1 the engine's fused launches / det_gemm's
 #      in-leaf merge,
 #      GEMV=1 for tools/gemv_compare.py (GEMV_ARGS, e.g. --variants; GEMV_TIMEOUT, default 150 s; NCU=1 adds an ncu profile),
-#      NCU_ATTN=B:CONTEXT for an ncu profile of the CUDA decode attention's two launches, RMS_SWEEP=1
+#      NCU_ATTN=B:CONTEXT for an ncu profile of the CUDA decode attention's two launches (NCU_ATTN_SKIP /
+#      NCU_ATTN_COUNT, default 2 / 2; 1 / 1 for the one-pass form's single launch), RMS_SWEEP=1
 #      for tools/rms_decode_sweep.py, BENCH_OPS="chain_decode ..." to run
 #      `rl-engine bench --ops` last. A flag turned on here is committed only after the call passed.
 set -uo pipefail
@@ -77,7 +78,7 @@ if [ "${GEMV:-0}" = "1" ]; then  # decode GEMVs of both backends vs cuBLAS, and 
     python3 tools/gemv_compare.py --once >"$OUT/ncu-gemv.txt" 2>&1 && echo "ncu done after $(( $(date +%s) - start )) s"
 fi
 if [ -n "${NCU_ATTN:-}" ]; then  # e.g. NCU_ATTN=16:8192: ncu of the CUDA decode attention's two launches there
-  timeout 150 ncu --kernel-name regex:attn_decode --launch-skip 2 --launch-count 2 --section SpeedOfLight \
+  timeout 150 ncu --kernel-name regex:attn_decode --launch-skip "${NCU_ATTN_SKIP:-2}" --launch-count "${NCU_ATTN_COUNT:-2}" --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
     --section LaunchStats python3 tools/attention_decode_sweep.py --backend cuda --once "$NCU_ATTN" \
     >"$OUT/ncu-attention.txt" 2>&1

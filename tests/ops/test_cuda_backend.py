@@ -527,7 +527,7 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
     """The decode kernel's head-dim split (blocks that each own D / d_split output columns and load
     only that slice of V) gives the unsplit bits for d_split 2, 4, 8 at D = 128, with NaN written
     past every length (masked means absent); d_split 0 (the library's choice), the one-pass form
-    and the library's form too. Control: a cache whose V columns are rotated differs, in both forms."""
+    with either ring depth and the library's form too. Control: a cache whose V columns are rotated differs, in both forms."""
     from rl_engine.ops.attention import cuda as at_cuda
 
     lens, h, hkv, d = (1, 63, 130), 8, 2, 128
@@ -544,6 +544,16 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
         assert _bits_equal(got, whole), split
     for form in ("one_pass", "auto"):
         assert _bits_equal(at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, form=form), whole), form
+    try:
+        for stages in at_cuda.ONE_PASS_STAGES:  # the one-pass form's shallow and deep rings
+            at_cuda.set_one_pass_stages(stages)
+            got = at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, form="one_pass")
+            assert _bits_equal(got, whole), stages
+    finally:
+        assert at_cuda.set_one_pass_stages(0) == at_cuda.ONE_PASS_STAGES[-1]
+    for bad in (1, 4, True):
+        with pytest.raises(InputError, match="one-pass stages"):
+            at_cuda.set_one_pass_stages(bad)
     rolled = vc[:, :, :, list(range(1, d)) + [0]].contiguous()
     assert not _bits_equal(at_cuda.attention_decode_fwd(q, kc, rolled, seqlens, d ** -0.5, d_split=4,
                                                         form="two_launch"), whole)

@@ -566,33 +566,83 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
 // the same expression in the same order as in the two-launch form: the same bits (tested). What
 // changes is where the time goes: K and V stream through one block per (sequence, KV head), with
 // no FP32 score scratch in global memory. A speed choice of the launcher (form 0).
-template <int D>
+// A tile copier of the one-pass form: NT threads copy a 64-row x D tile (row stride LD in shared
+// memory) with 16-byte cp.async. Thread t always copies the same 16-byte column of rows
+// t / (D / 8) + i * RSTEP, so its source pointer and shared offset are worked out once per block
+// and a tile only adds its first row. Rows at or past n are zero-filled. Needs 16-byte aligned rows
+// (rows_vec16); otherwise dc_issue_rows' 2-byte copies run.
+template <int D, int LD, int NT>
+struct OnePassCopier {
+    static constexpr int VPR = D / 8;            // 16-byte chunks per row
+    static constexpr int RSTEP = NT / VPR;       // rows between one thread's copies
+    static constexpr int N = AT_BKV / RSTEP;     // copies per thread per tile
+    static_assert(NT % VPR == 0 && AT_BKV % RSTEP == 0, "every thread copies whole rows' chunks");
+    const bf16* base;
+    const bf16* src;  // this thread's chunk of tile row 0
+    int64_t stride;
+    int r0, soff;
+    bool vec;
+    __device__ __forceinline__ void init(const bf16* b, int64_t s, int t, bool v) {
+        base = b;
+        stride = s;
+        vec = v;
+        r0 = t / VPR;
+        const int cc = (t % VPR) * 8;
+        src = b + r0 * s + cc;
+        soff = r0 * LD + cc;
+    }
+    __device__ __forceinline__ void issue(bf16* tile, int64_t row0, int64_t n, int t) const {
+        if (!vec) {
+            dc_issue_rows<D, AT_BKV, LD, NT>(tile, base, stride, row0, n, t, false);
+            return;
+        }
+        const bf16* p = src + row0 * stride;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const bool ok = row0 + r0 + i * RSTEP < n;
+            cp_async16(tile + soff + i * RSTEP * LD, ok ? p + static_cast<int64_t>(i * RSTEP) * stride : base,
+                       ok ? 16 : 0);
+        }
+    }
+};
+
+template <int D, int STAGES>
 struct DecodeOnePass {
     static constexpr int NSC = 2 * AT_BKV;                    // score threads: one key, two heads each
     static constexpr int NPV = D;                             // P V threads: two heads x two columns each
     static constexpr int THREADS = NSC + DC_STAT_THREADS + NPV;
     static constexpr int LD = D + 8;                          // K and V tile rows (16-byte aligned)
     static constexpr int TILE = AT_BKV * LD;
-    static constexpr int STAGES = D >= 256 ? 2 : 3;           // K tiles and V tiles in each ring
     static constexpr int SCORES = DC_HEADS * AT_BKV;
-    static constexpr int MIN_BLOCKS = D <= 128 ? 2 : 1;       // blocks per SM the registers must allow
     static constexpr size_t SMEM = static_cast<size_t>(2 * STAGES) * TILE * sizeof(bf16) +
                                    static_cast<size_t>(DC_HEADS * D + 4 * SCORES + 3 * DC_HEADS) * sizeof(float);
+    // two blocks per SM where their shared memory fits one (the registers are then capped to fit too)
+    static constexpr int MIN_BLOCKS = 2 * (SMEM + 1024) <= 227 * 1024 ? 2 : 1;
     static_assert(DC_HEADS == 4, "two head pairs per block");
     static_assert(NSC % 32 == 0 && DC_STAT_THREADS % 32 == 0, "the score and stats roles are whole warps");
     static_assert((2 * STAGES * TILE * sizeof(bf16)) % 16 == 0, "the FP32 areas start 16-byte aligned");
+    static_assert(SMEM <= 227 * 1024, "fits an SM");
 };
 
+// Ring depths of the one-pass form: shallow where two blocks share an SM, deep where a grid of at
+// most DECODE_ONE_PASS_DEEP_MAX_BLOCKS blocks gives each block an SM of its own.
 template <int D>
-__global__ void __launch_bounds__(DecodeOnePass<D>::THREADS, DecodeOnePass<D>::MIN_BLOCKS)
+struct OnePassStages {
+    static constexpr int SHALLOW = D >= 256 ? 2 : 3;
+    static constexpr int DEEP = D >= 256 ? 3 : 6;
+};
+constexpr int64_t DECODE_ONE_PASS_DEEP_MAX_BLOCKS = 132;  // the H200's SMs
+int g_one_pass_stages = 0;  // 0: the library's choice; else SHALLOW or DEEP for every launch (sweep tool)
+
+template <int D, int STAGES>
+__global__ void __launch_bounds__(DecodeOnePass<D, STAGES>::THREADS, DecodeOnePass<D, STAGES>::MIN_BLOCKS)
 attn_decode_one_pass_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, const bf16* __restrict__ vc,
                             bf16* __restrict__ out, const int32_t* __restrict__ seqlens, int64_t group, int64_t n_hb,
                             int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb,
                             int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, int vec_k,
                             int vec_v) {
-    using P = DecodeOnePass<D>;
+    using P = DecodeOnePass<D, STAGES>;
     constexpr int LD = P::LD;
-    constexpr int STAGES = P::STAGES;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* kring = reinterpret_cast<bf16*>(smem_raw);                  // [STAGES][64][LD] K tiles
     bf16* vring = kring + STAGES * P::TILE;                           // [STAGES][64][LD] V tiles
@@ -612,37 +662,35 @@ attn_decode_one_pass_kernel(const bf16* __restrict__ q, const bf16* __restrict__
     pdl_launch_dependents();
     const int64_t n = seqlens[b];
     const int64_t nblk = cdiv(n, static_cast<int64_t>(AT_BKV));
-    const bf16* k_base = kc + b * s_kb + kvh * s_kh;
-    const bf16* v_base = vc + b * s_vb + kvh * s_vh;
 
-    // stats: head hh_s, lane cs (launch 2's layout); they also issue the K ring's copies
+    // scores: key key_s of a block, heads 2 hp_s and 2 hp_s + 1; they copy the K tiles
+    const int hp_s = tid / AT_BKV;
+    const int key_s = tid % AT_BKV;
+    // stats: head hh_s, lane cs (launch 2's layout)
     const int st = tid - P::NSC;
     const int hh_s = st / AT_LANES;
     const int cs = st % AT_LANES;
     const bool head_s = role == STAT && g0 + hh_s < group;
     float m = -INFINITY, l = 0.0f;
-    // scores: key tid % 64 of a block, heads 2 hp_s and 2 hp_s + 1
-    const int hp_s = tid / AT_BKV;
-    const int key_s = tid % AT_BKV;
-    // P V: heads 2 hp_v and 2 hp_v + 1, columns lc and lc + 1
+    // P V: heads 2 hp_v and 2 hp_v + 1, columns lc and lc + 1; they copy the V tiles
     const int t = tid - P::NSC - DC_STAT_THREADS;
     const int hp_v = role == PV ? t / (D / 2) : 0;
     const int lc = role == PV ? (t % (D / 2)) * 2 : 0;
     float o[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-
-    if (role == STAT) {
+    OnePassCopier<D, LD, P::NSC> kcopy;
+    OnePassCopier<D, LD, P::NPV> vcopy;
+    if (role == SCORE) {
+        kcopy.init(kc + b * s_kb + kvh * s_kh, s_kt, tid, vec_k != 0);
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < nblk)
-                dc_issue_rows<D, AT_BKV, LD, DC_STAT_THREADS>(kring + s * P::TILE, k_base, s_kt, s * AT_BKV, n, st,
-                                                             vec_k);
+            if (s < nblk) kcopy.issue(kring + s * P::TILE, s * AT_BKV, n, tid);
             cp_async_commit();
         }
     } else if (role == PV) {
+        vcopy.init(vc + b * s_vb + kvh * s_vh, s_vt, t, vec_v != 0);
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < nblk)
-                dc_issue_rows<D, AT_BKV, LD, P::NPV>(vring + s * P::TILE, v_base, s_vt, s * AT_BKV, n, t, vec_v);
+            if (s < nblk) vcopy.issue(vring + s * P::TILE, s * AT_BKV, n, t);
             cp_async_commit();
         }
     }
@@ -652,11 +700,14 @@ attn_decode_one_pass_kernel(const bf16* __restrict__ q, const bf16* __restrict__
     }
     // Step k: the scores of block k + 2, the softmax of block k + 1, the P V chains of block k.
     for (int64_t k = -2; k < nblk; ++k) {
-        if (role == STAT) cp_async_wait<STAGES - 2>();               // K tile k + 2 (this thread's copies)
+        if (role == SCORE) cp_async_wait<STAGES - 2>();              // K tile k + 2 (this thread's copies)
         else if (role == PV && k >= 0) cp_async_wait<STAGES - 2>();  // V tile k
         __syncthreads();  // tiles, scores of k + 1, p / alpha of k are visible; the slots refilled below are read
         if (role == SCORE) {
             const int64_t blk = k + 2;
+            const int64_t nxt = blk + STAGES - 1;
+            if (nxt < nblk) kcopy.issue(kring + (nxt % STAGES) * P::TILE, nxt * AT_BKV, n, tid);
+            cp_async_commit();
             if (blk < nblk) {
                 const int64_t key = blk * AT_BKV + key_s;
                 float acc[2] = {0.0f, 0.0f};
@@ -668,20 +719,13 @@ attn_decode_one_pass_kernel(const bf16* __restrict__ q, const bf16* __restrict__
                     sb[h * AT_BKV] = vis ? visible_score(acc[h] * scale, true) : -INFINITY;
             }
         } else if (role == STAT) {
-            const int64_t nxt = k + 2 + STAGES - 1;
-            if (nxt < nblk)
-                dc_issue_rows<D, AT_BKV, LD, DC_STAT_THREADS>(kring + (nxt % STAGES) * P::TILE, k_base, s_kt,
-                                                             nxt * AT_BKV, n, st, vec_k);
-            cp_async_commit();
             const int64_t blk = k + 1;
             if (blk >= 0 && blk < nblk)
                 dc_softmax_block(sbuf + (blk & 1) * P::SCORES + hh_s * AT_BKV, head_s, cs, m, l,
                                  ps + (blk & 1) * P::SCORES + hh_s * AT_BKV, al + (blk & 1) * DC_HEADS + hh_s);
         } else if (k >= 0) {
             const int64_t nxt = k + STAGES - 1;
-            if (nxt < nblk)
-                dc_issue_rows<D, AT_BKV, LD, P::NPV>(vring + (nxt % STAGES) * P::TILE, v_base, s_vt, nxt * AT_BKV, n,
-                                                     t, vec_v);
+            if (nxt < nblk) vcopy.issue(vring + (nxt % STAGES) * P::TILE, nxt * AT_BKV, n, t);
             cp_async_commit();
             const float* pb = ps + (k & 1) * P::SCORES + 2 * hp_v * AT_BKV;
             const float* ak = al + (k & 1) * DC_HEADS + 2 * hp_v;
@@ -738,20 +782,37 @@ constexpr int64_t DECODE_PV_BLOCKS = 256;
 // choice from B and the head shapes only; the same bits (tested).
 constexpr int64_t DECODE_ONE_PASS_MIN_BLOCKS = 128;
 
+template <int D, int STAGES>
+int launch_decode_one_pass_stages(const void* q, const void* kc, const void* vc, void* out, const void* seqlens,
+                                  int64_t batch, int64_t kv_heads, int64_t group, int64_t n_hb, int64_t s_qb,
+                                  int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt,
+                                  int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, cudaStream_t st) {
+    using P = DecodeOnePass<D, STAGES>;
+    if (int e = prepare(attn_decode_one_pass_kernel<D, STAGES>, P::SMEM)) return e;
+    dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb));
+    return launch_pdl_if(batch <= DECODE_PDL_MAX_BATCH, attn_decode_one_pass_kernel<D, STAGES>, grid,
+                         dim3(P::THREADS), P::SMEM, st, static_cast<const bf16*>(q), static_cast<const bf16*>(kc),
+                         static_cast<const bf16*>(vc), static_cast<bf16*>(out), static_cast<const int32_t*>(seqlens),
+                         group, n_hb, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale,
+                         static_cast<int>(rows_vec16(kc, s_kb, s_kt, s_kh)),
+                         static_cast<int>(rows_vec16(vc, s_vb, s_vt, s_vh)));
+}
+
 template <int D>
 int launch_decode_one_pass(const void* q, const void* kc, const void* vc, void* out, const void* seqlens,
                            int64_t batch, int64_t kv_heads, int64_t group, int64_t n_hb, int64_t s_qb, int64_t s_qh,
                            int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh,
                            int64_t s_ob, int64_t s_oh, float scale, cudaStream_t st) {
-    using P = DecodeOnePass<D>;
-    if (int e = prepare(attn_decode_one_pass_kernel<D>, P::SMEM)) return e;
-    dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads * n_hb));
-    return launch_pdl_if(batch <= DECODE_PDL_MAX_BATCH, attn_decode_one_pass_kernel<D>, grid, dim3(P::THREADS),
-                         P::SMEM, st, static_cast<const bf16*>(q), static_cast<const bf16*>(kc),
-                         static_cast<const bf16*>(vc), static_cast<bf16*>(out), static_cast<const int32_t*>(seqlens),
-                         group, n_hb, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale,
-                         static_cast<int>(rows_vec16(kc, s_kb, s_kt, s_kh)),
-                         static_cast<int>(rows_vec16(vc, s_vb, s_vt, s_vh)));
+    using S = OnePassStages<D>;
+    const bool deep = g_one_pass_stages ? g_one_pass_stages == S::DEEP
+                                        : batch * kv_heads * n_hb <= DECODE_ONE_PASS_DEEP_MAX_BLOCKS;
+    if (deep)
+        return launch_decode_one_pass_stages<D, S::DEEP>(q, kc, vc, out, seqlens, batch, kv_heads, group, n_hb, s_qb,
+                                                         s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale,
+                                                         st);
+    return launch_decode_one_pass_stages<D, S::SHALLOW>(q, kc, vc, out, seqlens, batch, kv_heads, group, n_hb, s_qb,
+                                                        s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale,
+                                                        st);
 }
 
 // form: 0 the library's choice, 1 the two launches (phase 2's column split dsplit, 0: the
@@ -853,4 +914,15 @@ RL_EXPORT int rl_attention_decode_split(const void* q, const void* kc, const voi
 // Decode step in the library's form; arguments as rl_attention_decode_form.
 RL_EXPORT int rl_attention_decode(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scores, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t n_tiles, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, void* stream) {
     return rl_attention_decode_form(q, kc, vc, out, seqlens, scores, batch, heads, kv_heads, head_dim, n_tiles, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, 0, 0, stream);
+}
+
+// The one-pass form's ring depth for every later launch of this process: 0 the library's choice
+// (DECODE_ONE_PASS_DEEP_MAX_BLOCKS), 3 or 6 (2 or 3 at D = 256: the shallow and the deep ring of
+// every head dim whose depths these are); returns the previous value, or -1 (and changes nothing)
+// for another number. For the sweep tool: the bits do not depend on it.
+RL_EXPORT int64_t rl_attention_one_pass_stages(int64_t stages) {
+    if (stages != 0 && stages != 2 && stages != 3 && stages != 6) return -1;
+    const int64_t old = g_one_pass_stages;
+    g_one_pass_stages = static_cast<int>(stages);
+    return old;
 }

@@ -89,6 +89,25 @@ DECODE_FORMS = {"auto": 0, "two_launch": 1, "one_pass": 2}
 library's choice (the one-pass kernel from ``DECODE_ONE_PASS_MIN_BLOCKS`` blocks up)."""
 
 
+ONE_PASS_STAGES = (3, 6)
+"""Ring depths of the one-pass form at D <= 128 (2 and 3 at D = 256): the shallow ring lets two
+blocks share an SM, the deep one is the library's choice for grids of at most 132 blocks."""
+
+
+def set_one_pass_stages(stages: int) -> int:
+    """Make every later one-pass decode launch of this process use ring depth ``stages`` (one of
+    :data:`ONE_PASS_STAGES`, 2 at D = 256; 0: the library's choice); returns the previous value. For
+    tests and ``tools/attention_decode_sweep.py``: the bits do not depend on it.
+
+    Raises:
+        InputError: ``stages`` not 0, 2, 3 or 6."""
+    from rl_engine.errors import InputError
+
+    if isinstance(stages, bool) or stages not in (0, 2, *ONE_PASS_STAGES):
+        raise InputError(f"one-pass stages: expected 0, 2, 3 or 6, got {stages!r}")
+    return query("rl_attention_one_pass_stages", int(stages))
+
+
 def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_split: int = 0,
                          form: str = "auto") -> torch.Tensor:
     """Launch one decode step; returns out [B, H, D] bf16 (validated inputs, no host reads).
