@@ -554,6 +554,13 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
     for bad in (1, 4, True):
         with pytest.raises(InputError, match="one-pass stages"):
             at_cuda.set_one_pass_stages(bad)
+    assert at_cuda.set_decode_form("one_pass") == "auto"  # the process-wide form of form="auto" calls
+    try:
+        assert _bits_equal(at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5), whole)
+    finally:
+        assert at_cuda.set_decode_form("auto") == "one_pass"
+    with pytest.raises(InputError, match="decode form"):
+        at_cuda.set_decode_form("fused")
     rolled = vc[:, :, :, list(range(1, d)) + [0]].contiguous()
     assert not _bits_equal(at_cuda.attention_decode_fwd(q, kc, rolled, seqlens, d ** -0.5, d_split=4,
                                                         form="two_launch"), whole)

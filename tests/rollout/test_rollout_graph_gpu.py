@@ -76,3 +76,38 @@ def test_graph_engine_batch_invariance_at_qwen3_8b_shapes():
     del weights
     torch.cuda.empty_cache()
 
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_one_pass_decode_attention_keeps_the_engine_bits_at_qwen3_8b_shapes():
+    """cuda_bf16 at Qwen3-8B shapes: with every decode step's attention in the one-pass form (the
+    library's form from 16 sequences up), a sequence's tokens and logprobs in a static batch and
+    joining a running batch mid-way are the bits it has alone in the two-launch form (the library's
+    form at these batch sizes). Control: another seed's completions differ."""
+    from rl_engine.chain.config import get_config
+    from rl_engine.chain.weights import synthetic_weights
+    from rl_engine.ops.attention import cuda as at_cuda
+
+    weights = synthetic_weights(get_config("qwen3-8b"), 0, logit_scale=2.0, device="cuda")
+    model = _model(weights, "cuda_bf16")
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 151936, (n,), generator=g).tolist() for n in (70, 3, 129, 64)]
+    budgets = [5, 8, 3, 6]
+    old = at_cuda.set_decode_form("two_launch")
+    try:
+        alone = [generate(model, [p], [b], seq_ids=[i], max_batch=1, **FILTERED).completions[0]
+                 for i, (p, b) in enumerate(zip(prompts, budgets))]
+        at_cuda.set_decode_form("one_pass")
+        static = generate(model, prompts, budgets, max_batch=4, **FILTERED)
+        joined = generate(model, prompts, budgets, max_batch=2, **FILTERED)
+        other = generate(model, prompts, budgets, max_batch=4, **{**FILTERED, "seed": 4321})
+    finally:
+        at_cuda.set_decode_form(old)
+    assert any(a[2] > 0 for a in joined.admissions), joined.admissions
+    for run in (static, joined):
+        rep = compare_completions(alone, run.completions)
+        assert rep.equal and rep.compared == (0, 1, 2, 3), rep.summary()
+    assert not compare_completions(alone, other.completions).equal
+    del model, weights
+    torch.cuda.empty_cache()

@@ -781,6 +781,7 @@ constexpr int64_t DECODE_PV_BLOCKS = 256;
 // kernel from this many blocks (B x KV heads x head blocks) up, else the two launches. A speed
 // choice from B and the head shapes only; the same bits (tested).
 constexpr int64_t DECODE_ONE_PASS_MIN_BLOCKS = 128;
+int g_decode_form = 0;  // 0: the rule above; 1 or 2: that form for every form-0 launch (tests, tools)
 
 template <int D, int STAGES>
 int launch_decode_one_pass_stages(const void* q, const void* kc, const void* vc, void* out, const void* seqlens,
@@ -824,7 +825,7 @@ int launch_decode(const void* q, const void* kc, const void* vc, void* out, cons
                   int64_t s_oh, float scale, int64_t form, int64_t dsplit, cudaStream_t st) {
     const int64_t n_hb = cdiv(group, static_cast<int64_t>(DC_HEADS));
     const int64_t blocks = batch * kv_heads * n_hb;
-    if (form == 0) form = blocks >= DECODE_ONE_PASS_MIN_BLOCKS ? 2 : 1;
+    if (form == 0) form = g_decode_form ? g_decode_form : (blocks >= DECODE_ONE_PASS_MIN_BLOCKS ? 2 : 1);
     if (form == 2)
         return launch_decode_one_pass<D>(q, kc, vc, out, seqlens, batch, kv_heads, group, n_hb, s_qb, s_qh, s_kb,
                                          s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
@@ -924,5 +925,16 @@ RL_EXPORT int64_t rl_attention_one_pass_stages(int64_t stages) {
     if (stages != 0 && stages != 2 && stages != 3 && stages != 6) return -1;
     const int64_t old = g_one_pass_stages;
     g_one_pass_stages = static_cast<int>(stages);
+    return old;
+}
+
+// The form every later decode step of this process takes when its caller leaves the form to the
+// library (0: the library's rule, DECODE_ONE_PASS_MIN_BLOCKS; 1 the two launches; 2 the one-pass
+// kernel); returns the previous value, or -1 (and changes nothing) for another number. For tests
+// that run whole engines in one form: the bits do not depend on it.
+RL_EXPORT int64_t rl_attention_decode_default_form(int64_t form) {
+    if (form < 0 || form > 2) return -1;
+    const int64_t old = g_decode_form;
+    g_decode_form = static_cast<int>(form);
     return old;
 }

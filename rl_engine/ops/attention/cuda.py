@@ -89,6 +89,22 @@ DECODE_FORMS = {"auto": 0, "two_launch": 1, "one_pass": 2}
 library's choice (the one-pass kernel from ``DECODE_ONE_PASS_MIN_BLOCKS`` blocks up)."""
 
 
+def set_decode_form(form: str) -> str:
+    """Make every later decode step of this process that leaves the form to the library
+    (``form="auto"``, the op's and the engine's case) take ``form`` (one of :data:`DECODE_FORMS`;
+    ``"auto"`` restores the library's rule); returns the previous setting. For tests that run a
+    whole engine in one form: the bits do not depend on it.
+
+    Raises:
+        InputError: ``form`` not one of :data:`DECODE_FORMS`."""
+    from rl_engine.errors import InputError
+
+    if form not in DECODE_FORMS:
+        raise InputError(f"decode form: expected one of {sorted(DECODE_FORMS)}, got {form!r}")
+    old = query("rl_attention_decode_default_form", DECODE_FORMS[form])
+    return {v: k for k, v in DECODE_FORMS.items()}[old]
+
+
 ONE_PASS_STAGES = (3, 6)
 """Ring depths of the one-pass form at D <= 128 (2 and 3 at D = 256): the shallow ring lets two
 blocks share an SM, the deep one is the library's choice for grids of at most 132 blocks."""
