@@ -17,9 +17,10 @@
 // A block that lies wholly past a row's causal limit leaves that row's state unchanged (its max
 // is -inf, alpha is exactly 1, every p is 0), so a row's bits do not depend on which other rows
 // share its tile. The prefill kernel (64 query rows of one head per block) runs forward_rows; a
-// decode step (two launches, below) computes the same scores, block maxima, exponentials, sums and
-// FMA chains for its one query row per head in the same order, so a query's output is bitwise the
-// same in a full prefill, a chunk, or a decode step. No sum is split over the KV axis.
+// decode step (two launches, or the one-pass kernel, below) computes the same scores, block maxima,
+// exponentials, sums and FMA chains for its one query row per head in the same order, so a query's
+// output is bitwise the same in a full prefill, a chunk, or a decode step. No sum is split over the
+// KV axis.
 //
 // Backward (FlashAttention-2 structure, deterministic, no atomics):
 //   delta = sum_d dO * O (one warp per row and head, fixed butterfly);

@@ -5,9 +5,10 @@ Kernels in ``rl_engine/backends/cuda_src/attention.cu`` (forward, decode) and
 ``attention_bwd.cu`` (backward); CUDA cores, FP32 arithmetic, FMAs written out explicitly
 (the library is built with ``-fmad=false``).
 
-Forward: one block of 256 threads per 64 queries of one head (prefill); a decode step is two
-launches that compute the same per-row function (scores of every key first, then the walk over
-the key blocks; ``attention.cu``). The keys of a sequence are visited in the fixed blocks
+Forward: one block of 256 threads per 64 queries of one head (prefill); a decode step computes the
+same per-row function in one of two forms (``attention.cu``): two launches (scores of every key
+first, then the walk over the key blocks), or one launch per (sequence, KV head) that pipelines the
+scores, softmax and ``P V`` of each key block (the library's form from 128 blocks up). The keys of a sequence are visited in the fixed blocks
 ``[0, 64), [64, 128), ...`` in increasing order in every path. Scores are FMA chains over D in
 order, times ``scale``; per block and row: ``m_new = max(m, block max)``, ``alpha = 1`` if the max
 did not move else ``exp(m - m_new)``, ``p = exp(s - m_new)`` (FP32, not rounded), ``l = l * alpha +
