@@ -561,6 +561,10 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
         assert at_cuda.set_decode_form("auto") == "one_pass"
     with pytest.raises(InputError, match="decode form"):
         at_cuda.set_decode_form("fused")
+    with pytest.raises(InputError, match="form must be one of"):
+        at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, form="fused")
+    with pytest.raises(InputError, match="two_launch form only"):
+        at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, d_split=2, form="one_pass")
     rolled = vc[:, :, :, list(range(1, d)) + [0]].contiguous()
     assert not _bits_equal(at_cuda.attention_decode_fwd(q, kc, rolled, seqlens, d ** -0.5, d_split=4,
                                                         form="two_launch"), whole)

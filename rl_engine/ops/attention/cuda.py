@@ -140,12 +140,14 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_
     depend on neither, they are parameters for tests and the sweep tool.
 
     Raises:
-        ValueError: ``form`` not one of ``DECODE_FORMS``, or ``d_split`` given with a form other
-            than ``two_launch``."""
+        InputError: ``form`` not one of ``DECODE_FORMS``, or ``d_split`` given with a form other
+            than ``two_launch`` (before any launch)."""
+    from rl_engine.errors import InputError
+
     if form not in DECODE_FORMS:
-        raise ValueError(f"form must be one of {sorted(DECODE_FORMS)}, got {form!r}")
+        raise InputError(f"form must be one of {sorted(DECODE_FORMS)}, got {form!r}")
     if d_split and form != "two_launch":
-        raise ValueError(f"d_split {d_split} applies to the two_launch form only, got form {form!r}")
+        raise InputError(f"d_split {d_split} applies to the two_launch form only, got form {form!r}")
     bsz, h, d = q.shape
     s_max, hkv = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty((bsz, h, d), dtype=torch.bfloat16, device=q.device)
