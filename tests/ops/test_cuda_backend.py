@@ -561,6 +561,17 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
         assert at_cuda.set_decode_form("auto") == "one_pass"
     with pytest.raises(InputError, match="decode form"):
         at_cuda.set_decode_form("fused")
+    # which calls need the FP32 score scratch (only the two launches write it): the launcher's rule
+    from rl_engine.backends.cuda_launch import query
+
+    uses = [query("rl_attention_decode_uses_scores", *a) for a in
+            ((3, 8, 2, 0), (16, 32, 8, 0), (16, 32, 8, 1), (3, 8, 2, 2), (3, 8, 3, 0), (3, 8, 2, 3))]
+    assert uses == [1, 0, 1, 0, -1, -1], uses
+    at_cuda.set_decode_form("one_pass")
+    try:
+        assert query("rl_attention_decode_uses_scores", 3, 8, 2, 0) == 0
+    finally:
+        at_cuda.set_decode_form("auto")
     with pytest.raises(InputError, match="form must be one of"):
         at_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5, form="fused")
     with pytest.raises(InputError, match="two_launch form only"):

@@ -784,6 +784,13 @@ constexpr int64_t DECODE_PV_BLOCKS = 256;
 constexpr int64_t DECODE_ONE_PASS_MIN_BLOCKS = 128;
 int g_decode_form = 0;  // 0: the rule above; 1 or 2: that form for every form-0 launch (tests, tools)
 
+// The form a decode step of `blocks` blocks (B x KV heads x head blocks) runs when asked for `form`.
+inline int64_t resolve_decode_form(int64_t blocks, int64_t form) {
+    if (form != 0) return form;
+    if (g_decode_form != 0) return g_decode_form;
+    return blocks >= DECODE_ONE_PASS_MIN_BLOCKS ? 2 : 1;
+}
+
 template <int D, int STAGES>
 int launch_decode_one_pass_stages(const void* q, const void* kc, const void* vc, void* out, const void* seqlens,
                                   int64_t batch, int64_t kv_heads, int64_t group, int64_t n_hb, int64_t s_qb,
@@ -826,7 +833,7 @@ int launch_decode(const void* q, const void* kc, const void* vc, void* out, cons
                   int64_t s_oh, float scale, int64_t form, int64_t dsplit, cudaStream_t st) {
     const int64_t n_hb = cdiv(group, static_cast<int64_t>(DC_HEADS));
     const int64_t blocks = batch * kv_heads * n_hb;
-    if (form == 0) form = g_decode_form ? g_decode_form : (blocks >= DECODE_ONE_PASS_MIN_BLOCKS ? 2 : 1);
+    form = resolve_decode_form(blocks, form);
     if (form == 2)
         return launch_decode_one_pass<D>(q, kc, vc, out, seqlens, batch, kv_heads, group, n_hb, s_qb, s_qh, s_kb,
                                          s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
@@ -938,4 +945,13 @@ RL_EXPORT int64_t rl_attention_decode_default_form(int64_t form) {
     const int64_t old = g_decode_form;
     g_decode_form = static_cast<int>(form);
     return old;
+}
+
+// 1 when a decode step of this shape asked for `form` (as rl_attention_decode_form) runs the two
+// launches and so writes the FP32 score scratch, 0 when it runs the one-pass kernel (the caller
+// need not allocate the scratch), -1 for shapes or forms the launcher refuses.
+RL_EXPORT int64_t rl_attention_decode_uses_scores(int64_t batch, int64_t heads, int64_t kv_heads, int64_t form) {
+    if (batch < 0 || heads < 0 || kv_heads <= 0 || heads % kv_heads || form < 0 || form > 2) return -1;
+    const int64_t blocks = batch * kv_heads * cdiv(heads / kv_heads, static_cast<int64_t>(DC_HEADS));
+    return resolve_decode_form(blocks, form) == 1 ? 1 : 0;
 }

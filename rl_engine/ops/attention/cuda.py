@@ -134,7 +134,7 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_
     allocated here, then one sequential walk over the 64-key blocks per (sequence, KV head, column
     slice) with the per-row softmax and ``P V`` chains of the forward; ``one_pass``, one block per
     (sequence, KV head) that computes the scores, softmax and ``P V`` of each 64-key block in a
-    pipeline (no scratch). ``form="auto"`` is the library's choice from B and the head shapes.
+    pipeline (no scratch: only a 0-element placeholder is allocated). ``form="auto"`` is the library's choice from B and the head shapes.
     ``d_split`` (two launches only; 0: the library's choice, ``DECODE_PV_BLOCKS`` in attention.cu):
     column slices per (sequence, KV head), 1, 2, 4 or 8 with at least 16 columns each; the bits
     depend on neither, they are parameters for tests and the sweep tool.
@@ -155,20 +155,11 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_
         return out
     bkv = query("rl_attention_block_kv")
     n_tiles = -(-s_max // bkv)
-    scores = torch.empty((bsz, h, n_tiles * bkv), dtype=torch.float32, device=q.device)
+    # the FP32 scores go through global memory in the two-launch form only (the library's rule)
+    uses_scores = query("rl_attention_decode_uses_scores", bsz, h, hkv, DECODE_FORMS[form]) == 1
+    scores = torch.empty((bsz, h, n_tiles * bkv) if uses_scores else (0,), dtype=torch.float32, device=q.device)
     launch(q.device, "rl_attention_decode_form", q, k_cache, v_cache, out, cache_seqlens, scores, bsz, h, hkv, d,
            n_tiles, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), float(scale),
            DECODE_FORMS[form], int(d_split))
-    return out
-    bkv = query("rl_attention_block_kv")
-    n_tiles = -(-s_max // bkv)
-    scores = torch.empty((bsz, h, n_tiles * bkv), dtype=torch.float32, device=q.device)
-    args = (q, k_cache, v_cache, out, cache_seqlens, scores, bsz, h, hkv, d, n_tiles, q.stride(0), q.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-            v_cache.stride(2), out.stride(0), out.stride(1), float(scale))
-    if d_split:
-        launch(q.device, "rl_attention_decode_split", *args, int(d_split))
-    else:
-        launch(q.device, "rl_attention_decode", *args)
     return out

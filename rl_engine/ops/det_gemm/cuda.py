@@ -89,14 +89,14 @@ def set_gemv_variant(variant: int) -> int:
     return _set_variant("gemv variant", "rl_gemv_variant", variant, GEMV_VARIANTS)
 
 
-def _set_variant(what: str, export: str, variant: int, count: int) -> int:
-    """Check ``variant`` against ``[0, count)`` (InputError naming ``what``) and pass it to the
+def _set_variant(what: str, export: str, variant: int, count: int, first: int = 0) -> int:
+    """Check ``variant`` against ``[first, count)`` (InputError naming ``what``) and pass it to the
     library's ``export``, which returns the previous one."""
     from rl_engine.backends.cuda_launch import query
     from rl_engine.errors import InputError
 
-    if isinstance(variant, bool) or not isinstance(variant, int) or not 0 <= variant < count:
-        raise InputError(f"{what}: expected an integer in [0, {count}), got {variant!r}")
+    if isinstance(variant, bool) or not isinstance(variant, int) or not first <= variant < count:
+        raise InputError(f"{what}: expected an integer in [{first}, {count}), got {variant!r}")
     return query(export, variant)
 
 
@@ -113,14 +113,9 @@ def set_tile_gemv_min_m(m: int) -> int:
     Raises
     ------
     InputError
-        ``m`` not in ``[1, 65]``.
+        ``m`` not in ``[1, 66)``.
     """
-    from rl_engine.backends.cuda_launch import query
-    from rl_engine.errors import InputError
-
-    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 65:
-        raise InputError(f"tile gemv min m: expected an integer in [1, 65], got {m!r}")
-    return query("rl_gemv_tile_min_m", m)
+    return _set_variant("tile gemv min m", "rl_gemv_tile_min_m", m, 66, first=1)
 
 
 WARP_GEMV_VARIANTS = 6
