@@ -567,11 +567,11 @@ attn_decode_pv_kernel(const float* __restrict__ sc, const bf16* __restrict__ vc,
 // the same expression in the same order as in the two-launch form: the same bits (tested). What
 // changes is where the time goes: K and V stream through one block per (sequence, KV head), with
 // no FP32 score scratch in global memory. A speed choice of the launcher (form 0).
-// A tile copier of the one-pass form: NT threads copy a 64-row x D tile (row stride LD in shared
-// memory) with 16-byte cp.async. Thread t always copies the same 16-byte column of rows
-// t / (D / 8) + i * RSTEP, so its source pointer and shared offset are worked out once per block
-// and a tile only adds its first row. Rows at or past n are zero-filled. Needs 16-byte aligned rows
-// (rows_vec16); otherwise dc_issue_rows' 2-byte copies run.
+// A tile copier of the one-pass form: NT threads copy the 64-row x D tiles of a sequence in order
+// (row stride LD in shared memory) with 16-byte cp.async. Thread t always copies the same 16-byte
+// column of rows t / (D / 8) + i * RSTEP, so a copy only adds a fixed pointer step: the source
+// pointers, shared offset and row strides are worked out once per block. Rows at or past n are
+// zero-filled. Needs 16-byte aligned rows (rows_vec16); otherwise dc_issue_rows' 2-byte copies run.
 template <int D, int LD, int NT>
 struct OnePassCopier {
     static constexpr int VPR = D / 8;            // 16-byte chunks per row
@@ -579,31 +579,38 @@ struct OnePassCopier {
     static constexpr int N = AT_BKV / RSTEP;     // copies per thread per tile
     static_assert(NT % VPR == 0 && AT_BKV % RSTEP == 0, "every thread copies whole rows' chunks");
     const bf16* base;
-    const bf16* src;  // this thread's chunk of tile row 0
-    int64_t stride;
+    const bf16* next;  // this thread's first chunk of the next tile
+    int64_t stride, rstep;  // row stride; RSTEP rows
+    int row;                // the next tile's first row
     int r0, soff;
     bool vec;
     __device__ __forceinline__ void init(const bf16* b, int64_t s, int t, bool v) {
         base = b;
         stride = s;
+        rstep = RSTEP * s;
         vec = v;
+        row = 0;
         r0 = t / VPR;
         const int cc = (t % VPR) * 8;
-        src = b + r0 * s + cc;
+        next = b + r0 * s + cc;
         soff = r0 * LD + cc;
     }
-    __device__ __forceinline__ void issue(bf16* tile, int64_t row0, int64_t n, int t) const {
+    // Copy the next tile (rows [row, row + 64)) into tile.
+    __device__ __forceinline__ void issue_next(bf16* tile, int n, int t) {
         if (!vec) {
-            dc_issue_rows<D, AT_BKV, LD, NT>(tile, base, stride, row0, n, t, false);
-            return;
-        }
-        const bf16* p = src + row0 * stride;
+            dc_issue_rows<D, AT_BKV, LD, NT>(tile, base, stride, row, n, t, false);
+        } else {
+            const int left = n - row - r0;  // this thread's rows i * RSTEP < left are visible
+            const bf16* p = next;
 #pragma unroll
-        for (int i = 0; i < N; ++i) {
-            const bool ok = row0 + r0 + i * RSTEP < n;
-            cp_async16(tile + soff + i * RSTEP * LD, ok ? p + static_cast<int64_t>(i * RSTEP) * stride : base,
-                       ok ? 16 : 0);
+            for (int i = 0; i < N; ++i) {
+                const bool ok = i * RSTEP < left;
+                cp_async16(tile + soff + i * RSTEP * LD, ok ? p : base, ok ? 16 : 0);
+                p += rstep;
+            }
+            next = p;  // N * RSTEP = 64 rows on
         }
+        row += AT_BKV;
     }
 };
 
@@ -680,18 +687,20 @@ attn_decode_one_pass_kernel(const bf16* __restrict__ q, const bf16* __restrict__
     float o[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
     OnePassCopier<D, LD, P::NSC> kcopy;
     OnePassCopier<D, LD, P::NPV> vcopy;
+    const int nb = static_cast<int>(nblk);  // < 65536 (n_tiles is checked by the export)
+    const int ni = static_cast<int>(n);
     if (role == SCORE) {
         kcopy.init(kc + b * s_kb + kvh * s_kh, s_kt, tid, vec_k != 0);
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < nblk) kcopy.issue(kring + s * P::TILE, s * AT_BKV, n, tid);
+            if (s < nb) kcopy.issue_next(kring + s * P::TILE, ni, tid);
             cp_async_commit();
         }
     } else if (role == PV) {
         vcopy.init(vc + b * s_vb + kvh * s_vh, s_vt, t, vec_v != 0);
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < nblk) vcopy.issue(vring + s * P::TILE, s * AT_BKV, n, t);
+            if (s < nb) vcopy.issue_next(vring + s * P::TILE, ni, t);
             cp_async_commit();
         }
     }
@@ -699,38 +708,42 @@ attn_decode_one_pass_kernel(const bf16* __restrict__ q, const bf16* __restrict__
         const int64_t g = g0 + e / D;
         qf[e] = g < group ? f32(q[b * s_qb + (kvh * group + g) * s_qh + e % D]) : 0.0f;
     }
+    // Ring slots without divisions: slot holds the tile read this step (block k + 2 for the
+    // scores, block k for P V), and the tile issued this step goes to the slot before it.
+    int slot = 0;
     // Step k: the scores of block k + 2, the softmax of block k + 1, the P V chains of block k.
-    for (int64_t k = -2; k < nblk; ++k) {
+    for (int k = -2; k < nb; ++k) {
         if (role == SCORE) cp_async_wait<STAGES - 2>();              // K tile k + 2 (this thread's copies)
         else if (role == PV && k >= 0) cp_async_wait<STAGES - 2>();  // V tile k
         __syncthreads();  // tiles, scores of k + 1, p / alpha of k are visible; the slots refilled below are read
+        const int prev = slot == 0 ? STAGES - 1 : slot - 1;
         if (role == SCORE) {
-            const int64_t blk = k + 2;
-            const int64_t nxt = blk + STAGES - 1;
-            if (nxt < nblk) kcopy.issue(kring + (nxt % STAGES) * P::TILE, nxt * AT_BKV, n, tid);
+            const int blk = k + 2;
+            if (blk + STAGES - 1 < nb) kcopy.issue_next(kring + prev * P::TILE, ni, tid);
             cp_async_commit();
-            if (blk < nblk) {
-                const int64_t key = blk * AT_BKV + key_s;
+            if (blk < nb) {
+                const int key = blk * AT_BKV + key_s;
                 float acc[2] = {0.0f, 0.0f};
-                const bool vis = key < n;  // forward_rows: key <= lim = n - 1
-                if (vis) dc_dots<D, 2>(kring + (blk % STAGES) * P::TILE + key_s * LD, qf + 2 * hp_s * D, acc);
+                const bool vis = key < ni;  // forward_rows: key <= lim = n - 1
+                if (vis) dc_dots<D, 2>(kring + slot * P::TILE + key_s * LD, qf + 2 * hp_s * D, acc);
                 float* sb = sbuf + (blk & 1) * P::SCORES + 2 * hp_s * AT_BKV + key_s;
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
                     sb[h * AT_BKV] = vis ? visible_score(acc[h] * scale, true) : -INFINITY;
             }
+            slot = slot == STAGES - 1 ? 0 : slot + 1;
         } else if (role == STAT) {
-            const int64_t blk = k + 1;
-            if (blk >= 0 && blk < nblk)
+            const int blk = k + 1;
+            if (blk >= 0 && blk < nb)
                 dc_softmax_block(sbuf + (blk & 1) * P::SCORES + hh_s * AT_BKV, head_s, cs, m, l,
                                  ps + (blk & 1) * P::SCORES + hh_s * AT_BKV, al + (blk & 1) * DC_HEADS + hh_s);
         } else if (k >= 0) {
-            const int64_t nxt = k + STAGES - 1;
-            if (nxt < nblk) vcopy.issue(vring + (nxt % STAGES) * P::TILE, nxt * AT_BKV, n, t);
+            if (k + STAGES - 1 < nb) vcopy.issue_next(vring + prev * P::TILE, ni, t);
             cp_async_commit();
             const float* pb = ps + (k & 1) * P::SCORES + 2 * hp_v * AT_BKV;
             const float* ak = al + (k & 1) * DC_HEADS + 2 * hp_v;
-            dc_pv_block_2h<LD>(o, ak[0], ak[1], pb, pb + AT_BKV, vring + (k % STAGES) * P::TILE + lc, k * AT_BKV, n);
+            dc_pv_block_2h<LD>(o, ak[0], ak[1], pb, pb + AT_BKV, vring + slot * P::TILE + lc, k * AT_BKV, n);
+            slot = slot == STAGES - 1 ? 0 : slot + 1;
         }
     }
     cp_async_wait<0>();
