@@ -32,8 +32,16 @@ def main() -> int:
     ap.add_argument("--tile-gemv-min-m", type=int, default=None,
                     help="cuda_bf16: the tile-form decode GEMV from this many rows up (default 17; below it the "
                          "warp GEMV), rl_engine.ops.det_gemm.cuda.set_tile_gemv_min_m")
+    ap.add_argument("--gemv-variant", type=int, default=None,
+                    help="cuda_bf16: the decode GEMV variant for every product the warp GEMV does not take "
+                         "(rl_engine.ops.det_gemm.cuda.set_gemv_variant; default 0)")
     args = ap.parse_args()
     from rl_engine.chain import fused
+
+    if args.gemv_variant is not None:
+        from rl_engine.ops.det_gemm.cuda import set_gemv_variant
+
+        set_gemv_variant(args.gemv_variant)
 
     if args.tile_gemv_min_m is not None:
         from rl_engine.ops.det_gemm.cuda import set_tile_gemv_min_m

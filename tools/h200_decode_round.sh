@@ -88,11 +88,11 @@ if [ "${RMS_SWEEP:-0}" = "1" ]; then  # the Triton norm's warps at decode row co
   timeout 120 python3 tools/rms_decode_sweep.py --json "$OUT/rms_decode_sweep.json" >"$OUT/rms-sweep.txt" 2>&1
   echo "rms sweep rc $? after $(( $(date +%s) - start )) s"; grep -v Warn "$OUT/rms-sweep.txt" | tail -n 30
 fi
-for p in ${PROFILES:-}; do  # backend:batch:context[:PDL mode of the cuda_bf16 decode forward[:of its attention[:tile GEMV from M]]]
-  IFS=: read -r be b c pdl pdla tile <<<"$p"
-  name="profile-$be-B$b-ctx$c${pdl:+-pdl$pdl}${pdla:+-attn$pdla}${tile:+-tile$tile}"
+for p in ${PROFILES:-}; do  # backend:batch:context[:PDL mode of the cuda_bf16 decode forward[:of its attention[:tile GEMV from M[:GEMV variant]]]]
+  IFS=: read -r be b c pdl pdla tile gv <<<"$p"
+  name="profile-$be-B$b-ctx$c${pdl:+-pdl$pdl}${pdla:+-attn$pdla}${tile:+-tile$tile}${gv:+-gv$gv}"
   timeout 120 python3 tools/decode_profile.py --backend "$be" --batch "$b" --context "$c" --top 14 ${pdl:+--pdl "$pdl"} \
-    ${pdla:+--pdl-attention "$pdla"} ${tile:+--tile-gemv-min-m "$tile"} >"$OUT/$name.txt" 2>&1
+    ${pdla:+--pdl-attention "$pdla"} ${tile:+--tile-gemv-min-m "$tile"} ${gv:+--gemv-variant "$gv"} >"$OUT/$name.txt" 2>&1
   echo "profile $p rc $? after $(( $(date +%s) - start )) s"; grep -v Warning "$OUT/$name.txt" | grep -v _warn_once | head -n 9
 done
 if [ -n "${BENCH_OPS:-}" ]; then  # e.g. "chain_decode" or "chain_decode chain_generate"

@@ -267,7 +267,7 @@ def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
                 f"M={m} warp_gemv={warp}"
         if cuda_device.type == "cuda":  # the tile form's geometries at the real shapes
             try:
-                for v in dg_cuda.TILE_GEMV_VARIANTS:
+                for v in dg_cuda.TILE_GEMV_VARIANTS + dg_cuda.WGMMA_GEMV_VARIANTS:
                     dg_cuda.set_gemv_variant(v)
                     assert _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=False),
                                        fused), f"M={m} variant {v}"
@@ -333,9 +333,10 @@ def test_every_warp_gemv_geometry_gives_the_same_bits(cuda_device):
 
 
 def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
-    """Each ring geometry of the decode GEMV (``set_gemv_variant``) gives the fused kernel's bits
-    for the BF16 leaves and the FP32 logits, with leaves that end inside a 32-wide step (K = 1056:
-    leaves of 264). Control: a depth-1 tree differs. The default variant is restored."""
+    """Each geometry of the decode GEMV (``set_gemv_variant``; the warpgroup forms on the GPU only)
+    gives the fused kernel's bits for the BF16 leaves at tree depth 2 and 1 and the FP32 logits,
+    with leaves that end inside a 32-wide step (K = 1056: leaves of 264) and N = 72 (a partial
+    64-column tile). Control: a depth-1 tree differs from depth 2. The default variant is restored."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
     from rl_engine.ops.lm_head.cuda import gemm_f32_out
 
@@ -344,8 +345,10 @@ def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
     logits = gemm_f32_out(rows, w.t())  # 70 rows: the 128 x 128 kernel
     try:
         for v in range(dg_cuda.GEMV_VARIANTS):
+            if cuda_device.type == "cpu" and v in dg_cuda.WGMMA_GEMV_VARIANTS:
+                continue  # no warpgroup MMA in the host emulation
             dg_cuda.set_gemv_variant(v)
-            for m in (5, 20, 40):  # one, two and three 16-row fragments per warp
+            for m in (5, 20, 40) + ((64,) if cuda_device.type == "cuda" else ()):  # one, two and three 16-row fragments per warp
                 a = rows[:m]
                 fused = dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=False)
                 ring = dg_cuda.det_gemm_launch(a, w.t(), 2, leaf_split=True, warp_gemv=False)
@@ -353,7 +356,10 @@ def test_every_gemv_ring_variant_gives_the_same_bits(cuda_device):
                 assert torch.equal(gemm_f32_out(a, w.t(), warp_gemv=False).view(torch.int32),
                                    logits[:m].view(torch.int32)), \
                     f"variant {v}, M={m}"
-                assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True, warp_gemv=False), fused)
+                depth1 = dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True, warp_gemv=False)
+                assert _bits_equal(depth1, dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=False)), \
+                    f"variant {v}, M={m}, depth 1"
+                assert not _bits_equal(depth1, fused)
     finally:
         dg_cuda.set_gemv_variant(0)
     with pytest.raises(InputError, match="gemv variant"):

@@ -673,6 +673,278 @@ int launch_gemv_tile(const TreeArgs& g, int leaves, void* out, int64_t s_om, int
     return launch_gemv_tile_rows<OUT_F32, WARPS, STAGES, WN, 4>(g, leaves, out, s_om, s_on, st);
 }
 
+// Warpgroup form of the decode GEMV (gemv_wgmma_kernel; the GPU only, variants 9 .. 11): one
+// warpgroup (four warps) per block owns all 64 rows of A (zero-filled past M) and 64 weight rows
+// (output columns) of one leaf, and multiplies with the Hopper warpgroup MMA (wgmma.mma_async
+// m64n64k16: BF16 operands read from shared memory through matrix descriptors, FP32 accumulators in
+// registers) in place of ldmatrix + mma.sync.
+//   * The K loop is the fused kernel's leaf loop: 32-wide steps from the leaf's first index in
+//     increasing k, each two products of 16 k (k 0..15, then 16..31), zero-filled past the leaf's
+//     end, no step past its last; every output element is one FP32 accumulator that takes one k16
+//     product per instruction in increasing k. The warpgroup instruction rounds that chain as the
+//     HMMA of mma.sync does (tested on the H200 at 3666133 and by the GPU tests of every variant).
+//   * A ring slot holds 64 k (two steps) of the 64 A rows and the 64 weight rows in the no-swizzle
+//     K-major layout of the PTX ISA: "core matrices" of 8 rows x 16 bytes, 128 contiguous bytes
+//     each; k16 product c of an operand starts at c * 2048 bytes, its two k halves 1024 bytes apart
+//     (LBO), its row groups 128 bytes apart (SBO). A: bytes [0, 8192) of the slot, weights [8192,
+//     16384).
+//   * Copies: thread t copies chunk column kc = (t / 8) % 8 (k 8 kc .. 8 kc + 7) of row t % 8 of the
+//     row groups t / 64 + 2 i (i < 4: A, i >= 4: weights), so eight threads fill one core matrix
+//     (a warp's copies land in four whole 128-byte lines) and a slot only adds its K position to
+//     source pointers and shared offsets worked out once per block.
+//   * MERGE = 0: the leaf is rounded to BF16 into the workspace (the merge launch follows). MERGE =
+//     2 or 4: the leaves of the same 64 columns are one thread-block cluster (1 x MERGE); each block
+//     rounds its leaf to BF16 into its own shared memory, and after a cluster barrier block `leaf`
+//     applies the contract's merges, bf16(fp32(l0) + fp32(l1)) and ((l0 + l1) + (l2 + l3)), to rows
+//     [leaf 64 / MERGE, (leaf + 1) 64 / MERGE), reading the other leaves through distributed shared
+//     memory: the merge kernel's expressions without its launch and workspace.
+// Needs what the ring kernel needs (gemv_ok).
+constexpr int WG_SK = 2 * TB_K;          // k per ring slot
+constexpr int WG_ROWS = 64;              // A rows and weight rows of a slot
+constexpr int WG_A_BYTES = WG_ROWS * WG_SK * 2;
+constexpr int WG_SLOT = 2 * WG_A_BYTES;  // bytes per slot
+constexpr int WG_MERGE_LD = WG_ROWS + 8; // row stride (elements) of a block's BF16 leaf in the merge
+
+template <int STAGES>
+constexpr size_t wg_smem() { return static_cast<size_t>(STAGES) * WG_SLOT; }
+
+#ifndef RL_HOST_EMU
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+// Matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address, LBO and SBO in 16-byte
+// units (14 bits each), base offset 0, no swizzle. Adding (bytes >> 4) moves its start address as
+// long as it stays inside shared memory (< 256 KB).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return static_cast<uint64_t>((addr >> 4) & 0x3FFFu) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
+           (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The address of the same shared-memory byte in block `rank` of the cluster (mapa), and a 16-byte
+// load from it.
+__device__ __forceinline__ uint4 ld_cluster16(uint32_t local, int rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+    uint4 v;
+    asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(remote)
+                 : "memory");
+    return v;
+}
+
+// d[32] += A (64 x 16, descriptor da) @ B (16 x 64, K-major descriptor db), FP32 accumulation.
+// Accumulator fragment (PTX ISA, m64nNk16): warp w holds rows 16 w .. 16 w + 15; for 8-column
+// group j, lane 4 g + t holds (16 w + g, 8 j + 2 t + {0, 1}) in d[4 j], d[4 j + 1] and row + 8 in
+// d[4 j + 2], d[4 j + 3].
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"  // scale-d: accumulate into d
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(1));
+}
+
+template <bool OUT_F32, int STAGES, int MERGE>
+__global__ void __launch_bounds__(128) gemv_wgmma_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
+    static_assert(MERGE == 0 || MERGE == 2 || MERGE == 4, "merge over 2 or 4 leaves");
+    static_assert(!(OUT_F32 && MERGE), "FP32 output has one leaf");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5;
+    const int lane = tid & 31;
+    const int64_t n0 = static_cast<int64_t>(blockIdx.x) * WG_ROWS;
+    const int leaf = static_cast<int>(blockIdx.y);
+    const int64_t lo = g.bounds[leaf];
+    const int64_t width = g.bounds[leaf + 1] - lo;
+    const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
+    const int64_t slots = cdiv(width, static_cast<int64_t>(WG_SK));
+
+    // This thread's copies (see above): sources of its eight rows, a bit per row inside M or N.
+    const int rlo = tid & 7;
+    const int kc = (tid >> 3) & 7;
+    const int rg0 = tid >> 6;
+    const uint32_t ring = smem_u32(smem_raw);
+    const uint32_t dst0 = ring + (kc >> 1) * 2048 + (kc & 1) * 1024 + rg0 * 128 + rlo * 16;
+    const bf16* src[8];
+    unsigned rows_in = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = 8 * (rg0 + 2 * (i & 3)) + rlo;
+        const bf16* p = g.a;
+        if (i < 4) {
+            if (r < g.M) p = g.a + r * g.s_am + lo + 8 * kc, rows_in |= 1u << i;
+        } else if (n0 + r < g.N) {
+            p = g.b + (n0 + r) * g.s_bn + lo + 8 * kc, rows_in |= 1u << i;
+        }
+        src[i] = p;
+    }
+    auto issue = [&](int64_t s, int q) {  // slot s (k in [lo + 64 s, + 64)) into ring slot q
+        const uint32_t d = dst0 + q * WG_SLOT;
+        const int64_t off = s * WG_SK;
+        const bool in = off + 8 * kc < width;  // offset inside the leaf (bounds are multiples of 8)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const bool ok = in && ((rows_in >> i) & 1u);
+            cp_async16_s(d + (i < 4 ? 256 * i : WG_A_BYTES + 256 * (i - 4)), ok ? src[i] + off : g.a, ok ? 16 : 0);
+        }
+    };
+
+    float acc[32];
+#pragma unroll
+    for (int e = 0; e < 32; ++e) acc[e] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < slots) issue(s, s);
+        cp_async_commit();
+    }
+    const uint64_t desc0 = wg_desc(ring, WG_ROWS * 16, 128);
+    int q = 0;              // ring slot of slot i
+    int qn = STAGES - 1;    // ring slot of slot i + STAGES - 1
+    for (int64_t i = 0; i < slots; ++i) {
+        cp_async_wait<STAGES - 2>();
+        fence_proxy_async();  // this thread's cp.async data is visible to the warpgroup MMA's reads
+        __syncthreads();      // slot i has landed for every thread; every MMA of slot i - 1 has completed
+        if (i + STAGES - 1 < slots) issue(i + STAGES - 1, qn);
+        cp_async_commit();
+        const uint64_t da = desc0 + static_cast<uint64_t>((q * WG_SLOT) >> 4);
+        const uint64_t db = da + (WG_A_BYTES >> 4);
+        wg_fence();
+        wgmma_n64(acc, da, db);              // step 2 i: k 0..15
+        wgmma_n64(acc, da + 128, db + 128);  //           k 16..31 (2048 bytes on)
+        if (2 * i + 1 < steps) {             // uniform: no step past the leaf's last
+            wgmma_n64(acc, da + 256, db + 256);
+            wgmma_n64(acc, da + 384, db + 384);
+        }
+        wg_commit();
+        wg_wait0();
+        q = q + 1 == STAGES ? 0 : q + 1;
+        qn = qn + 1 == STAGES ? 0 : qn + 1;
+    }
+    cp_async_wait<0>();
+    const int gq = lane >> 2;
+    const int t = lane & 3;
+    if constexpr (MERGE == 0) {
+#pragma unroll
+        for (int j = 0; j < WG_ROWS / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int64_t r = 16 * warp + gq + 8 * (e >> 1);
+                const int64_t c = n0 + 8 * j + 2 * t + (e & 1);
+                if (r < g.M && c < g.N) {
+                    if (OUT_F32) {
+                        static_cast<float*>(out)[r * s_om + c * s_on] = acc[4 * j + e];
+                    } else {
+                        static_cast<bf16*>(out)[leaf * g.M * g.N + r * s_om + c * s_on] = to_bf16(acc[4 * j + e]);
+                    }
+                }
+            }
+    } else {
+        (void)out, (void)s_om, (void)s_on;
+        __syncthreads();  // every warp is past its last MMA: the ring's first bytes take the leaf
+        bf16* lb = reinterpret_cast<bf16*>(smem_raw);
+#pragma unroll
+        for (int j = 0; j < WG_ROWS / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = 16 * warp + gq + 8 * h;
+                __nv_bfloat162 v;
+                v.x = to_bf16(acc[4 * j + 2 * h]);
+                v.y = to_bf16(acc[4 * j + 2 * h + 1]);
+                *reinterpret_cast<__nv_bfloat162*>(lb + r * WG_MERGE_LD + 8 * j + 2 * t) = v;
+            }
+        cluster_sync_all();  // every leaf of these columns is in its block's shared memory
+        constexpr int RB = WG_ROWS / MERGE;  // rows this block merges
+        bf16* c = static_cast<bf16*>(g.c);
+        for (int v = tid; v < RB * (WG_ROWS / 8); v += 128) {
+            const int r = leaf * RB + v / (WG_ROWS / 8);
+            const int c8 = 8 * (v % (WG_ROWS / 8));
+            const uint32_t local = smem_u32(lb + r * WG_MERGE_LD + c8);
+            uint4 x[MERGE];
+#pragma unroll
+            for (int l = 0; l < MERGE; ++l) x[l] = ld_cluster16(local, l);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                bf16 p[MERGE];
+#pragma unroll
+                for (int l = 0; l < MERGE; ++l) p[l] = reinterpret_cast<const bf16*>(&x[l])[e];
+                bf16 s = to_bf16(f32(p[0]) + f32(p[1]));
+                if constexpr (MERGE == 4) {
+                    const bf16 s23 = to_bf16(f32(p[2]) + f32(p[3]));
+                    s = to_bf16(f32(s) + f32(s23));
+                }
+                const int64_t col = n0 + c8 + e;
+                if (r < g.M && col < g.N) c[r * g.s_cm + col * g.s_cn] = s;
+            }
+        }
+        cluster_sync_all();  // no block exits while another still reads its shared memory
+    }
+}
+#endif
+
+template <bool OUT_F32, int STAGES, int MERGE>
+int launch_gemv_wgmma(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+#ifdef RL_HOST_EMU
+    (void)g, (void)leaves, (void)out, (void)s_om, (void)s_on, (void)st;
+    return static_cast<int>(cudaErrorNotSupported);  // the host emulation has no warpgroup MMA or clusters
+#else
+    if (MERGE && leaves != MERGE) return static_cast<int>(cudaErrorInvalidValue);
+    auto kernel = gemv_wgmma_kernel<OUT_F32, STAGES, MERGE>;
+    const int smem = static_cast<int>(wg_smem<STAGES>());
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return static_cast<int>(e);
+    const dim3 grid(static_cast<unsigned>(cdiv(g.N, static_cast<int64_t>(WG_ROWS))), static_cast<unsigned>(leaves));
+    if (!MERGE) {
+        kernel<<<grid, 128, smem, st>>>(g, out, s_om, s_on);
+        return launch_status();
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = static_cast<unsigned>(MERGE);
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, g, out, s_om, s_on));
+#endif
+}
+
+// The warpgroup form with the leaf merge in a cluster where the output is BF16 leaves (sets
+// *merged: the caller launches no merge), else the plain form.
+template <bool OUT_F32, int STAGES>
+int launch_gemv_wgmma_merged(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st,
+                             bool* merged) {
+    if constexpr (!OUT_F32) {
+        if (merged && (leaves == 2 || leaves == 4)) {
+            *merged = true;
+            return leaves == 2 ? launch_gemv_wgmma<false, STAGES, 2>(g, leaves, out, s_om, s_on, st)
+                               : launch_gemv_wgmma<false, STAGES, 4>(g, leaves, out, s_om, s_on, st);
+        }
+    }
+    return launch_gemv_wgmma<OUT_F32, STAGES, 0>(g, leaves, out, s_om, s_on, st);
+}
+
 // The ring variants (KS, STAGES) and shared memory per block at MF = 1 (the A rows grow with MF):
 // 0 = (4, 2) 44 KB with each thread's copy sources worked out once per block (GvSources), the
 // default; 1 = (2, 4) 46 KB; 2 = (2, 6) 69 KB; 3 = (1, 8) 51 KB; 4 = (4, 4) 87 KB; 5 = (4, 2) 44 KB
@@ -683,7 +955,10 @@ int launch_gemv_tile(const TreeArgs& g, int leaves, void* out, int64_t s_om, int
 // 6 .. 8 are the tile form (gemv_tile_kernel) with (WARPS, STAGES, columns per warp) and shared
 // memory per block at M = 64: 6 = (4, 4, 32) 110 KB (128 columns per block); 7 = (4, 4, 16) 74 KB
 // (64 columns); 8 = (4, 6, 16) 110 KB.
-constexpr int GV_VARIANTS = 9;
+// 9 .. 11 are the warpgroup form (gemv_wgmma_kernel, 64 columns per block, slots of 64 k, the GPU
+// only): 9 = 4 slots (64 KB) and the merge launch; 10 = 4 slots with the leaf merge in a cluster;
+// 11 = 6 slots (96 KB) with the leaf merge in a cluster.
+constexpr int GV_VARIANTS = 12;
 int g_gemv_variant = 0;
 
 // Variant 0, the default, takes the tile form in geometry GV_TILE_DEFAULT from GV_TILE_MIN_M rows
@@ -697,8 +972,10 @@ constexpr int GV_TILE_DEFAULT = 6;
 // changes it for the process: the decode-profile tool's step-level comparison; the same bits).
 int64_t g_gemv_tile_min_m = GV_TILE_MIN_M;
 
+// `merged` (BF16 leaves only): set when the variant applied the leaf merges itself and stored C.
 template <bool OUT_F32>
-int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t s_on, cudaStream_t st,
+                bool* merged = nullptr) {
     int v = g_gemv_variant;
     if (v == 0 && g.M >= g_gemv_tile_min_m) v = GV_TILE_DEFAULT;
     switch (v) {
@@ -710,6 +987,9 @@ int launch_gemv(const TreeArgs& g, int leaves, void* out, int64_t s_om, int64_t 
         case 6: return launch_gemv_tile<OUT_F32, 4, 4, 32>(g, leaves, out, s_om, s_on, st);
         case 7: return launch_gemv_tile<OUT_F32, 4, 4, 16>(g, leaves, out, s_om, s_on, st);
         case 8: return launch_gemv_tile<OUT_F32, 4, 6, 16>(g, leaves, out, s_om, s_on, st);
+        case 9: return launch_gemv_wgmma<OUT_F32, 4, 0>(g, leaves, out, s_om, s_on, st);
+        case 10: return launch_gemv_wgmma_merged<OUT_F32, 4>(g, leaves, out, s_om, s_on, st, merged);
+        case 11: return launch_gemv_wgmma_merged<OUT_F32, 6>(g, leaves, out, s_om, s_on, st, merged);
         default: return launch_gemv_ring<OUT_F32, 4, 2, true>(g, leaves, out, s_om, s_on, st);
     }
 }
@@ -1010,7 +1290,9 @@ int launch_tree_leaves(const TreeArgs& g, int depth, bf16* w, bool warp_gemv, cu
                           : launch_gemv_warp<4, false>(g, g.c, g.s_cm, g.s_cn, st);
     }
     if (gemv_ok(g, leaves)) {
-        if (int e = launch_gemv<false>(g, leaves, w, g.N, 1, st)) return e;
+        bool merged = false;
+        if (int e = launch_gemv<false>(g, leaves, w, g.N, 1, st, &merged)) return e;
+        if (merged) return 0;
     } else {
         dim3 grid(static_cast<unsigned>(gm), static_cast<unsigned>(gn), static_cast<unsigned>(leaves));
         tree_leaf_kernel<<<grid, TB_THREADS, 0, st>>>(g, w);

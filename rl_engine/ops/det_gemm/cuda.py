@@ -50,7 +50,7 @@ loops and merges as the fused kernel, so the bits are the same (tested); the cho
 on M and N."""
 
 
-GEMV_VARIANTS = 9
+GEMV_VARIANTS = 12
 """Geometries of the decode GEMV for the ring and merge path (M <= 64). Ring (``gemv_leaf_kernel``:
 32-wide K steps per slot, slots): 0, the default, = (4, 2) with each thread's copy sources worked
 out once per block up to M = 16 (the fastest ring on the H200 at every Qwen3-8B shape and M in
@@ -63,10 +63,19 @@ for all of it by ldmatrix and multiplies with mma.sync; each thread's copy addre
 per block; warps, slots of 64 k, columns per warp): 6 = (4, 4, 32), 7 = (4, 4, 16), 8 = (4, 6, 16).
 They differ only in which warp computes which outputs, how much of the weight is in flight, how
 many blocks fit an SM and how the copy addresses are formed; the steps, their order and the MMA
-instructions are the same, so the bits are (tested)."""
+instructions are the same, so the bits are (tested). Warpgroup form (``gemv_wgmma_kernel``, the GPU
+only: one warpgroup per 64 x 64 tile of one leaf, wgmma m64n64k16 from shared memory, the same k16
+products in the same order; copy addresses worked out once per block): 9 = 4 slots of 64 k and the
+merge launch, 10 = 4 slots with the leaf merge inside a 1 x leaves thread-block cluster (the merge
+kernel's expressions through distributed shared memory: no merge launch, no workspace), 11 = 6
+slots with the cluster merge."""
 
 TILE_GEMV_VARIANTS = (6, 7, 8)
 """The tile form's geometries among :data:`GEMV_VARIANTS`."""
+
+WGMMA_GEMV_VARIANTS = (9, 10, 11)
+"""The warpgroup form's variants among :data:`GEMV_VARIANTS`. The host emulation has no warpgroup
+MMA or clusters: there they fail with cudaErrorNotSupported, and the tests run them on the GPU only."""
 
 
 WARP_GEMV_ON_CUDA = True
