@@ -683,15 +683,18 @@ int launch_gemv_tile(const TreeArgs& g, int leaves, void* out, int64_t s_om, int
 //     end, no step past its last; every output element is one FP32 accumulator that takes one k16
 //     product per instruction in increasing k. The warpgroup instruction rounds that chain as the
 //     HMMA of mma.sync does (tested on the H200 at 3666133 and by the GPU tests of every variant).
-//   * A ring slot holds 64 k (two steps) of the 64 A rows and the 64 weight rows in the no-swizzle
-//     K-major layout of the PTX ISA: "core matrices" of 8 rows x 16 bytes, 128 contiguous bytes
-//     each; k16 product c of an operand starts at c * 2048 bytes, its two k halves 1024 bytes apart
-//     (LBO), its row groups 128 bytes apart (SBO). A: bytes [0, 8192) of the slot, weights [8192,
-//     16384).
-//   * Copies: thread t copies chunk column kc = (t / 8) % 8 (k 8 kc .. 8 kc + 7) of row t % 8 of the
-//     row groups t / 64 + 2 i (i < 4: A, i >= 4: weights), so eight threads fill one core matrix
-//     (a warp's copies land in four whole 128-byte lines) and a slot only adds its K position to
-//     source pointers and shared offsets worked out once per block.
+//   * A ring slot holds 64 k (two steps) of the 64 A rows (bytes [0, 8192)) and the 64 weight rows
+//     ([8192, 16384)), one 128-byte row per row, in the 128-byte-swizzle K-major layout of the PTX
+//     ISA (the layout Triton gives its wgmma operands): 16-byte chunk j of row r sits at chunk
+//     j ^ (r % 8) of the row; the descriptor's stride between 8-row groups is 1024 bytes, and k16
+//     product c starts 32 c bytes into the row. (The no-swizzle layout of 3666133 gave the same
+//     bits at a fifth of copy bandwidth on the H200.)
+//   * Copies: thread t copies chunk kc = t % 8 of rows t / 8 + 16 i (i < 4: A, i >= 4: weights), so
+//     eight threads fill one 128-byte row; a slot only adds its K position to source pointers and a
+//     shared offset worked out once per block.
+//   * Pipeline: after a slot's four MMAs are issued, a thread waits for the MMAs of the slot before
+//     (wgmma.wait_group 1) and, after a barrier, refills that slot's ring place with cp.async, so the
+//     tensor cores of one slot overlap the copy issue of the next.
 //   * MERGE = 0: the leaf is rounded to BF16 into the workspace (the merge launch follows). MERGE =
 //     2 or 4: the leaves of the same 64 columns are one thread-block cluster (1 x MERGE); each block
 //     rounds its leaf to BF16 into its own shared memory, and after a cluster barrier block `leaf`
@@ -713,16 +716,19 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast
 __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
-// Matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address, LBO and SBO in 16-byte
-// units (14 bits each), base offset 0, no swizzle. Adding (bytes >> 4) moves its start address as
-// long as it stays inside shared memory (< 256 KB).
-__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return static_cast<uint64_t>((addr >> 4) & 0x3FFFu) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
-           (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32);
+// Matrix descriptor (PTX ISA, "Matrix Descriptor Format") of a K-major operand in the 128-byte
+// swizzle layout: start address in 16-byte units (14 bits), leading byte offset 16 (unused by this
+// layout), stride byte offset 1024 (between 8-row groups), base offset 0, layout type 1 (128-byte
+// swizzle, bits 62-63). Adding (bytes >> 4) moves the start address as long as it stays inside
+// shared memory (< 256 KB); the operand must start on a 1024-byte boundary.
+__device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t addr) {
+    return static_cast<uint64_t>((addr >> 4) & 0x3FFFu) | (static_cast<uint64_t>(1) << 16) |
+           (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_sync_all() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
@@ -765,7 +771,7 @@ template <bool OUT_F32, int STAGES, int MERGE>
 __global__ void __launch_bounds__(128) gemv_wgmma_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
     static_assert(MERGE == 0 || MERGE == 2 || MERGE == 4, "merge over 2 or 4 leaves");
     static_assert(!(OUT_F32 && MERGE), "FP32 output has one leaf");
-    extern __shared__ __align__(128) unsigned char smem_raw[];
+    extern __shared__ __align__(1024) unsigned char smem_raw[];  // the swizzle needs 1024-byte slots
     const int tid = threadIdx.x;
     const int warp = tid >> 5;
     const int lane = tid & 31;
@@ -777,16 +783,16 @@ __global__ void __launch_bounds__(128) gemv_wgmma_kernel(TreeArgs g, void* out, 
     const int64_t slots = cdiv(width, static_cast<int64_t>(WG_SK));
 
     // This thread's copies (see above): sources of its eight rows, a bit per row inside M or N.
-    const int rlo = tid & 7;
-    const int kc = (tid >> 3) & 7;
-    const int rg0 = tid >> 6;
+    const int kc = tid & 7;
+    const int r0 = tid >> 3;
     const uint32_t ring = smem_u32(smem_raw);
-    const uint32_t dst0 = ring + (kc >> 1) * 2048 + (kc & 1) * 1024 + rg0 * 128 + rlo * 16;
+    if (ring & 1023u) __trap();  // never taken on the H200 (dynamic shared memory starts aligned)
+    const uint32_t dst0 = ring + r0 * 128 + ((kc ^ (r0 & 7)) << 4);  // + 2048 i for row r0 + 16 i
     const bf16* src[8];
     unsigned rows_in = 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        const int r = 8 * (rg0 + 2 * (i & 3)) + rlo;
+        const int r = r0 + 16 * (i & 3);
         const bf16* p = g.a;
         if (i < 4) {
             if (r < g.M) p = g.a + r * g.s_am + lo + 8 * kc, rows_in |= 1u << i;
@@ -802,7 +808,7 @@ __global__ void __launch_bounds__(128) gemv_wgmma_kernel(TreeArgs g, void* out, 
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const bool ok = in && ((rows_in >> i) & 1u);
-            cp_async16_s(d + (i < 4 ? 256 * i : WG_A_BYTES + 256 * (i - 4)), ok ? src[i] + off : g.a, ok ? 16 : 0);
+            cp_async16_s(d + 2048 * i, ok ? src[i] + off : g.a, ok ? 16 : 0);
         }
     };
 
@@ -814,29 +820,31 @@ __global__ void __launch_bounds__(128) gemv_wgmma_kernel(TreeArgs g, void* out, 
         if (s < slots) issue(s, s);
         cp_async_commit();
     }
-    const uint64_t desc0 = wg_desc(ring, WG_ROWS * 16, 128);
+    const uint64_t desc0 = wg_desc_sw128(ring);
     int q = 0;              // ring slot of slot i
-    int qn = STAGES - 1;    // ring slot of slot i + STAGES - 1
+    int qn = STAGES - 1;    // ring slot of slot i + STAGES - 1 (that of slot i - 1)
     for (int64_t i = 0; i < slots; ++i) {
         cp_async_wait<STAGES - 2>();
-        fence_proxy_async();  // this thread's cp.async data is visible to the warpgroup MMA's reads
-        __syncthreads();      // slot i has landed for every thread; every MMA of slot i - 1 has completed
-        if (i + STAGES - 1 < slots) issue(i + STAGES - 1, qn);
-        cp_async_commit();
+        __syncthreads();      // slot i has landed for every thread
+        fence_proxy_async();  // ... and is visible to the warpgroup MMA's reads
         const uint64_t da = desc0 + static_cast<uint64_t>((q * WG_SLOT) >> 4);
         const uint64_t db = da + (WG_A_BYTES >> 4);
         wg_fence();
-        wgmma_n64(acc, da, db);              // step 2 i: k 0..15
-        wgmma_n64(acc, da + 128, db + 128);  //           k 16..31 (2048 bytes on)
-        if (2 * i + 1 < steps) {             // uniform: no step past the leaf's last
-            wgmma_n64(acc, da + 256, db + 256);
-            wgmma_n64(acc, da + 384, db + 384);
+        wgmma_n64(acc, da, db);          // step 2 i: k 0..15
+        wgmma_n64(acc, da + 2, db + 2);  //           k 16..31 (32 bytes on)
+        if (2 * i + 1 < steps) {         // uniform: no step past the leaf's last
+            wgmma_n64(acc, da + 4, db + 4);
+            wgmma_n64(acc, da + 6, db + 6);
         }
         wg_commit();
-        wg_wait0();
+        wg_wait1();       // this warp's MMAs of slot i - 1 have completed
+        __syncthreads();  // ... every warp's: its ring place takes slot i + STAGES - 1
+        if (i + STAGES - 1 < slots) issue(i + STAGES - 1, qn);
+        cp_async_commit();
         q = q + 1 == STAGES ? 0 : q + 1;
         qn = qn + 1 == STAGES ? 0 : qn + 1;
     }
+    wg_wait0();
     cp_async_wait<0>();
     const int gq = lane >> 2;
     const int t = lane & 3;
