@@ -155,9 +155,10 @@ def test_qk_norm_rope_is_the_norms_the_rotations_and_the_cache_write(device, ord
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("batch", [1, 16, 64])
 def test_cuda_decode_bits_do_not_depend_on_the_pdl_mode(batch):
-    """``cuda_bf16``'s decode forward at Qwen3-8B layer shapes (two layers) gives the same bits with
+    """``cuda_bf16``'s decode forward at Qwen3-8B layer shapes (two layers; B = 64 runs the warpgroup
+    GEMV, B <= 16 the warp GEMV) gives the same bits with
     programmatic dependent launch off (mode 0) and in the decode mode (2: each kernel starts while
     the one before it finishes and copies its weight meanwhile), eagerly and in 20 replays of a
     captured step. A kernel that read its predecessor's output before ``pdl_wait`` would race and

@@ -768,7 +768,8 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t 
 }
 
 template <bool OUT_F32, int STAGES, int MERGE>
-__global__ void __launch_bounds__(128) gemv_wgmma_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on) {
+__global__ void __launch_bounds__(128) gemv_wgmma_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on,
+                                                          int early_weights) {
     static_assert(MERGE == 0 || MERGE == 2 || MERGE == 4, "merge over 2 or 4 leaves");
     static_assert(!(OUT_F32 && MERGE), "FP32 output has one leaf");
     extern __shared__ __align__(1024) unsigned char smem_raw[];  // the swizzle needs 1024-byte slots
@@ -801,23 +802,40 @@ __global__ void __launch_bounds__(128) gemv_wgmma_kernel(TreeArgs g, void* out, 
         }
         src[i] = p;
     }
-    auto issue = [&](int64_t s, int q) {  // slot s (k in [lo + 64 s, + 64)) into ring slot q
+    // Copies of slot s (k in [lo + 64 s, + 64)) into ring slot q: rows i in [I0, I1) of this thread.
+    auto issue_rows = [&](int64_t s, int q, auto i0, auto i1) {
         const uint32_t d = dst0 + q * WG_SLOT;
         const int64_t off = s * WG_SK;
         const bool in = off + 8 * kc < width;  // offset inside the leaf (bounds are multiples of 8)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = decltype(i0)::value; i < decltype(i1)::value; ++i) {
             const bool ok = in && ((rows_in >> i) & 1u);
             cp_async16_s(d + 2048 * i, ok ? src[i] + off : g.a, ok ? 16 : 0);
         }
     };
+    using I0 = std::integral_constant<int, 0>;
+    using I4 = std::integral_constant<int, 4>;
+    using I8 = std::integral_constant<int, 8>;
+    auto issue = [&](int64_t s, int q) { issue_rows(s, q, I0{}, I8{}); };
 
     float acc[32];
 #pragma unroll
     for (int e = 0; e < 32; ++e) acc[e] = 0.0f;
+    // PDL (common.cuh): with early_weights the first slots' weight rows are copied before the wait
+    // (mode 2: nothing writes a weight during a decode step); A, the previous kernel's output, after.
+    if (early_weights) {
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < slots) issue(s, s);
+        for (int s = 0; s < STAGES - 1; ++s)
+            if (s < slots) issue_rows(s, s, I4{}, I8{});
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {  // group s holds slot s's A rows (and its weight rows)
+        if (s < slots) {
+            if (early_weights) issue_rows(s, s, I0{}, I4{});
+            else issue(s, s);
+        }
         cp_async_commit();
     }
     const uint64_t desc0 = wg_desc_sw128(ring);
@@ -918,23 +936,29 @@ int launch_gemv_wgmma(const TreeArgs& g, int leaves, void* out, int64_t s_om, in
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return static_cast<int>(e);
     const dim3 grid(static_cast<unsigned>(cdiv(g.N, static_cast<int64_t>(WG_ROWS))), static_cast<unsigned>(leaves));
-    if (!MERGE) {
-        kernel<<<grid, 128, smem, st>>>(g, out, s_om, s_on);
-        return launch_status();
+    cudaLaunchAttribute attr[2];
+    unsigned n_attr = 0;
+    if (MERGE) {  // the leaves of the same columns: one cluster
+        attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+        attr[n_attr].val.clusterDim.x = 1;
+        attr[n_attr].val.clusterDim.y = static_cast<unsigned>(MERGE);
+        attr[n_attr].val.clusterDim.z = 1;
+        ++n_attr;
     }
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = static_cast<unsigned>(MERGE);
-    attr[0].val.clusterDim.z = 1;
+    if (g_programmatic_launch) {  // PDL (common.cuh): the kernel keeps its rules
+        attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
+        ++n_attr;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(128);
     cfg.dynamicSmemBytes = static_cast<size_t>(smem);
     cfg.stream = st;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, g, out, s_om, s_on));
+    cfg.numAttrs = n_attr;
+    return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, g, out, s_om, s_on,
+                                               static_cast<int>(g_programmatic_launch && pdl_early_weights())));
 #endif
 }
 
@@ -973,9 +997,16 @@ int g_gemv_variant = 0;
 // up: a speed choice from M only, the same bits. On the H200 (evidence/2026-12-02-h200-decode-1d1a1ab)
 // at M = 64 the tile form 6 took 32.1 / 21.3 / 101.8 / 43.9 us for the q/k/v, o, gate/up and down
 // products (merge launch included) where the ring took 34.8 / 25.8 / 120.0 / 60.4; 7 and 8 were
-// slower than 6.
+// slower than 6. Since the warpgroup form (this session's evidence/2026-12-02-h200-decode-9b35315):
+// variant 10 at M = 64 took 23.1 / 13.5 / 69.4 / 31.0 us (tile form 6: 32.4 / 21.2 / 99.4 / 44.1)
+// and the B = 64 step 8.99 ms against 11.25, so it is the default on the GPU; the host emulation
+// has no warpgroup MMA and keeps the tile form (its tests compare every form with the fused kernel).
 constexpr int64_t GV_TILE_MIN_M = 17;
+#ifdef RL_HOST_EMU
 constexpr int GV_TILE_DEFAULT = 6;
+#else
+constexpr int GV_TILE_DEFAULT = 10;
+#endif
 // The row count from which the tile form replaces the warp GEMV and the ring (rl_gemv_tile_min_m
 // changes it for the process: the decode-profile tool's step-level comparison; the same bits).
 int64_t g_gemv_tile_min_m = GV_TILE_MIN_M;

@@ -54,9 +54,10 @@ GEMV_VARIANTS = 12
 """Geometries of the decode GEMV for the ring and merge path (M <= 64). Ring (``gemv_leaf_kernel``:
 32-wide K steps per slot, slots): 0, the default, = (4, 2) with each thread's copy sources worked
 out once per block up to M = 16 (the fastest ring on the H200 at every Qwen3-8B shape and M in
-{1, 16, 64}, ``evidence/2026-12-02-h200-decode-80982b6``, where it was numbered 5), and the tile form 6
-from M = 17 up (17 % less time than that ring over the four products at M = 64,
-``evidence/2026-12-02-h200-decode-1d1a1ab``); 1 = (2, 4); 2 = (2, 6);
+{1, 16, 64}, ``evidence/2026-12-02-h200-decode-80982b6``, where it was numbered 5), and from M = 17
+up the warpgroup form 10 on the GPU (at M = 64 137 us over the four products against 197 us for the
+tile form 6, ``evidence/2026-12-02-h200-decode-9b35315``) or the tile form 6 in the host emulation;
+1 = (2, 4); 2 = (2, 6);
 3 = (1, 8); 4 = (4, 4); 5 = (4, 2) with the sources recomputed per slot. Tile form
 (``gemv_tile_kernel``: a warp owns a 16 MF x 32 or 16 MF x 16 tile, loads its A rows once per step
 for all of it by ldmatrix and multiplies with mma.sync; each thread's copy addresses worked out once
@@ -110,13 +111,14 @@ def _set_variant(what: str, export: str, variant: int, count: int, first: int = 
 
 
 TILE_GEMV_MIN_M = 17
-"""The row count from which det_gemm's leaf-parallel decode GEMV takes the tile form by default
-(``GV_TILE_MIN_M`` in ``gemm.cu``); below it, the warp GEMV (M <= 16) or the ring."""
+"""The row count from which det_gemm's leaf-parallel decode GEMV takes the warpgroup form (the tile
+form in the host emulation) by default (``GV_TILE_MIN_M``, ``GV_TILE_DEFAULT`` in ``gemm.cu``);
+below it, the warp GEMV (M <= 16) or the ring."""
 
 
 def set_tile_gemv_min_m(m: int) -> int:
     """Make every later leaf-parallel decode GEMV of this process with at least ``m`` rows take the
-    tile form (in place of the warp GEMV or the ring below :data:`TILE_GEMV_MIN_M`); returns the
+    default form of :data:`TILE_GEMV_MIN_M` and up (in place of the warp GEMV or the ring); returns the
     previous value. For ``tools/decode_profile.py --tile-gemv-min-m``: the bits do not depend on it.
 
     Raises
