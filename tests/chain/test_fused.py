@@ -178,7 +178,7 @@ def test_cuda_decode_bits_do_not_depend_on_the_pdl_mode(batch):
     ops = model.decode_ops()
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, cfg.vocab_size, (batch,), generator=gen).to(dev)
-    pos = (torch.arange(batch, dtype=torch.int64) * 37 + 700).to(dev)
+    pos = ((torch.arange(batch, dtype=torch.int64) * 37) % 1300 + 700).to(dev)  # inside the 2048-row cache
 
     def forward(mode: int, graph: bool) -> list[torch.Tensor]:
         old = fused.CUDA_DECODE_PDL, fused.CUDA_DECODE_PDL_MAX_BATCH
