@@ -327,9 +327,10 @@ of ``cuda_bf16``'s decode forwards on a GPU of at most :data:`CUDA_DECODE_PDL_MA
 copying its weight meanwhile; 0 launches plainly. The bits do not depend on it (tested on the H200
 at Qwen3-8B layer shapes, B = 1 and 16, eager and 20 graph replays)."""
 
-CUDA_DECODE_PDL_MAX_BATCH = 16
-"""The largest decode batch that runs in :data:`CUDA_DECODE_PDL` (B = 64's products take the ring /
-leaf kernels, which launch plainly, and mode 2 was neutral there). On the H200
+CUDA_DECODE_PDL_MAX_BATCH = 64
+"""The largest decode batch that runs in :data:`CUDA_DECODE_PDL`. Since the warpgroup GEMV keeps the
+PDL rules (b6a5dfe), B = 64 runs in mode 2 too: its Qwen3-8B step (context 1024) 8.73-8.77 ms
+against 9.01 plain (``evidence/2026-12-02-h200-decode-9b35315``). Before, on the H200
 (``evidence/2026-12-02-h200-decode-26d40ec``), Qwen3-8B graph steps, plain against mode 2:
 5.47 against 5.00 ms at B = 1 (context 1024), 7.22 against 7.12 ms at B = 8, and at B = 16 7.73
 against 7.60 ms (context 1024) and 15.10 against 14.94 ms (context 8192) with the decode attention

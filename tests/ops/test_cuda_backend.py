@@ -17,6 +17,8 @@ with a planted one-ulp negative control. No tolerance literal appears here.
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import shutil
 from pathlib import Path
@@ -249,8 +251,9 @@ def test_det_gemm_leaf_parallel_form_equals_fused_form(cuda_device, m, k, n, tra
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (1056, 72)])
 def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
     """At decode-sized M (<= 64) with a contiguous weight, the leaf-parallel form runs a streamed
-    decode kernel (the ring, gemv_leaf_kernel, up to M = 16 without the warp GEMV; the tile form,
-    gemv_tile_kernel, from M = 17; the warp GEMV with ``warp_gemv``); its bits equal the fused
+    decode kernel (the warp GEMV with ``warp_gemv`` below TILE_GEMV_MIN_M, else the ring,
+    gemv_leaf_kernel; from TILE_GEMV_MIN_M the warpgroup form on the GPU, the tile form
+    gemv_tile_kernel in the emulation); its bits equal the fused
     128 x 128 kernel's at every Qwen3-8B projection shape and at a K whose leaves end inside a 32-wide
     step (1056: leaves of 264), and so do every tile geometry's on the GPU, and the tile form where
     ``set_tile_gemv_min_m(1)`` puts it in place of the warp GEMV. Control: a depth-1 tree differs."""
@@ -282,11 +285,24 @@ def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
     assert not _bits_equal(dg_cuda.det_gemm_launch(a, w.t(), 1, leaf_split=True), fused)
 
 
+@contextlib.contextmanager
+def _warp_gemv_up_to_16():
+    """The warp GEMV for every M <= 16 (by default the warpgroup form takes M >= TILE_GEMV_MIN_M)."""
+    from rl_engine.ops.det_gemm import cuda as dg_cuda
+
+    old = dg_cuda.set_tile_gemv_min_m(17)
+    try:
+        yield
+    finally:
+        dg_cuda.set_tile_gemv_min_m(old)
+
+
 def test_det_gemm_warp_gemv_depth_one_and_row_blocks(cuda_device):
-    """The warp-streamed decode GEMV (``warp_gemv=True``; M <= 16: one or two 8-row blocks of A,
-    the leaves merged in the block) gives the 128 x 128 kernel's bits at tree depth 1 and 2 and at
-    every M from 1 to 16 (on the GPU; five of them in the emulation), with N not a multiple of the
-    block's columns, and the FP32 logits of the other kernels; control: the other depth differs."""
+    """The warp-streamed decode GEMV (``warp_gemv=True``, below the warpgroup form's rows, here up to
+    M = 16: one or two 8-row blocks of A, the leaves merged in the block) gives the 128 x 128
+    kernel's bits at tree depth 1 and 2 and at every M from 1 to 16 (on the GPU; five of them in the
+    emulation), with N not a multiple of the block's columns, and the FP32 logits of the other
+    kernels; control: the other depth differs."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
     gpu = cuda_device.type == "cuda"
@@ -296,7 +312,12 @@ def test_det_gemm_warp_gemv_depth_one_and_row_blocks(cuda_device):
     # the 128 x 128 kernel is batch-invariant (tested above), so its 16 rows serve every M
     fused = {d: dg_cuda.det_gemm_launch(rows, w.t(), d, leaf_split=False) for d in (1, 2)}
     logits = gemm_f32_out(rows, w.t(), warp_gemv=False).view(torch.int32)
-    for m in range(1, 17) if gpu else (1, 3, 8, 9, 16):  # the emulation: both row blocks and their edges
+    with _warp_gemv_up_to_16():
+        _check_warp_gemv_rows(dg_cuda, w, rows, fused, logits, range(1, 17) if gpu else (1, 3, 8, 9, 16))
+
+
+def _check_warp_gemv_rows(dg_cuda, w, rows, fused, logits, ms) -> None:
+    for m in ms:  # the emulation: both row blocks and their edges
         a = rows[:m]
         for depth in (1, 2):
             warp = dg_cuda.det_gemm_launch(a, w.t(), depth, leaf_split=True, warp_gemv=True)
@@ -318,6 +339,7 @@ def test_every_warp_gemv_geometry_gives_the_same_bits(cuda_device):
     refs = {m: (dg_cuda.det_gemm_launch(rows[:m], w.t(), 2, leaf_split=False),
                 gemm_f32_out(rows[:m], w.t(), warp_gemv=False).view(torch.int32)) for m in (3, 12)}
     try:
+        old_min_m = dg_cuda.set_tile_gemv_min_m(17)  # the warp GEMV at M = 12 too
         for v in range(dg_cuda.WARP_GEMV_VARIANTS):
             dg_cuda.set_warp_gemv_variant(v)
             for m, (fused, logits) in refs.items():
@@ -328,6 +350,7 @@ def test_every_warp_gemv_geometry_gives_the_same_bits(cuda_device):
         assert not _bits_equal(dg_cuda.det_gemm_launch(rows[:3], w.t(), 1, leaf_split=True, warp_gemv=True), refs[3][0])
     finally:
         dg_cuda.set_warp_gemv_variant(0)
+        dg_cuda.set_tile_gemv_min_m(old_min_m)
     with pytest.raises(InputError, match="warp gemv variant"):
         dg_cuda.set_warp_gemv_variant(dg_cuda.WARP_GEMV_VARIANTS)
 

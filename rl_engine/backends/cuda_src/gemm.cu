@@ -1001,7 +1001,10 @@ int g_gemv_variant = 0;
 // variant 10 at M = 64 took 23.1 / 13.5 / 69.4 / 31.0 us (tile form 6: 32.4 / 21.2 / 99.4 / 44.1)
 // and the B = 64 step 8.99 ms against 11.25, so it is the default on the GPU; the host emulation
 // has no warpgroup MMA and keeps the tile form (its tests compare every form with the fused kernel).
-constexpr int64_t GV_TILE_MIN_M = 17;
+// From M = 8: Qwen3-8B graph steps with the warpgroup form from M = 1 against the warp GEMV below
+// M = 17 (evidence/2026-12-02-h200-decode-9b35315): B = 8 6.48 against 7.09 ms, B = 16 context 1024
+// 6.47 against 7.6, context 8192 11.52 against 12.32; B = 1 5.65 against 5.0 (the warp GEMV stays).
+constexpr int64_t GV_TILE_MIN_M = 8;
 #ifdef RL_HOST_EMU
 constexpr int GV_TILE_DEFAULT = 6;
 #else
@@ -1359,7 +1362,8 @@ int launch_tree(const TreeArgs& g, int depth, bool out_f32, bool warp_gemv, cuda
     dim3 grid(static_cast<unsigned>(gm), static_cast<unsigned>(gn));
     if (out_f32) {
         if (depth != 0) return static_cast<int>(cudaErrorInvalidValue);
-        if (warp_gemv && g.M <= GW_M && gemv_ok(g, 1)) return launch_gemv_warp<1, true>(g, g.c, g.s_cm, g.s_cn, st);
+        if (warp_gemv && g.M <= GW_M && g.M < g_gemv_tile_min_m && gemv_ok(g, 1))
+            return launch_gemv_warp<1, true>(g, g.c, g.s_cm, g.s_cn, st);
         if (gemv_ok(g, 1)) return launch_gemv<true>(g, 1, g.c, g.s_cm, g.s_cn, st);  // decode-sized logits
         tree_gemm_kernel<0, true><<<grid, TB_THREADS, 0, st>>>(g);
     } else if (depth == 0) {

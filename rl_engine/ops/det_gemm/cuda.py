@@ -110,10 +110,12 @@ def _set_variant(what: str, export: str, variant: int, count: int, first: int = 
     return query(export, variant)
 
 
-TILE_GEMV_MIN_M = 17
-"""The row count from which det_gemm's leaf-parallel decode GEMV takes the warpgroup form (the tile
-form in the host emulation) by default (``GV_TILE_MIN_M``, ``GV_TILE_DEFAULT`` in ``gemm.cu``);
-below it, the warp GEMV (M <= 16) or the ring."""
+TILE_GEMV_MIN_M = 8
+"""The row count from which det_gemm's leaf-parallel decode GEMV and the FP32 logits GEMV take the
+warpgroup form (the tile form in the host emulation) by default (``GV_TILE_MIN_M``,
+``GV_TILE_DEFAULT`` in ``gemm.cu``); below it, the warp GEMV or the ring. On the H200 the Qwen3-8B
+step was faster with the warpgroup form at B = 8 and 16 and slower at B = 1
+(``evidence/2026-12-02-h200-decode-9b35315``)."""
 
 
 def set_tile_gemv_min_m(m: int) -> int:
