@@ -51,10 +51,15 @@ __device__ __forceinline__ void put_bits(bf16* p, unsigned short v) {
 // and the rest of the 16 zero-filled; cp_async_wait<N> waits until at most N committed groups are
 // still in flight. The host emulator (tests/cuda_emu/emu.h) defines RL_HOST_EMU and its own
 // synchronous versions (the copy lands at once, so every wait is already satisfied).
+// smem_u32: the shared-window address of a shared-memory pointer; cp_async16_s takes one (a kernel
+// that works its copy destinations out once per block keeps them as such addresses).
 #ifndef RL_HOST_EMU
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
+    cp_async16_s(smem_u32(dst), src, src_bytes);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -78,7 +83,7 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
 // ldmatrix .x4 (four 8 x 8 BF16 matrices from shared memory; lanes 8q .. 8q + 7 give the row
 // addresses of matrix q, 16 bytes each): r[q] of lane 4g + t = matrix q, row g, elements 2t, 2t + 1.
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    const unsigned a = smem_u32(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a)

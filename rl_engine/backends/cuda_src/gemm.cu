@@ -712,10 +712,6 @@ template <int STAGES>
 constexpr size_t wg_smem() { return static_cast<size_t>(STAGES) * WG_SLOT; }
 
 #ifndef RL_HOST_EMU
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
 // Matrix descriptor (PTX ISA, "Matrix Descriptor Format") of a K-major operand in the 128-byte
 // swizzle layout: start address in 16-byte units (14 bits), leading byte offset 16 (unused by this
 // layout), stride byte offset 1024 (between 8-row groups), base offset 0, layout type 1 (128-byte
@@ -993,11 +989,11 @@ int launch_gemv_wgmma_merged(const TreeArgs& g, int leaves, void* out, int64_t s
 constexpr int GV_VARIANTS = 12;
 int g_gemv_variant = 0;
 
-// Variant 0, the default, takes the tile form in geometry GV_TILE_DEFAULT from GV_TILE_MIN_M rows
-// up: a speed choice from M only, the same bits. On the H200 (evidence/2026-12-02-h200-decode-1d1a1ab)
+// Variant 0, the default, takes form GV_TILE_DEFAULT from GV_TILE_MIN_M rows up: a speed choice
+// from M only, the same bits. On the H200 (evidence/2026-12-02-h200-decode-1d1a1ab)
 // at M = 64 the tile form 6 took 32.1 / 21.3 / 101.8 / 43.9 us for the q/k/v, o, gate/up and down
 // products (merge launch included) where the ring took 34.8 / 25.8 / 120.0 / 60.4; 7 and 8 were
-// slower than 6. Since the warpgroup form (this session's evidence/2026-12-02-h200-decode-9b35315):
+// slower than 6. Since 58e7197 the warpgroup form (evidence/2026-12-02-h200-decode-9b35315):
 // variant 10 at M = 64 took 23.1 / 13.5 / 69.4 / 31.0 us (tile form 6: 32.4 / 21.2 / 99.4 / 44.1)
 // and the B = 64 step 8.99 ms against 11.25, so it is the default on the GPU; the host emulation
 // has no warpgroup MMA and keeps the tile form (its tests compare every form with the fused kernel).
@@ -1010,7 +1006,7 @@ constexpr int GV_TILE_DEFAULT = 6;
 #else
 constexpr int GV_TILE_DEFAULT = 10;
 #endif
-// The row count from which the tile form replaces the warp GEMV and the ring (rl_gemv_tile_min_m
+// The row count from which form GV_TILE_DEFAULT replaces the warp GEMV and the ring (rl_gemv_tile_min_m
 // changes it for the process: the decode-profile tool's step-level comparison; the same bits).
 int64_t g_gemv_tile_min_m = GV_TILE_MIN_M;
 
@@ -1507,9 +1503,9 @@ RL_EXPORT int64_t rl_gemv_variant(int64_t v) {
     return old;
 }
 
-// Make the tile form (geometry GV_TILE_DEFAULT) the decode GEMV of det_gemm's leaves from m rows up
-// (1 .. GV_M + 1; the default is GV_TILE_MIN_M) for every later launch of this process, in place of
-// the warp GEMV below it; returns the previous value, or -1 (and changes nothing) outside the
+// Make form GV_TILE_DEFAULT (the warpgroup form; the tile form in the host emulation) the decode GEMV
+// of det_gemm's leaves and the FP32 logits from m rows up (1 .. GV_M + 1; the default is
+// GV_TILE_MIN_M) for every later launch of this process, in place of the warp GEMV below it; returns the previous value, or -1 (and changes nothing) outside the
 // range. For the decode-profile tool: the bits do not depend on it.
 RL_EXPORT int64_t rl_gemv_tile_min_m(int64_t m) {
     if (m < 1 || m > GV_M + 1) return -1;
