@@ -23,7 +23,19 @@ The sampling distribution of a row with FP32 logits ``z`` [V] is defined in ``do
 
 Temperature 0 is greedy decoding: the token is ``argmax(z)`` (lowest id on ties), top-k / top-p do
 not change it (rank 0 is always kept), and its logprob is the one under the *unscaled, unfiltered*
-distribution, ``logp(z, token, 1.0)``.
+distribution, ``logp(z, token, 1.0)``. A temperature in ``(0, MIN_TEMPERATURE)`` is refused
+(:data:`MIN_TEMPERATURE`), as is one above the largest FP32 number.
+
+Non-finite rows (a NaN, a ``+inf``, or every entry ``-inf`` in ``s``; a ``-inf`` among finite
+entries is an ordinary token of probability 0): the distribution is undefined in FP32 (its
+normaliser is ``inf`` or ``0/0``), so for every setting (greedy, plain, top-k, top-p) the drawn token
+is the row's **rank 0** — the lowest id holding a NaN, else the lowest id holding ``+inf``, else
+(all ``-inf``) id 0 — and its logprob is **NaN**, which marks the token for the trainer instead of
+a made-up number. The order of step 2 puts NaN above ``+inf`` (torch's sort and argmax do), so rank 0
+is that token; the top-p filter keeps rank 0 explicitly (its cumulative weights are NaN in such a
+row). More generally the logprob reported is NaN wherever the ``logp`` op's value is not finite,
+which for a finite row would need ``|s_token - max s|`` beyond the FP32 range. Other rows of the
+batch are unaffected: every step acts on one row.
 
 Why every row's bits depend only on its own logits and its key (batch invariance): the hash is
 integer arithmetic; the noise and the top-p weights use only IEEE-754 basic operations (``+ - * /``,
@@ -49,11 +61,24 @@ from rl_engine.rollout._f64 import (_EXP_TERMS, _EXP_UNDERFLOW, _INV_LN2, _LN2_H
 
 
 # -- sampling settings ------------------------------------------------------------------------------
+MIN_TEMPERATURE = 1e-5
+"""The smallest temperature accepted above 0 (0 itself is greedy). Below it the FP32 division
+``z / temperature`` overflows for logits of modest size (at 1e-38 every logit above 3.4 becomes
+``+inf``, and the draw is no longer the tempered distribution), while it adds nothing a user can
+see: at 1e-5 every pair of logits more than 0.0075 apart (745 x 1e-5, where the float64 weight
+``exp(-gap / T)`` underflows to 0) is already decided as greedy decoding decides it. vLLM draws
+greedily below the same value (its ``_SAMPLING_EPS``); here it is refused so the recorded settings
+say what ran: pass 0 for greedy."""
+
+FP32_MAX = float(torch.finfo(torch.float32).max)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling settings of one ``generate`` call (recorded with every result, docs/pitfalls.md P11).
 
-    ``temperature``: finite >= 0 (0 = greedy). ``top_k``: None (off) or an integer >= 1.
+    ``temperature``: 0 (greedy) or in ``[MIN_TEMPERATURE, FP32 max]`` (the kernels receive it as
+    FP32; :data:`MIN_TEMPERATURE`). ``top_k``: None (off) or an integer >= 1.
     ``top_p``: None (off) or a number in (0, 1] (1 = off). ``seed``: an integer in [0, 2^64).
 
     Raises
@@ -71,6 +96,12 @@ class SamplingParams:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, Real) or not math.isfinite(float(t)) or float(t) < 0:
             raise InputError(f"temperature: expected a finite number >= 0 (0 = greedy), got {t!r}")
+        if 0.0 < float(t) < MIN_TEMPERATURE:
+            raise InputError(f"temperature {t!r}: below the smallest accepted temperature {MIN_TEMPERATURE!r} "
+                             "(z / temperature overflows FP32 for ordinary logits); pass 0 for greedy decoding")
+        if float(t) > FP32_MAX:
+            raise InputError(f"temperature {t!r}: above the largest FP32 number {FP32_MAX!r} (the kernels divide "
+                             "by it in FP32)")
         object.__setattr__(self, "temperature", float(t))
         k = self.top_k
         if k is not None and (isinstance(k, bool) or not isinstance(k, Integral) or int(k) < 1):
@@ -211,7 +242,9 @@ def kept_mask(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor | No
         w = torch.where(keep, w, torch.zeros_like(w))
         cum = torch.cumsum(w, dim=1)
         before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)
-        keep = keep & (before < cum[:, -1:] * params.top_p)
+        # rank 0 is always kept: in a finite row its test (0 < total * top_p) holds anyway; in a
+        # non-finite row (module docstring) the weights are NaN and the comparison is false
+        keep = keep & ((before < cum[:, -1:] * params.top_p) | (rank == 0)[None, :])
     mask = torch.zeros((b, v), dtype=torch.bool, device=s.device)
     return mask.scatter(1, order, keep)
 
@@ -223,15 +256,18 @@ def sampling_logprobs(logp_fn, logits: torch.Tensor, tokens: torch.Tensor, param
     ``logp_fn(logits=, targets=, temperature=)`` is the project's ``logp`` op of the model's backend.
     Greedy: ``logp(logits, tokens, 1.0)`` (unscaled, unfiltered). Otherwise
     ``logp(where(mask, logits, -inf), tokens, temperature)`` with ``mask`` from :func:`kept_mask`
-    (computed here when not given).
+    (computed here when not given). A value that is not finite is returned as NaN (the non-finite
+    rows of the module docstring: the ``logp`` op declares only that their output is non-finite).
     """
     if params.greedy:
-        return logp_fn(logits=logits, targets=tokens, temperature=1.0)
-    if mask is None:
-        mask = kept_mask(logits, params)
-    if mask is not None:
-        logits = torch.where(mask, logits, torch.full_like(logits, float("-inf")))
-    return logp_fn(logits=logits, targets=tokens, temperature=params.temperature)
+        lp = logp_fn(logits=logits, targets=tokens, temperature=1.0)
+    else:
+        if mask is None:
+            mask = kept_mask(logits, params)
+        if mask is not None:
+            logits = torch.where(mask, logits, torch.full_like(logits, float("-inf")))
+        lp = logp_fn(logits=logits, targets=tokens, temperature=params.temperature)
+    return torch.where(torch.isfinite(lp), lp, torch.full_like(lp, float("nan")))
 
 
 FUSED_DRAW_ON_CUDA = True

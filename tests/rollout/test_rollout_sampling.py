@@ -12,7 +12,8 @@ import torch
 from rl_engine.errors import InputError
 from rl_engine.ops.logp import logp
 from rl_engine.rollout import SamplingParams, generate
-from rl_engine.rollout.sampling import RowKeyedSampler, Sampler, kept_mask, row_keys, uniforms
+from rl_engine.rollout.sampling import (MIN_TEMPERATURE, RowKeyedSampler, Sampler, kept_mask, row_keys,
+                                       uniforms)
 
 LOGP = partial(logp, backend="triton_cuda_bf16")
 SETTINGS = [SamplingParams(1.0, seed=3), SamplingParams(0.7, top_k=5, top_p=0.8, seed=11),
@@ -127,6 +128,10 @@ BAD = {
     "top-k-float": (dict(top_k=2.5), "top_k"),
     "negative-temperature": (dict(temperature=-0.1), "temperature"),
     "inf-temperature": (dict(temperature=float("inf")), "temperature"),
+    "underflowing-temperature": (dict(temperature=1e-38), "smallest accepted temperature"),
+    "subnormal-temperature": (dict(temperature=1e-45), "smallest accepted temperature"),
+    "temperature-below-minimum": (dict(temperature=MIN_TEMPERATURE / 2), "smallest accepted temperature"),
+    "temperature-above-fp32": (dict(temperature=1e39), "largest FP32"),
     "float-seed": (dict(seed=1.5), "seed"),
     "str-seed": (dict(seed="3"), "seed"),
     "bool-seed": (dict(seed=True), "seed"),
@@ -213,3 +218,78 @@ def test_the_one_kernel_draw_refuses_bad_input():
         gumbel_argmax(z, keys[:1], 1.0)
     with pytest.raises(InputError, match="temperature"):
         gumbel_argmax(z, keys, 0.0)
+
+
+# ---------------------------------------------------------------- extreme temperatures, non-finite logits
+def test_the_smallest_accepted_temperature_draws_the_argmax_with_finite_logprobs(logits):
+    """At MIN_TEMPERATURE ordinary logits (here 3 x randn, top-2 gaps checked > 1e-3) give the argmax
+    with finite logprobs (greedy in effect, never NaN). Control: at 1e-38, refused above, the FP32
+    division alone overflows these logits to +inf (what made every logprob NaN before the refusal)."""
+    top2 = logits.topk(2, dim=1).values
+    assert bool(((top2[:, 0] - top2[:, 1]) > 1e-3).all())
+    rows = list(range(logits.shape[0]))
+    for params in (SamplingParams(MIN_TEMPERATURE, seed=5), SamplingParams(MIN_TEMPERATURE, top_k=7, top_p=0.5)):
+        tok, lp = _draw(Sampler(), logits, params, rows)
+        assert torch.equal(tok, torch.argmax(logits, dim=1)) and bool(torch.isfinite(lp).all())
+    assert bool(torch.isinf(logits / torch.full((), 1e-38, dtype=torch.float32)).any())
+
+
+def _nonfinite_rows(v: int = 777) -> torch.Tensor:
+    """Rows 0-3 non-finite, 4-6 finite (4 holds -inf entries: ordinary tokens of probability 0)."""
+    z = torch.randn(7, v, generator=torch.Generator().manual_seed(7)) * 3
+    z[0, 500] = float("inf")  # one +inf, not the lowest id of the row's finite maximum
+    z[1, 30] = z[1, 600] = float("inf")  # two: the lower id
+    z[2, 700] = z[2, 40] = float("nan")
+    z[2, 5] = float("inf")  # NaN ranks above +inf
+    z[3] = float("-inf")  # nothing finite: id 0
+    z[4, ::3] = float("-inf")
+    return z
+
+
+NONFINITE_TOKENS = [500, 30, 40, 0]
+ALL_SETTINGS = SETTINGS + [SamplingParams(0.9, top_p=0.9, seed=2), SamplingParams(1.1, top_k=3, seed=4)]
+
+
+@pytest.mark.parametrize("backend", ["triton_cuda_bf16", "cuda_bf16"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-draw", "reference-draw"])
+@pytest.mark.parametrize("params", ALL_SETTINGS, ids=["T1", "T0.7-k5-p0.8", "greedy", "p0.9", "k3"])
+def test_a_non_finite_row_draws_rank_0_with_a_nan_logprob_and_leaves_other_rows_alone(
+        device, backend, fused, params, monkeypatch):
+    """docs/rollout.md "Non-finite logits": a row with NaN, +inf or only -inf draws its rank-0 token
+    (lowest NaN id, else lowest +inf id, else 0) with logprob NaN, in every setting and on both draw
+    paths; the finite rows give the bits they give in a batch without the non-finite rows, with
+    finite logprobs."""
+    from rl_engine.backends.registry import availability
+    from rl_engine.rollout import sampling
+
+    ok, why = availability(backend)
+    if not ok:
+        pytest.skip(why)
+    if not fused:
+        monkeypatch.setattr(sampling, "_fused_draw_available", lambda logits: False)
+    logp_fn = partial(logp, backend=backend)
+    z = _nonfinite_rows().to(device)
+    seq, pos = torch.arange(7, device=device) + 10, torch.arange(7, device=device) * 5 + 3
+    tok, lp = Sampler().sample(logp_fn, z, seq, torch.arange(7, device=device), pos, params)
+    assert tok[:4].tolist() == NONFINITE_TOKENS
+    assert bool(torch.isnan(lp[:4]).all()) and bool(torch.isfinite(lp[4:]).all())
+    alone_tok, alone_lp = Sampler().sample(logp_fn, z[4:].contiguous(), seq[4:], torch.arange(3, device=device),
+                                           pos[4:], params)
+    assert torch.equal(tok[4:], alone_tok) and torch.equal(_bits(lp[4:]), _bits(alone_lp))
+
+
+def test_top_p_keeps_rank_0_of_a_plus_inf_row():
+    """The +inf row of issue #36: rank 0 (the +inf token) is kept. Control: the filter's comparison
+    without the explicit rank-0 term (the formula before the fix) keeps nothing in that row, because
+    its cumulative weights are NaN."""
+    from rl_engine.rollout.sampling import exp_f64
+
+    z = _nonfinite_rows()[:2]
+    params = SamplingParams(1.0, top_p=0.9)
+    mask = kept_mask(z, params)
+    assert mask[0].nonzero().flatten().tolist() == [500] and mask[1].nonzero().flatten().tolist() == [30]
+    sorted_s, _ = torch.sort(z, dim=1, descending=True, stable=True)
+    w = exp_f64(sorted_s.to(torch.float64) - sorted_s[:, :1].to(torch.float64))
+    cum = torch.cumsum(w, dim=1)
+    before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)
+    assert not bool((before < cum[:, -1:] * params.top_p).any())
