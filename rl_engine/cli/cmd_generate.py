@@ -3,8 +3,10 @@
 Runs :func:`rl_engine.rollout.generate` (continuous batching, batch-invariant sampling;
 ``docs/rollout.md``) on a preset with seeded synthetic weights or a safetensors checkpoint
 directory. Without a GPU the Triton kernels run in the CPU interpreter, and the tokens/s printed
-are the interpreter's (a correctness path, not a speed figure). Exit 0 on success, 2 on bad usage
-or input (named before any model is built).
+are the interpreter's (a correctness path, not a speed figure); a model above
+:data:`CPU_MAX_PARAMETERS` is refused there, as ``rl-engine gate`` refuses the qwen3-8b workload.
+Prints each sequence's tokens with their FP32 logprobs (``--json``: full precision). Exit 0 on
+success, 2 on bad usage or input (named before any model is built).
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+CPU_MAX_PARAMETERS = 1_000_000_000
+"""Without a GPU, ``generate`` refuses a model with more parameters than this (the qwen3-8b preset has
+8.2e9; the CPU presets tiny and tiny-smoke 7.9e7 and 3.7e6): its BF16 weights alone would take 2
+bytes each of host memory and every decode step minutes of interpreted kernels."""
 
 PROMPTS_HELP = ("prompts as token ids: a file with one prompt per line, ids separated by spaces or commas "
                 "(blank lines and lines starting with # are skipped), or inline, ids separated by commas "
@@ -32,13 +39,17 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (ties: lower id)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus: smallest prefix with mass >= p, p in (0, 1]")
     p.add_argument("--seed", type=int, default=0, help="sampling seed, an integer in [0, 2^64) (default 0)")
+    p.add_argument("--seq-ids", type=int, nargs="+", default=None,
+                   help="one sequence id per prompt, distinct, in [0, 2^63): they key the sampling noise, so a "
+                        "sequence is reproduced in any batch by its id (default: 0 .. N-1, the prompt's index)")
     p.add_argument("--max-batch", type=int, default=8, help="sequences decoded at once; more wait in a queue")
     p.add_argument("--stop-token-ids", type=int, nargs="*", default=None, help="token ids that end a sequence")
     p.add_argument("--backend", default="triton_cuda_bf16", help="kernel backend (default: triton_cuda_bf16)")
     p.add_argument("--weights-seed", type=int, default=0, help="seed of the synthetic weights (presets only)")
     p.add_argument("--logit-scale", type=float, default=2.0,
                    help="logit standard deviation of the synthetic lm_head (presets only; default 2)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as JSON (logprobs at full FP32 precision; plain output rounds them to 4 decimals)")
     p.set_defaults(func=run)
 
 
@@ -96,7 +107,7 @@ def run(args) -> int:
     from rl_engine.chain.model import Qwen3Model
     from rl_engine.chain.weights import load_checkpoint, synthetic_weights
     from rl_engine.contract import load_contract
-    from rl_engine.errors import RLEngineError
+    from rl_engine.errors import InputError, RLEngineError
     from rl_engine.rollout import generate
     from rl_engine.rollout.engine import plan_generation
 
@@ -110,8 +121,12 @@ def run(args) -> int:
         config = Qwen3Config.from_json(path)
     prompts = parse_prompts(args.prompts)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                    stop_token_ids=args.stop_token_ids, max_batch=args.max_batch)
+                    stop_token_ids=args.stop_token_ids, max_batch=args.max_batch, seq_ids=args.seq_ids)
     plan_generation(config, prompts, args.max_new_tokens, **settings)  # every input error before the model
+    if not gpu and config.num_parameters() > CPU_MAX_PARAMETERS:
+        raise InputError(f"--model {args.model}: {config.num_parameters():.3g} parameters is too large without a GPU "
+                         f"(at most {CPU_MAX_PARAMETERS:.0e} here: the kernels would run in the CPU interpreter, "
+                         "minutes per decode step); run it on a CUDA GPU or pick the tiny or tiny-smoke preset")
     contract = load_contract()
     check_backend(args.backend, contract)
     weights = (load_checkpoint(path, config, device=device) if path is not None
@@ -132,9 +147,10 @@ def run(args) -> int:
                             for c in res.completions],
         }, indent=1))
     else:
+        print("token(logprob) per drawn token; logprobs under the sampling distribution, FP32 rounded to 4 decimals")
         for c in res.completions:
             print(f"seq {c.seq_id} ({len(c.prompt)} prompt tokens, {c.finish_reason}): "
-                  + " ".join(str(t) for t in c.tokens.tolist()))
+                  + " ".join(f"{t}({lp:.4f})" for t, lp in zip(c.tokens.tolist(), c.logprobs.tolist())))
         print(f"{res.generated_tokens} tokens in {res.wall_s:.2f} s: {res.tokens_per_s:.3f} tokens/s "
               f"({where}, max_batch {res.max_batch}, {res.decode_steps} decode steps, {res.prefills} prefills)")
     sys.stdout.flush()

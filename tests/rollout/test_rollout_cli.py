@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import torch
 
 from rl_engine.cli.cmd_generate import parse_prompts
 from rl_engine.cli.main import main
@@ -38,6 +41,9 @@ def test_bad_prompts_are_named(spec, words):
     (["--prompts", "1,2", "--temperature", "-1"], "temperature"),
     (["--prompts", "1,2", "--max-new-tokens", "40960"], "max_position_embeddings"),
     (["--prompts", "1,2", "--max-batch", "0"], "max_batch"),
+    (["--prompts", "1,2", "--temperature", "1e-38"], "smallest accepted temperature"),
+    (["--prompts", "1,2;3", "--seq-ids", "4", "4"], "distinct"),
+    (["--prompts", "1,2;3", "--seq-ids", "4"], "one integer per prompt"),
 ])
 def test_bad_input_exits_2_with_the_reason(capsys, extra, words):
     argv = ["generate", "--model", "tiny-smoke", "--max-new-tokens", "2", *extra]
@@ -51,3 +57,42 @@ def test_non_integer_seed_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["generate", "--model", "tiny-smoke", "--prompts", "1", "--max-new-tokens", "1", "--seed", "1.5"])
     assert exc.value.code == 2 and "--seed" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for hosts without a GPU")
+def test_qwen3_8b_without_a_gpu_is_refused_before_any_weights(capsys, monkeypatch):
+    """Issue #36: it used to run for minutes into host memory. Control: the same command on tiny-smoke
+    gets past the check and makes its weights (the patched weight maker raises to say so)."""
+    from rl_engine.chain import weights
+
+    def made(*args, **kwargs):
+        raise AssertionError("synthetic weights were made")
+
+    monkeypatch.setattr(weights, "synthetic_weights", made)
+    argv = ["generate", "--prompts", "1,2", "--max-new-tokens", "2", "--model"]
+    assert main(argv + ["qwen3-8b"]) == 2
+    assert "too large without a GPU" in capsys.readouterr().err
+    with pytest.raises(AssertionError, match="synthetic weights were made"):
+        main(argv + ["tiny-smoke"])
+
+
+def test_plain_output_shows_logprobs_and_seq_ids_key_the_draws(capsys):
+    """The plain output prints token(logprob) pairs that agree with --json; --seq-ids names the
+    sequences, and a sequence run alone under its id draws the same tokens and logprob bits.
+    Control: under another id the same prompt draws other noise (its JSON differs)."""
+    base = ["generate", "--model", "tiny-smoke", "--max-new-tokens", "3", "--temperature", "1.5", "--seed", "4"]
+    assert main(base + ["--prompts", "1,2,3;4,5", "--seq-ids", "70", "90", "--json"]) == 0
+    both = {c["seq_id"]: c for c in json.loads(capsys.readouterr().out)["completions"]}
+    assert sorted(both) == [70, 90]
+    assert main(base + ["--prompts", "1,2,3;4,5", "--seq-ids", "70", "90"]) == 0
+    out = capsys.readouterr().out
+    for sid, c in both.items():
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"seq {sid} "))
+        pairs = " ".join(f"{t}({lp:.4f})" for t, lp in zip(c["tokens"], c["logprobs"]))
+        assert line.endswith(pairs), (line, pairs)
+    assert main(base + ["--prompts", "4,5", "--seq-ids", "90", "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)["completions"][0]
+    assert alone["tokens"] == both[90]["tokens"] and alone["logprobs"] == both[90]["logprobs"]
+    assert main(base + ["--prompts", "4,5", "--seq-ids", "91", "--json"]) == 0
+    other = json.loads(capsys.readouterr().out)["completions"][0]
+    assert other["logprobs"] != both[90]["logprobs"]
