@@ -373,6 +373,37 @@ def test_diff_same_bits_compares_every_cells_digest(capsys, gate_dir, tmp_path):
     assert rc == 0, "without --same-bits a bit change alone is reported, not a failure"
 
 
+def test_diff_of_runs_sharing_no_cell_exits_2(capsys, gate_dir, tmp_path):
+    """Issue #36: two runs of different ops used to exit 0 with "no cell changed" after comparing
+    nothing. Now it is exit 2 (the artifacts cannot be compared, as for unlike workloads)."""
+    from rl_engine.gate import evidence as evidence_io
+
+    _, out = gate_dir
+    ev = json.loads((out / "evidence.json").read_text())
+    other = dict(ev, ops=["swiglu"], cells=[dict(c, op="swiglu") for c in ev["cells"]])
+    (tmp_path / "other").mkdir()
+    evidence_io.write_atomic(tmp_path / "other" / "evidence.json", other)
+    for extra in ([], ["--json"], ["--same-bits"], ["--allow-different"]):
+        rc, stdout, err = run(capsys, "diff", out, tmp_path / "other", *extra)
+        assert rc == 2, extra
+        assert "no cell in common, so nothing was compared" in err and "ops silu" in err and "ops swiglu" in err
+        assert "no cell changed" not in stdout
+    # control: a run sharing its cells, with the same bits, compares and passes
+    (tmp_path / "same").mkdir()
+    evidence_io.write_atomic(tmp_path / "same" / "evidence.json", ev)
+    rc, stdout, err = run(capsys, "diff", out, tmp_path / "same", "--same-bits")
+    assert rc == 0 and "same bits: yes" in stdout and "no cell in common" not in err
+    rc, stdout, _ = run(capsys, "diff", out, tmp_path / "same")
+    assert rc == 0 and "no cell changed" in stdout
+
+
+def test_diff_help_documents_its_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        main(["diff", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "2 when the two cannot be compared" in text and "no cell in common" in text
+
+
 def test_diff_counts_cells_outside_the_other_runs_matrix_instead_of_listing_them(capsys, gate_dir, tmp_path):
     from rl_engine.gate import evidence as evidence_io
 

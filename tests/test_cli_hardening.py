@@ -158,6 +158,38 @@ def test_compare_refused_pickle_is_one_plain_line(tmp_path, capsys):
     assert "_NotATensor" in err
 
 
+def test_compare_names_a_file_that_is_not_what_its_extension_says(tmp_path, capsys):
+    """Issue #36: a text file named x.pt was called "pickled". The message names the path, what the
+    file is and what was expected; the same names holding real files load (the control)."""
+    import numpy as np
+
+    ref = tmp_path / "ref.pt"
+    torch.save(torch.zeros(2), ref)
+    x = tmp_path / "x.pt"
+    x.write_text("tensor([0., 0.])\n")
+    rc, _, err = _run(["compare", str(x), str(ref), "--mode", "bitwise"], capsys)
+    assert rc == 2 and f"{x}: not a torch.save file: it starts with text 'tensor([0., 0.])'" in err
+    assert "pickle" not in err
+    n = tmp_path / "x.npy"
+    n.write_text("0 0\n")
+    rc, _, err = _run(["compare", str(n), str(ref), "--mode", "bitwise"], capsys)
+    assert rc == 2 and f"{n}: not a .npy file: it starts with text '0 0'" in err and "pickle" not in err
+    np.save(tmp_path / "arr.npy", np.zeros(2, dtype=np.float32))
+    (tmp_path / "arr.npy").rename(x)  # a .npy file under a .pt name is named as such
+    rc, _, err = _run(["compare", str(x), str(ref), "--mode", "bitwise"], capsys)
+    assert rc == 2 and "it is a NumPy .npy file" in err
+    t = tmp_path / "x.txt"
+    t.write_text("0 0\n")
+    rc, _, err = _run(["compare", str(t), str(ref), "--mode", "bitwise"], capsys)
+    assert rc == 2 and f"{t}: unknown extension '.txt'; expected .pt or .pth (torch.save), .npy" in err
+    # control: the same paths holding what their extensions say compare cleanly
+    torch.save(torch.zeros(2), x)
+    np.save(n, np.zeros(2, dtype=np.float32))
+    for a in (x, n):
+        rc, out, err = _run(["compare", str(a), str(ref), "--mode", "bitwise"], capsys)
+        assert rc == 0 and "bitwise equal" in out, err
+
+
 def test_compare_warns_when_the_candidate_is_wider_than_the_reference(tmp_path, capsys):
     ref = torch.tensor([1.0, 2.0, 3.0])
     torch.save(ref, tmp_path / "fp32.pt")

@@ -56,6 +56,28 @@ def test_not_provided_and_unclaimed_cells(tmp_path, cleanup):
     assert ev["summary"]["not provided"] > 0 and ev["summary"]["red"] == 0
 
 
+def test_the_printed_verdict_names_the_cells_a_plugin_does_not_provide(tmp_path, capsys, cleanup):
+    """Issue #36: a plugin gate with many cells not provided printed a bare PASS. The verdict line
+    (and the reports) now say how many cells the plugin did not provide and why; a built-in backend
+    that runs every cell shows no such count (the control)."""
+    cleanup.append("some_ops")
+    rl_engine.register_backend("some_ops", {"silu": get_spec("silu").impls["torch_bf16"]}, backward=())
+    argv = ["gate", "--ops", "silu,swiglu", "--judgments", "forward_accuracy,gradient_accuracy", "--workload", "smoke"]
+    assert main(argv + ["--backend", "some_ops", "--out", str(tmp_path / "plugin")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    verdict = next(ln for ln in lines if ln.startswith("PASS"))
+    assert verdict.startswith("PASS: 1 green, 0 red, 3 not provided by some_ops and not judged (4 cells")
+    why = next(ln for ln in lines if "left out:" in ln)
+    assert "3 cells not provided by some_ops (not judged): no implementation of swiglu" in why
+    assert "does not provide the backward of silu" in why
+    md = (tmp_path / "plugin" / "report.md").read_text()
+    assert "3 not provided by some_ops and not judged" in md
+    assert main(argv[:2] + ["silu", "--judgments", "forward_accuracy", "--workload", "smoke",
+                            "--backend", "triton_cuda_bf16", "--out", str(tmp_path / "builtin")]) == 0
+    out = capsys.readouterr().out
+    assert "PASS: 1 green, 0 red (1 cells" in out and "not provided" not in out
+
+
 def test_a_failed_claim_is_red(tmp_path, cleanup):
     real = get_spec("silu").impls["triton_cuda_bf16"]
 

@@ -15,7 +15,13 @@ def register(sub) -> None:
     p.add_argument("dir", help="a gate output folder (holding evidence.json), or the evidence.json file")
     p.set_defaults(func=run_report)
     d = command(sub, "diff", "cells whose status changed and error deltas between two evidence artifacts",
-                ["rl-engine diff old-run new-run", "rl-engine diff old-run/evidence.json new-run --json"])
+                ["rl-engine diff old-run new-run", "rl-engine diff old-run/evidence.json new-run --json"],
+                description="Cells whose status changed and error deltas between two evidence artifacts.\n\n"
+                            "Exit 0 when no cell turned red (with --same-bits: every judged cell has the same\n"
+                            "status and bits); 1 when a cell turned red (with --same-bits: a status or the bits\n"
+                            "differ); 2 when the two cannot be compared: a different workload or contract (unless\n"
+                            "--allow-different), or no cell in common (other ops, backends or judgments), so that\n"
+                            "nothing would be compared.")
     d.add_argument("old", help="evidence.json or its folder")
     d.add_argument("new", help="evidence.json or its folder")
     d.add_argument("--json", action="store_true", help="print the changes as JSON")
@@ -91,6 +97,19 @@ def _host_differences(old, new) -> list[str]:
     return [f"{k}: {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
+def _matrix(ev) -> str:
+    """``N cells of ops a, b on backend x (judgments j, k)``: what a run's cells cover, for messages."""
+    def names(key):
+        seen = list(dict.fromkeys(str(c.get(key)) for c in ev["cells"]))
+        return ", ".join(seen[:6]) + (f" (+{len(seen) - 6} more)" if len(seen) > 6 else "")
+
+    cells = ev["cells"]
+    if not cells:
+        return "no cells (an empty run)"
+    return (f"{len(cells)} cell{'s' if len(cells) != 1 else ''} of ops {names('op')} on {names('backend')} "
+            f"(judgments {names('judgment')})")
+
+
 def run_diff(args) -> int:
     from collections import Counter
 
@@ -113,6 +132,12 @@ def run_diff(args) -> int:
         print(f"rl-engine diff: warning: the artifacts used different seeds ({old.get('seed')} vs {new.get('seed')}): "
               "error deltas compare different inputs", file=sys.stderr)
     o, n = {_key(c): c for c in old["cells"]}, {_key(c): c for c in new["cells"]}
+    if not set(o) & set(n):
+        from rl_engine.errors import RLEngineError
+
+        raise RLEngineError(f"the two runs have no cell in common, so nothing was compared: OLD ({args.old}) holds "
+                            f"{_matrix(old)}; NEW ({args.new}) holds {_matrix(new)}; diff two runs of the same ops, "
+                            "backends and judgments")
     # cells of a matrix only one run asked for (other --ops / --judgments / backends) are counted, not listed
     only_old = [k for k in o if k not in n and _outside(k, new)]
     only_new = [k for k in n if k not in o and _outside(k, old)]

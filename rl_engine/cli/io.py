@@ -25,14 +25,74 @@ def _refused_pickle(p: Path, exc: BaseException) -> InputError:
                       "or use .safetensors or .npy")
 
 
+_HEAD_BYTES = 64
+_TORCH_ZIP = b"PK\x03\x04"  # torch.save since torch 1.6: a zip archive
+_PICKLE_PROTO = b"\x80"  # torch.save(..., _use_new_zipfile_serialization=False): a pickle, protocol >= 2
+_NPY_MAGIC = b"\x93NUMPY"
+_SAFETENSORS_MAX_HEADER = 100_000_000  # bytes: the JSON header limit safetensors itself enforces
+
+
+def _kind(head: bytes) -> str:
+    """What the first bytes of a file say it is: ``torch``, ``npy``, ``safetensors``, ``empty``,
+    ``text`` or ``binary``. Only the leading bytes are read; nothing is decoded further."""
+    if not head:
+        return "empty"
+    if head.startswith(_TORCH_ZIP) or head.startswith(_PICKLE_PROTO):
+        return "torch"
+    if head.startswith(_NPY_MAGIC):
+        return "npy"
+    # safetensors: an 8-byte little-endian header length, then the JSON header
+    if len(head) > 8 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= _SAFETENSORS_MAX_HEADER:
+        return "safetensors"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:  # a multi-byte character cut at the end of the head is still text
+        text = head[: exc.start].decode("utf-8") if exc.start >= len(head) - 3 else ""
+    text = text.lstrip("\ufeff")  # a UTF-8 byte-order mark
+    if text and all(ch.isprintable() or ch in "\t\r\n" for ch in text):
+        return "text"
+    return "binary"
+
+
+def _describe(head: bytes) -> str:
+    """``it is empty`` / ``it starts with text '...'`` / ``it is a NumPy .npy file`` / ... for messages."""
+    kind = _kind(head)
+    if kind == "empty":
+        return "it is empty (0 bytes)"
+    if kind == "text":
+        first = head.decode("utf-8", errors="ignore").lstrip("\ufeff").strip().splitlines()
+        shown = first[0][:40] if first else ""
+        return f"it starts with text {shown!r}" if shown else "it holds only blank text"
+    if kind == "npy":
+        return "it is a NumPy .npy file (give it the .npy extension)"
+    if kind == "safetensors":
+        return "it is a safetensors file (give it the .safetensors extension)"
+    if kind == "torch":
+        return "it is a torch.save file (give it the .pt extension)"
+    return "it starts with the bytes " + " ".join(f"{b:02x}" for b in head[:8])
+
+
+def _head(p: Path) -> bytes:
+    try:
+        with open(p, "rb") as f:
+            return f.read(_HEAD_BYTES)
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read: {exc.strerror or exc}") from None
+
+
 def load_tensor(path: str | Path, key: str | None = None, npy_bf16: bool = False) -> torch.Tensor:
     """Load one tensor. Never executes code from the file.
+
+    The extension says what the file must be (``.pt``/``.pth``: a ``torch.save`` file, ``.npy``:
+    a ``numpy.save`` file, ``.safetensors``), and the first bytes are checked against it before
+    any loader runs, so a text file or a file of another kind is named as what it is.
 
     ``npy_bf16``: a ``.npy`` file holds raw BF16 bit patterns as uint16 or int16 (NumPy has no
     bfloat16); they are reinterpreted, not converted.
 
-    Raises InputError naming the file when it is missing, of an unknown kind, holds a pickle that
-    is not plain tensor data, or holds several tensors and no ``key`` picks one.
+    Raises InputError naming the file when it is missing, has an unknown extension, does not hold
+    what its extension says, holds a pickle that is not plain tensor data, or holds several
+    tensors and no ``key`` picks one.
     """
     p = Path(path)
     if p.is_dir():
@@ -40,24 +100,40 @@ def load_tensor(path: str | Path, key: str | None = None, npy_bf16: bool = False
     if not p.is_file():
         raise InputError(f"{p}: no such file")
     suffix = p.suffix.lower()
+    if suffix not in (".pt", ".pth", ".npy", ".safetensors"):
+        what = f"unknown extension {suffix!r}" if suffix else "no extension"
+        raise InputError(f"{p}: {what}; expected .pt or .pth (torch.save), .npy (numpy.save) or .safetensors")
+    head = _head(p)
     if suffix in (".pt", ".pth"):
         import pickle
 
+        if _kind(head) != "torch":
+            raise InputError(f"{p}: not a torch.save file: {_describe(head)}; expected the binary zip archive "
+                             "that torch.save writes")
         try:
             obj = torch.load(p, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as exc:  # weights_only refuses arbitrary pickles
-            raise _refused_pickle(p, exc) from None
+        except pickle.UnpicklingError as exc:
+            text = _ANSI.sub("", str(exc))
+            if "Weights only load failed" in text or "Unsupported global" in text:  # weights_only refused it
+                raise _refused_pickle(p, exc) from None
+            raise InputError(f"{p}: not a readable torch.save file (damaged or cut short?): "
+                             f"{_first_line(exc)}") from None
         except Exception as exc:
-            first = _ANSI.sub("", str(exc)).strip().splitlines()
-            raise InputError(f"{p}: not a readable torch file: {type(exc).__name__}: {first[0] if first else ''}") from None
+            raise InputError(f"{p}: not a readable torch.save file (damaged or cut short?): "
+                             f"{type(exc).__name__}: {_first_line(exc)}") from None
         return _pick(p, obj, key)
     if suffix == ".npy":
         import numpy as np
 
+        if _kind(head) != "npy":
+            raise InputError(f"{p}: not a .npy file: {_describe(head)}; expected a file written by numpy.save")
         try:
             arr = np.load(p, allow_pickle=False)
         except ValueError as exc:
-            raise InputError(f"{p}: refused to load (pickled .npy files are not accepted): {exc}") from exc
+            if "allow_pickle" in str(exc):  # an object array: its elements are pickled Python objects
+                raise InputError(f"{p}: refused: an object array, whose elements are pickled Python "
+                                 "objects that loading could run as code; save a numeric array") from None
+            raise InputError(f"{p}: not a readable .npy file (damaged or cut short?): {_first_line(exc)}") from None
         if key is not None:
             raise InputError(f"{p}: a .npy file holds a single array, so a key ({key!r}) cannot pick one; drop it")
         if npy_bf16:
@@ -65,15 +141,21 @@ def load_tensor(path: str | Path, key: str | None = None, npy_bf16: bool = False
                 raise InputError(f"{p}: --npy-bf16 needs uint16 or int16 raw BF16 bits, the file holds {arr.dtype}")
             return torch.from_numpy(arr.astype(np.int16, copy=True)).view(torch.bfloat16)
         return torch.from_numpy(arr.copy())
-    if suffix == ".safetensors":
-        from safetensors.torch import load_file
+    from safetensors.torch import load_file
 
-        try:
-            tensors = load_file(str(p))
-        except Exception as exc:
-            raise InputError(f"{p}: not a valid safetensors file: {exc}") from exc
-        return _pick(p, tensors, key)
-    raise InputError(f"{p}: unknown file kind {suffix!r}; use .pt, .npy or .safetensors")
+    if _kind(head) != "safetensors":
+        raise InputError(f"{p}: not a .safetensors file: {_describe(head)}; expected a file written by "
+                         "safetensors' save_file")
+    try:
+        tensors = load_file(str(p))
+    except Exception as exc:
+        raise InputError(f"{p}: not a readable .safetensors file (damaged or cut short?): {_first_line(exc)}") from None
+    return _pick(p, tensors, key)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = _ANSI.sub("", str(exc)).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _pick(p: Path, obj: object, key: str | None) -> torch.Tensor:

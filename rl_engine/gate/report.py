@@ -64,16 +64,53 @@ def verdict(ev: dict[str, Any]) -> dict[str, Any]:
                      "`rl-engine gate --resume DIR`")
     if green + red == 0:
         notes.append("nothing was judged: every cell is n/a or not provided")
+    missing = _not_provided(ev)
     counts = ", ".join(f"{s.get(k, 0)} {k}" for k in STATUSES if s.get(k, 0) or k in ("green", "red"))
+    if s.get("not provided") and missing:  # name who did not provide them: PASS never hides that coverage
+        by = [f"{len(cells)} by {b}" for b, cells in missing.items()]
+        counts += (f" by {next(iter(missing))}" if len(missing) == 1 else f" ({', '.join(by)})") + " and not judged"
     judged = ev["backends"]["judged"]
     ops = ev.get("ops", [])
     ran = (f"{len(ev['cells'])} cells: {len(ops)} op{'s' if len(ops) != 1 else ''} x "
            f"{len(ev.get('judgments', []))} judgment{'s' if len(ev.get('judgments', [])) != 1 else ''} "
            f"on {', '.join(judged)}; workload {ev['workload']['name']}")
     left = [f"backend {lo['backend']}: {lo['reason']}" for lo in ev["backends"].get("left_out", [])]
-    if s.get("not provided"):
+    for backend, cells in missing.items():
+        left.append(f"{len(cells)} cell{'s' if len(cells) != 1 else ''} not provided by {backend} (not judged): "
+                    + _not_provided_why(ev, backend, cells))
+    if s.get("not provided") and not missing:  # a hand-edited summary without the cells behind it
         left.append(f"{s['not provided']} cells not provided by their backend (not judged)")
     return {"word": word, "counts": counts, "ran": ran, "left_out": left, "notes": notes}
+
+
+def _not_provided(ev: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The ``not provided`` cells per backend, in the order the backends first appear."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for c in ev["cells"]:
+        if c["status"] == "not provided":
+            out.setdefault(c["backend"], []).append(c)
+    return out
+
+
+def _not_provided_why(ev: dict[str, Any], backend: str, cells: list[dict[str, Any]]) -> str:
+    """Why ``backend``'s cells were not provided, in a few words: the ops it has no implementation
+    of, the chain (built-in backends only), and for the rest one example reason."""
+    ops_of_backend: dict[str, list[str]] = {}
+    for c in ev["cells"]:
+        if c["backend"] == backend:
+            ops_of_backend.setdefault(c["op"], []).append(c["status"])
+    absent = [op for op, st in ops_of_backend.items() if op != "chain" and all(x == "not provided" for x in st)]
+    parts = []
+    if absent:
+        parts.append(f"no implementation of {', '.join(absent)}")
+    if any(c["op"] == "chain" for c in cells):
+        parts.append("the chain runs on built-in backends only")
+    rest = [c for c in cells if c["op"] != "chain" and c["op"] not in absent]
+    if rest:
+        ops = list(dict.fromkeys(c["op"] for c in rest))
+        parts.append(f"{len(rest)} cell{'s' if len(rest) != 1 else ''} of {', '.join(ops)} "
+                     f"(e.g. {one_line(rest[0].get('reason', ''), 100)})")
+    return "; ".join(parts)
 
 
 def one_line(reason: str, width: int = 160) -> str:
