@@ -109,10 +109,15 @@ class Qwen3Config:
 
         Required fields are listed in the module docstring; a missing one raises ConfigError
         naming it. ``rope_theta`` may also come from ``rope_parameters.rope_theta`` (the layout of
-        ``transformers`` 5 configs) when ``rope_type`` is ``default``. Features this chain does not
-        implement (``rope_scaling`` other than null/default, sliding-window attention, attention
-        biases, an activation other than SiLU, a ``model_type`` other than ``qwen3``) raise
-        ConfigError instead of being ignored.
+        ``transformers`` 5 configs); where both are given they must agree. A ``config.json`` written
+        by ``transformers`` (``save_pretrained``) loads as is: fields that do not change the
+        numbers (``architectures``, ``dtype``, ``initializer_range``, ``max_window_layers``, a
+        ``sliding_window`` that ``use_sliding_window=false`` switches off, token ids, ...) are
+        ignored. Features this chain does not implement raise ConfigError naming the field instead
+        of being ignored: ``rope_scaling`` or ``rope_parameters.rope_type`` other than
+        null/``default``, ``use_sliding_window=true``, a ``layer_types`` entry other than
+        ``full_attention``, ``attention_bias=true``, a ``hidden_act`` other than ``silu``, a
+        ``model_type`` other than ``qwen3``.
         """
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
@@ -120,11 +125,17 @@ class Qwen3Config:
         model_type = d.get("model_type")
         if model_type is not None and model_type != "qwen3":
             raise ConfigError(f"{source}: model_type {model_type!r} is not supported (only 'qwen3' dense)")
-        if "rope_theta" not in d and isinstance(d.get("rope_parameters"), dict):
-            rp = d["rope_parameters"]
+        rp = d.get("rope_parameters")
+        if rp is not None:
+            if not isinstance(rp, dict):
+                raise ConfigError(f"{source}: rope_parameters: expected a JSON object or null, got {rp!r}")
             if rp.get("rope_type", "default") != "default":
-                raise ConfigError(f"{source}: rope_parameters.rope_type {rp.get('rope_type')!r} is not supported")
+                raise ConfigError(f"{source}: rope_parameters.rope_type {rp.get('rope_type')!r} is not supported "
+                                  f"(plain RoPE only)")
             if "rope_theta" in rp:
+                if d.get("rope_theta") is not None and d["rope_theta"] != rp["rope_theta"]:
+                    raise ConfigError(f"{source}: rope_theta {d['rope_theta']!r} disagrees with "
+                                      f"rope_parameters.rope_theta {rp['rope_theta']!r}")
                 d["rope_theta"] = rp["rope_theta"]
         for key in ("rope_scaling",):
             v = d.get(key)
@@ -132,6 +143,17 @@ class Qwen3Config:
                 raise ConfigError(f"{source}: {key} {v!r} is not supported (plain RoPE only)")
         if d.get("use_sliding_window"):
             raise ConfigError(f"{source}: use_sliding_window=true is not supported")
+        layer_types = d.get("layer_types")
+        if layer_types is not None:
+            if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+                raise ConfigError(f"{source}: layer_types: expected a list of strings, got {layer_types!r}")
+            other = sorted({t for t in layer_types if t != "full_attention"})
+            if other:
+                raise ConfigError(f"{source}: layer_types {other} are not supported (full_attention only: "
+                                  f"no sliding-window layers)")
+            if isinstance(d.get("num_hidden_layers"), int) and len(layer_types) != d["num_hidden_layers"]:
+                raise ConfigError(f"{source}: layer_types has {len(layer_types)} entries, "
+                                  f"num_hidden_layers is {d['num_hidden_layers']}")
         if d.get("attention_bias"):
             raise ConfigError(f"{source}: attention_bias=true is not supported (Qwen3 has no attention biases)")
         act = d.get("hidden_act")

@@ -20,7 +20,8 @@ weights are ``[out_features, in_features]``):
 
 Kernel backends run on BF16 weights; the FP32 reference chain runs on :meth:`Qwen3Weights.upcast`
 (the same BF16 values in FP32, WS1 §3.1). A checkpoint tensor that is missing, of the wrong shape
-or not BF16 raises :class:`WeightError` naming it; nothing is cast or reshaped silently.
+or not BF16 raises :class:`WeightError` naming it; nothing is cast or reshaped silently. What loads
+and what is refused, the tied-embedding rule and saving for ``transformers``: docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -317,97 +318,212 @@ def synthetic_weights(config: Qwen3Config, seed: int, *, logit_scale: float = 1.
 
 
 # -- safetensors checkpoints ------------------------------------------------------------------
-def _checkpoint_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
+INDEX_FILE = "model.safetensors.index.json"
+_ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+              "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+              "U8": torch.uint8, "BOOL": torch.bool}
+"""safetensors header dtype codes -> torch dtypes (a code not listed is reported as written, e.g. ``F8_E4M3``)."""
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """One tensor as a safetensors header describes it (nothing read yet)."""
+
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def _checkpoint_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The files of checkpoint ``root`` and the index's ``weight_map`` (tensor name -> shard file
+    name): with ``model.safetensors.index.json`` the shards it names, else every ``*.safetensors``
+    file and None. Raises WeightError for a malformed index or a shard it names that is absent."""
+    index = root / INDEX_FILE
+    if not index.is_file():
+        files = sorted(root.glob("*.safetensors"))
+        if not files:
+            raise WeightError(f"{root}: no *.safetensors files and no {INDEX_FILE}")
+        return files, None
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise WeightError(f"{index}: not a valid safetensors index ({exc!r})") from exc
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise WeightError(f"{index}: weight_map must map tensor names to shard file names")
+    by_file: dict[str, list[str]] = {}
+    for name, fname in weight_map.items():
+        by_file.setdefault(fname, []).append(name)
+    for fname, names in sorted(by_file.items()):
+        if fname in ("", ".", "..") or Path(fname).name != fname:
+            raise WeightError(f"{index}: shard {fname!r} (for {names[0]}) is not a file name in {root}")
+        if not (root / fname).is_file():
+            more = f" and {len(names) - 1} more tensors" if len(names) > 1 else ""
+            raise WeightError(f"{index}: names shard {fname} (holding {names[0]}{more}), which does not exist "
+                              f"in {root}")
+    return [root / f for f in sorted(by_file)], weight_map
+
+
+def _read_headers(files: list[Path]) -> dict[str, _Stored]:
+    """Every tensor's file, dtype and shape from the safetensors headers (no tensor data is read)."""
+    from safetensors import SafetensorError, safe_open
+
+    stored: dict[str, _Stored] = {}
+    for f in files:
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise WeightError(f"{index}: not a valid safetensors index ({exc})") from exc
-        files = sorted({path / f for f in weight_map.values()})
-        for f in files:
-            if not f.is_file():
-                raise WeightError(f"{index}: names shard {f.name}, which does not exist")
-        return files
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise WeightError(f"{path}: no *.safetensors files")
-    return files
+            with safe_open(str(f), framework="pt", device="cpu") as sf:
+                entries = []
+                for name in sf.keys():
+                    sl = sf.get_slice(name)
+                    code = sl.get_dtype()
+                    dtype = _dtype_name(_ST_DTYPES[code]) if code in _ST_DTYPES else code
+                    entries.append((name, _Stored(f, dtype, tuple(sl.get_shape()))))
+        except (SafetensorError, OSError) as exc:
+            raise WeightError(f"{f}: not a readable safetensors file ({exc})") from exc
+        for name, entry in entries:
+            if name in stored:
+                raise WeightError(f"{name}: present in both {stored[name].file.name} and {f.name}")
+            stored[name] = entry
+    return stored
+
+
+def _header_problems(config: Qwen3Config, stored: dict[str, _Stored], weight_map: dict[str, str] | None,
+                     dtype: torch.dtype) -> list[str]:
+    """Every disagreement between the headers (and index) and the tensors ``config`` needs, each
+    as ``'<tensor>: <problem>'``; empty when the checkpoint fits."""
+    problems = []
+    if weight_map is not None:
+        for name, fname in weight_map.items():
+            if name not in stored:
+                problems.append(f"{name}: listed in {INDEX_FILE} under {fname}, which does not hold it")
+            elif stored[name].file.name != fname:
+                problems.append(f"{name}: listed in {INDEX_FILE} under {fname}, but stored in "
+                                f"{stored[name].file.name}")
+        problems += [f"{name}: stored in {s.file.name} but not listed in {INDEX_FILE}"
+                     for name, s in stored.items() if name not in weight_map]
+    shapes = expected_shapes(config)
+    if config.tie_word_embeddings and "lm_head.weight" in stored:
+        shapes["lm_head.weight"] = shapes["model.embed_tokens.weight"]  # allowed; must equal the embedding
+    want = _dtype_name(dtype)
+    for name, shape in shapes.items():
+        s = stored.get(name)
+        if s is None:
+            hint = (" (config.json says tie_word_embeddings=false; a checkpoint that shares the embedding "
+                    "as the output head needs tie_word_embeddings=true)") if name == "lm_head.weight" else ""
+            problems.append(f"{name}: missing from the checkpoint{hint}")
+        elif s.shape != tuple(shape):
+            problems.append(f"{name}: expected shape {list(shape)}, got {list(s.shape)} in {s.file.name}")
+        elif s.dtype != want:
+            problems.append(f"{name}: expected dtype {want}, got {s.dtype} in {s.file.name}")
+    problems += [f"{name}: unexpected tensor in {s.file.name} (not part of a Qwen3 dense model with this config)"
+                 for name, s in stored.items() if name not in shapes and not name.endswith(_IGNORED_SUFFIXES)]
+    return problems
 
 
 def load_checkpoint(path: str | Path, config: Qwen3Config | None = None, *,
                     device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16) -> Qwen3Weights:
     """Load a Hugging Face Qwen3 safetensors checkpoint directory into :class:`Qwen3Weights`.
 
-    ``config`` defaults to ``path/config.json``. Every tensor of :func:`expected_shapes` must be
-    present with exactly that shape and ``dtype`` (BF16 by default); extra tensors are refused
-    (except ``*.rotary_emb.inv_freq`` buffers, which are ignored), and with tied embeddings an
-    ``lm_head.weight`` must equal the embedding bit for bit. Tensors are read with
+    ``path`` holds ``model.safetensors`` (or any ``*.safetensors`` files), or the shards named by
+    ``model.safetensors.index.json`` (what ``save_pretrained(..., max_shard_size=...)`` writes);
+    ``config`` defaults to ``path/config.json`` (:meth:`Qwen3Config.from_json`, which accepts a
+    ``transformers``-written file and refuses what this chain cannot run). Every tensor of
+    :func:`expected_shapes` (table in the module docstring: ``[V, E]`` embedding, ``[out, in]``
+    projections, ``[E]`` / ``[D]`` norms) must be present with exactly that shape and ``dtype``
+    (BF16 by default; nothing is cast). Extra tensors are refused, except ``*.rotary_emb.inv_freq``
+    buffers, which are ignored. With ``tie_word_embeddings`` the output head is the embedding
+    tensor itself (as in ``transformers``): ``lm_head.weight`` is normally absent, and where
+    present it must equal ``model.embed_tokens.weight`` bit for bit.
+
+    All names, shapes and dtypes (and the index's shard assignment) are checked from the
+    safetensors headers before any tensor data is read; then tensors are read with
     ``safetensors.safe_open`` (no pickles) and moved to ``device``.
+
+    Returns
+    -------
+    Qwen3Weights
+        In ``dtype`` on ``device``; ``provenance`` records the path and files.
 
     Raises
     ------
     WeightError
-        Naming the first missing, unexpected, mis-shaped or mis-typed tensor.
+        Not a directory; no safetensors files; a malformed index, or a shard it names that does not
+        exist (naming the index, the shard and a tensor it should hold); an unreadable file; a
+        tensor stored twice, missing, unexpected, of the wrong shape or dtype, or not where the
+        index says (all problems listed, each naming the tensor and its file); a tied
+        ``lm_head.weight`` that differs from the embedding.
+    ConfigError
+        ``config`` is None and ``path/config.json`` is absent, malformed or unsupported.
     """
     from safetensors import safe_open
-
-    from rl_engine.chain.config import Qwen3Config as _Cfg
 
     root = Path(path)
     if not root.is_dir():
         raise WeightError(f"{root}: not a checkpoint directory")
-    config = config or _Cfg.from_json(root / "config.json")
-    shapes = expected_shapes(config)
+    config = config or Qwen3Config.from_json(root / "config.json")
+    files, weight_map = _checkpoint_files(root)
+    stored = _read_headers(files)
+    problems = _header_problems(config, stored, weight_map, dtype)
+    if problems:
+        more = ""
+        if len(problems) > 1:
+            shown = "; ".join(problems[1:6])
+            more = f"; {len(problems) - 1} more: {shown}" + ("; ..." if len(problems) > 6 else "")
+        cast = (" (tensors are never cast on load: save the checkpoint in the dtype asked for, or pass the "
+                "stored dtype as dtype=)") if any(": expected dtype " in p for p in problems) else ""
+        raise WeightError(f"{problems[0]} (checkpoint {root}){more}{cast}")
     device = torch.device(device)
-    where: dict[str, Path] = {}
     tensors: dict[str, torch.Tensor] = {}
-    extra_lm_head = None
-    unexpected: list[str] = []
-    for f in _checkpoint_files(root):
+    tied_head = None
+    for f in files:
         with safe_open(str(f), framework="pt", device="cpu") as sf:
             for name in sf.keys():
-                if name in where:
-                    raise WeightError(f"{name}: present in both {where[name].name} and {f.name}")
-                where[name] = f
                 if name.endswith(_IGNORED_SUFFIXES):
                     continue
                 if name == "lm_head.weight" and config.tie_word_embeddings:
-                    extra_lm_head = sf.get_tensor(name)
+                    tied_head = sf.get_tensor(name)
                     continue
-                if name not in shapes:
-                    unexpected.append(name)
-                    continue
-                t = sf.get_tensor(name)
-                _check_one(name, t, shapes[name], dtype, where=f.name)
-                tensors[name] = t.to(device)
-    missing = [n for n in shapes if n not in tensors]
-    if missing:
-        raise WeightError(f"{missing[0]}: missing from checkpoint {root}"
-                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    if unexpected:
-        raise WeightError(f"{unexpected[0]}: unexpected tensor in checkpoint {root} "
-                          f"(not part of a Qwen3 dense model with this config)"
-                          + (f"; {len(unexpected) - 1} more" if len(unexpected) > 1 else ""))
-    if extra_lm_head is not None:
+                tensors[name] = sf.get_tensor(name)
+    if tied_head is not None:
         emb = tensors["model.embed_tokens.weight"]
-        _check_one("lm_head.weight", extra_lm_head, shapes["model.embed_tokens.weight"], dtype, where=str(root))
-        if not torch.equal(extra_lm_head.view(torch.int16) if dtype == torch.bfloat16 else extra_lm_head,
-                           emb.cpu().view(torch.int16) if dtype == torch.bfloat16 else emb.cpu()):
-            raise WeightError("lm_head.weight: tie_word_embeddings is true but lm_head.weight differs from "
-                              "model.embed_tokens.weight")
-    prov = {"kind": "checkpoint", "path": str(root.resolve()), "files": [p.name for p in _checkpoint_files(root)],
-            "dtype": str(dtype).replace("torch.", "")}
+        if not torch.equal(tied_head.contiguous().view(torch.uint8), emb.contiguous().view(torch.uint8)):
+            raise WeightError(f"lm_head.weight: tie_word_embeddings is true but lm_head.weight in "
+                              f"{stored['lm_head.weight'].file.name} differs from model.embed_tokens.weight")
+    tensors = {name: t.to(device) for name, t in tensors.items()}
+    prov = {"kind": "checkpoint", "path": str(root.resolve()), "files": [p.name for p in files],
+            "dtype": _dtype_name(dtype)}
     w = _from_named(config, tensors, prov)
     w.validate(dtype)
     return w
 
 
 def save_checkpoint(weights: Qwen3Weights, path: str | Path) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (Hugging Face layout) into ``path``."""
+    """Write ``config.json`` (:meth:`Qwen3Config.write_json`) and one ``model.safetensors`` in the
+    Hugging Face layout (names and shapes of the module docstring, in the weights' own dtype,
+    nothing cast) into ``path``, created if needed; returns ``path``.
+
+    ``transformers.Qwen3ForCausalLM.from_pretrained(path)`` loads the result, and so does
+    :func:`load_checkpoint`. With ``tie_word_embeddings`` no ``lm_head.weight`` is written (the
+    embedding is the head, as ``transformers`` saves tied models).
+
+    Raises
+    ------
+    WeightError
+        ``weights`` fail :meth:`Qwen3Weights.validate`, or ``path`` already holds other
+        ``*.safetensors`` files or an index (both checked before anything is written).
+    """
     from safetensors.torch import save_file
 
+    weights.validate()
     root = Path(path)
+    stale = sorted(f.name for f in root.glob("*.safetensors*") if f.name != "model.safetensors")
+    if stale:
+        raise WeightError(f"{root}: already holds {', '.join(stale[:3])} (another checkpoint's shards or index, "
+                          f"which a loader would read instead of or with model.safetensors); save into an "
+                          f"empty directory")
     root.mkdir(parents=True, exist_ok=True)
     weights.config.write_json(root / "config.json")
     tensors = {n: t.detach().contiguous().cpu() for n, t in weights.named_tensors()}
