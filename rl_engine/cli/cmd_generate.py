@@ -140,7 +140,8 @@ def run(args) -> int:
             "model": args.model, "backend": args.backend, "device": str(device), "triton_interpreter": interpreted,
             "sampling": res.sampling.to_dict(), "stop_token_ids": list(args.stop_token_ids or []),
             "max_batch": res.max_batch, "s_max": res.s_max, "decode_steps": res.decode_steps,
-            "prefills": res.prefills, "generated_tokens": res.generated_tokens, "wall_s": round(res.wall_s, 4),
+            "prefills": res.prefills, "cuda_graph": res.cuda_graph, "graph_fallback": res.graph_fallback,
+            "generated_tokens": res.generated_tokens, "wall_s": round(res.wall_s, 4),
             "tokens_per_s": round(res.tokens_per_s, 4),
             "completions": [{"seq_id": c.seq_id, "prompt_len": len(c.prompt), "tokens": c.tokens.tolist(),
                              "logprobs": c.logprobs.tolist(), "finish_reason": c.finish_reason}
@@ -152,6 +153,10 @@ def run(args) -> int:
             print(f"seq {c.seq_id} ({len(c.prompt)} prompt tokens, {c.finish_reason}): "
                   + " ".join(f"{t}({lp:.4f})" for t, lp in zip(c.tokens.tolist(), c.logprobs.tolist())))
         print(f"{res.generated_tokens} tokens in {res.wall_s:.2f} s: {res.tokens_per_s:.3f} tokens/s "
-              f"({where}, max_batch {res.max_batch}, {res.decode_steps} decode steps, {res.prefills} prefills)")
+              f"({where}, max_batch {res.max_batch}, {res.decode_steps} decode steps, {res.prefills} prefills"
+              f"{', CUDA graphs' if res.cuda_graph else ''})")
+        if res.graph_fallback:
+            print(f"note: the decode steps ran eagerly, the CUDA graph capture failed: {res.graph_fallback}",
+                  file=sys.stderr)
     sys.stdout.flush()
     return 0

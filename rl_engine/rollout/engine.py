@@ -128,6 +128,10 @@ class GenerationResult:
     """``(seq_id, slot, decode steps run before its prefill)`` per sequence, in admission order."""
     bucket_steps: tuple[tuple[int, int], ...] = ()
     """``(bucket size, decode steps run at that size)``, by size (:data:`BUCKET_SIZES`)."""
+    cuda_graph: bool = False
+    """Whether the decode steps replayed CUDA graphs."""
+    graph_fallback: str | None = None
+    """Why graphs were asked for but the steps ran eagerly (:attr:`Engine.graph_fallback`), else None."""
 
     @property
     def generated_tokens(self) -> int:
@@ -284,10 +288,14 @@ class Engine:
         self._views = {b: self._bucket_views(b) for b in self.buckets}
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._graph_key = (params, tuple(stop_token_ids))
+        self.graph_fallback: str | None = None
+        """Why the engine runs its decode step eagerly although graphs were asked for (None when the
+        graphs were captured or not asked for): a capture failed twice (:meth:`_capture`)."""
         if cuda_graph:  # the graphs read this stop-token tensor: the engine keeps it alive
             self._graph_stop = torch.tensor(tuple(stop_token_ids), dtype=torch.int64, device=dev)
             for b in self.buckets:
-                self._capture(params, self._graph_stop, b)
+                if not self._capture(params, self._graph_stop, b):
+                    break
 
     # -- pieces -----------------------------------------------------------------------------------
     def _slot_cache(self, slot: int) -> KVCache:
@@ -346,16 +354,22 @@ class Engine:
         v["slot_pos"].copy_(torch.where(live, v["slot_pos"] + 1, torch.zeros_like(v["slot_pos"])))
         return tok, lp, stopped, finished
 
-    def _capture(self, params: SamplingParams, stop: torch.Tensor, b: int) -> None:
-        """Capture :meth:`_decode_step` over slots ``[0, b)`` of the static slot state in a CUDA graph.
+    def _capture(self, params: SamplingParams, stop: torch.Tensor, b: int) -> bool:
+        """Capture :meth:`_decode_step` over slots ``[0, b)`` of the static slot state in a CUDA graph;
+        True when it was captured.
 
-        Run once eagerly on a side stream first (Triton compiles, the CUDA library loads, the
-        allocator warms up: none of that can happen inside a capture), with every slot idle (token
-        0 at position 0: it writes position 0 of each cache row, which a prefill NaN-fills before
-        a sequence uses the row); the slot state is then reset, and the capture records the
-        launches without running them.
+        :func:`rl_engine.graphs.capture` runs the step eagerly on its side stream first (Triton
+        compiles, the CUDA libraries load, the allocator grows: none of that can happen inside a
+        capture) with every slot idle (token 0 at position 0: it writes position 0 of each cache
+        row, which a prefill NaN-fills before a sequence uses the row); the slot state is then
+        reset, and the capture records the launches without running them. A failed capture is
+        tried once more; a second failure is not hidden: the engine drops every graph, runs its
+        step eagerly (the same kernels, so the same bits, only slower), records the reason in
+        :attr:`graph_fallback` (and so in :attr:`GenerationResult.graph_fallback`) and warns.
         """
-        from rl_engine.graphs import capture
+        import warnings
+
+        from rl_engine.graphs import GraphCaptureError, capture
 
         state = (self.slot_token, self.slot_pos, self.slot_count, self.slot_live)
         saved = [t.clone() for t in state]
@@ -368,8 +382,21 @@ class Engine:
             tok, lp, stopped, finished = self._decode_step(params, stop, b)
             return tok, lp, torch.stack([finished, stopped])
 
-        graph, out = capture(step, after_warmup=reset, device=self.model.device)
-        self.graphs[b] = (graph, out)
+        errors = []
+        for _ in range(2):
+            try:
+                graph, out = capture(step, after_warmup=reset, device=self.model.device)
+            except GraphCaptureError as exc:
+                errors.append(str(exc))
+                reset()
+                continue
+            self.graphs[b] = (graph, out)
+            return True
+        self.graphs.clear()
+        self.graph_fallback = f"bucket {b}: {errors[-1]} (twice)"
+        warnings.warn(f"rl_engine rollout: the decode step could not be captured in a CUDA graph ({self.graph_fallback}); "
+                      "this engine runs it eagerly: the same bits, slower", RuntimeWarning, stacklevel=3)
+        return False
 
     @property
     def graph(self) -> torch.cuda.CUDAGraph | None:
@@ -543,7 +570,8 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
         Cache positions per slot (default ``max_b (P_b + C_b)``).
     cuda_graph
         Replay the decode step as one CUDA graph (default: on for a kernel backend on a CUDA
-        device; :class:`Engine`). The bits are the eager step's.
+        device; :class:`Engine`). The bits are the eager step's. A capture that fails twice makes
+        the engine run eagerly with a ``RuntimeWarning``; ``GenerationResult.graph_fallback`` says why.
     buckets
         Step over the smallest batch-size bucket holding every live slot (:data:`BUCKET_SIZES`;
         default: on the CPU, and on a GPU when :data:`BUCKETS_ON_CUDA`). The bits do not change.
@@ -584,7 +612,8 @@ def generate(model: Qwen3Model, prompts: Sequence[Sequence[int]], max_new_tokens
     completions = [Completion(r.seq_id, r.prompt, torch.cat(r.tokens).cpu(), torch.cat(r.logprobs).cpu(),
                               r.finish_reason or "length") for r in reqs]
     return GenerationResult(completions, params, slots, int(s_max), steps, prefills, wall,
-                            tuple(admissions), tuple(sorted(engine.bucket_steps.items())))
+                            tuple(admissions), tuple(sorted(engine.bucket_steps.items())),
+                            cuda_graph=bool(engine.graphs), graph_fallback=engine.graph_fallback)
 
 
 __all__ = ["Completion", "Engine", "GenerationPlan", "GenerationResult", "generate", "plan_generation",
