@@ -25,15 +25,16 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def logits():
+def logits(device):
     g = torch.Generator().manual_seed(0)
-    return torch.randn(5, 777, generator=g) * 3  # V = 777: not a multiple of any vector width
+    return (torch.randn(5, 777, generator=g) * 3).to(device)  # V = 777: not a multiple of any vector width
 
 
 def _draw(sampler, logits, params, rows):
-    seq = torch.tensor([10 + r for r in rows])
-    pos = torch.tensor([3 + 2 * r for r in rows])
-    return sampler.sample(LOGP, logits[rows].contiguous(), seq, torch.arange(len(rows)), pos, params)
+    dev = logits.device
+    seq = torch.tensor([10 + r for r in rows], device=dev)
+    pos = torch.tensor([3 + 2 * r for r in rows], device=dev)
+    return sampler.sample(LOGP, logits[rows].contiguous(), seq, torch.arange(len(rows), device=dev), pos, params)
 
 
 @pytest.mark.parametrize("params", SETTINGS, ids=["T1", "T0.7-k5-p0.8", "greedy"])
@@ -65,20 +66,22 @@ def test_noise_depends_on_seed_sequence_and_position():
     assert u.dtype == torch.float64 and bool((u > 0).all()) and bool((u < 1).all()) and u.unique().numel() == 4096
 
 
-def test_greedy_takes_the_lowest_id_among_ties_and_the_unscaled_logprob():
-    lg = torch.tensor([[0.0, 2.0, 1.0, 2.0], [3.0, 3.0, 3.0, 3.0]])
-    tok, lp = Sampler().sample(LOGP, lg, torch.tensor([0, 1]), torch.arange(2), torch.tensor([1, 1]),
+def test_greedy_takes_the_lowest_id_among_ties_and_the_unscaled_logprob(device):
+    lg = torch.tensor([[0.0, 2.0, 1.0, 2.0], [3.0, 3.0, 3.0, 3.0]], device=device)
+    tok, lp = Sampler().sample(LOGP, lg, torch.tensor([0, 1], device=device), torch.arange(2, device=device),
+                               torch.tensor([1, 1], device=device),
                                SamplingParams(0.0, top_k=1, top_p=0.5))
     assert tok.tolist() == [1, 0]
     assert torch.equal(_bits(lp), _bits(LOGP(logits=lg, targets=tok, temperature=1.0)))
 
 
-def test_top_k_keeps_exactly_k_with_ties_broken_by_the_lower_id():
-    lg = torch.tensor([[1.0, 5.0, 5.0, 5.0, 0.0, 5.0]])
+def test_top_k_keeps_exactly_k_with_ties_broken_by_the_lower_id(device):
+    lg = torch.tensor([[1.0, 5.0, 5.0, 5.0, 0.0, 5.0]], device=device)
     mask = kept_mask(lg, SamplingParams(1.0, top_k=2))
     assert mask[0].tolist() == [False, True, True, False, False, False]
     # uniform logits, top-k 2: the renormalised distribution gives each kept token exactly 1/2
-    tok, lp = Sampler().sample(LOGP, torch.zeros(1, 8), torch.tensor([0]), torch.tensor([0]), torch.tensor([1]),
+    one = torch.tensor([0], device=device)
+    tok, lp = Sampler().sample(LOGP, torch.zeros(1, 8, device=device), one, one, one + 1,
                                SamplingParams(1.0, top_k=2, seed=9))
     assert int(tok) in (0, 1) and float(lp) == float(torch.tensor(-math.log(2.0), dtype=torch.float32))
 
@@ -231,7 +234,7 @@ def test_the_smallest_accepted_temperature_draws_the_argmax_with_finite_logprobs
     for params in (SamplingParams(MIN_TEMPERATURE, seed=5), SamplingParams(MIN_TEMPERATURE, top_k=7, top_p=0.5)):
         tok, lp = _draw(Sampler(), logits, params, rows)
         assert torch.equal(tok, torch.argmax(logits, dim=1)) and bool(torch.isfinite(lp).all())
-    assert bool(torch.isinf(logits / torch.full((), 1e-38, dtype=torch.float32)).any())
+    assert bool(torch.isinf(logits / torch.full((), 1e-38, dtype=torch.float32, device=logits.device)).any())
 
 
 def _nonfinite_rows(v: int = 777) -> torch.Tensor:
