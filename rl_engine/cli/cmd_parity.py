@@ -10,7 +10,10 @@ profile holds over all runs, 1 when it does not, 2 on bad usage or environment.
 framework (LHS = training style, RHS = rollout style): ``.pt`` / ``.npy`` 1-D FP32 tensors, or
 ``.jsonl`` files with one object per token ``{"seq": i, "pos": p, "token_id": t, "logp": x}``
 (``pos`` = the position of the scored token). Both sides must cover the same tokens; otherwise
-exit 2 naming the first misaligned position.
+exit 2 naming the first misaligned position. It also prints verl's rollout-correction mismatch
+metrics of the two dumps (``rollout_corr/...``, ``training/rollout_probs_diff_*``;
+:mod:`rl_engine.rl.metrics`) with LHS as verl's ``old_log_prob`` and RHS as its ``rollout_log_prob``;
+a ``.jsonl`` dump is split into sequences by ``seq``, a tensor file is one sequence.
 """
 
 from __future__ import annotations
@@ -312,6 +315,40 @@ def check_alignment(lhs_name: str, lhs_coords, lhs_n: int, rhs_name: str, rhs_co
     return "by order (a tensor file carries no token coordinates)"
 
 
+def verl_report(lhs, rhs, coords) -> dict[str, Any]:
+    """verl's mismatch metrics (:data:`rl_engine.rl.metrics.VERL_NAMES`) of two aligned dumps [N]:
+    ``lhs`` as ``old_log_prob`` (training), ``rhs`` as ``rollout_log_prob``; the tokens grouped into
+    sequences by their ``seq`` coordinate (``coords`` from a ``.jsonl``, sorted by seq, pos), or one
+    sequence when there are no coordinates. Reporting statistics, no threshold."""
+    import torch
+
+    from rl_engine.rl.metrics import VERL_NAMES, mismatch_metrics, pad_rows
+
+    if coords is None:
+        sizes, grouping = [int(lhs.numel())], "one sequence (a tensor file carries no seq)"
+    else:
+        sizes = []
+        for i, c in enumerate(coords):
+            if i == 0 or c[0] != coords[i - 1][0]:
+                sizes.append(0)
+            sizes[-1] += 1
+        grouping = "by seq"
+    old, mask = pad_rows(list(torch.split(lhs.reshape(-1), sizes)))
+    roll, _ = pad_rows(list(torch.split(rhs.reshape(-1), sizes)))
+    m = mismatch_metrics(old, roll, mask)
+    return {"sequences": len(sizes), "grouping": grouping, "old_log_prob": "lhs", "rollout_log_prob": "rhs",
+            "metrics": {k: m[k] for k in VERL_NAMES}}
+
+
+def format_verl(verl: dict[str, Any]) -> str:
+    """The text block of :func:`verl_report`."""
+    names = verl["metrics"]
+    width = max(len(k) for k in names)
+    head = (f"verl mismatch metrics (old_log_prob = lhs, rollout_log_prob = rhs; {verl['sequences']} sequence"
+            f"{'s' if verl['sequences'] != 1 else ''}, {verl['grouping']}):")
+    return "\n".join([head] + [f"  {k.ljust(width)}  {v!r}" for k, v in names.items()])
+
+
 def run_report(args) -> int:
     import torch
 
@@ -339,12 +376,14 @@ def run_report(args) -> int:
               "worst_token": None if worst is None else
               {"index": worst, **({"seq": lc[worst][0], "pos": lc[worst][1], "token_id": lc[worst][2]} if lc else {}),
                "lhs": float(lhs[worst]), "rhs": float(rhs[worst])},
-              "reports": {p: r.as_dict() for p, r in reports.items()}}
+              "reports": {p: r.as_dict() for p, r in reports.items()},
+              "verl": verl_report(lhs, rhs, lc)}
     if args.json:
         print(json.dumps(result, indent=1, default=str))
     else:
         for p, r in reports.items():
             print(r.summary() + (f"  p99={r.p99_abs_dlogp:.3e} p999={r.p999_abs_dlogp:.3e}" if p == "ws1" else ""))
+        print(format_verl(result["verl"]))
         print(f"aligned {aligned}; roles: lhs = {chosen.roles['lhs']}, rhs = {chosen.roles['rhs']}", file=sys.stderr)
         for n in notes:
             print(f"note: {n}", file=sys.stderr)

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     # every command module imported by name: one that fails to import is an error, never a missing command
     from rl_engine.constants import __version__
     from rl_engine.cli import (cmd_audit, cmd_bench, cmd_compare, cmd_contract, cmd_env, cmd_gate, cmd_generate,
-                               cmd_parity, cmd_report)
+                               cmd_parity, cmd_report, cmd_rl)
     from rl_engine.cli.args import EXIT_CODES
 
     parser = _Parser(prog="rl-engine", description="Deterministic BF16 kernels and the WS1 precision gate.",
@@ -35,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"rl-engine {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    for module in (cmd_gate, cmd_report, cmd_compare, cmd_parity, cmd_generate, cmd_env, cmd_contract, cmd_audit,
-                   cmd_bench):
+    for module in (cmd_gate, cmd_report, cmd_compare, cmd_parity, cmd_generate, cmd_rl, cmd_env, cmd_contract,
+                   cmd_audit, cmd_bench):
         module.register(sub)
     return parser
 
