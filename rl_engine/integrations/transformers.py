@@ -44,6 +44,8 @@ Math source: ``transformers/models/qwen3/modeling_qwen3.py`` (5.x) and the chain
 
 from __future__ import annotations
 
+import inspect
+
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -574,17 +576,24 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 def _base_forward(h: KernelPatch, orig: Callable[..., Any]) -> Callable[..., Any]:
     """``Qwen3Model.forward``, preceded by :meth:`KernelPatch.plan` (every check before any op)."""
 
+    # transformers renamed the cache argument (``past_key_values`` up to 5.1x, ``cache`` since): the
+    # patched forward takes either and hands it on under the installed version's name
+    cache_name = "cache" if "cache" in inspect.signature(orig).parameters else "past_key_values"
+
     def forward(input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache: Any = None,
                 inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None, **kwargs: Any) -> Any:
-        if cache is None:
-            cache = kwargs.pop("past_key_values", None)
+        other = kwargs.pop("past_key_values", None)
+        if cache is not None and other is not None:
+            raise InputError("pass the KV cache once: both cache= and past_key_values= were given")
+        cache = cache if cache is not None else other
         if "rl_engine_plan" in kwargs:
             raise InputError("rl_engine_plan: built by the patched forward from its inputs; do not pass one")
         plan = h.plan(input_ids, inputs_embeds, attention_mask, position_ids, cache, use_cache, kwargs)
         if plan.packed_or_padded:
             use_cache = False
-        return orig(input_ids=input_ids, attention_mask=None, position_ids=plan.positions, cache=cache,
+        kwargs[cache_name] = cache
+        return orig(input_ids=input_ids, attention_mask=None, position_ids=plan.positions,
                     inputs_embeds=inputs_embeds, use_cache=use_cache, rl_engine_plan=plan, **kwargs)
 
     return forward

@@ -387,8 +387,20 @@ def test_an_unavailable_backend_is_refused_with_its_reason(weights, device):
     assert untouched(m)
 
 
+def _cache_name(m) -> str:
+    """transformers' name for the KV cache argument and output field (``past_key_values`` up to 5.1x,
+    ``cache`` since)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(m).forward).parameters else "past_key_values"
+
+
+def _cache_kw(m, out) -> dict:
+    return {_cache_name(m): getattr(out, _cache_name(m))}
+
+
 def _static_cache(m):
-    return {"cache": transformers.StaticCache(config=m.config, max_cache_len=16), "use_cache": True}
+    return {_cache_name(m): transformers.StaticCache(config=m.config, max_cache_len=16), "use_cache": True}
 
 
 S = LENGTHS[0]
@@ -514,8 +526,8 @@ def test_a_cache_continuation_gives_the_full_forwards_bits(backend, weights, seq
         full = m(ids, use_cache=False).logits
         first = m(ids[:, :5], use_cache=True)
         with pytest.raises(InputError, match="with 5 cached tokens"):  # positions that ignore the cache
-            m(ids[:, 5:], cache=first.cache, position_ids=torch.arange(3, device=device)[None])
-        rest = m(ids[:, 5:], cache=first.cache, use_cache=True)
+            m(ids[:, 5:], **_cache_kw(m, first), position_ids=torch.arange(3, device=device)[None])
+        rest = m(ids[:, 5:], **_cache_kw(m, first), use_cache=True)
         gen = m.generate(ids[:, :5], max_new_tokens=2, do_sample=False)
         again = m(gen[:, :-1], use_cache=False).logits
     assert _same_bits(first.logits, full[:, :5]) and _same_bits(rest.logits, full[:, 5:]), _mismatch(rest.logits,

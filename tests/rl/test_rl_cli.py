@@ -90,7 +90,7 @@ def test_the_command_defaults_are_the_settings_defaults():
 
 def test_a_mismatched_policy_exits_1(capsys, tmp_path, checkpoint):
     """Negative control of the exit code: sample on torch_bf16 (BF16 logits), train on the FP32
-    reference chain; the ratio is not 1, the update still runs, and the command says so."""
+    reference chain; the ratio is not 1, the step still finishes, and the command says so."""
     rc, text, _ = run(capsys, "rl-step", "--model", checkpoint, "--backend", "torch_bf16:reference_fp32",
                       "--control", "none", "--steps", "1", "--prompts", "1", "--group", "2", "--max-new-tokens", "2",
                       "--out", tmp_path)
@@ -98,7 +98,7 @@ def test_a_mismatched_policy_exits_1(capsys, tmp_path, checkpoint):
     policy = data["steps"][0]["paths"]["torch_bf16:reference_fp32"]
     assert rc == 1 and data["passed"] is False and "NOT exactly 1" in text
     assert policy["role"] == "policy" and not policy["ratio_exactly_one"] and policy["rollout_corr/kl"] != 0.0
-    assert data["steps"][0]["update"]["changed_elements"] > 0 and data["controls"] == []
+    assert data["controls"] == []  # (whether the update moved any weight depends on PPO clipping here)
 
 
 @pytest.mark.parametrize("argv,word", [
