@@ -12,7 +12,7 @@ R=$OUT/robustness
   echo "commit ${RL_ENGINE_SOURCE_COMMIT:-unknown} dirty ${RL_ENGINE_SOURCE_DIRTY:-unknown}"; } > "$R/env.txt" 2>&1
 cat "$R/env.txt"
 OUT=$R python3 tools/first_generate_probe.py --variants "${PROBE_VARIANTS:-legacy-capture}" \
-  --presets "${PROBE_PRESETS:-tiny,qwen3-8b}" 2>&1 | tee "$R/probe.txt"
+  --presets "${PROBE_PRESETS:-tiny,qwen3-8b}" --repeat "${PROBE_REPEAT:-1}" 2>&1 | tee "$R/probe.txt"
 timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -rs -n "${TEST_PROCS:-2}" ${TEST_ARGS:-tests/rollout} 2>&1 \
   | tee "$R/gpu-tests.log" | tail -15
 for b in triton_cuda_bf16 cuda_bf16; do
