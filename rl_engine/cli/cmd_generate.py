@@ -94,6 +94,30 @@ def parse_prompts(spec: str) -> list[list[int]]:
     return [_parse_ids(chunk, f"--prompts prompt {i}") for i, chunk in enumerate(spec.split(";"))]
 
 
+def model_config(spec: str, gpu: bool):
+    """``(config, checkpoint path or None)`` of ``--model`` (a preset or a safetensors checkpoint
+    directory holding ``config.json``), refused before any weights are made when it has more than
+    :data:`CPU_MAX_PARAMETERS` and there is no GPU.
+
+    Raises RLEngineError (not a preset, not a directory), ConfigError (the directory's config.json),
+    InputError (too large without a GPU)."""
+    from rl_engine.chain.config import PRESETS, Qwen3Config
+    from rl_engine.errors import InputError, RLEngineError
+
+    if spec in PRESETS:
+        config, path = PRESETS[spec], None
+    else:
+        path = Path(spec)
+        if not path.is_dir():
+            raise RLEngineError(f"--model {spec!r}: not a preset ({', '.join(PRESETS)}) and not a directory")
+        config = Qwen3Config.from_json(path)
+    if not gpu and config.num_parameters() > CPU_MAX_PARAMETERS:
+        raise InputError(f"--model {spec}: {config.num_parameters():.3g} parameters is too large without a GPU "
+                         f"(at most {CPU_MAX_PARAMETERS:.0e} here: the kernels would run in the CPU interpreter, "
+                         "minutes per decode step); run it on a CUDA GPU or pick the tiny or tiny-smoke preset")
+    return config, path
+
+
 def run(args) -> int:
     import torch
 
@@ -103,30 +127,18 @@ def run(args) -> int:
     if not gpu and not env.triton_interpret():
         env.enable_triton_interpreter()  # before any kernel module is imported
     from rl_engine.backends.registry import check_backend
-    from rl_engine.chain.config import PRESETS, Qwen3Config
     from rl_engine.chain.model import Qwen3Model
     from rl_engine.chain.weights import load_checkpoint, synthetic_weights
     from rl_engine.contract import load_contract
-    from rl_engine.errors import InputError, RLEngineError
     from rl_engine.rollout import generate
     from rl_engine.rollout.engine import plan_generation
 
     device = torch.device("cuda" if gpu else "cpu")
-    if args.model in PRESETS:
-        config, path = PRESETS[args.model], None
-    else:
-        path = Path(args.model)
-        if not path.is_dir():
-            raise RLEngineError(f"--model {args.model!r}: not a preset ({', '.join(PRESETS)}) and not a directory")
-        config = Qwen3Config.from_json(path)
+    config, path = model_config(args.model, gpu)
     prompts = parse_prompts(args.prompts)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                     stop_token_ids=args.stop_token_ids, max_batch=args.max_batch, seq_ids=args.seq_ids)
     plan_generation(config, prompts, args.max_new_tokens, **settings)  # every input error before the model
-    if not gpu and config.num_parameters() > CPU_MAX_PARAMETERS:
-        raise InputError(f"--model {args.model}: {config.num_parameters():.3g} parameters is too large without a GPU "
-                         f"(at most {CPU_MAX_PARAMETERS:.0e} here: the kernels would run in the CPU interpreter, "
-                         "minutes per decode step); run it on a CUDA GPU or pick the tiny or tiny-smoke preset")
     contract = load_contract()
     check_backend(args.backend, contract)
     weights = (load_checkpoint(path, config, device=device) if path is not None

@@ -129,9 +129,8 @@ def run(args) -> int:
         env.enable_triton_interpreter()  # before any kernel module is imported
     from rl_engine import provenance
     from rl_engine.backends.registry import check_backend
-    from rl_engine.chain.config import PRESETS, Qwen3Config
     from rl_engine.chain.weights import load_checkpoint, synthetic_weights
-    from rl_engine.cli.cmd_generate import CPU_MAX_PARAMETERS
+    from rl_engine.cli.cmd_generate import model_config
     from rl_engine.contract import load_contract
     from rl_engine.errors import InputError, RLEngineError
     from rl_engine.jsonio import write_json_atomic
@@ -144,13 +143,7 @@ def run(args) -> int:
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                           max_batch=args.max_batch, clip_eps=args.clip_eps, adv_epsilon=args.adv_epsilon,
                           optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay)
-    if args.model in PRESETS:
-        config, path = PRESETS[args.model], None
-    else:
-        path = Path(args.model)
-        if not path.is_dir():
-            raise RLEngineError(f"--model {args.model!r}: not a preset ({', '.join(PRESETS)}) and not a directory")
-        config = Qwen3Config.from_json(path / "config.json")
+    config, path = model_config(args.model, gpu)
     prompts = make_prompts(args.prompts, args.prompt_len, config.vocab_size, args.prompt_seed)
     check_run(config, prompts, settings)
     policy = PathSpec.parse(args.backend)
@@ -159,10 +152,6 @@ def run(args) -> int:
     labels = [policy.label] + [c.label for c in controls]
     if len(set(labels)) != len(labels):
         raise InputError(f"--control: paths must differ from each other and from --backend {policy.label}")
-    if not gpu and config.num_parameters() > CPU_MAX_PARAMETERS:
-        raise InputError(f"--model {args.model}: {config.num_parameters():.3g} parameters is too large without a GPU "
-                         f"(at most {CPU_MAX_PARAMETERS:.0e} here: the kernels would run in the CPU interpreter, "
-                         "minutes per step); run it on a CUDA GPU or pick the tiny or tiny-smoke preset")
     contract = load_contract()
     for name in dict.fromkeys(b for c in [policy, *controls] for b in (c.rollout, c.train)):
         check_backend(name, contract)

@@ -54,7 +54,8 @@ from rl_engine.chain.weights import LAYER_TENSORS, LayerWeights, Qwen3Weights
 from rl_engine.errors import InputError
 from rl_engine.rl.metrics import mismatch_metrics, pad_rows, ratio_exactly_one
 from rl_engine.rollout.engine import Completion, GenerationResult, generate, plan_generation
-from rl_engine.rollout.sampling import SamplingParams, sampling_logprobs
+from rl_engine.rollout.sampling import SamplingParams
+from rl_engine.rollout.score import packed_completion_logprobs
 
 ADV_EPSILON = 1e-6
 """The ``epsilon`` of the group-normalised advantage ``(r - mean) / (std + epsilon)`` (verl's GRPO
@@ -114,7 +115,7 @@ def teacher_forcing_logprobs(model: Qwen3Model, completions: Sequence[Completion
                              params: SamplingParams) -> list[torch.Tensor]:
     """FP32 logprobs [C_b] of each completion's tokens under ``params``, by teacher forcing, with autograd.
 
-    The computation of :func:`rl_engine.rollout.score_completions` (one packed varlen forward over
+    The computation of :func:`rl_engine.rollout.score_completions` (:func:`rl_engine.rollout.score.packed_completion_logprobs`: one packed varlen forward over
     every ``prompt + tokens``; row ``P_b - 1 + c`` predicts token ``c``; FP32 ``lm_head`` logits;
     :func:`~rl_engine.rollout.sampling.sampling_logprobs` with the model's ``logp`` op), run with
     gradients enabled so a loss on the result reaches the weights. Tensors on the model's device.
@@ -124,22 +125,8 @@ def teacher_forcing_logprobs(model: Qwen3Model, completions: Sequence[Completion
     for i, c in enumerate(completions):
         if c.tokens.numel() == 0:
             raise InputError(f"completions[{i}]: no tokens to score")
-    dev = model.device
-    seqs = [torch.cat([torch.tensor(c.prompt, dtype=torch.int64), c.tokens.to(torch.int64)]) for c in completions]
-    lens = [int(s.numel()) for s in seqs]
-    cu = [0]
-    for m in lens:
-        cu.append(cu[-1] + m)
     with torch.enable_grad():
-        ids = torch.cat(seqs).to(dev)
-        positions = torch.cat([torch.arange(m, dtype=torch.int64) for m in lens]).to(dev)
-        hidden = model.forward(ids, positions, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=dev))
-        rows = torch.cat([torch.arange(start + len(c.prompt) - 1, start + lens[j] - 1, dtype=torch.int64)
-                          for j, (c, start) in enumerate(zip(completions, cu[:-1]))]).to(dev)
-        targets = torch.cat([c.tokens.to(torch.int64) for c in completions]).to(dev)
-        logits = model.logits(hidden.index_select(0, rows))
-        lp = sampling_logprobs(model.ops.impl("logp"), logits, targets, params)
-    return list(torch.split(lp, [int(c.tokens.numel()) for c in completions]))
+        return packed_completion_logprobs(model, completions, params)
 
 
 # -- settings ----------------------------------------------------------------------------------------

@@ -41,26 +41,36 @@ def score_completions(model: Qwen3Model, completions: Sequence[Completion], para
     for i, c in enumerate(completions):
         if c.tokens.numel() == 0:
             raise InputError(f"completions[{i}]: no tokens to score")
-    dev = model.device
     n = len(completions)
     step = micro_batch or max(n, 1)
-    logp_fn = model.ops.impl("logp")
     out: list[torch.Tensor] = []
     with torch.no_grad():
         for lo in range(0, n, step):
-            group = completions[lo : lo + step]
-            seqs = [torch.cat([torch.tensor(c.prompt, dtype=torch.int64), c.tokens.to(torch.int64)]) for c in group]
-            lens = [int(s.numel()) for s in seqs]
-            cu = [0]
-            for m in lens:
-                cu.append(cu[-1] + m)
-            ids = torch.cat(seqs).to(dev)
-            positions = torch.cat([torch.arange(m, dtype=torch.int64) for m in lens]).to(dev)
-            hidden = model.forward(ids, positions, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=dev))
-            rows = torch.cat([torch.arange(start + len(c.prompt) - 1, start + lens[j] - 1, dtype=torch.int64)
-                              for j, (c, start) in enumerate(zip(group, cu[:-1]))]).to(dev)
-            targets = torch.cat([c.tokens.to(torch.int64) for c in group]).to(dev)
-            logits = model.logits(hidden.index_select(0, rows))
-            lp = sampling_logprobs(logp_fn, logits, targets, params).cpu()
-            out.extend(torch.split(lp, [int(c.tokens.numel()) for c in group]))
-    return list(out)
+            out.extend(lp.cpu() for lp in packed_completion_logprobs(model, completions[lo : lo + step], params))
+    return out
+
+
+def packed_completion_logprobs(model: Qwen3Model, completions: Sequence[Completion],
+                               params: SamplingParams) -> list[torch.Tensor]:
+    """FP32 logprobs [C_i] of each completion's tokens from **one** packed varlen forward over every
+    ``prompt + tokens`` (row ``P_i - 1 + c`` predicts token ``c``; FP32 ``lm_head`` logits of those
+    rows only; :func:`~rl_engine.rollout.sampling.sampling_logprobs` with the model's ``logp`` op), on
+    the model's device. Records autograd when the caller does: :func:`score_completions` runs it under
+    ``torch.no_grad()``, the RL step (:mod:`rl_engine.rl.grpo`) with gradients. One definition for
+    both, so the trainer's logprobs are the scorer's bits. Completions must be non-empty (the
+    callers check)."""
+    dev = model.device
+    seqs = [torch.cat([torch.tensor(c.prompt, dtype=torch.int64), c.tokens.to(torch.int64)]) for c in completions]
+    lens = [int(s.numel()) for s in seqs]
+    cu = [0]
+    for m in lens:
+        cu.append(cu[-1] + m)
+    ids = torch.cat(seqs).to(dev)
+    positions = torch.cat([torch.arange(m, dtype=torch.int64) for m in lens]).to(dev)
+    hidden = model.forward(ids, positions, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=dev))
+    rows = torch.cat([torch.arange(start + len(c.prompt) - 1, start + lens[j] - 1, dtype=torch.int64)
+                      for j, (c, start) in enumerate(zip(completions, cu[:-1]))]).to(dev)
+    targets = torch.cat([c.tokens.to(torch.int64) for c in completions]).to(dev)
+    logits = model.logits(hidden.index_select(0, rows))
+    lp = sampling_logprobs(model.ops.impl("logp"), logits, targets, params)
+    return list(torch.split(lp, [int(c.tokens.numel()) for c in completions]))
