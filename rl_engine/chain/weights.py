@@ -524,6 +524,9 @@ def save_checkpoint(weights: Qwen3Weights, path: str | Path) -> Path:
         raise WeightError(f"{root}: already holds {', '.join(stale[:3])} (another checkpoint's shards or index, "
                           f"which a loader would read instead of or with model.safetensors); save into an "
                           f"empty directory")
+    if root.exists() and not root.is_dir():
+        raise WeightError(f"{root}: exists and is not a directory; save_checkpoint writes a directory "
+                          "(config.json and model.safetensors)")
     root.mkdir(parents=True, exist_ok=True)
     weights.config.write_json(root / "config.json")
     tensors = {n: t.detach().contiguous().cpu() for n, t in weights.named_tensors()}

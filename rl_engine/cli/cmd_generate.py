@@ -42,11 +42,13 @@ def register(sub) -> None:
     p.add_argument("--seq-ids", type=int, nargs="+", default=None,
                    help="one sequence id per prompt, distinct, in [0, 2^63): they key the sampling noise, so a "
                         "sequence is reproduced in any batch by its id (default: 0 .. N-1, the prompt's index)")
-    p.add_argument("--max-batch", type=int, default=8, help="sequences decoded at once; more wait in a queue")
+    p.add_argument("--max-batch", type=int, default=8,
+                   help="sequences decoded at once (default 8; the engine runs min(max_batch, prompts) slots); "
+                        "more wait in a queue")
     p.add_argument("--stop-token-ids", type=int, nargs="*", default=None, help="token ids that end a sequence")
     p.add_argument("--backend", default="triton_cuda_bf16", help="kernel backend (default: triton_cuda_bf16)")
-    p.add_argument("--weights-seed", type=int, default=0, help="seed of the synthetic weights (presets only)")
-    p.add_argument("--logit-scale", type=float, default=2.0,
+    p.add_argument("--weights-seed", type=int, default=None, help="seed of the synthetic weights (presets only)")
+    p.add_argument("--logit-scale", type=float, default=None,
                    help="logit standard deviation of the synthetic lm_head (presets only; default 2)")
     p.add_argument("--json", action="store_true",
                    help="print the result as JSON (logprobs at full FP32 precision; plain output rounds them to 4 decimals)")
@@ -56,6 +58,8 @@ def register(sub) -> None:
 def _parse_ids(text: str, where: str) -> list[int]:
     from rl_engine.errors import InputError
 
+    if any(not chunk.strip() for chunk in text.split(",")) and text.strip():
+        raise InputError(f"{where}: an empty token id between commas in {text.strip()!r}")
     parts = [t for t in text.replace(",", " ").split()]
     if not parts:
         raise InputError(f"{where}: empty prompt")
@@ -130,11 +134,17 @@ def run(args) -> int:
     from rl_engine.chain.model import Qwen3Model
     from rl_engine.chain.weights import load_checkpoint, synthetic_weights
     from rl_engine.contract import load_contract
+    from rl_engine.errors import InputError
     from rl_engine.rollout import generate
     from rl_engine.rollout.engine import plan_generation
 
     device = torch.device("cuda" if gpu else "cpu")
     config, path = model_config(args.model, gpu)
+    if path is not None and (args.weights_seed is not None or args.logit_scale is not None):
+        raise InputError("--weights-seed and --logit-scale shape synthetic weights (presets only); "
+                         f"--model {args.model} is a checkpoint")
+    if args.weights_seed is not None and args.weights_seed < 0:
+        raise InputError(f"--weights-seed: expected an integer >= 0, got {args.weights_seed}")
     prompts = parse_prompts(args.prompts)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                     stop_token_ids=args.stop_token_ids, max_batch=args.max_batch, seq_ids=args.seq_ids)
@@ -142,7 +152,8 @@ def run(args) -> int:
     contract = load_contract()
     check_backend(args.backend, contract)
     weights = (load_checkpoint(path, config, device=device) if path is not None
-               else synthetic_weights(config, args.weights_seed, logit_scale=args.logit_scale, device=device))
+               else synthetic_weights(config, args.weights_seed or 0,
+                                      logit_scale=2.0 if args.logit_scale is None else args.logit_scale, device=device))
     model = Qwen3Model(weights, args.backend, norm_order=contract.rms_norm_order)
     res = generate(model, prompts, args.max_new_tokens, **settings)
     interpreted = env.triton_interpret() and args.backend == "triton_cuda_bf16"

@@ -69,8 +69,8 @@ def register(sub) -> None:
         "rl-engine parity-report train_logp.jsonl rollout_logp.jsonl",
         "rl-engine parity-report lhs.pt rhs.pt --key logp --profile strict --json",
     ])
-    r.add_argument("lhs", help="training-style logprobs (.pt, .npy or .jsonl)")
-    r.add_argument("rhs", help="rollout-style logprobs (.pt, .npy or .jsonl)")
+    r.add_argument("lhs", help="training-style logprobs (.pt, .npy, .safetensors or .jsonl)")
+    r.add_argument("rhs", help="rollout-style logprobs (.pt, .npy, .safetensors or .jsonl)")
     r.add_argument("--profile", choices=("ws1", "strict"), default="ws1",
                    help="profile that decides the exit code, ws1 or strict (both are computed). Default here: ws1, "
                         "the standard's thresholds for dumps from any framework; rl-engine parity defaults to "

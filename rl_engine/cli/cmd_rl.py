@@ -70,9 +70,9 @@ def register(sub) -> None:
     p.add_argument("--adv-epsilon", type=float, default=1e-6,
                    help="epsilon of the GRPO advantage (r - mean) / (std + epsilon), an estimator constant "
                         "(default 1e-6)")
-    p.add_argument("--weights-seed", type=int, default=0,
+    p.add_argument("--weights-seed", type=int, default=None,
                    help="seed of the synthetic weights (presets only; default 0)")
-    p.add_argument("--logit-scale", type=float, default=2.0,
+    p.add_argument("--logit-scale", type=float, default=None,
                    help="logit standard deviation of the synthetic lm_head (presets only; default 2)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (rl_step.json), created if missing")
     p.add_argument("--dump", action="store_true",
@@ -144,10 +144,22 @@ def run(args) -> int:
                           max_batch=args.max_batch, clip_eps=args.clip_eps, adv_epsilon=args.adv_epsilon,
                           optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay)
     config, path = model_config(args.model, gpu)
+    if path is not None and (args.weights_seed is not None or args.logit_scale is not None):
+        raise InputError("--weights-seed and --logit-scale shape synthetic weights (presets only); "
+                         f"--model {args.model} is a checkpoint")
+    for flag, v in (("--prompt-seed", args.prompt_seed), ("--weights-seed", args.weights_seed)):
+        if v is not None and v < 0:
+            raise InputError(f"{flag}: expected an integer >= 0, got {v}")
+    if isinstance(args.prompt_len, int) and args.prompt_len + args.max_new_tokens > config.max_position_embeddings:
+        raise InputError(f"--prompt-len {args.prompt_len} + --max-new-tokens {args.max_new_tokens} exceed the model's "
+                         f"max_position_embeddings {config.max_position_embeddings}")
     prompts = make_prompts(args.prompts, args.prompt_len, config.vocab_size, args.prompt_seed)
     check_run(config, prompts, settings)
     policy = PathSpec.parse(args.backend)
     controls_arg = ["torch_bf16"] if args.control is None else args.control
+    if "none" in controls_arg and len(controls_arg) > 1:
+        raise InputError(f"--control: 'none' means no control path and cannot be combined with others "
+                         f"({', '.join(controls_arg)})")
     controls = [] if controls_arg == ["none"] else [PathSpec.parse(c) for c in controls_arg]
     labels = [policy.label] + [c.label for c in controls]
     if len(set(labels)) != len(labels):
@@ -164,14 +176,15 @@ def run(args) -> int:
         raise RLEngineError(f"cannot create output folder {out}: {exc.strerror}") from exc
     # -- the run -----------------------------------------------------------------------------------
     weights = (load_checkpoint(path, config, device=device) if path is not None
-               else synthetic_weights(config, args.weights_seed, logit_scale=args.logit_scale, device=device))
+               else synthetic_weights(config, args.weights_seed or 0,
+                                      logit_scale=2.0 if args.logit_scale is None else args.logit_scale, device=device))
     trainer = GRPOTrainer(weights, prompts, settings, backend=policy, controls=controls,
                           norm_order=contract.rms_norm_order)
     interpreted = env.triton_interpret() and not gpu
     result: dict[str, Any] = {
         "schema_version": RL_STEP_SCHEMA, "kind": "rl_step",
-        "judgment": f"passed: the {policy.label} path's importance ratio exp(train_lp - rollout_lp) is exactly 1.0 "
-                    "for every sampled token in every step",
+        "judgment": f"pending (criterion: the {policy.label} path's importance ratio exp(train_lp - rollout_lp) is "
+                    "exactly 1.0 for every sampled token in every step)",
         "passed": None, "contract": contract.identity(), "provenance": provenance.collect(contract),
         "model": {"name": args.model, "config": config.to_dict(), "weights": weights.provenance},
         "backend": policy.label, "controls": [c.label for c in controls], "device": str(device),
@@ -191,6 +204,7 @@ def run(args) -> int:
             sys.stdout.flush()
         print(f"rl-step: step {k} done in {res.record['wall_s']:.1f} s", file=sys.stderr)
     result["passed"] = passed
+    result["judgment"] = result["judgment"].replace("pending", "passed" if passed else "failed", 1)
     result["wall_time_s"] = round(time.perf_counter() - t0, 3)
     write_json_atomic(out / "rl_step.json", result, prefix=".rl_step-")
     if args.json:

@@ -235,7 +235,7 @@ def make_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     seeded with ``seed`` (the same prompts on every host)."""
     _pos_int("prompts", n)
     _pos_int("prompt_len", length)
-    g = torch.Generator().manual_seed(_pos_int("seed", seed, 0))
+    g = torch.Generator().manual_seed(_pos_int("prompt_seed", seed, 0))
     return torch.randint(0, vocab, (n, length), generator=g, dtype=torch.int64).tolist()
 
 

@@ -83,6 +83,17 @@ def test_loader_round_trip(tmp_path):
     assert up.dtype == torch.float32 and torch.equal(up.layers[0].q_proj, back.layers[0].q_proj.float())
 
 
+def test_saving_onto_a_file_is_a_weight_error(tmp_path):
+    """A path that is a file gets WeightError naming it (it was a bare FileExistsError). Control: a
+    fresh directory path saves."""
+    w = synthetic_weights(SMALL, 5)
+    f = tmp_path / "ckpt"
+    f.write_text("not a directory")
+    with pytest.raises(WeightError, match="not a directory"):
+        save_checkpoint(w, f)
+    assert (save_checkpoint(w, tmp_path / "fresh") / "model.safetensors").is_file()
+
+
 def test_loader_sharded_with_index(tmp_path):
     w = synthetic_weights(SMALL, 5)
     SMALL.write_json(tmp_path / "config.json")

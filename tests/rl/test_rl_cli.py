@@ -44,6 +44,7 @@ def test_rl_step_passes_and_writes_rl_step_json(cli_run):
     assert rc == 0, text
     data = json.loads((out / "rl_step.json").read_text())
     assert data["schema_version"] == "rl_engine.rl_step/1" and data["passed"] is True
+    assert data["judgment"].startswith("passed (criterion: the triton_cuda_bf16 path's importance ratio")
     assert data["backend"] == "triton_cuda_bf16" and data["controls"] == ["torch_bf16", "triton_cuda_bf16:torch_bf16"]
     assert data["provenance"]["triton_interpret"] == (not torch.cuda.is_available())
     assert "git_commit" in data["provenance"] and data["settings"]["sampling"]["temperature"] == 1.0
@@ -99,6 +100,7 @@ def test_a_mismatched_policy_exits_1(capsys, tmp_path, checkpoint):
     assert rc == 1 and data["passed"] is False and "NOT exactly 1" in text
     assert policy["role"] == "policy" and not policy["ratio_exactly_one"] and policy["rollout_corr/kl"] != 0.0
     assert data["controls"] == []  # (whether the update moved any weight depends on PPO clipping here)
+    assert data["judgment"].startswith("failed (criterion:")  # the file's verdict agrees with the exit code
 
 
 @pytest.mark.parametrize("argv,word", [
@@ -114,6 +116,11 @@ def test_a_mismatched_policy_exits_1(capsys, tmp_path, checkpoint):
     (["--backend", "no_such_backend:torch_bf16"], "no_such_backend"),
     (["--model", "nope-7b"], "not a preset"),
     (["--max-new-tokens", "300"], "max_position_embeddings"),
+    (["--prompt-len", "100000000"], "max_position_embeddings"),  # refused by arithmetic, no prompts drawn
+    (["--prompt-seed", "-1"], "--prompt-seed"),
+    (["--control", "none,torch_bf16"], "cannot be combined"),
+    (["--weights-seed", "3"], "presets only"),  # the default model here is a checkpoint
+    (["--logit-scale", "3"], "presets only"),
 ])
 def test_bad_input_exits_2_before_any_model(capsys, tmp_path, monkeypatch, checkpoint, argv, word):
     import rl_engine.chain.weights as weights

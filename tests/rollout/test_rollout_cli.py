@@ -28,7 +28,8 @@ def test_a_non_utf8_prompts_file_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("spec, words", [("1,2;;3", "prompt 1: empty prompt"), ("1,x", "not inline token ids"), ("1,-", "not an integer"),
-                                         ("missing.txt", "no such file"), ("1.5", "no such file")])
+                                         ("missing.txt", "no such file"), ("1.5", "no such file"),
+                                         ("1,,2", "empty token id"), ("1,2,", "empty token id")])
 def test_bad_prompts_are_named(spec, words):
     with pytest.raises(InputError, match=words):
         parse_prompts(spec)
@@ -44,6 +45,7 @@ def test_bad_prompts_are_named(spec, words):
     (["--prompts", "1,2", "--temperature", "1e-38"], "smallest accepted temperature"),
     (["--prompts", "1,2;3", "--seq-ids", "4", "4"], "distinct"),
     (["--prompts", "1,2;3", "--seq-ids", "4"], "one integer per prompt"),
+    (["--prompts", "1,2", "--weights-seed", "-1"], "--weights-seed"),
 ])
 def test_bad_input_exits_2_with_the_reason(capsys, extra, words):
     argv = ["generate", "--model", "tiny-smoke", "--max-new-tokens", "2", *extra]
@@ -96,3 +98,20 @@ def test_plain_output_shows_logprobs_and_seq_ids_key_the_draws(capsys):
     assert main(base + ["--prompts", "4,5", "--seq-ids", "91", "--json"]) == 0
     other = json.loads(capsys.readouterr().out)["completions"][0]
     assert other["logprobs"] != both[90]["logprobs"]
+
+
+def test_preset_only_options_are_refused_for_a_checkpoint(capsys, tmp_path):
+    """--weights-seed / --logit-scale shape synthetic weights; with a checkpoint they used to be
+    ignored silently. Control: the same checkpoint without them gets past the check (a bad prompt
+    then names itself)."""
+    from rl_engine.chain.config import get_config
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    get_config("tiny-smoke").write_json(ckpt / "config.json")
+    base = ["generate", "--model", str(ckpt), "--max-new-tokens", "2"]
+    for extra in (["--weights-seed", "3"], ["--logit-scale", "3"]):
+        assert main(base + ["--prompts", "1,2", *extra]) == 2
+        assert "presets only" in capsys.readouterr().err
+    assert main(base + ["--prompts", "1,x"]) == 2
+    assert "not inline token ids" in capsys.readouterr().err
