@@ -7,9 +7,6 @@
 set -u
 R=$OUT/issue35
 . tools/device_setup.sh "$R"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  echo "commit ${RL_ENGINE_SOURCE_COMMIT:-unknown} dirty ${RL_ENGINE_SOURCE_DIRTY:-unknown}"; } > "$R/env.txt" 2>&1
 cat "$R/env.txt"
 timeout "${HF_TIMEOUT:-240}" python3 tools/hf_rollout_parity.py --preset qwen3-8b --seeds 0 1 2 --prompts 8 \
   --max-new-tokens "${HF_TOKENS:-128}" --out "$R/hf" 2>&1 | tee "$R/hf.log" | tail -8

@@ -7,9 +7,6 @@
 set -u
 R=$OUT/robustness
 . tools/device_setup.sh "$R"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-  echo "commit ${RL_ENGINE_SOURCE_COMMIT:-unknown} dirty ${RL_ENGINE_SOURCE_DIRTY:-unknown}"; } > "$R/env.txt" 2>&1
 cat "$R/env.txt"
 OUT=$R python3 tools/first_generate_probe.py --variants "${PROBE_VARIANTS:-legacy-capture}" \
   --presets "${PROBE_PRESETS:-tiny,qwen3-8b}" --repeat "${PROBE_REPEAT:-1}" 2>&1 | tee "$R/probe.txt"

@@ -230,7 +230,11 @@ def _check_one(name: str, t: Any, shape: tuple[int, ...], dtype: torch.dtype, wh
                           f"got {str(t.dtype).replace('torch.', '')} in {where}")
 
 
-def _from_named(config: Qwen3Config, tensors: dict[str, torch.Tensor], provenance: dict[str, Any]) -> Qwen3Weights:
+def weights_from_named(config: Qwen3Config, tensors: dict[str, torch.Tensor],
+                       provenance: dict[str, Any]) -> Qwen3Weights:
+    """A :class:`Qwen3Weights` over ``tensors`` keyed by Hugging Face names (as :meth:`Qwen3Weights.named_tensors`
+    yields them; with tied embeddings ``lm_head`` is the embedding tensor itself). No copies, no checks
+    (the callers validate)."""
     layers = []
     for i in range(config.num_hidden_layers):
         layers.append(LayerWeights(**{_attr(n): tensors[f"model.layers.{i}.{n}"] for n in LAYER_TENSORS}))
@@ -312,7 +316,7 @@ def synthetic_weights(config: Qwen3Config, seed: int, *, logit_scale: float = 1.
         del x
     prov = {"kind": "synthetic", "seed": int(seed), "logit_scale": float(logit_scale),
             "device_kind": device.type, "dtype": str(dtype).replace("torch.", ""), "recipe": SYNTHETIC_RECIPE}
-    w = _from_named(config, tensors, prov)
+    w = weights_from_named(config, tensors, prov)
     w.validate(dtype)
     return w
 
@@ -495,7 +499,7 @@ def load_checkpoint(path: str | Path, config: Qwen3Config | None = None, *,
     tensors = {name: t.to(device) for name, t in tensors.items()}
     prov = {"kind": "checkpoint", "path": str(root.resolve()), "files": [p.name for p in files],
             "dtype": _dtype_name(dtype)}
-    w = _from_named(config, tensors, prov)
+    w = weights_from_named(config, tensors, prov)
     w.validate(dtype)
     return w
 

@@ -98,13 +98,15 @@ def parse_prompts(spec: str) -> list[list[int]]:
     return [_parse_ids(chunk, f"--prompts prompt {i}") for i, chunk in enumerate(spec.split(";"))]
 
 
-def model_config(spec: str, gpu: bool):
+def model_config(spec: str, gpu: bool, weights_seed: int | None = None, logit_scale: float | None = None):
     """``(config, checkpoint path or None)`` of ``--model`` (a preset or a safetensors checkpoint
     directory holding ``config.json``), refused before any weights are made when it has more than
-    :data:`CPU_MAX_PARAMETERS` and there is no GPU.
+    :data:`CPU_MAX_PARAMETERS` and there is no GPU. ``weights_seed`` / ``logit_scale``: the
+    synthetic-weight options as given (None when not given), checked here for every command.
 
     Raises RLEngineError (not a preset, not a directory), ConfigError (the directory's config.json),
-    InputError (too large without a GPU)."""
+    InputError (too large without a GPU; a synthetic-weight option with a checkpoint; a negative
+    ``weights_seed``)."""
     from rl_engine.chain.config import PRESETS, Qwen3Config
     from rl_engine.errors import InputError, RLEngineError
 
@@ -119,6 +121,11 @@ def model_config(spec: str, gpu: bool):
         raise InputError(f"--model {spec}: {config.num_parameters():.3g} parameters is too large without a GPU "
                          f"(at most {CPU_MAX_PARAMETERS:.0e} here: the kernels would run in the CPU interpreter, "
                          "minutes per decode step); run it on a CUDA GPU or pick the tiny or tiny-smoke preset")
+    if path is not None and (weights_seed is not None or logit_scale is not None):
+        raise InputError(f"--weights-seed and --logit-scale shape synthetic weights (presets only); --model {spec} "
+                         "is a checkpoint")
+    if weights_seed is not None and weights_seed < 0:
+        raise InputError(f"--weights-seed: expected an integer >= 0, got {weights_seed}")
     return config, path
 
 
@@ -134,17 +141,11 @@ def run(args) -> int:
     from rl_engine.chain.model import Qwen3Model
     from rl_engine.chain.weights import load_checkpoint, synthetic_weights
     from rl_engine.contract import load_contract
-    from rl_engine.errors import InputError
     from rl_engine.rollout import generate
     from rl_engine.rollout.engine import plan_generation
 
     device = torch.device("cuda" if gpu else "cpu")
-    config, path = model_config(args.model, gpu)
-    if path is not None and (args.weights_seed is not None or args.logit_scale is not None):
-        raise InputError("--weights-seed and --logit-scale shape synthetic weights (presets only); "
-                         f"--model {args.model} is a checkpoint")
-    if args.weights_seed is not None and args.weights_seed < 0:
-        raise InputError(f"--weights-seed: expected an integer >= 0, got {args.weights_seed}")
+    config, path = model_config(args.model, gpu, args.weights_seed, args.logit_scale)
     prompts = parse_prompts(args.prompts)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                     stop_token_ids=args.stop_token_ids, max_batch=args.max_batch, seq_ids=args.seq_ids)

@@ -143,13 +143,9 @@ def run(args) -> int:
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                           max_batch=args.max_batch, clip_eps=args.clip_eps, adv_epsilon=args.adv_epsilon,
                           optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay)
-    config, path = model_config(args.model, gpu)
-    if path is not None and (args.weights_seed is not None or args.logit_scale is not None):
-        raise InputError("--weights-seed and --logit-scale shape synthetic weights (presets only); "
-                         f"--model {args.model} is a checkpoint")
-    for flag, v in (("--prompt-seed", args.prompt_seed), ("--weights-seed", args.weights_seed)):
-        if v is not None and v < 0:
-            raise InputError(f"{flag}: expected an integer >= 0, got {v}")
+    config, path = model_config(args.model, gpu, args.weights_seed, args.logit_scale)
+    if args.prompt_seed < 0:
+        raise InputError(f"--prompt-seed: expected an integer >= 0, got {args.prompt_seed}")
     if isinstance(args.prompt_len, int) and args.prompt_len + args.max_new_tokens > config.max_position_embeddings:
         raise InputError(f"--prompt-len {args.prompt_len} + --max-new-tokens {args.max_new_tokens} exceed the model's "
                          f"max_position_embeddings {config.max_position_embeddings}")

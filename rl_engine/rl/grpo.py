@@ -50,7 +50,7 @@ import torch
 
 from rl_engine.chain.config import Qwen3Config
 from rl_engine.chain.model import Qwen3Model
-from rl_engine.chain.weights import LAYER_TENSORS, LayerWeights, Qwen3Weights
+from rl_engine.chain.weights import Qwen3Weights, weights_from_named
 from rl_engine.errors import InputError
 from rl_engine.rl.metrics import mismatch_metrics, pad_rows, ratio_exactly_one
 from rl_engine.rollout.engine import Completion, GenerationResult, generate, plan_generation
@@ -256,17 +256,6 @@ def check_run(config: Qwen3Config, prompts: Sequence[Sequence[int]], settings: R
 
 
 # -- weights -----------------------------------------------------------------------------------------
-def weights_from_named(config: Qwen3Config, tensors: dict[str, torch.Tensor],
-                       provenance: dict[str, Any]) -> Qwen3Weights:
-    """A :class:`Qwen3Weights` over ``tensors`` (Hugging Face names, as ``Qwen3Weights.named_tensors``
-    yields them; with tied embeddings ``lm_head`` is the embedding tensor itself). No copies."""
-    layers = [LayerWeights(**{n.split(".")[-2]: tensors[f"model.layers.{i}.{n}"] for n in LAYER_TENSORS})
-              for i in range(config.num_hidden_layers)]
-    embed = tensors["model.embed_tokens.weight"]
-    lm_head = embed if config.tie_word_embeddings else tensors["lm_head.weight"]
-    return Qwen3Weights(config, embed, layers, tensors["model.norm.weight"], lm_head, dict(provenance))
-
-
 class Policy:
     """FP32 master weights, their optimizer state, and the BF16 weights the models run on.
 
@@ -462,7 +451,7 @@ class GRPOTrainer:
     def _path(self, path: PathSpec, res: GenerationResult, *, update: bool, shared: str | None) -> PathResult:
         s = self.settings
         comps = res.completions
-        model = self.model(path.train, trainable=True)
+        model = self.model(path.train, trainable=update)  # a control builds no autograd graph
         t0 = time.perf_counter()
         train = teacher_forcing_logprobs(model, comps, res.sampling)
         dev = train[0].device
