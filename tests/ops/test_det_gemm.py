@@ -188,6 +188,77 @@ def test_decode_tiles_equal_the_prefill_path_at_qwen3_8b_shapes(k, n):
         assert bits_equal(out, prefill[:m]), (m, k, n)
 
 
+SMALL_PERSISTENT = dg_triton.PersistentTiles(32, 32, 4, 2, 2, True)
+"""Small tiles for the interpreter: several tiles per program, edges in M and N."""
+
+
+def _operand(shape, transposed, g, device, scale=1.0):
+    """A BF16 [rows, cols] operand stored row-major, or as the transpose of a row-major [cols, rows]."""
+    if transposed:
+        return spec_mod.randn(shape[::-1], g, scale=scale, device=device).t()
+    return spec_mod.randn(shape, g, scale=scale, device=device)
+
+
+@pytest.mark.parametrize("m,k,n,a_t,b_t", [(130, 512, 96, False, True), (72, 256, 200, True, False),
+                                           (40, 1024, 64, True, True)],
+                         ids=["forward", "backward-db", "both-transposed"])
+def test_persistent_form_equals_fused_form(device, m, k, n, a_t, b_t):
+    """The persistent TMA form (leaves as consecutive items of one pipelined loop) gives the fused
+    form's bits at every tree depth, for each operand layout the forward and backward products
+    use (a transposed: db = a^T dc; b transposed: the weight ``W.t()``), with M and N edges and
+    several tiles per program. Control: a one-level tree differs, so the comparison can fail."""
+    g = spec_mod.make_generator(m * 31 + k + n)
+    a = _operand((m, k), a_t, g, device)
+    b = _operand((k, n), b_t, g, device, scale=k ** -0.5)
+    programs = 3 if device.type == "cpu" else None
+    tiles = SMALL_PERSISTENT if device.type == "cpu" else None
+    for depth in (0, 1, 2):
+        fused = dg_triton.det_gemm_launch(a, b, depth, False, leaf_split=False, persistent=False)
+        out = dg_triton.det_gemm_launch(a, b, depth, False, persistent=True, persistent_tiles=tiles, programs=programs)
+        assert bits_equal(out, fused), depth
+    assert not bits_equal(dg_triton.det_gemm_launch(a, b, 1, False, persistent=True, persistent_tiles=tiles,
+                                                    programs=programs),
+                          dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=False, persistent=False))
+
+
+def test_persistent_form_refuses_what_it_cannot_compute(device):
+    """K not a whole number of BK blocks per leaf, a row pitch TMA cannot read, or FP32 merges:
+    the persistent form does not apply, and forcing it is an error, not a silent other tree."""
+    g = spec_mod.make_generator(5)
+    b = spec_mod.randn((512, 64), g, device=device)
+    assert dg_triton.persistent_applies(spec_mod.randn((8, 512), g, device=device), b, 2)
+    assert not dg_triton.persistent_applies(spec_mod.randn((8, 512), g, device=device), b, 2, fp32_merge=True)
+    assert not dg_triton.persistent_applies(spec_mod.randn((8, 320), g, device=device),
+                                            spec_mod.randn((320, 64), g, device=device), 2)  # 320 = 5 x 64
+    odd_pitch = spec_mod.randn((8, 516), g, device=device)[:, :512]  # pitch 1032 bytes: not 16-aligned
+    assert not dg_triton.persistent_applies(odd_pitch, b, 2)
+    with pytest.raises(ValueError, match="persistent form"):
+        dg_triton.det_gemm_launch(odd_pitch, b, 2, False, persistent=True)
+    assert not dg_triton.use_persistent(spec_mod.randn((8, 512), g, device=device), b, 2)  # decode-sized M
+    if device.type == "cpu":  # no TMA in the interpreter's default path: it stays on the fused form
+        assert not dg_triton.use_persistent(spec_mod.randn((4096, 512), g, device=device), b, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the H200's TMA and tl.dot, not the interpreter's")
+@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096)],
+                         ids=["q_o", "kv", "gate_up", "down"])
+@pytest.mark.parametrize("m", [1024, 4096])
+def test_persistent_form_at_qwen3_8b_training_shapes(m, k, n):
+    """At the Qwen3-8B projection shapes of a training step, the default path (the persistent form
+    where :func:`use_persistent` picks it) gives the fused form's bits for the forward product
+    ``x W^T`` and both backward products (``dx = dy W``, ``dW^T = x^T dy``)."""
+    g = torch.Generator(device="cuda").manual_seed(m + k + n)
+    w = (torch.randn((n, k), generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16)
+    x = torch.randn((m, k), generator=g, device="cuda").to(torch.bfloat16)
+    dy = torch.randn((m, n), generator=g, device="cuda").to(torch.bfloat16)
+    for name, a, b in (("forward", x, w.t()), ("dx", dy, w), ("dw", x.t(), dy)):
+        fused = dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=False, persistent=False)
+        assert dg_triton.persistent_applies(a, b, 2), name
+        assert bits_equal(dg_triton.det_gemm_launch(a, b, 2, False, persistent=True), fused), (name, m, k, n)
+        assert bits_equal(dg_triton.det_gemm_launch(a, b, 2, False), fused), (name, m, k, n)
+
+
 def test_leaf_parallel_form_is_chosen_by_output_tiles_only():
     assert dg_triton.use_leaf_split(1, 4096, 2) and dg_triton.use_leaf_split(257, 4096, 2)
     assert not dg_triton.use_leaf_split(4096, 4096, 2)

@@ -164,6 +164,74 @@ def _det_gemm_kernel(a_ptr, b_ptr, c_ptr, w_ptr, s_ptr, M, N, K, k1, k2, k3,
 
 
 @triton.jit
+def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_cn,
+                                A_T: tl.constexpr, B_T: tl.constexpr, DEPTH: tl.constexpr,
+                                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                                PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr):
+    """The same tree as :func:`_det_gemm_kernel`, persistent, with TMA loads (Hopper).
+
+    ``PROGRAMS`` programs walk the output tiles in the grouped order (program ``p`` takes tiles
+    ``p, p + PROGRAMS, ...``); each tile's ``2^DEPTH`` leaves are consecutive items of one loop
+    (``tl.range(..., flatten=FLATTEN)``), so the software pipeline keeps loading the next leaf's
+    (and the next tile's) blocks while a leaf is rounded and parked. The K axis must split into
+    ``2^DEPTH`` leaves of whole ``BK`` blocks (``K % (BK << DEPTH) == 0``, checked by the
+    launcher): every leaf then starts on a block boundary and has no tail, so the blocks, their
+    order and every rounding are those of :func:`_leaf` in the other forms (tested bit for bit).
+    ``a_desc`` / ``b_desc`` are TMA descriptors of ``a [M, K]`` / ``b [K, N]`` in their stored
+    layout: ``A_T`` (``B_T``) means the descriptor holds ``a^T [K, M]`` (``b^T [N, K]``) and the
+    loaded block is transposed in shared memory, as the backward products' strided views need.
+    Rows and columns past M / N are zero-filled by the TMA unit and never stored. Parking: the
+    left leaf in ``w [M, N]`` (BF16), ``l0 + l1`` in ``c``, as in :func:`_det_gemm_kernel`."""
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(N, BN)
+    leaf_blocks = K // (BK << DEPTH)
+    my_tiles = tl.cdiv(tiles_m * tiles_n - pid, PROGRAMS)
+    per_group = GROUP_M * tiles_n
+    for item in tl.range(0, my_tiles << DEPTH, flatten=FLATTEN):
+        tile = pid + (item >> DEPTH) * PROGRAMS
+        leaf = item % (1 << DEPTH)
+        first_m = (tile // per_group) * GROUP_M
+        group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+        off_m = (first_m + (tile % per_group) % group_rows) * BM
+        off_n = ((tile % per_group) // group_rows) * BN
+        k0 = leaf * leaf_blocks * BK
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for kb in range(leaf_blocks):
+            k = k0 + kb * BK
+            if A_T:
+                a = a_desc.load([k, off_m]).T
+            else:
+                a = a_desc.load([off_m, k])
+            if B_T:
+                b = b_desc.load([off_n, k]).T
+            else:
+                b = b_desc.load([k, off_n])
+            acc = mma(a, b, acc, UPCAST)
+        part = acc.to(tl.bfloat16)
+        rows = off_m + tl.arange(0, BM)
+        cols = off_n + tl.arange(0, BN)
+        ok = (rows < M)[:, None] & (cols < N)[None, :]
+        r64 = rows.to(tl.int64)[:, None]
+        c64 = cols.to(tl.int64)[None, :]
+        c_ptrs = c_ptr + r64 * s_cm + c64 * s_cn
+        w_ptrs = w_ptr + r64 * N + c64
+        tl.debug_barrier()  # the previous item's loads of this tile's parked values precede any store
+        if DEPTH == 0:
+            tl.store(c_ptrs, part, mask=ok)
+        elif leaf % 2 == 0:
+            tl.store(w_ptrs, part, mask=ok)
+        else:
+            pair = _merge(tl.load(w_ptrs, mask=ok, other=0.0), part, False)
+            if DEPTH == 1:
+                tl.store(c_ptrs, pair, mask=ok)
+            elif leaf == 1:
+                tl.store(c_ptrs, pair, mask=ok)
+            else:
+                tl.store(c_ptrs, _merge(tl.load(c_ptrs, mask=ok, other=0.0), pair, False), mask=ok)
+
+
+@triton.jit
 def _det_gemm_leaves_kernel(a_ptr, b_ptr, w_ptr, c_ptr, cnt_ptr, M, N, K, k1, k2, k3,
                             s_am, s_ak, s_bk, s_bn, s_cm, s_cn, a_step, b_step,
                             DEPTH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -338,6 +406,98 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     return buf[row]
 
 
+@dataclass(frozen=True)
+class PersistentTiles:
+    """Configuration of the persistent TMA form: ``[bm, bn]`` tiles, ``BK`` fixed, grouped order."""
+
+    bm: int
+    bn: int
+    num_warps: int
+    num_stages: int
+    group_m: int
+    flatten: bool
+
+
+PERSISTENT_TILES = PersistentTiles(128, 128, 8, 4, 8, True)
+"""The persistent form's configuration, the same for every shape (never derived from M, N or K)."""
+
+PERSISTENT_ON_CUDA = True
+"""Whether a GPU of compute capability >= 9.0 runs the persistent TMA form where it applies
+(:func:`persistent_applies`); the fused form otherwise. A speed choice: same bits (tested)."""
+
+PERSISTENT_MIN_TILES = 128
+"""The persistent form runs for outputs of at least this many ``[bm, bn]`` tiles (about one per SM of
+the H200); smaller outputs keep the leaf-parallel form, which has ``2^depth`` programs per tile."""
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _tma_layout(t: torch.Tensor) -> bool | None:
+    """How a 2-D BF16 operand can be read by TMA: False (unit stride on the last dim), True (unit
+    stride on the first dim: the descriptor holds the transpose), None (neither, or a base or a row
+    pitch that is not 16-byte aligned)."""
+    if t.data_ptr() % 16:
+        return None
+    for transposed, unit, pitch in ((False, 1, 0), (True, 0, 1)):
+        if t.stride(unit) == 1 and (t.stride(pitch) * t.element_size()) % 16 == 0 and t.stride(pitch) >= t.shape[unit]:
+            return transposed
+    return None
+
+
+def persistent_applies(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False) -> bool:
+    """Whether the persistent TMA form can compute ``a @ b``: BF16 merges, ``K`` a multiple of
+    ``BK * 2^depth`` (whole blocks in every leaf) and both operands readable by TMA."""
+    k = a.shape[1]
+    return (not fp32_merge and k > 0 and k % (BK << depth) == 0
+            and _tma_layout(a) is not None and _tma_layout(b) is not None)
+
+
+def use_persistent(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False) -> bool:
+    """Whether :func:`det_gemm_launch` takes the persistent form: on a GPU of compute capability
+    >= 9.0 (TMA), for more rows than a decode step has (``M > 64``; the decode tiles stay) and
+    outputs of at least :data:`PERSISTENT_MIN_TILES` tiles, where it applies. Depends on the
+    shapes and layouts only; every form gives the same bits."""
+    if not (PERSISTENT_ON_CUDA and a.device.type == "cuda" and not upcast_dots()):
+        return False
+    if torch.cuda.get_device_capability(a.device)[0] < 9:
+        return False
+    t = PERSISTENT_TILES
+    m = a.shape[0]
+    tiles = triton.cdiv(m, t.bm) * triton.cdiv(b.shape[1], t.bn)
+    return (m > BATCH_DECODE_TILES.bm and tiles >= PERSISTENT_MIN_TILES
+            and persistent_applies(a, b, depth, fp32_merge))
+
+
+def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth: int,
+                       tiles: PersistentTiles | None, programs: int | None) -> None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t = tiles or PERSISTENT_TILES
+    m, k = a.shape
+    n = b.shape[1]
+    a_t, b_t = _tma_layout(a), _tma_layout(b)
+    a_desc = TensorDescriptor.from_tensor(a.t() if a_t else a, [BK, t.bm] if a_t else [t.bm, BK])
+    b_desc = TensorDescriptor.from_tensor(b.t() if b_t else b, [t.bn, BK] if b_t else [BK, t.bn])
+    w = torch.empty((m, n) if depth else (1, 1), dtype=torch.bfloat16, device=a.device)
+    count = triton.cdiv(m, t.bm) * triton.cdiv(n, t.bn)
+    if programs is None:
+        programs = _sm_count(a.device) if a.device.type == "cuda" else 3
+    programs = max(1, min(programs, count))
+    _det_gemm_persistent_kernel[(programs,)](
+        a_desc, b_desc, c, w, m, n, k, c.stride(0), c.stride(1),
+        A_T=a_t, B_T=b_t, DEPTH=depth, BM=t.bm, BN=t.bn, BK=BK, GROUP_M=t.group_m, PROGRAMS=programs,
+        FLATTEN=t.flatten, UPCAST=upcast_dots(), num_warps=t.num_warps, num_stages=t.num_stages,
+        enable_fp_fusion=FP_FUSION,
+    )
+
+
 def use_leaf_split(m: int, n: int, depth: int, fp32_merge: bool = False) -> bool:
     """Whether :func:`det_gemm_launch` takes the leaf-parallel form for an ``[m, n]`` output."""
     return depth > 0 and not fp32_merge and triton.cdiv(m, BM) * triton.cdiv(n, BN) < LEAF_SPLIT_BELOW_TILES
@@ -345,18 +505,29 @@ def use_leaf_split(m: int, n: int, depth: int, fp32_merge: bool = False) -> bool
 
 def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False,
                     leaf_split: bool | None = None, tiles: LeafTiles | None = None,
-                    merge_in_leaves: bool | None = None, counters: torch.Tensor | None = None) -> torch.Tensor:
+                    merge_in_leaves: bool | None = None, counters: torch.Tensor | None = None,
+                    persistent: bool | None = None, persistent_tiles: PersistentTiles | None = None,
+                    programs: int | None = None) -> torch.Tensor:
     """C [M, N] bf16 = tree-reduced a [M, K] @ b [K, N]; any strides (no copies of a or b).
 
     ``leaf_split`` forces the form (None: :func:`use_leaf_split`); ``tiles`` the leaf-parallel
     form's tiles (None: :func:`leaf_tiles`); ``merge_in_leaves`` whether the leaf-parallel form
     merges in its last leaf or in a second kernel (None: :data:`MERGE_IN_LEAVES_ON_CUDA` on a GPU), ``counters``
-    the in-leaf merge's tile counters (None: :func:`tile_counters`); tests compare the forms,
-    tiles and merges."""
+    the in-leaf merge's tile counters (None: :func:`tile_counters`); ``persistent`` forces the
+    persistent TMA form on or off (None: :func:`use_persistent`), ``persistent_tiles`` and
+    ``programs`` its configuration and grid; tests compare the forms, tiles and merges."""
     m, k = a.shape
     n = b.shape[1]
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     if m == 0 or n == 0:
+        return c
+    if persistent is None:
+        persistent = leaf_split is None and use_persistent(a, b, depth, fp32_merge)
+    if persistent:
+        if not persistent_applies(a, b, depth, fp32_merge):
+            raise ValueError("the persistent form needs BF16 merges, K a multiple of BK * 2^depth and "
+                             "TMA-readable operands")
+        _persistent_launch(a, b, c, depth, persistent_tiles, programs)
         return c
     if leaf_split is None:
         leaf_split = use_leaf_split(m, n, depth, fp32_merge)

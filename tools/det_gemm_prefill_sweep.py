@@ -1,0 +1,123 @@
+"""Sweep the persistent TMA form of the Triton det_gemm on a GPU (issue #33): bits and speed.
+
+For each Qwen3-8B projection shape at training sizes, and for each of the three products of a
+training step as the model lays them out (``forward = x @ W^T`` with ``b = W.t()``, ``dx = dy @ W``,
+``dw = x^T @ dy`` with ``a = x.t()``), this times
+
+- the fused form (one program per tile, the four leaf loops one after another),
+- the persistent form in each configuration of ``--configs``,
+- ``torch.matmul`` on the same operand views (cuBLAS),
+
+with ``triton.testing.do_bench`` (L2 flushed per call), and checks that every configuration gives
+the fused form's bits (a configuration that does not is reported and never chosen). Writes a JSON
+document (``--out``) with one row per (shape, product, implementation) and prints a table of the
+ratios to cuBLAS. Usage on the H200::
+
+    python tools/det_gemm_prefill_sweep.py --out sweep.json
+    python tools/det_gemm_prefill_sweep.py --ms 1024,8192 --configs 128x128x8x4x8xF,128x256x8x3x8xF
+
+A configuration is ``BMxBNxWARPSxSTAGESxGROUPx{F|N}`` (F: the leaf loop flattened into the tile
+loop; N: not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+SHAPES = {"q_o": (4096, 4096), "kv": (4096, 1024), "gate_up": (4096, 12288), "down": (12288, 4096)}
+"""name -> (K, N) of the forward product x [M, K] @ W^T, W [N, K]."""
+DEFAULT_CONFIGS = ("128x128x8x4x8xF", "128x128x8x3x8xF", "128x256x8x3x8xF", "128x256x8x4x8xF",
+                   "256x128x8x3x8xF", "128x128x8x4x8xN", "128x128x4x4x8xF")
+
+
+def parse_config(text: str):
+    from rl_engine.ops.det_gemm.triton import PersistentTiles
+
+    bm, bn, warps, stages, group, flat = text.split("x")
+    if flat not in ("F", "N"):
+        raise SystemExit(f"config {text!r}: the last field is F or N")
+    return PersistentTiles(int(bm), int(bn), int(warps), int(stages), int(group), flat == "F")
+
+
+def products(m: int, k: int, n: int, g: torch.Generator):
+    w = (torch.randn((n, k), generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16)
+    x = torch.randn((m, k), generator=g, device="cuda").to(torch.bfloat16)
+    dy = torch.randn((m, n), generator=g, device="cuda").to(torch.bfloat16)
+    return {"forward": (x, w.t()), "dx": (dy, w), "dw": (x.t(), dy)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ms", default="1024,4096,8192", help="token counts M (comma-separated)")
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"of {list(SHAPES)}")
+    p.add_argument("--products", default="forward,dx,dw")
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS))
+    p.add_argument("--rep-ms", type=float, default=60.0)
+    p.add_argument("--out", default="det_gemm_prefill_sweep.json")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    from triton.testing import do_bench
+
+    from rl_engine.ops.det_gemm import triton as dg
+
+    configs = {c: parse_config(c) for c in args.configs.split(",") if c}
+    rows = []
+    t_start = time.time()
+
+    def timed(fn):
+        return float(do_bench(fn, warmup=20, rep=args.rep_ms))
+
+    for m in (int(x) for x in args.ms.split(",")):
+        for shape in args.shapes.split(","):
+            k, n = SHAPES[shape]
+            g = torch.Generator(device="cuda").manual_seed(m * 7 + k + n)
+            for prod, (a, b) in products(m, k, n, g).items():
+                if prod not in args.products.split(","):
+                    continue
+                mm, kk = a.shape
+                nn = b.shape[1]
+                flops = 2 * mm * nn * kk
+                ref = dg.det_gemm_launch(a, b, 2, False, leaf_split=False, persistent=False)
+                base = {"M": m, "shape": shape, "product": prod, "dims": [mm, kk, nn], "flops": flops}
+                cublas_ms = timed(lambda: a @ b)
+                rows.append({**base, "impl": "cublas", "ms": cublas_ms, "bits_equal": None})
+                fused_ms = timed(lambda: dg.det_gemm_launch(a, b, 2, False, leaf_split=False, persistent=False))
+                rows.append({**base, "impl": "fused", "ms": fused_ms, "bits_equal": True})
+                default_out = dg.det_gemm_launch(a, b, 2, False)
+                rows.append({**base, "impl": "default", "ms": timed(lambda: dg.det_gemm_launch(a, b, 2, False)),
+                             "bits_equal": bool(torch.equal(default_out.view(torch.int16), ref.view(torch.int16)))})
+                for name, cfg in configs.items():
+                    try:
+                        out = dg.det_gemm_launch(a, b, 2, False, persistent=True, persistent_tiles=cfg)
+                        same = bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
+                        ms = timed(lambda cfg=cfg: dg.det_gemm_launch(a, b, 2, False, persistent=True,
+                                                                      persistent_tiles=cfg))
+                        rows.append({**base, "impl": name, "ms": ms, "bits_equal": same})
+                    except Exception as exc:  # a configuration that does not compile (shared memory)
+                        rows.append({**base, "impl": name, "ms": None, "bits_equal": None,
+                                     "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+                line = [f"M{m:5d} {shape:8s} {prod:8s} cuBLAS {flops / cublas_ms / 1e9:6.1f} TF/s"]
+                for r in rows:
+                    if (r["M"], r["shape"], r["product"]) == (m, shape, prod) and r["impl"] != "cublas":
+                        ratio = "err" if r["ms"] is None else f"{cublas_ms / r['ms']:.2f}"
+                        flag = "" if r["bits_equal"] in (True, None) else "!BITS"
+                        line.append(f"{r['impl']}={ratio}{flag}")
+                print(" ".join(line), flush=True)
+    doc = {"tool": "tools/det_gemm_prefill_sweep.py", "argv": sys.argv[1:], "device": torch.cuda.get_device_name(),
+           "torch": torch.__version__, "triton": __import__("triton").__version__,
+           "seconds": round(time.time() - t_start, 1), "rows": rows}
+    with open(args.out, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    bad = [r for r in rows if r["bits_equal"] is False]
+    print(f"{len(rows)} rows, {len(bad)} with different bits -> {args.out}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

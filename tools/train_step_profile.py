@@ -1,0 +1,201 @@
+"""Where a Qwen3-8B training step spends its GPU time (issue #33): torch.profiler over teacher
+forcing (forward + FP32 logprobs, no autograd) and the train step (the same with autograd, the
+sum of the logprobs as loss, backward into every weight), per kernel name and per op family.
+
+Synthetic Qwen3-8B weights (``rl_engine.chain.weights.synthetic_weights``), ``--batch`` packed
+sequences of ``--seq-len`` random tokens (cu_seqlens), every token scored against the next one of
+its sequence. Prints wall time per call (CUDA events, after ``--warmup`` calls), the summed kernel
+time, and the kernels by total time; ``--json`` writes the same. With ``--hf`` the same calls on
+Hugging Face ``Qwen3ForCausalLM`` (sdpa) over the same weight tensors are timed and profiled too.
+
+Usage on the H200::
+
+    python tools/train_step_profile.py --backend triton_cuda_bf16 --batch 4 --seq-len 1024 --hf --json prof.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import torch
+
+
+def family(name: str) -> str:
+    n = name.lower()
+    for key, fam in (("det_gemm", "det_gemm"), ("gemm", "gemm"), ("nvjet", "gemm"), ("cutlass", "gemm"),
+                     ("sm90_xmma", "gemm"), ("attn", "attention"), ("flash", "attention"), ("fmha", "attention"),
+                     ("linear_logp", "logprob"), ("logp", "logprob"), ("lm_head", "lm_head"),
+                     ("rms", "norm"), ("norm", "norm"), ("rope", "rope"), ("swiglu", "swiglu"), ("silu", "swiglu"),
+                     ("embedding", "embedding"), ("softmax", "softmax"), ("elementwise", "elementwise"),
+                     ("reduce", "reduce"), ("copy", "copy"), ("cat", "copy"), ("index", "index")):
+        if key in n:
+            return fam
+    return "other"
+
+
+def build_inputs(cfg, batch: int, seq_len: int, device):
+    g = torch.Generator(device=device).manual_seed(batch * 1009 + seq_len)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=g, device=device)
+    targets = torch.roll(ids, -1, dims=1)  # the last row of a sequence scores its first token
+    return ids, targets
+
+
+def ours(weights, backend: str, ids, targets, train: bool):
+    from rl_engine.chain.model import Qwen3Model
+
+    model = Qwen3Model(weights, backend)
+    b, s = ids.shape
+    dev = ids.device
+    flat, tflat = ids.reshape(-1), targets.reshape(-1)
+    positions = torch.arange(s, device=dev).repeat(b)
+    cu = torch.arange(0, b * s + 1, s, dtype=torch.int32, device=dev)
+    params = [t for _, t in weights.named_tensors()]
+
+    def call():
+        if train:
+            hidden = model.forward(flat, positions, cu_seqlens=cu)
+            lp = model.logprobs(hidden, tflat)
+            lp.sum().backward()
+            for p in params:
+                p.grad = None
+            return lp.detach()
+        with torch.no_grad():
+            return model.logprobs(model.forward(flat, positions, cu_seqlens=cu), tflat)
+
+    return call
+
+
+def hf(weights, ids, targets, train: bool):
+    import transformers
+
+    cfg = transformers.Qwen3Config(**{k: v for k, v in weights.config.to_hf_dict().items()
+                                      if k not in ("architectures", "model_type", "torch_dtype")})
+    cfg._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = transformers.Qwen3ForCausalLM(cfg)
+    model.load_state_dict(weights.state_dict(), assign=True, strict=False)
+    rotary = type(model.model.rotary_emb)
+    try:  # transformers 5.17 takes the device; 5.24 does not
+        model.model.rotary_emb = rotary(config=cfg, device=weights.device)
+    except TypeError:
+        model.model.rotary_emb = rotary(config=cfg).to(weights.device)
+    params = [t for _, t in weights.named_tensors()]
+
+    def logprobs():
+        logits = model(input_ids=ids, use_cache=False).logits
+        return torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None])[..., 0]
+
+    def call():
+        if train:
+            lp = logprobs()
+            lp.sum().backward()
+            for p in params:
+                p.grad = None
+            return lp.detach()
+        with torch.no_grad():
+            return logprobs()
+
+    return call
+
+
+def measure(call, warmup: int, reps: int, top: int) -> dict:
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(reps):
+        call()
+    t1.record()
+    torch.cuda.synchronize()
+    wall = t0.elapsed_time(t1) / reps
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels[ev.name]
+            k[0] += ev.device_time_total / 1000.0
+            k[1] += 1
+    fams: dict[str, float] = defaultdict(float)
+    for name, (ms, _n) in kernels.items():
+        fams[family(name)] += ms
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
+    return {"wall_ms": wall, "kernel_ms": sum(v[0] for v in kernels.values()),
+            "launches": sum(v[1] for v in kernels.values()), "scratch_peak_gib": peak,
+            "families_ms": dict(sorted(fams.items(), key=lambda kv: -kv[1])),
+            "top": [{"kernel": n[:160], "ms": v[0], "calls": v[1]} for n, v in ranked[:top]]}
+
+
+def report(label: str, r: dict, tokens: int) -> None:
+    print(f"== {label}: {r['wall_ms']:.1f} ms/call ({tokens / r['wall_ms'] * 1e3:.0f} tok/s), kernels "
+          f"{r['kernel_ms']:.1f} ms in {r['launches']} launches, scratch peak {r['scratch_peak_gib']:.1f} GiB")
+    print("   families: " + ", ".join(f"{k} {v:.1f}" for k, v in r["families_ms"].items()))
+    for t in r["top"]:
+        print(f"   {t['ms']:8.2f} ms {t['calls']:5d}x  {t['kernel']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", default="triton_cuda_bf16")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--modes", default="teacher_forcing,train_step")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--hf", action="store_true", help="also Hugging Face Qwen3ForCausalLM (sdpa), same weights")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--no-persistent", action="store_true",
+                    help="Triton det_gemm without its persistent TMA form (the fused form, as before issue #33)")
+    args = ap.parse_args(argv)
+    if args.no_persistent:
+        from rl_engine.ops.det_gemm import triton as det_gemm_triton
+
+        det_gemm_triton.PERSISTENT_ON_CUDA = False
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    from rl_engine.chain.config import get_config
+    from rl_engine.chain.weights import synthetic_weights
+
+    cfg = get_config("qwen3-8b")
+    weights = synthetic_weights(cfg, 0, logit_scale=2.0, device="cuda")
+    for _, t in weights.named_tensors():
+        t.requires_grad_(True)
+    ids, targets = build_inputs(cfg, args.batch, args.seq_len, torch.device("cuda"))
+    tokens = args.batch * args.seq_len
+    out = {"backend": args.backend, "batch": args.batch, "seq_len": args.seq_len,
+           "persistent_det_gemm": not args.no_persistent, "results": {}}
+    for mode in args.modes.split(","):
+        train = mode == "train_step"
+        impls = {args.backend: lambda: ours(weights, args.backend, ids, targets, train)}
+        if args.hf:
+            impls["hf_sdpa"] = lambda: hf(weights, ids, targets, train)
+        for label, make in impls.items():
+            try:
+                r = measure(make(), args.warmup, args.reps, args.top)
+            except torch.cuda.OutOfMemoryError as exc:
+                r = {"error": f"OutOfMemoryError: {str(exc)[:200]}"}
+                torch.cuda.empty_cache()
+            out["results"][f"{mode}/{label}"] = r
+            if "error" in r:
+                print(f"== {mode}/{label}: {r['error']}")
+            else:
+                report(f"{mode}/{label}", r, tokens)
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
