@@ -14,10 +14,11 @@ document (``--out``) with one row per (shape, product, implementation) and print
 ratios to cuBLAS. Usage on the H200::
 
     python tools/det_gemm_prefill_sweep.py --out sweep.json
-    python tools/det_gemm_prefill_sweep.py --ms 1024,8192 --configs 128x128x8x4x8xF,128x256x8x3x8xF
+    python tools/det_gemm_prefill_sweep.py --ms 1024,8192 --configs 128x128x8x4x8x2r,128x256x8x3x8x2r
 
-A configuration is ``BMxBNxWARPSxSTAGESxGROUPx{F|N}`` (F: the leaf loop flattened into the tile
-loop; N: not).
+A configuration is ``BMxBNxWARPSxSTAGESxGROUPx<LOOP><PARK>`` (LOOP: the kernel's loop structure, 2
+one loop over every block, 1 the compiler's flattening, 0 the nest; PARK: ``r`` pending leaves in
+registers, ``m`` in memory; ``PersistentTiles``).
 """
 
 from __future__ import annotations
@@ -31,17 +32,17 @@ import torch
 
 SHAPES = {"q_o": (4096, 4096), "kv": (4096, 1024), "gate_up": (4096, 12288), "down": (12288, 4096)}
 """name -> (K, N) of the forward product x [M, K] @ W^T, W [N, K]."""
-DEFAULT_CONFIGS = ("128x128x8x4x8xF", "128x128x8x3x8xF", "128x256x8x3x8xF", "128x256x8x4x8xF",
-                   "256x128x8x3x8xF", "128x128x8x4x8xN", "128x128x4x4x8xF")
+DEFAULT_CONFIGS = ("128x128x8x4x8x2r", "128x128x8x3x8x2r", "128x256x8x3x8x2r", "128x128x8x4x8x1r",
+                   "128x128x8x4x8x0r", "128x128x8x4x8x0m", "128x128x8x4x8x2m", "256x128x8x3x8x2r")
 
 
 def parse_config(text: str):
     from rl_engine.ops.det_gemm.triton import PersistentTiles
 
-    bm, bn, warps, stages, group, flat = text.split("x")
-    if flat not in ("F", "N"):
-        raise SystemExit(f"config {text!r}: the last field is F or N")
-    return PersistentTiles(int(bm), int(bn), int(warps), int(stages), int(group), flat == "F")
+    bm, bn, warps, stages, group, last = text.split("x")
+    if len(last) != 2 or last[0] not in "012" or last[1] not in "rm":
+        raise SystemExit(f"config {text!r}: the last field is LOOP (0, 1, 2) then r or m (parking)")
+    return PersistentTiles(int(bm), int(bn), int(warps), int(stages), int(group), int(last[0]), last[1] == "r")
 
 
 def products(m: int, k: int, n: int, g: torch.Generator):

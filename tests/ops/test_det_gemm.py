@@ -188,8 +188,10 @@ def test_decode_tiles_equal_the_prefill_path_at_qwen3_8b_shapes(k, n):
         assert bits_equal(out, prefill[:m]), (m, k, n)
 
 
-SMALL_PERSISTENT = dg_triton.PersistentTiles(32, 32, 4, 2, 2, True)
-"""Small tiles for the interpreter: several tiles per program, edges in M and N."""
+SMALL_PERSISTENT = {(loop, regs): dg_triton.PersistentTiles(32, 32, 4, 2, 2, loop, regs)
+                    for loop in (0, 1, 2) for regs in (False, True)}
+"""Small tiles for the interpreter, per loop structure and parking: several tiles per program,
+edges in M and N."""
 
 
 def _operand(shape, transposed, g, device, scale=1.0):
@@ -211,11 +213,16 @@ def test_persistent_form_equals_fused_form(device, m, k, n, a_t, b_t):
     a = _operand((m, k), a_t, g, device)
     b = _operand((k, n), b_t, g, device, scale=k ** -0.5)
     programs = 3 if device.type == "cpu" else None
-    tiles = SMALL_PERSISTENT if device.type == "cpu" else None
+    default = dg_triton.PERSISTENT_TILES
+    tiles = SMALL_PERSISTENT[default.loop, default.regs] if device.type == "cpu" else None
     for depth in (0, 1, 2):
         fused = dg_triton.det_gemm_launch(a, b, depth, False, leaf_split=False, persistent=False)
         out = dg_triton.det_gemm_launch(a, b, depth, False, persistent=True, persistent_tiles=tiles, programs=programs)
         assert bits_equal(out, fused), depth
+        if device.type == "cpu":  # every loop structure walks the same blocks
+            for cfg in SMALL_PERSISTENT.values():
+                assert bits_equal(dg_triton.det_gemm_launch(a, b, depth, False, persistent=True, persistent_tiles=cfg,
+                                                            programs=programs), fused), (depth, cfg)
     assert not bits_equal(dg_triton.det_gemm_launch(a, b, 1, False, persistent=True, persistent_tiles=tiles,
                                                     programs=programs),
                           dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=False, persistent=False))
@@ -257,6 +264,27 @@ def test_persistent_form_at_qwen3_8b_training_shapes(m, k, n):
         assert dg_triton.persistent_applies(a, b, 2), name
         assert bits_equal(dg_triton.det_gemm_launch(a, b, 2, False, persistent=True), fused), (name, m, k, n)
         assert bits_equal(dg_triton.det_gemm_launch(a, b, 2, False), fused), (name, m, k, n)
+
+
+@pytest.mark.parametrize("backend", ["triton_cuda_bf16", "cuda_bf16"])
+def test_weight_gradient_in_the_weights_layout(device, backend):
+    """For ``b = W.t()`` the backward computes ``dW = dy^T x`` in W's layout instead of
+    ``(x^T dy)^T``: the same exact products over the same blocks, leaves and merges, so the same
+    bits (on the GPU this checks that the tensor cores' sum does not depend on which operand is
+    which), and W.grad arrives row-major (no transposing copy). Control: a one-level tree differs."""
+    if backend == "cuda_bf16" and device.type != "cuda":
+        pytest.skip("cuda_bf16 needs the GPU")
+    g = spec_mod.make_generator(77)
+    m, k, n = (300, 256, 192) if device.type == "cpu" else (1024, 4096, 1536)
+    x = spec_mod.randn((m, k), g, device=device)
+    w = spec_mod.randn((n, k), g, scale=k ** -0.5, device=device).requires_grad_(True)
+    dy = spec_mod.randn((m, n), g, device=device)
+    det_gemm(x, w.t(), backend=backend).backward(dy)
+    assert w.grad.is_contiguous() and w.grad.shape == (n, k)
+    from rl_engine.ops._torch_op import launchers
+    launch = launchers("det_gemm", backend).det_gemm_launch
+    assert bits_equal(w.grad, launch(x.t(), dy, 2, False).t())
+    assert not bits_equal(w.grad, launch(x.t(), dy, 1, False).t())
 
 
 def test_leaf_parallel_form_is_chosen_by_output_tiles_only():

@@ -89,6 +89,15 @@ SCRIPT = textwrap.dedent(r'''
             **{name: "i32" for name in ("N", "K", "k1", "k2", "k3", "s_am", "s_ak", "s_bk", "s_bn", "s_cm",
                                         "s_cn", "a_step", "b_step")}}, {
             "M": 1, "DEPTH": 2, "BM": 16, "BN": 128, "BK": dg.BK, "UPCAST": False, "MERGE": True}
+        t = dg.PERSISTENT_TILES
+        for name, a_t, b_t in (("forward", False, True), ("dx", False, False), ("dw", True, False)):
+            a_block = [dg.BK, t.bm] if a_t else [t.bm, dg.BK]
+            b_block = [t.bn, dg.BK] if b_t else [dg.BK, t.bn]
+            yield f"det_gemm_persistent[{name}]", dg._det_gemm_persistent_kernel, {
+                "a_desc": f"tensordesc<bf16{a_block}>", "b_desc": f"tensordesc<bf16{b_block}>",
+                "c_ptr": "*bf16", "w_ptr": "*bf16", **{n: "i32" for n in ("M", "N", "K", "s_cm", "s_cn")}}, {
+                "A_T": a_t, "B_T": b_t, "DEPTH": 2, "BM": t.bm, "BN": t.bn, "BK": dg.BK, "GROUP_M": t.group_m,
+                "PROGRAMS": 132, "LOOP": t.loop, "REGS": t.regs, "UPCAST": False}
         yield "rms_norm[add]", rn._rms_fwd_kernel, {
             "x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "rstd_ptr": "*fp32", "d_ptr": "*bf16",
             "s_ptr": "*bf16", "n_cols": "i32", "n_heads": "i32", "eps": "fp32", "n_float": "fp32",
@@ -143,7 +152,8 @@ def test_control_a_type_changing_loop_value_fails_to_compile(compiled):
 
 @pytest.mark.parametrize("kernel", ["gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce",
                                     "attention_decode[1]", "attention_decode[8]", "det_gemm_leaves[merge]",
-                                    "det_gemm_leaves[merge,M=1]", "rms_norm[add]",
+                                    "det_gemm_leaves[merge,M=1]", "det_gemm_persistent[forward]",
+                                    "det_gemm_persistent[dx]", "det_gemm_persistent[dw]", "rms_norm[add]",
                                     "qk_norm_rope", "row_keys", "logp_fwd[False]", "logp_fwd[True]"])
 def test_kernel_compiles_for_sm90(compiled, kernel):
     assert compiled[kernel] == "ok", compiled[kernel]

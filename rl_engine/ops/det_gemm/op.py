@@ -53,12 +53,27 @@ def _setup(ctx, inputs, output):
     ctx.fp32_merge, ctx.backend = fp32_merge, backend
 
 
+def weight_layout(b: torch.Tensor) -> bool:
+    """Whether ``b [K, N]`` is the transpose of a row-major weight ``W [N, K]`` (``b = W.t()``, the
+    model's layout): its gradient is then computed as ``dW = dc^T a`` directly in W's layout."""
+    return b.dim() == 2 and b.stride(0) == 1 and b.stride(1) != 1 and b.shape[1] > 1
+
+
 def _backward(ctx, dc):
     a, b = ctx.saved_tensors
     dc = dc.to(torch.bfloat16)
     depth = launchers("det_gemm", ctx.backend).TREE_DEPTH
     da = det_gemm_op(dc, b.t(), depth, ctx.fp32_merge, ctx.backend) if ctx.needs_input_grad[0] else None
-    db = det_gemm_op(a.t(), dc, depth, ctx.fp32_merge, ctx.backend) if ctx.needs_input_grad[1] else None
+    db = None
+    if ctx.needs_input_grad[1]:
+        # db[k, n] = tree over m of a[m, k] dc[m, n]. For b = W.t() the same reduction is computed as
+        # dW [N, K] = dc^T a (each element the same exact products over the same m blocks, leaves and
+        # merges; tested bit for bit), so the gradient lands in W's row-major layout and autograd
+        # does not copy a transposed [K, N] gradient into W.grad (7 x 36 copies per Qwen3-8B step).
+        if weight_layout(b):
+            db = det_gemm_op(dc.t(), a, depth, ctx.fp32_merge, ctx.backend).t()
+        else:
+            db = det_gemm_op(a.t(), dc, depth, ctx.fp32_merge, ctx.backend)
     return da, db, None, None, None
 
 
@@ -87,7 +102,8 @@ def det_gemm_kernel(a: torch.Tensor, b: torch.Tensor, *, backend: str, tree_dept
     made. FP32 accumulation inside each leaf, BF16 rounding of each leaf and each merge (contract
     ``declared_exceptions.det_gemm``, Option B). ``tree_depth`` is ``TREE_DEPTH`` (2) for a full
     product; a tensor-parallel rank holding K/2 (K/4) of the reduction passes 1 (0).
-    Backward: da [M, K], db [K, N] bfloat16 by the same tree on transposed views.
+    Backward: da [M, K], db [K, N] bfloat16 by the same tree on transposed views; for ``b = W.t()``
+    the weight gradient is computed as ``dW = dc^T a`` in W's row-major layout (same bits).
 
     Raises
     ------

@@ -164,71 +164,146 @@ def _det_gemm_kernel(a_ptr, b_ptr, c_ptr, w_ptr, s_ptr, M, N, K, k1, k2, k3,
 
 
 @triton.jit
+def _tile_offsets(tile, tiles_m, tiles_n, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """First row and column of output tile ``tile`` in the grouped order of :func:`_det_gemm_kernel`."""
+    per_group = GROUP_M * tiles_n
+    first_m = (tile // per_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    return (first_m + (tile % per_group) % group_rows) * BM, ((tile % per_group) // group_rows) * BN
+
+
+@triton.jit
+def _load_block(a_desc, b_desc, off_m, off_n, k, A_T: tl.constexpr, B_T: tl.constexpr):
+    """The ``[BM, BK]`` block of a and the ``[BK, BN]`` block of b at ``k`` through their descriptors."""
+    if A_T:
+        a = a_desc.load([k, off_m]).T
+    else:
+        a = a_desc.load([off_m, k])
+    if B_T:
+        b = b_desc.load([off_n, k]).T
+    else:
+        b = b_desc.load([k, off_n])
+    return a, b
+
+
+@triton.jit
+def _store_tile(out, c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM: tl.constexpr, BN: tl.constexpr):
+    rows = off_m + tl.arange(0, BM)
+    cols = off_n + tl.arange(0, BN)
+    ok = (rows < M)[:, None] & (cols < N)[None, :]
+    tl.store(c_ptr + rows.to(tl.int64)[:, None] * s_cm + cols.to(tl.int64)[None, :] * s_cn, out, mask=ok)
+
+
+@triton.jit
+def _park_in_memory(acc, leaf, c_ptr, w_ptr, M, N, s_cm, s_cn, off_m, off_n,
+                    DEPTH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Round a finished leaf to BF16 and park it or merge it in memory, as :func:`_det_gemm_kernel`
+    does: even leaves wait in ``w [M, N]``, leaf 1 makes ``l0 + l1`` in ``c``, leaf 3 makes
+    ``(l0 + l1) + (l2 + l3)`` in ``c``. A CTA barrier orders the threads' stores and loads."""
+    part = acc.to(tl.bfloat16)
+    rows = off_m + tl.arange(0, BM)
+    cols = off_n + tl.arange(0, BN)
+    ok = (rows < M)[:, None] & (cols < N)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    c64 = cols.to(tl.int64)[None, :]
+    c_ptrs = c_ptr + r64 * s_cm + c64 * s_cn
+    w_ptrs = w_ptr + r64 * N + c64
+    tl.debug_barrier()  # the previous leaf's loads of this tile's parked values precede any store
+    if DEPTH == 0:
+        tl.store(c_ptrs, part, mask=ok)
+    elif leaf % 2 == 0:
+        tl.store(w_ptrs, part, mask=ok)
+    else:
+        pair = _merge(tl.load(w_ptrs, mask=ok, other=0.0), part, False)
+        if DEPTH == 1:
+            tl.store(c_ptrs, pair, mask=ok)
+        elif leaf == 1:
+            tl.store(c_ptrs, pair, mask=ok)
+        else:
+            tl.store(c_ptrs, _merge(tl.load(c_ptrs, mask=ok, other=0.0), pair, False), mask=ok)
+
+
+@triton.jit
+def _park_in_registers(acc, leaf, left, pair, c_ptr, M, N, s_cm, s_cn, off_m, off_n,
+                       DEPTH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """The same roundings and merges with the pending values in registers: ``left`` holds the last
+    even leaf (BF16), ``pair`` the merged ``l0 + l1``; the tile is stored once, at its last leaf.
+    Returns the new ``(left, pair)``. No thread reads another thread's store, so no barrier."""
+    part = acc.to(tl.bfloat16)
+    if DEPTH == 0:
+        _store_tile(part, c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM, BN)
+    elif leaf % 2 == 0:
+        left = part
+    elif DEPTH == 1:
+        _store_tile(_merge(left, part, False), c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM, BN)
+    elif leaf == 1:
+        pair = _merge(left, part, False)
+    else:
+        _store_tile(_merge(pair, _merge(left, part, False), False), c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM, BN)
+    return left, pair
+
+
+@triton.jit
 def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_cn,
                                 A_T: tl.constexpr, B_T: tl.constexpr, DEPTH: tl.constexpr,
                                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                                PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr, UPCAST: tl.constexpr):
+                                PROGRAMS: tl.constexpr, LOOP: tl.constexpr, REGS: tl.constexpr,
+                                UPCAST: tl.constexpr):
     """The same tree as :func:`_det_gemm_kernel`, persistent, with TMA loads (Hopper).
 
     ``PROGRAMS`` programs walk the output tiles in the grouped order (program ``p`` takes tiles
-    ``p, p + PROGRAMS, ...``); each tile's ``2^DEPTH`` leaves are consecutive items of one loop
-    (``tl.range(..., flatten=FLATTEN)``), so the software pipeline keeps loading the next leaf's
-    (and the next tile's) blocks while a leaf is rounded and parked. The K axis must split into
-    ``2^DEPTH`` leaves of whole ``BK`` blocks (``K % (BK << DEPTH) == 0``, checked by the
-    launcher): every leaf then starts on a block boundary and has no tail, so the blocks, their
-    order and every rounding are those of :func:`_leaf` in the other forms (tested bit for bit).
-    ``a_desc`` / ``b_desc`` are TMA descriptors of ``a [M, K]`` / ``b [K, N]`` in their stored
-    layout: ``A_T`` (``B_T``) means the descriptor holds ``a^T [K, M]`` (``b^T [N, K]``) and the
-    loaded block is transposed in shared memory, as the backward products' strided views need.
-    Rows and columns past M / N are zero-filled by the TMA unit and never stored. Parking: the
-    left leaf in ``w [M, N]`` (BF16), ``l0 + l1`` in ``c``, as in :func:`_det_gemm_kernel`."""
+    ``p, p + PROGRAMS, ...``) and each tile's ``2^DEPTH`` leaves in order. ``LOOP`` = 2: one loop
+    over every ``BK`` block of the program's tiles, the leaf's rounding and parking in a branch at
+    its last block, so the software pipeline keeps loading the next leaf's (and the next tile's)
+    blocks across leaf boundaries; 1: a loop over (tile, leaf) items around the block loop, fused
+    by the compiler (``tl.range(flatten=True)``); 0: the same nest unfused. ``REGS``: pending
+    leaves wait in registers (:func:`_park_in_registers`), else in memory behind a CTA barrier
+    (:func:`_park_in_memory`; a barrier inside the loop stops the pipelining of ``LOOP`` 1 and 2).
+    The K axis must split into ``2^DEPTH`` leaves of whole ``BK`` blocks (``K % (BK << DEPTH) ==
+    0``, checked by the launcher): every leaf then starts on a block boundary and has no tail, so
+    the blocks, their order and every rounding are those of :func:`_leaf` in the other forms
+    (tested bit for bit). ``a_desc`` / ``b_desc`` are TMA descriptors of ``a [M, K]`` / ``b [K, N]``
+    in their stored layout: ``A_T`` (``B_T``) means the descriptor holds ``a^T [K, M]``
+    (``b^T [N, K]``) and the loaded block is transposed in shared memory, as the backward
+    products' strided views need. Rows and columns past M / N are zero-filled by the TMA unit and
+    never stored."""
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(N, BN)
     leaf_blocks = K // (BK << DEPTH)
     my_tiles = tl.cdiv(tiles_m * tiles_n - pid, PROGRAMS)
-    per_group = GROUP_M * tiles_n
-    for item in tl.range(0, my_tiles << DEPTH, flatten=FLATTEN):
-        tile = pid + (item >> DEPTH) * PROGRAMS
-        leaf = item % (1 << DEPTH)
-        first_m = (tile // per_group) * GROUP_M
-        group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-        off_m = (first_m + (tile % per_group) % group_rows) * BM
-        off_n = ((tile % per_group) // group_rows) * BN
-        k0 = leaf * leaf_blocks * BK
+    left = tl.zeros((BM, BN), dtype=tl.bfloat16)
+    pair = tl.zeros((BM, BN), dtype=tl.bfloat16)
+    if LOOP == 2:
+        tile_blocks = leaf_blocks << DEPTH
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for kb in range(leaf_blocks):
-            k = k0 + kb * BK
-            if A_T:
-                a = a_desc.load([k, off_m]).T
-            else:
-                a = a_desc.load([off_m, k])
-            if B_T:
-                b = b_desc.load([off_n, k]).T
-            else:
-                b = b_desc.load([k, off_n])
+        for it in range(0, my_tiles * tile_blocks):
+            kb = it % tile_blocks
+            off_m, off_n = _tile_offsets(pid + (it // tile_blocks) * PROGRAMS, tiles_m, tiles_n, BM, BN, GROUP_M)
+            a, b = _load_block(a_desc, b_desc, off_m, off_n, kb * BK, A_T, B_T)
             acc = mma(a, b, acc, UPCAST)
-        part = acc.to(tl.bfloat16)
-        rows = off_m + tl.arange(0, BM)
-        cols = off_n + tl.arange(0, BN)
-        ok = (rows < M)[:, None] & (cols < N)[None, :]
-        r64 = rows.to(tl.int64)[:, None]
-        c64 = cols.to(tl.int64)[None, :]
-        c_ptrs = c_ptr + r64 * s_cm + c64 * s_cn
-        w_ptrs = w_ptr + r64 * N + c64
-        tl.debug_barrier()  # the previous item's loads of this tile's parked values precede any store
-        if DEPTH == 0:
-            tl.store(c_ptrs, part, mask=ok)
-        elif leaf % 2 == 0:
-            tl.store(w_ptrs, part, mask=ok)
-        else:
-            pair = _merge(tl.load(w_ptrs, mask=ok, other=0.0), part, False)
-            if DEPTH == 1:
-                tl.store(c_ptrs, pair, mask=ok)
-            elif leaf == 1:
-                tl.store(c_ptrs, pair, mask=ok)
+            if (kb + 1) % leaf_blocks == 0:
+                if REGS:
+                    left, pair = _park_in_registers(acc, kb // leaf_blocks, left, pair, c_ptr, M, N, s_cm, s_cn,
+                                                    off_m, off_n, DEPTH, BM, BN)
+                else:
+                    _park_in_memory(acc, kb // leaf_blocks, c_ptr, w_ptr, M, N, s_cm, s_cn, off_m, off_n, DEPTH,
+                                    BM, BN)
+                acc = tl.zeros((BM, BN), dtype=tl.float32)
+    else:
+        for item in tl.range(0, my_tiles << DEPTH, flatten=LOOP == 1):
+            leaf = item % (1 << DEPTH)
+            off_m, off_n = _tile_offsets(pid + (item >> DEPTH) * PROGRAMS, tiles_m, tiles_n, BM, BN, GROUP_M)
+            k0 = leaf * leaf_blocks * BK
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for kb in range(leaf_blocks):
+                a, b = _load_block(a_desc, b_desc, off_m, off_n, k0 + kb * BK, A_T, B_T)
+                acc = mma(a, b, acc, UPCAST)
+            if REGS:
+                left, pair = _park_in_registers(acc, leaf, left, pair, c_ptr, M, N, s_cm, s_cn, off_m, off_n, DEPTH,
+                                                BM, BN)
             else:
-                tl.store(c_ptrs, _merge(tl.load(c_ptrs, mask=ok, other=0.0), pair, False), mask=ok)
+                _park_in_memory(acc, leaf, c_ptr, w_ptr, M, N, s_cm, s_cn, off_m, off_n, DEPTH, BM, BN)
 
 
 @triton.jit
@@ -415,10 +490,14 @@ class PersistentTiles:
     num_warps: int
     num_stages: int
     group_m: int
-    flatten: bool
+    loop: int
+    """The kernel's ``LOOP``: 2 one loop over every block (leaf ends in a branch), 1 the compiler's
+    flattening of (tile, leaf) x block, 0 the nest as written."""
+    regs: bool
+    """The kernel's ``REGS``: pending leaves in registers (else parked in memory)."""
 
 
-PERSISTENT_TILES = PersistentTiles(128, 128, 8, 4, 8, True)
+PERSISTENT_TILES = PersistentTiles(128, 128, 8, 4, 8, 2, True)
 """The persistent form's configuration, the same for every shape (never derived from M, N or K)."""
 
 PERSISTENT_ON_CUDA = True
@@ -493,7 +572,7 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth:
     _det_gemm_persistent_kernel[(programs,)](
         a_desc, b_desc, c, w, m, n, k, c.stride(0), c.stride(1),
         A_T=a_t, B_T=b_t, DEPTH=depth, BM=t.bm, BN=t.bn, BK=BK, GROUP_M=t.group_m, PROGRAMS=programs,
-        FLATTEN=t.flatten, UPCAST=upcast_dots(), num_warps=t.num_warps, num_stages=t.num_stages,
+        LOOP=t.loop, REGS=t.regs, UPCAST=upcast_dots(), num_warps=t.num_warps, num_stages=t.num_stages,
         enable_fp_fusion=FP_FUSION,
     )
 
