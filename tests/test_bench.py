@@ -17,11 +17,14 @@ from rl_engine.bench.targets import TARGETS, target_for
 from rl_engine.cli.main import main
 
 RL_ENGINE = Path(sys.executable).parent / "rl-engine"
-DEFAULT_ROW_COUNT = 320
+DEFAULT_ROW_COUNT = 396
 """Rows of a default run (6 token counts, both backends), counted by hand:
-det_gemm 4 projections x 2 backends x (2 decode tokens x 2 baselines + 4 prefill tokens x 1) = 64;
+det_gemm 4 projections x 2 backends x (2 decode tokens x 2 baselines + 4 prefill tokens x 3 products) = 128;
 lm_head 6 x 2 = 12; attention fwd 4 x 2 = 8, fwd+bwd 8, decode 3 x 2 x 2 = 12;
-rms_norm / rope / swiglu 6 x 2 x 3 = 36 each; silu 6 x 2 x 2 = 24; linear_logp 6 x 2 x 2 x 2 = 48."""
+rms_norm / rope / swiglu 6 x 2 x 3 = 36 each; silu 6 x 2 x 2 = 24; linear_logp 6 x 2 x 2 x 2 = 48;
+chain_decode 2 contexts x 3 batches x 2 backends x (graph: 2 baselines, but 1 at B = 64, context 8192;
+eager: 1) = 34; chain_generate 2; chain_teacher_forcing 2 shapes x 2 = 4; chain_train_step
+2 shapes x (time, memory) x 2 = 8."""
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -247,6 +250,7 @@ def test_targets_are_design_data():
         "det_gemm.prefill": (0.8, ">="), "det_gemm.decode": (0.7, ">="), "attention.fwd": (0.7, ">="),
         "attention.decode": (0.6, ">="), "rms_norm": (0.85, ">="), "rope": (0.8, ">="), "swiglu": (0.95, ">="),
         "linear_logp.memory": (1 / 16, "<="), "linear_logp.time": (1.1, "<="), "chain.decode": (1 / 1.5, ">="),
+        "chain.teacher_forcing": (1.1, ">="), "chain.train_step": (1.0, ">="), "chain.train_step_memory": (0.7, "<="),
     }
     assert target_for("det_gemm.prefill", 1024) is not None and target_for("det_gemm.prefill", 128) is None
     assert target_for("det_gemm.decode", 16) is not None and target_for("det_gemm.decode", 17) is None
@@ -254,6 +258,12 @@ def test_targets_are_design_data():
     assert [target_for("swiglu", t) is not None for t in (1, 128, 1024, 8192)] == [False, False, True, True]
     assert TARGETS["linear_logp.time"].met(1.0) and not TARGETS["linear_logp.time"].met(1.2)
     assert TARGETS["rms_norm"].met(0.9) and not TARGETS["rms_norm"].met(0.5)
+    # the whole-chain rows: rates higher is better, memory lower is better, at every size
+    assert TARGETS["chain.teacher_forcing"].met(1.2) and not TARGETS["chain.teacher_forcing"].met(1.0)
+    assert TARGETS["chain.train_step"].met(1.0) and not TARGETS["chain.train_step"].met(0.9)
+    assert TARGETS["chain.train_step_memory"].met(0.5) and not TARGETS["chain.train_step_memory"].met(0.8)
+    assert all(target_for(k, t) is not None for k in ("chain.teacher_forcing", "chain.train_step",
+                                                       "chain.train_step_memory") for t in (8192, 16384))
 
 
 def test_sdpa_flash_fallbacks(monkeypatch):
@@ -313,6 +323,7 @@ def fake_measured(monkeypatch, tmp_path):
 
     monkeypatch.setattr(runner._Runner, "measure", measure)
     monkeypatch.setattr(timing, "time_fn", fake_time)
+    monkeypatch.setattr(timing, "time_once", lambda fn: fake_time(fn, 0.0, 0.0))
     monkeypatch.setattr(timing, "memory_fn", fake_memory)
     monkeypatch.setattr(timing, "measure_peaks", fake_peaks)
 
@@ -415,3 +426,186 @@ def test_chain_generate_bound_sums_the_decode_steps():
     assert chain.generate_bytes(c, 64, 128, 3) == chain.step_bytes(c, 64, 129) + chain.step_bytes(c, 64, 130)
     (case,) = chain.cases("chain_generate", [], quick=False)
     assert case.measure == "once" and case.sizes(chain.QWEN3_8B, 64)["C"] == 512
+
+
+# ------------------------------------------------------------------------------------------------
+# whole-chain teacher forcing and train step (issue #33)
+
+CHAIN_TF_OPS = ("chain_teacher_forcing", "chain_train_step")
+CHAIN_TF_TARGET = {("chain_teacher_forcing", "time"): ("chain.teacher_forcing", "tokens/s"),
+                   ("chain_train_step", "time"): ("chain.train_step", "tokens/s"),
+                   ("chain_train_step", "memory"): ("chain.train_step_memory", "GiB")}
+
+
+def test_tokens_per_second_from_a_time():
+    """tokens/s = the case's real token count / the time; the other metrics ignore the count."""
+    from rl_engine.bench import runner
+    from rl_engine.bench.common import HIGHER_IS_BETTER, METRICS
+
+    assert "tokens/s" in METRICS and HIGHER_IS_BETTER["tokens/s"] is True
+    assert runner._from_ms("tokens/s", 500.0, 7, 11, 8192) == 16384.0  # 8192 tokens in half a second
+    assert runner._from_ms("tokens/s", 4.0, 7, 11, 16384) == 4096000.0
+    assert runner._from_ms("tokens/s", 0.0, 7, 11, 8192) is None
+    assert runner._from_ms("ms", 2.5, 7, 11, 8192) == 2.5
+    assert runner._from_ms("GB/s", 2.0, 7, 4_000_000, 8192) == 2.0
+    assert runner._from_ms("TFLOP/s", 2.0, 4 * 10**9, 11, 8192) == 2.0
+
+
+def test_chain_teacher_forcing_counts():
+    """FLOPs and bytes of the teacher-forcing and train-step rows at Qwen3-8B, written out by hand."""
+    from rl_engine.bench import chain
+    from rl_engine.chain.config import get_config
+
+    c = get_config("qwen3-8b")
+    projections = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 12288 * 4096  # q, o; k, v; gate, up, down
+    params = 36 * projections + 151936 * 4096  # + lm_head; the embedding is a gather
+    assert chain.matmul_params(c) == params
+    pairs = 36 * 8 * (1024 * 1025 // 2)  # causal (query, key) pairs of 8 sequences of 1024, every layer
+    assert chain.teacher_forcing_flops(c, 8, 1024) == 2 * 8192 * params + 4 * pairs * 32 * 128
+    assert chain.teacher_forcing_flops(c, 8, 1024, backward=True) == 3 * 2 * 8192 * params + 14 * pairs * 32 * 128
+    embed = 151936 * 4096
+    others = 36 * (projections + 2 * 4096 + 2 * 128) + 4096 + 151936 * 4096  # layers, final norm, lm_head
+    fwd = 2 * (others + 8192 * 4096) + 8 * 8192 * 2 + 4 * 8192  # 8192 embedding rows; ids, targets; logprobs
+    assert chain.teacher_forcing_bytes(c, 8, 1024) == fwd
+    assert chain.teacher_forcing_bytes(c, 8, 1024, backward=True) == fwd + 2 * others + 2 * (others + embed)
+
+
+def test_chain_teacher_forcing_cases():
+    from rl_engine.bench import chain
+    from rl_engine.bench.common import QWEN3_8B
+    from rl_engine.bench.runner import ALIASES, resolve_ops
+
+    assert resolve_ops(["chain"])[-2:] == list(CHAIN_TF_OPS) and set(CHAIN_TF_OPS) <= set(resolve_ops(["all"]))
+    assert set(CHAIN_TF_OPS) <= set(ALIASES["chain"])
+    for quick, shapes in ((False, {(8, 1024), (2, 8192)}), (True, {(8, 1024)})):
+        tf = chain.cases("chain_teacher_forcing", [], quick=quick)
+        train = chain.cases("chain_train_step", [], quick=quick)
+        assert {(k.variant, k.measure, k.metric) for k in tf} == {("time", "once", "tokens/s")}
+        assert {(k.variant, k.measure, k.metric) for k in train} == {("time", "once", "tokens/s"),
+                                                                    ("memory", "memory", "GiB")}
+        assert len(tf) == len(shapes) and len(train) == 2 * len(shapes)
+        for k in tf + train:
+            s = k.sizes(QWEN3_8B, k.tokens)
+            assert (s["B"], s["seq"]) in shapes and k.tokens == s["B"] * s["seq"] == s["T"]
+            (b,) = k.baselines
+            assert b.primary and b.needs_cuda and b.requires == "transformers" and b.label == chain.HF_LABEL
+            assert b.target == CHAIN_TF_TARGET[(k.op, k.variant)][0]
+
+
+def test_chain_teacher_forcing_dry_run_rows(capsys, tmp_path):
+    """The two items in a dry run: every callable ran once (tiny model, 2 x 3 tokens); the rows
+    carry the real shapes and counts, tokens/s or GiB, and their target against Hugging Face."""
+    from rl_engine.bench import chain, report
+
+    gpu = torch.cuda.is_available()
+    rc, _, err = run(capsys, "bench", "--dry-run", "--ops", ",".join(CHAIN_TF_OPS), "--out", tmp_path / "c")
+    assert rc == 0, err
+    doc = report.load(tmp_path / "c" / "bench.json")  # schema-valid (tokens/s, the new items)
+    rows = doc["rows"]
+    assert len(rows) == 2 * (2 + 4)  # backends x (teacher forcing 2 shapes; train step 2 shapes x time, memory)
+    assert doc["summary"]["errors"] == 0 and doc["summary"]["with_target"] == len(rows)
+    for r in rows:
+        key, metric = CHAIN_TF_TARGET[(r["op"], r["variant"])]
+        t = TARGETS[key]
+        assert (r["metric"], r["target_key"], r["target"], r["target_sense"]) == (metric, key, t.target_ratio, t.sense)
+        assert r["ratio_sense"] == ("lower is better" if metric == "GiB" else "higher is better")
+        assert r["target_sense"] == ("<=" if metric == "GiB" else ">=")
+        assert r["baseline"] == chain.HF_LABEL and r["primary"] and r["baseline_kind"] == "implementation"
+        assert r["tokens"] == r["sizes"]["B"] * r["sizes"]["seq"] and r["shape"] == (
+            f"B{r['sizes']['B']}-seq{r['sizes']['seq']}-L36")
+        assert r["dry_run_shape"] == "B2-seq3-L1"
+        train = r["op"] == "chain_train_step"
+        assert r["flops"] == chain.teacher_forcing_flops(chain._config(chain.QWEN3_8B), r["sizes"]["B"],
+                                                         r["sizes"]["seq"], backward=train)
+        assert r["value"] is None and r["ratio"] is None and r["meets_target"] is None
+        if r["backend"] == "triton_cuda_bf16" or gpu:
+            assert r["status"] == "dry-run" and "all 6 rows scored" in r["note"]
+            assert ("backward into every weight" in r["note"]) is train
+        else:
+            assert r["status"] == "skipped"
+        if gpu:
+            assert r["baseline_status"] == "dry-run"
+        else:
+            assert r["baseline_status"] == "skipped" and r["baseline_note"] == "needs a CUDA GPU"
+    assert {(r["sizes"]["B"], r["sizes"]["seq"]) for r in rows} == {(8, 1024), (2, 8192)}
+    md = (tmp_path / "c" / "bench.md").read_text()
+    assert "## chain_teacher_forcing" in md and "## chain_train_step" in md and "| tokens/s |" in md
+
+
+def test_chain_train_step_gives_every_weight_a_gradient_and_clears_it():
+    """Ours and Hugging Face's train-step callables on the tiny model (CPU): each returns one
+    gradient per weight, leaves no ``.grad`` behind, and a second call gives the same gradients
+    (nothing accumulated). Teacher forcing returns FP32 logprobs of all B * L rows."""
+    pytest.importorskip("transformers")
+    from rl_engine.bench import chain
+    from rl_engine.bench.common import TINY, Pool
+    from rl_engine.chain.weights import expected_shapes
+
+    (case, _) = chain.cases("chain_train_step", [], quick=True)
+    pool = Pool(torch.device("cpu"), 0)
+    st = case.build(case.sizes(TINY, 3), TINY, pool)
+    n_weights = len(expected_shapes(st["weights"].config))
+    for make in (lambda: case.ours("triton_cuda_bf16", st), lambda: case.baselines[0].make(st)):
+        step, note = make()
+        first, second = step(), step()
+        fresh = make()[0]()  # new leaves: one call's gradients
+        assert len(first) == n_weights and all(g is not None and g.dtype == torch.bfloat16 for g in first)
+        assert all(a is not b for a, b in zip(first, second))  # .grad was cleared: a new tensor per call
+        assert [torch.equal(a, b) and torch.equal(b, c) for a, b, c in zip(first, second, fresh)] == [True] * n_weights
+        assert "backward into every weight" in note
+    assert all(t.grad is None for _, t in st["weights"].named_tensors())  # the cached weights never get one
+    (tf_case,) = chain.cases("chain_teacher_forcing", [], quick=True)
+    lp, _ = tf_case.ours("triton_cuda_bf16", st)
+    hf_lp, _ = tf_case.baselines[0].make(st)
+    assert lp().dtype == torch.float32 and lp().shape == (6,) and not lp().requires_grad
+    assert hf_lp().dtype == torch.float32 and hf_lp().shape == (2, 3) and not hf_lp().requires_grad
+
+
+def test_chain_rows_measured_tokens_per_second_and_verdicts(fake_measured, monkeypatch, tmp_path):
+    """With the fake timer (ours 2 ms, Hugging Face 1 ms; scratch 1 MiB vs 100 MiB) and the Hugging
+    Face baseline allowed on the CPU: tokens/s = the real token count / time, ratio 0.5 misses
+    both rate targets (>=), memory ratio 0.01 meets its target (<=)."""
+    pytest.importorskip("transformers")
+    from rl_engine.bench import chain, report
+
+    original = chain.cases
+
+    def anywhere(op, tokens, quick):
+        out = original(op, tokens, quick)
+        for case in out:
+            for b in case.baselines:
+                b.needs_cuda = False
+        return out
+
+    monkeypatch.setattr(chain, "cases", anywhere)
+    doc = fake_measured(ops=list(CHAIN_TF_OPS))
+    report.write_json(tmp_path / "bench.json", doc)  # schema-valid
+    rows = [r for r in doc["rows"] if r["backend"] == "triton_cuda_bf16"]
+    assert len(rows) == 6 and all(r["status"] == r["baseline_status"] == "measured" for r in rows)
+    for r in rows:
+        if r["metric"] == "tokens/s":
+            assert r["value"] == r["tokens"] / 2.0 * 1e3 and r["baseline_value"] == r["tokens"] / 1.0 * 1e3
+            assert r["spread"]["value_low"] < r["value"] < r["spread"]["value_high"]
+            assert r["ratio"] == 0.5 and r["meets_target"] is False
+            assert r["achieved"]["tflops"] == r["flops"] / 2.0 / 1e9
+        else:
+            assert r["value"] == 1 / 1024 and r["baseline_value"] == 100 / 1024
+            assert r["ratio"] < r["target"] and r["meets_target"] is True
+    assert doc["summary"]["targets_missed"] == 4 and doc["summary"]["targets_met"] == 2
+    md = report.render_md(doc)
+    assert "for TFLOP/s, GB/s and tokens/s higher is better" in md and "| tokens/s |" in md
+
+
+def test_chain_decode_hf_baseline_runs_on_the_installed_transformers():
+    """The decode row's Hugging Face step (GPU-only in the bench, so the dry run skips it) on the tiny
+    model on the CPU: the shared model builder and the per-step crop work with the pinned transformers;
+    the cache stays at ``context - 1`` positions."""
+    pytest.importorskip("transformers")
+    from rl_engine.bench import chain
+    from rl_engine.bench.common import TINY, Pool
+
+    case = chain.cases("chain_decode", [], quick=True)[0]
+    st = case.build(case.sizes(TINY, 3), TINY, Pool(torch.device("cpu"), 0))
+    step, _ = chain._hf(st)
+    first, second = step(), step()
+    assert first.shape == (3, 1, st["weights"].config.vocab_size) and torch.equal(first, second)

@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-METRICS = ("TFLOP/s", "GB/s", "ms", "GiB")
-"""Rates (higher is better) and costs (lower is better)."""
-HIGHER_IS_BETTER = {"TFLOP/s": True, "GB/s": True, "ms": False, "GiB": False}
+METRICS = ("TFLOP/s", "GB/s", "tokens/s", "ms", "GiB")
+"""Rates (higher is better) and costs (lower is better). tokens/s: the case's ``tokens`` per second
+of one call (the whole-chain teacher forcing and train step rows)."""
+HIGHER_IS_BETTER = {"TFLOP/s": True, "GB/s": True, "tokens/s": True, "ms": False, "GiB": False}
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,14 @@ class Case:
 
     op: str
     """Bench item: det_gemm, lm_head, attention_fwd, attention_fwd_bwd, attention_decode, rms_norm,
-    rope, swiglu, silu, linear_logp."""
+    rope, swiglu, silu, linear_logp, chain_decode, chain_generate, chain_teacher_forcing, chain_train_step."""
     family: str
     kernel_op: str
     """The rl_engine op whose ``triton_cuda_bf16`` / ``cuda_bf16`` implementation is timed."""
     variant: str
     tokens: int
+    """The real token count (GEMM M, prefill length, decode batch, ``B * L`` of a whole-chain
+    forward): the ``T`` of the row key, and what tokens/s divides by the time."""
     metric: str
     sizes: Callable[[Dims, int], dict[str, int]]
     label: Callable[[dict[str, int]], str]

@@ -2,9 +2,13 @@
 
 det_gemm ``a [M, K] @ b [K, N]`` with M = the token count, at four projection shapes:
 ``q_proj/o_proj`` (K = E, N = H * D), ``kv_proj`` (K = E, N = Hkv * D), ``gate/up_proj``
-(K = E, N = F) and ``down_proj`` (K = F, N = E). Prefill (M > 16): TFLOP/s against
-``torch.matmul`` (cuBLAS) at the same shape, target >= 0.8x for M >= 1024. Decode (M <= 16):
-GB/s of the operands and result against the copy bandwidth (target >= 0.7x), plus cuBLAS's GB/s.
+(K = E, N = F) and ``down_proj`` (K = F, N = E), with the operands laid out as the model passes
+them: the forward product ``x [M, K] @ W^T`` takes ``b = W.t()`` of a row-major weight ``W [N, K]``.
+Prefill (M > 16) also times the two backward products of a training step on the same views
+(variants ``<proj>:dx``, ``dx [M, K] = dy [M, N] @ W``, and ``<proj>:dw``,
+``dW^T [K, N] = x.t() @ dy``, both ``2 M N K`` FLOPs): TFLOP/s against ``torch.matmul`` (cuBLAS) on
+the same views, target ``det_gemm.prefill`` for M >= 1024. Decode (M <= 16, forward only): GB/s of
+the operands and result against the copy bandwidth (target >= 0.7x), plus cuBLAS's GB/s.
 
 lm_head ``hidden [T, E] @ weight[V, E]^T`` -> FP32 logits: against ``torch.matmul`` (cuBLAS, BF16
 out) followed by ``.float()``, the Hugging Face path to FP32 logits; no target in :mod:`rl_engine.bench.targets`.
@@ -26,7 +30,11 @@ DECODE_MAX_TOKENS = 16
 """Token counts up to this are decode shapes (bandwidth-bound; the decode target's "M <= 16")."""
 
 
-def _det_gemm_case(proj: str, tokens: int) -> Case:
+PRODUCTS = ("forward", "dx", "dw")
+"""The products of a training step timed at prefill sizes (module docstring)."""
+
+
+def _det_gemm_case(proj: str, tokens: int, product: str = "forward") -> Case:
     decode = tokens <= DECODE_MAX_TOKENS
 
     def sizes(d: Dims, t: int) -> dict[str, int]:
@@ -34,8 +42,12 @@ def _det_gemm_case(proj: str, tokens: int) -> Case:
         return {"M": t, "K": k, "N": n}
 
     def build(s, d, pool):
-        return {"a": pool.randn(f"det_gemm.a.{proj}", (s["M"], s["K"])),
-                "b": pool.randn(f"det_gemm.b.{proj}", (s["K"], s["N"]), scale=s["K"] ** -0.5)}
+        x = pool.randn(f"det_gemm.a.{proj}", (s["M"], s["K"]))
+        w = pool.randn(f"det_gemm.w.{proj}", (s["N"], s["K"]), scale=s["K"] ** -0.5)
+        if product == "forward":
+            return {"a": x, "b": w.t()}
+        dy = pool.randn(f"det_gemm.dy.{proj}", (s["M"], s["N"]))
+        return {"a": dy, "b": w} if product == "dx" else {"a": x.t(), "b": dy}
 
     def ours(backend, st):
         impl = kernel_impl("det_gemm", backend)
@@ -52,7 +64,8 @@ def _det_gemm_case(proj: str, tokens: int) -> Case:
     else:
         baselines = [Baseline("torch.matmul (cuBLAS)", make=cublas, target="det_gemm.prefill", primary=True)]
     return Case(
-        op="det_gemm", family="gemm", kernel_op="det_gemm", variant=proj, tokens=tokens,
+        op="det_gemm", family="gemm", kernel_op="det_gemm",
+        variant=proj if product == "forward" else f"{proj}:{product}", tokens=tokens,
         metric="GB/s" if decode else "TFLOP/s", sizes=sizes,
         label=lambda s: f"M{s['M']}-K{s['K']}-N{s['N']}",
         count=lambda s: (counts.gemm_flops(s["M"], s["N"], s["K"]), counts.gemm_bytes(s["M"], s["N"], s["K"])),
@@ -88,7 +101,8 @@ def _lm_head_case(tokens: int) -> Case:
 def cases(op: str, tokens: list[int], quick: bool) -> list[Case]:
     if op == "det_gemm":
         projs = QUICK_PROJECTIONS if quick else tuple(PROJECTIONS)
-        return [_det_gemm_case(p, t) for p in projs for t in tokens]
+        return [_det_gemm_case(p, t, prod) for p in projs for t in tokens
+                for prod in (PRODUCTS if t > DECODE_MAX_TOKENS else ("forward",))]
     if op == "lm_head":
         return [_lm_head_case(t) for t in tokens]
     raise KeyError(op)

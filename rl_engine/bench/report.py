@@ -141,8 +141,8 @@ def render_md(doc: dict[str, Any]) -> str:
                          f"{r['baseline']} (target {r['target_sense']} {_num(r['target'])}x) — {miss_text(r)}")
         if missed:
             lines.append("")
-    lines += ["Ratios are ours / baseline in the row's metric: for TFLOP/s and GB/s higher is better, for ms "
-              "and GiB lower is better. \"% of peak\" is ours against the peak measured in this run (GB/s vs "
+    lines += ["Ratios are ours / baseline in the row's metric: for TFLOP/s, GB/s and tokens/s higher is better, "
+              "for ms and GiB lower is better. \"% of peak\" is ours against the peak measured in this run (GB/s vs "
               "copy, TFLOP/s vs cuBLAS). Memory rows count scratch: peak allocated above the start minus the "
               "gradients the call returns.", ""]
     ops: list[str] = []

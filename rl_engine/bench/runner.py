@@ -58,7 +58,7 @@ class BenchConfig:
 
 
 def resolve_ops(names: list[str] | None) -> list[str]:
-    """Bench items from names: items, families (gemm, attention, norm, logprob) or ``all``."""
+    """Bench items from names: items, families (gemm, attention, norm, logprob, chain) or ``all``."""
     if not names:
         return list(BENCH_OPS)
     chosen: list[str] = []
@@ -242,6 +242,8 @@ class _Runner:
             else:
                 base[b.label] = self.measure(lambda b=b: b.make(state), case, (case.op, dry_shape, b.label))
         del state
+        if case.family == "chain":  # whole-model state (weights' gradients, HF models, graphs, caches): gone now
+            _free_memory()
         return [_row(case, backend, ours[backend], b, base[b.label], real, dry_shape if cfg.dry_run else None,
                      flops, nbytes, peaks)
                 for backend in _all_backends(cfg) for b in case.baselines]
@@ -258,26 +260,31 @@ def _backend_broken(note: str | None) -> bool:
 
 def _value(case: Case, res: Result, flops: int, nbytes: int) -> float | None:
     if res.timing is not None:
-        return _from_ms(case.metric, res.timing.median_ms, flops, nbytes)
+        return _from_ms(case.metric, res.timing.median_ms, flops, nbytes, case.tokens)
     if res.memory is not None:
         return res.memory.scratch_bytes / 2**30
     return None
 
 
-def _from_ms(metric: str, ms: float, flops: int, nbytes: int) -> float | None:
+def _from_ms(metric: str, ms: float, flops: int, nbytes: int, tokens: int = 0) -> float | None:
+    """A time of ``ms`` milliseconds in ``metric``: TFLOP/s of ``flops``, GB/s of ``nbytes``,
+    tokens/s of ``tokens`` (the case's real token count), or the time itself (``ms``)."""
     if ms <= 0:
         return None
     if metric == "TFLOP/s":
         return flops / ms / 1e9
     if metric == "GB/s":
         return nbytes / ms / 1e6
+    if metric == "tokens/s":
+        return tokens / ms * 1e3
     return ms
 
 
 def _spread(case: Case, res: Result, flops: int, nbytes: int) -> dict[str, Any] | None:
     if res.timing is not None:
         t = res.timing
-        a, b = _from_ms(case.metric, t.p80_ms, flops, nbytes), _from_ms(case.metric, t.p20_ms, flops, nbytes)
+        a = _from_ms(case.metric, t.p80_ms, flops, nbytes, case.tokens)
+        b = _from_ms(case.metric, t.p20_ms, flops, nbytes, case.tokens)
         lo, hi = (min(a, b), max(a, b)) if a is not None and b is not None else (None, None)
         return {**t.as_dict(), "value_low": lo, "value_high": hi}
     return None

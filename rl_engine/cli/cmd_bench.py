@@ -26,7 +26,8 @@ def register(sub) -> None:
     ])
     add_list(p, "--ops", "OP",
              "bench items or families: det_gemm lm_head attention_fwd attention_fwd_bwd attention_decode "
-             "rms_norm rope swiglu silu linear_logp chain_decode chain_generate | gemm attention norm logprob chain | all (default: all)")
+             "rms_norm rope swiglu silu linear_logp chain_decode chain_generate chain_teacher_forcing chain_train_step "
+             "| gemm attention norm logprob chain | all (default: all)")
     add_list(p, "--backend", "NAME", "triton_cuda_bf16, cuda_bf16, or all (default: all)")
     p.add_argument("--tokens", nargs="+", type=int, default=None, metavar="T",
                    help="token counts (GEMM M, prefill length, decode batch); default 1 16 128 1024 4096 8192, "
