@@ -132,3 +132,35 @@ def test_bad_inputs_raise(device):
             rms_norm(x, w, bad_eps)
     with pytest.raises(InputError, match="order"):
         rms_norm(x, w, 1e-6, "HF")
+
+
+@pytest.mark.parametrize("shape", [(2 * ROWS_PER_PROGRAM + 5, 320), (70, 4, 128)], ids=["rows", "heads"])
+def test_split_backward_equals_fused_backward(shape, device):
+    """The split backward (one program per row for dx, per 64-row chunk and column block for the
+    dweight partials; chosen when the fused form would have few programs) gives the fused form's
+    dx and dweight bits, with a partial last chunk, for [T, E] and [T, H, D] rows; asked for one
+    gradient it computes that one only. Control: the tokens in reverse order keep dx (per row) but
+    change dweight's sum order; tokens 0 and 1 are a cancelling pair of 2^30-sized contributions
+    (same x, opposite dy), which cancel exactly in order and swallow the small rows summed before
+    them in reverse, so the dweight comparison can fail."""
+    from rl_engine.ops.rms_norm import triton as rn
+
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=g).to(torch.bfloat16)
+    dy = torch.randn(shape, generator=g).to(torch.bfloat16)
+    x[1] = x[0]
+    dy[0] = dy[0] * 2.0 ** 30  # a power of two: exact in BF16
+    dy[1] = -dy[0]
+    x, dy = x.to(device), dy.to(device)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(torch.bfloat16).to(device)
+    _, rstd = rn.rms_norm_fwd(x, w, 1e-6, True)
+    fused = rn.rms_norm_bwd(x, w, dy, rstd, True, True, split=False)
+    split = rn.rms_norm_bwd(x, w, dy, rstd, True, True, split=True)
+    assert bits_equal(split[0], fused[0]) and bits_equal(split[1], fused[1])
+    assert bits_equal(rn.rms_norm_bwd(x, w, dy, rstd, True, False, split=True)[0], fused[0])
+    assert bits_equal(rn.rms_norm_bwd(x, w, dy, rstd, False, True, split=True)[1], fused[1])
+    flipped = rn.rms_norm_bwd(x.flip(0), w, dy.flip(0), rstd.view(shape[0], -1).flip(0).reshape(-1), True, True,
+                              split=True)
+    assert bits_equal(flipped[0].flip(0), fused[0])
+    assert not bits_equal(flipped[1], fused[1])
+    assert rn.rms_norm_bwd.__defaults__ == (None,)  # the form is chosen from the row count when not forced

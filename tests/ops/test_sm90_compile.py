@@ -104,6 +104,16 @@ SCRIPT = textwrap.dedent(r'''
             **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_yt", "stride_yh", "stride_dt",
                                         "stride_st")}}, {
             "BLOCK": 4096, "HF_ORDER": True, "LANES": rn.LANES, "CHUNKS": 32, "ADD": True}
+        yield "rms_bwd_dx", rn._rms_bwd_dx_kernel, {
+            "x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "rstd_ptr": "*fp32", "dx_ptr": "*bf16",
+            "n_cols": "i32", "n_heads": "i32", "n_float": "fp32",
+            **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_dyt", "stride_dyh", "stride_dxt",
+                                        "stride_dxh")}}, {"BLOCK": 4096, "LANES": rn.LANES, "CHUNKS": 32}
+        yield "rms_bwd_dw", rn._rms_bwd_dw_kernel, {
+            "x_ptr": "*bf16", "dy_ptr": "*bf16", "rstd_ptr": "*fp32", "part_ptr": "*fp32", "n_rows": "i32",
+            "n_cols": "i32", "n_heads": "i32",
+            **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_dyt", "stride_dyh")}}, {
+            "BLOCK": rn.DW_BLOCK, "ROWS": rn.ROWS_PER_PROGRAM}
         yield "qk_norm_rope", fused._qk_norm_rope_kernel, {
             **{name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr", "qo_ptr", "ko_ptr", "kc_ptr",
                                           "vc_ptr")}, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "rows_ptr": "*i64",
@@ -154,6 +164,7 @@ def test_control_a_type_changing_loop_value_fails_to_compile(compiled):
                                     "attention_decode[1]", "attention_decode[8]", "det_gemm_leaves[merge]",
                                     "det_gemm_leaves[merge,M=1]", "det_gemm_persistent[forward]",
                                     "det_gemm_persistent[dx]", "det_gemm_persistent[dw]", "rms_norm[add]",
+                                    "rms_bwd_dx", "rms_bwd_dw",
                                     "qk_norm_rope", "row_keys", "logp_fwd[False]", "logp_fwd[True]"])
 def test_kernel_compiles_for_sm90(compiled, kernel):
     assert compiled[kernel] == "ok", compiled[kernel]

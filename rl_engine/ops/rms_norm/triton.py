@@ -20,7 +20,9 @@ the same function, so the two backends give the same bits):
   ``dweight = sum over rows of dy * (x * r)``: stage 1, each program walks a fixed chunk of
   ``ROWS_PER_PROGRAM`` = 64 rows in order and writes one FP32 partial [E]; stage 2 adds the
   partials in chunk order and rounds once. No atomics; the chunk size is a constant, never chosen
-  from T.
+  from T. With few chunks (a [T, E] input of a few thousand rows) the backward runs split: dx one
+  row per program and the stage-1 partials one program per (chunk, column block), the same
+  per-element arithmetic in the same order (:data:`SPLIT_BELOW_PROGRAMS`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ LANES = 128
 """Lane sums of the fixed row-sum order (the CUDA backend's ``NORM_THREADS``)."""
 REDUCE_BLOCK = 256
 """Columns per dweight stage-2 program (fixed)."""
+SPLIT_BELOW_PROGRAMS = 264
+"""The backward runs in its split form (one program per row for dx, one per 64-row chunk and
+``DW_BLOCK`` columns for the dweight partials) when the fused form would have fewer programs
+than this (two per H200 SM): a [4096, 4096] input has 64 chunks, so the fused form keeps 64 of
+132 SMs busy walking 64 rows each. Same arithmetic and order per element, same bits (tested);
+the choice depends on the row count only."""
+DW_BLOCK = 256
+"""Columns per stage-1 dweight program of the split form (a launch setting: each column's sum
+is the same whatever the block)."""
 ADD_WARPS = 2
 """Warps of the add-fused forward (:func:`add_rms_norm_fwd`, decode rows only). A launch setting,
 not arithmetic: on the H200 at E = 4096 (``tools/rms_decode_sweep.py``, evidence
@@ -123,6 +134,57 @@ def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, n_rows, n_
         g = dy * w
         dx = rstd * (g - x * k)
         tl.store(dx_ptr + t * stride_dxt + h * stride_dxh + cols, dx.to(tl.bfloat16), mask=mask & live)
+        part += tl.where(live, dy * (x * rstd), 0.0)
+    tl.store(part_ptr + pid.to(tl.int64) * n_cols + cols, part, mask=mask)
+
+
+@triton.jit
+def _rms_bwd_dx_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, n_cols, n_heads, n_float,
+                       stride_xt, stride_xh, stride_dyt, stride_dyh, stride_dxt, stride_dxh,
+                       BLOCK: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr):
+    """dx of one row, the arithmetic of :func:`_rms_bwd_kernel`'s row loop (the split form)."""
+    r = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    t = (r // n_heads).to(tl.int64)
+    h = (r % n_heads).to(tl.int64)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + t * stride_dyt + h * stride_dyh + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.load(rstd_ptr + r)
+    lanes = tl.zeros((LANES,), dtype=tl.float32)
+    for c in tl.static_range(CHUNKS):
+        lc = c * LANES + tl.arange(0, LANES)
+        lm = lc < n_cols
+        xc = tl.load(x_ptr + t * stride_xt + h * stride_xh + lc, mask=lm, other=0.0).to(tl.float32)
+        dyc = tl.load(dy_ptr + t * stride_dyt + h * stride_dyh + lc, mask=lm, other=0.0).to(tl.float32)
+        wc = tl.load(w_ptr + lc, mask=lm, other=0.0).to(tl.float32)
+        lanes += (dyc * wc) * xc
+    k = tl.math.div_rn(row_sum_fixed(lanes, LANES), n_float) * (rstd * rstd)
+    dx = rstd * (dy * w - x * k)
+    tl.store(dx_ptr + t * stride_dxt + h * stride_dxh + cols, dx.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _rms_bwd_dw_kernel(x_ptr, dy_ptr, rstd_ptr, part_ptr, n_rows, n_cols, n_heads,
+                       stride_xt, stride_xh, stride_dyt, stride_dyh,
+                       BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """Stage 1 of dweight in the split form: program ``(chunk, column block)`` adds
+    ``dy * (x * r)`` over the chunk's ``ROWS`` rows in order, the partial :func:`_rms_bwd_kernel`
+    writes for those columns (same products, same order)."""
+    pid = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    part = tl.zeros((BLOCK,), dtype=tl.float32)
+    for i in range(ROWS):
+        r = pid * ROWS + i
+        live = (tl.zeros((BLOCK,), dtype=tl.int32) + r) < n_rows
+        rr = tl.minimum(r, n_rows - 1)
+        t = (rr // n_heads).to(tl.int64)
+        h = (rr % n_heads).to(tl.int64)
+        x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + t * stride_dyt + h * stride_dyh + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rr)
         part += tl.where(live, dy * (x * rstd), 0.0)
     tl.store(part_ptr + pid.to(tl.int64) * n_cols + cols, part, mask=mask)
 
@@ -230,9 +292,11 @@ def add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
 
 
 def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, need_dx: bool,
-                 need_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                 need_dw: bool, split: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the backward (dy BF16 with unit stride on the last axis); returns (dx like x,
-    dweight [E]), both BF16. One kernel computes both, so both are returned whatever is needed."""
+    dweight [E]), both BF16. The fused form computes both in one kernel; the split form (``split``,
+    None: :data:`SPLIT_BELOW_PROGRAMS`) runs only the kernels of what is needed and leaves the
+    other output unwritten (its caller drops it)."""
     t, h, e, sxt, sxh = _rows_view(x)
     _, _, _, sdyt, sdyh = _rows_view(dy)
     dx = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
@@ -247,6 +311,23 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
     n_parts = triton.cdiv(n_rows, ROWS_PER_PROGRAM)
     parts = torch.empty((n_parts, e), dtype=torch.float32, device=x.device)
     block = _block(e)
+    if split is None:
+        split = n_parts < SPLIT_BELOW_PROGRAMS
+    if split:
+        if need_dx:
+            _rms_bwd_dx_kernel[(n_rows,)](
+                x, weight, dy, rstd, dx, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh,
+                BLOCK=block, LANES=LANES, CHUNKS=triton.cdiv(e, LANES), num_warps=_warps(block),
+                enable_fp_fusion=FP_FUSION,
+            )
+        if need_dw:
+            _rms_bwd_dw_kernel[(n_parts, triton.cdiv(e, DW_BLOCK))](
+                x, dy, rstd, parts, n_rows, e, h, sxt, sxh, sdyt, sdyh,
+                BLOCK=DW_BLOCK, ROWS=ROWS_PER_PROGRAM, num_warps=2, enable_fp_fusion=FP_FUSION,
+            )
+            _dw_reduce_kernel[(triton.cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK,
+                                                               enable_fp_fusion=FP_FUSION)
+        return dx, dw
     _rms_bwd_kernel[(n_parts,)](
         x, weight, dy, rstd, dx, parts, n_rows, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh,
         BLOCK=block, ROWS=ROWS_PER_PROGRAM, LANES=LANES, CHUNKS=triton.cdiv(e, LANES), num_warps=_warps(block),
