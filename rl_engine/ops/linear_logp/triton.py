@@ -20,7 +20,7 @@ A. ``_bwd_dlogits_kernel``: recompute the logits tile exactly as forward, form
    ``dlogits = (g * onehot - g * exp((z - m) - log s)) / temperature`` in FP32 and store it for the
    chunk as a BF16 pair ``hi = bf16(dlogits)``, ``lo = bf16(dlogits - hi)`` (``hi + lo`` keeps 16
    significant bits, about 2^-17 relative; the BF16 outputs keep 8);
-B. ``_bwd_dhidden_kernel``, one program per (row block, E tile): ``dhidden += hi @ weight_chunk +
+B. ``_bwd_dhidden_kernel``, one program per (row tile, E tile) (:data:`GRAD_TILE`): ``dhidden += hi @ weight_chunk +
    lo @ weight_chunk`` through ``mma`` with BF16 operands (exact products, FP32 accumulation, so
    tensor cores do the work), V in increasing order, accumulated in an FP32 ``[T, E]`` buffer across
    chunks and rounded to BF16 once after the last chunk;
@@ -55,7 +55,13 @@ CHUNK_V = 4096
 COMBINE_BLOCK = 128
 """Rows per program of the forward combine kernel."""
 GRAD_BLOCK = 64
-"""Tile edge of the FP32 backward GEMMs (rows, V entries and E columns)."""
+"""Reduction step of the backward GEMMs (V entries of dhidden, rows of dweight): each step is one
+``mma`` of the ``hi`` part then one of the ``lo`` part, so this sets every element's sequence of
+products (declared; never changed for speed)."""
+GRAD_TILE = (128, 128, 8, 3)
+"""Output tile ``[rows, columns]``, warps and pipeline stages of the two backward GEMMs. A launch
+setting: each output element gets the same ``GRAD_BLOCK`` steps in the same order whatever the
+tile (tested bit for bit against ``(64, 64, 4, 3)``, the tiles before issue #33, on the H200 too)."""
 NUM_WARPS = 4
 """Warps per program of every linear_logp kernel."""
 
@@ -176,15 +182,17 @@ def _bwd_dhidden_kernel(
     hi_ptr, lo_ptr, w_ptr, acc_ptr, dh_ptr,
     T, E, v_base, n_local, stride_w,
     FIRST: tl.constexpr, LAST: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, TILE_M: tl.constexpr, TILE_N: tl.constexpr,
 ):
-    rows = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
-    ecols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    """``[TILE_M, TILE_N]`` of dhidden: ``+= hi @ w + lo @ w`` per ``BLOCK`` entries of the chunk's
+    V, in increasing order (the tile shape never changes an element's sequence of products)."""
+    rows = (tl.program_id(0) * TILE_M + tl.arange(0, TILE_M)).to(tl.int64)
+    ecols = tl.program_id(1) * TILE_N + tl.arange(0, TILE_N)
     row_ok = rows < T
     e_ok = ecols < E
     out_mask = row_ok[:, None] & e_ok[None, :]
     if FIRST:
-        acc = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+        acc = tl.zeros([TILE_M, TILE_N], dtype=tl.float32)
     else:
         acc = tl.load(acc_ptr + rows[:, None] * E + ecols[None, :], mask=out_mask, other=0.0)
     vs = tl.arange(0, BLOCK)
@@ -209,13 +217,16 @@ def _bwd_dhidden_kernel(
 def _bwd_dweight_kernel(
     hi_ptr, lo_ptr, h_ptr, dw_ptr,
     T, E, v_base, n_local, stride_h,
-    CHUNK_V: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr,
+    CHUNK_V: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr, TILE_M: tl.constexpr,
+    TILE_N: tl.constexpr,
 ):
-    local = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ecols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    """``[TILE_M, TILE_N]`` of the chunk's dweight: ``hi^T @ hidden + lo^T @ hidden`` per ``BLOCK``
+    rows, all rows in increasing order (the tile shape never changes an element's sequence)."""
+    local = tl.program_id(0) * TILE_M + tl.arange(0, TILE_M)
+    ecols = tl.program_id(1) * TILE_N + tl.arange(0, TILE_N)
     v_ok = local < n_local
     e_ok = ecols < E
-    acc = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+    acc = tl.zeros([TILE_M, TILE_N], dtype=tl.float32)
     rs = tl.arange(0, BLOCK)
     for r0 in range(0, T, BLOCK):
         rows = (r0 + rs).to(tl.int64)
@@ -266,8 +277,10 @@ def linear_logp_fwd(hidden, weight, targets, temperature):
     return out, rmax, rlog
 
 
-def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need_dw):
-    """(dhidden [T, E] or None, dweight [V, E] or None) bf16 from the upstream g [T] FP32."""
+def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need_dw, grad_tile=None):
+    """(dhidden [T, E] or None, dweight [V, E] or None) bf16 from the upstream g [T] FP32.
+    ``grad_tile``: the backward GEMMs' (rows, columns, warps, stages); None: :data:`GRAD_TILE`."""
+    tm, tn, tw, ts = grad_tile or GRAD_TILE
     t, e = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
@@ -295,18 +308,18 @@ def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh
             enable_fp_fusion=FP_FUSION,
         )
         if need_dh:
-            _bwd_dhidden_kernel[(triton.cdiv(t, GRAD_BLOCK), triton.cdiv(e, GRAD_BLOCK))](
+            _bwd_dhidden_kernel[(triton.cdiv(t, tm), triton.cdiv(e, tn))](
                 d_hi, d_lo, weight, dh_acc, dh,
                 t, e, v_base, n_local, weight.stride(0),
                 FIRST=c == 0, LAST=c == n_chunks - 1, CHUNK_V=CHUNK_V, BLOCK=GRAD_BLOCK, UPCAST=up,
-                num_warps=NUM_WARPS,
+                TILE_M=tm, TILE_N=tn, num_warps=tw, num_stages=ts,
                 enable_fp_fusion=FP_FUSION,
             )
         if need_dw:
-            _bwd_dweight_kernel[(triton.cdiv(n_local, GRAD_BLOCK), triton.cdiv(e, GRAD_BLOCK))](
+            _bwd_dweight_kernel[(triton.cdiv(n_local, tm), triton.cdiv(e, tn))](
                 d_hi, d_lo, hidden, dw,
                 t, e, v_base, n_local, hidden.stride(0),
-                CHUNK_V=CHUNK_V, BLOCK=GRAD_BLOCK, UPCAST=up, num_warps=NUM_WARPS,
+                CHUNK_V=CHUNK_V, BLOCK=GRAD_BLOCK, UPCAST=up, TILE_M=tm, TILE_N=tn, num_warps=tw, num_stages=ts,
                 enable_fp_fusion=FP_FUSION,
             )
     return dh, dw
