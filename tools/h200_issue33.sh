@@ -2,20 +2,27 @@
 # Issue #33 on the H200 (one call): the GPU tests of TEST_ARGS (det_gemm's forms, bit for bit),
 # the persistent det_gemm sweep (tools/det_gemm_prefill_sweep.py, SWEEP_ARGS), and where a
 # Qwen3-8B teacher-forcing call and train step spend their time (tools/train_step_profile.py,
-# PROF_ARGS; PROF_OLD_ARGS, if set, runs a second profile, e.g. "--no-persistent --modes train_step").
-# Everything lands in $OUT/issue33.tgz (the only file it leaves).
+# PROF_ARGS; PROF_OLD_ARGS, if set, runs a second profile, e.g. "--no-persistent --modes train_step"),
+# then, if BENCH_ARGS is set, `rl-engine bench $BENCH_ARGS`. SKIP_TESTS=1 / SKIP_SWEEP=1 /
+# SKIP_PROF=1 skip a step. Everything lands in $OUT/issue33.tgz (the only file it leaves).
 set -u
 R=$OUT/issue33
 . tools/device_setup.sh "$R"
 cat "$R/env.txt"
-timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -rs -n "${TEST_PROCS:-2}" ${TEST_ARGS:-tests/ops/test_det_gemm.py} 2>&1 \
+[ "${SKIP_TESTS:-0}" = 1 ] || timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -rs -n "${TEST_PROCS:-2}" ${TEST_ARGS:-tests/ops/test_det_gemm.py} 2>&1 \
   | tee "$R/gpu-tests.log" | tail -8
-timeout "${SWEEP_TIMEOUT:-240}" python3 tools/det_gemm_prefill_sweep.py ${SWEEP_ARGS:-} --out "$R/sweep.json" 2>&1 \
+[ "${SKIP_SWEEP:-0}" = 1 ] || timeout "${SWEEP_TIMEOUT:-240}" python3 tools/det_gemm_prefill_sweep.py ${SWEEP_ARGS:-} --out "$R/sweep.json" 2>&1 \
   | tee "$R/sweep.log" | tail -45
-timeout "${PROF_TIMEOUT:-150}" python3 tools/train_step_profile.py ${PROF_ARGS:---batch 4 --seq-len 1024 --hf} \
+[ "${SKIP_PROF:-0}" = 1 ] || timeout "${PROF_TIMEOUT:-150}" python3 tools/train_step_profile.py ${PROF_ARGS:---batch 4 --seq-len 1024 --hf} \
   --json "$R/profile.json" 2>&1 | tee "$R/profile.log" | tail -70
 if [ -n "${PROF_OLD_ARGS:-}" ]; then
   timeout "${PROF_TIMEOUT:-150}" python3 tools/train_step_profile.py $PROF_OLD_ARGS --json "$R/profile-old.json" 2>&1 \
     | tee "$R/profile-old.log" | tail -30
+fi
+if [ -n "${BENCH_ARGS:-}" ]; then
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-200}" rl-engine bench $BENCH_ARGS --out "$R/bench" >"$R/bench-stdout.txt" 2>"$R/bench-progress.log"
+  echo "bench rc $?"
+  grep -v "Warn" "$R/bench-progress.log" | tail -n 40
 fi
 cd "$OUT" && tar czf issue33.tgz issue33 && rm -rf issue33
