@@ -126,7 +126,7 @@ def _prefill_case(tokens: int, backward: bool) -> Case:
         variant="prefill fwd+bwd" if backward else "prefill fwd", tokens=tokens, metric="TFLOP/s",
         sizes=_prefill_sizes, label=_prefill_label, count=count, build=_prefill_build, ours=ours,
         baselines=[Baseline("F.scaled_dot_product_attention (flash)", make=sdpa,
-                            target=None if backward else "attention.fwd", primary=True)])
+                            target="attention.fwd_bwd" if backward else "attention.fwd", primary=True)])
 
 
 def _decode_case(batch: int) -> Case:
