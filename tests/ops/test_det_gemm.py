@@ -289,7 +289,7 @@ def test_weight_gradient_in_the_weights_layout(device, backend):
 
 def test_leaf_parallel_form_is_chosen_by_output_tiles_only():
     assert dg_triton.use_leaf_split(1, 4096, 2) and dg_triton.use_leaf_split(257, 4096, 2)
-    assert not dg_triton.use_leaf_split(4096, 4096, 2)
+    assert not dg_triton.use_leaf_split(4096, 4096, 2) and not dg_triton.use_leaf_split(1024, 1024, 2)
     assert not dg_triton.use_leaf_split(1, 4096, 0) and not dg_triton.use_leaf_split(1, 4096, 2, fp32_merge=True)
 
 

@@ -497,16 +497,30 @@ class PersistentTiles:
     """The kernel's ``REGS``: pending leaves in registers (else parked in memory)."""
 
 
-PERSISTENT_TILES = PersistentTiles(128, 128, 8, 4, 8, 2, True)
-"""The persistent form's configuration, the same for every shape (never derived from M, N or K)."""
+PERSISTENT_TILES = PersistentTiles(128, 128, 8, 4, 8, 0, True)
+"""The persistent form's configuration, the same for every shape (never derived from M, N or K).
+Chosen by ``tools/det_gemm_prefill_sweep.py`` on the H200 (evidence
+``2026-12-03-h200-issue33-72adbef``: 36 products x 6 configurations, every one with the fused
+form's bits): the nest as written (``loop = 0``) with pending leaves in registers ran 0.70-0.85x
+cuBLAS at M = 4096 and 8192 (the fused form 0.39-0.73x); the one-loop structure (``loop = 2``)
+0.41-0.50x (Triton 3.6 pipelines it with fewer stages in flight), 128 x 256 tiles 0.11-0.15x,
+the compiler's flattening (``loop = 1``) does not compile on Triton 3.6, and parking in memory
+(``regs = False``) 0.61-0.77x."""
 
 PERSISTENT_ON_CUDA = True
 """Whether a GPU of compute capability >= 9.0 runs the persistent TMA form where it applies
 (:func:`persistent_applies`); the fused form otherwise. A speed choice: same bits (tested)."""
 
-PERSISTENT_MIN_TILES = 128
-"""The persistent form runs for outputs of at least this many ``[bm, bn]`` tiles (about one per SM of
-the H200); smaller outputs keep the leaf-parallel form, which has ``2^depth`` programs per tile."""
+PERSISTENT_MIN_TILES = 512
+"""The persistent form runs for outputs of at least this many ``[bm, bn]`` tiles, or for a long
+reduction (:data:`PERSISTENT_MIN_K`). In the H200 sweep it lost to the fused form on three of the
+four products with 256 tiles and K = 4096 (0.30-0.44x cuBLAS against 0.54-0.63x) and won on every
+product with >= 768 tiles or K = 12288."""
+PERSISTENT_MIN_K = 8192
+"""Reduction length from which the persistent form runs at any tile count of at least
+:data:`PERSISTENT_MIN_TILES_LONG_K` (the sweep's 256-tile products with K = 12288: 0.82-0.84x
+against 0.73-0.75x)."""
+PERSISTENT_MIN_TILES_LONG_K = 128
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -541,8 +555,9 @@ def persistent_applies(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge:
 def use_persistent(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False) -> bool:
     """Whether :func:`det_gemm_launch` takes the persistent form: on a GPU of compute capability
     >= 9.0 (TMA), for more rows than a decode step has (``M > 64``; the decode tiles stay) and
-    outputs of at least :data:`PERSISTENT_MIN_TILES` tiles, where it applies. Depends on the
-    shapes and layouts only; every form gives the same bits."""
+    outputs of at least :data:`PERSISTENT_MIN_TILES` tiles (:data:`PERSISTENT_MIN_TILES_LONG_K`
+    for K >= :data:`PERSISTENT_MIN_K`), where it applies. Depends on the shapes and layouts only;
+    every form gives the same bits."""
     if not (PERSISTENT_ON_CUDA and a.device.type == "cuda" and not upcast_dots()):
         return False
     if torch.cuda.get_device_capability(a.device)[0] < 9:
@@ -550,8 +565,8 @@ def use_persistent(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: boo
     t = PERSISTENT_TILES
     m = a.shape[0]
     tiles = triton.cdiv(m, t.bm) * triton.cdiv(b.shape[1], t.bn)
-    return (m > BATCH_DECODE_TILES.bm and tiles >= PERSISTENT_MIN_TILES
-            and persistent_applies(a, b, depth, fp32_merge))
+    enough = tiles >= PERSISTENT_MIN_TILES or (a.shape[1] >= PERSISTENT_MIN_K and tiles >= PERSISTENT_MIN_TILES_LONG_K)
+    return m > BATCH_DECODE_TILES.bm and enough and persistent_applies(a, b, depth, fp32_merge)
 
 
 def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth: int,
@@ -577,9 +592,15 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth:
     )
 
 
+LEAF_SPLIT_MAX_M = 1023
+"""The leaf-parallel form runs for at most this many rows: at M = 1024 with 64 tiles (Qwen3-8B's k/v
+projection) it ran 0.12x cuBLAS on the H200 where the fused form ran 0.25x (the same sweep)."""
+
+
 def use_leaf_split(m: int, n: int, depth: int, fp32_merge: bool = False) -> bool:
     """Whether :func:`det_gemm_launch` takes the leaf-parallel form for an ``[m, n]`` output."""
-    return depth > 0 and not fp32_merge and triton.cdiv(m, BM) * triton.cdiv(n, BN) < LEAF_SPLIT_BELOW_TILES
+    return (depth > 0 and not fp32_merge and m <= LEAF_SPLIT_MAX_M
+            and triton.cdiv(m, BM) * triton.cdiv(n, BN) < LEAF_SPLIT_BELOW_TILES)
 
 
 def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False,
