@@ -68,20 +68,10 @@ def ours(weights, backend: str, ids, targets, train: bool):
 
 
 def hf(weights, ids, targets, train: bool):
-    import transformers
+    from rl_engine.bench.chain import hf_causal_lm
 
-    cfg = transformers.Qwen3Config(**{k: v for k, v in weights.config.to_hf_dict().items()
-                                      if k not in ("architectures", "model_type", "torch_dtype")})
-    cfg._attn_implementation = "sdpa"
-    with torch.device("meta"):
-        model = transformers.Qwen3ForCausalLM(cfg)
-    model.load_state_dict(weights.state_dict(), assign=True, strict=False)
-    rotary = type(model.model.rotary_emb)
-    try:  # transformers 5.17 takes the device; 5.24 does not
-        model.model.rotary_emb = rotary(config=cfg, device=weights.device)
-    except TypeError:
-        model.model.rotary_emb = rotary(config=cfg).to(weights.device)
-    params = [t for _, t in weights.named_tensors()]
+    model = hf_causal_lm(weights, train=train)
+    params = list(model.parameters())  # Parameters sharing the weights' storage: their .grad is what backward sets
 
     def logprobs():
         logits = model(input_ids=ids, use_cache=False).logits

@@ -105,6 +105,24 @@ def _rms_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, d_ptr, s_ptr, n_cols, n_heads
 
 
 @triton.jit
+def _row_dx(x_row, dy_row, w_ptr, x, dy, w, rstd, n_cols, n_float, LANES: tl.constexpr, CHUNKS: tl.constexpr):
+    """FP32 dx of one row (``x``, ``dy``, ``w`` the row's FP32 values, ``x_row`` / ``dy_row`` its
+    pointers): ``k = (sum(dy * w * x) / E) * r^2`` in the forward's fixed lane order, then
+    ``dx = r * (dy * w - x * k)``."""
+    lanes = tl.zeros((LANES,), dtype=tl.float32)
+    for c in tl.static_range(CHUNKS):  # the forward's fixed order, over g * x
+        lc = c * LANES + tl.arange(0, LANES)
+        lm = lc < n_cols
+        xc = tl.load(x_row + lc, mask=lm, other=0.0).to(tl.float32)
+        dyc = tl.load(dy_row + lc, mask=lm, other=0.0).to(tl.float32)
+        wc = tl.load(w_ptr + lc, mask=lm, other=0.0).to(tl.float32)
+        lanes += (dyc * wc) * xc
+    k = tl.math.div_rn(row_sum_fixed(lanes, LANES), n_float) * (rstd * rstd)
+    g = dy * w
+    return rstd * (g - x * k)
+
+
+@triton.jit
 def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, n_rows, n_cols, n_heads, n_float,
                     stride_xt, stride_xh, stride_dyt, stride_dyh, stride_dxt, stride_dxh,
                     BLOCK: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr):
@@ -122,17 +140,8 @@ def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, n_rows, n_
         x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + t * stride_dyt + h * stride_dyh + cols, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(rstd_ptr + rr)
-        lanes = tl.zeros((LANES,), dtype=tl.float32)
-        for c in tl.static_range(CHUNKS):  # the forward's fixed order, over g * x
-            lc = c * LANES + tl.arange(0, LANES)
-            lm = lc < n_cols
-            xc = tl.load(x_ptr + t * stride_xt + h * stride_xh + lc, mask=lm, other=0.0).to(tl.float32)
-            dyc = tl.load(dy_ptr + t * stride_dyt + h * stride_dyh + lc, mask=lm, other=0.0).to(tl.float32)
-            wc = tl.load(w_ptr + lc, mask=lm, other=0.0).to(tl.float32)
-            lanes += (dyc * wc) * xc
-        k = tl.math.div_rn(row_sum_fixed(lanes, LANES), n_float) * (rstd * rstd)
-        g = dy * w
-        dx = rstd * (g - x * k)
+        dx = _row_dx(x_ptr + t * stride_xt + h * stride_xh, dy_ptr + t * stride_dyt + h * stride_dyh, w_ptr,
+                     x, dy, w, rstd, n_cols, n_float, LANES, CHUNKS)
         tl.store(dx_ptr + t * stride_dxt + h * stride_dxh + cols, dx.to(tl.bfloat16), mask=mask & live)
         part += tl.where(live, dy * (x * rstd), 0.0)
     tl.store(part_ptr + pid.to(tl.int64) * n_cols + cols, part, mask=mask)
@@ -152,16 +161,8 @@ def _rms_bwd_dx_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, n_cols, n_heads, 
     x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + t * stride_dyt + h * stride_dyh + cols, mask=mask, other=0.0).to(tl.float32)
     rstd = tl.load(rstd_ptr + r)
-    lanes = tl.zeros((LANES,), dtype=tl.float32)
-    for c in tl.static_range(CHUNKS):
-        lc = c * LANES + tl.arange(0, LANES)
-        lm = lc < n_cols
-        xc = tl.load(x_ptr + t * stride_xt + h * stride_xh + lc, mask=lm, other=0.0).to(tl.float32)
-        dyc = tl.load(dy_ptr + t * stride_dyt + h * stride_dyh + lc, mask=lm, other=0.0).to(tl.float32)
-        wc = tl.load(w_ptr + lc, mask=lm, other=0.0).to(tl.float32)
-        lanes += (dyc * wc) * xc
-    k = tl.math.div_rn(row_sum_fixed(lanes, LANES), n_float) * (rstd * rstd)
-    dx = rstd * (dy * w - x * k)
+    dx = _row_dx(x_ptr + t * stride_xt + h * stride_xh, dy_ptr + t * stride_dyt + h * stride_dyh, w_ptr,
+                 x, dy, w, rstd, n_cols, n_float, LANES, CHUNKS)
     tl.store(dx_ptr + t * stride_dxt + h * stride_dxh + cols, dx.to(tl.bfloat16), mask=mask)
 
 
