@@ -233,6 +233,9 @@ def test_version_and_help_say_what_a_user_needs(capsys):
     from rl_engine.gate.runner import JUDGMENTS
 
     assert cmd_gate.JUDGMENT_NAMES == JUDGMENTS
+    from rl_engine.gate.plan import CROSS_BACKEND_SCOPES
+
+    assert cmd_gate.CROSS_BACKEND_SCOPES == CROSS_BACKEND_SCOPES
     with pytest.raises(SystemExit) as exc:
         main(["--version"])
     assert exc.value.code == 0 and rl_engine.__version__ in capsys.readouterr().out

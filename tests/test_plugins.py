@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import rl_engine
 from rl_engine.backends.registry import unregister_backend
@@ -141,3 +142,40 @@ def test_cross_backend_table_when_two_backends_are_judged(tmp_path):
 
     md, _ = write_reports(ev, tmp_path)
     assert "Cross-backend comparison" in md.read_text()
+
+
+@pytest.mark.parametrize("scope", ["declared", "all", "none"])
+def test_cross_backend_scope(tmp_path, scope):
+    """``--cross-backend all`` compares every case, forward and gradients, of an op outside the
+    declared-identical set (logp here, through a plugin that runs the Triton kernel itself, so
+    every row is bitwise equal); ``declared`` the first case's forward only; ``none`` no table.
+    Control: a plugin whose logp differs by one ulp is reported as not bitwise equal."""
+    from rl_engine.ops.logp.spec import SPEC as LOGP
+
+    triton_logp = LOGP.impls["triton_cuda_bf16"]
+    rl_engine.register_backend("same_logp", {"logp": triton_logp}, backward=True)
+    rl_engine.register_backend("ulp_logp", {"logp": lambda **kw: torch.nextafter(
+        triton_logp(**kw), torch.tensor(float("inf")))}, backward=False)
+    try:
+        cfg = GateConfig(ops=["logp"], backends=["triton_cuda_bf16", "same_logp"], judgments=["forward_accuracy"],
+                         workload=get_workload("smoke"), out_dir=tmp_path, cross_backend=scope)
+        ev = run_gate(cfg, load_contract())
+        if scope == "none":
+            assert "cross_backend" not in ev and "cross_backend_scope" not in ev
+            return
+        rows = ev["cross_backend"]
+        assert ev["cross_backend_scope"] == scope and rows and all(r["bitwise_equal"] for r in rows)
+        cases = {r["case"] for r in rows}
+        grads = [r for r in rows if r["output"].startswith("bwd.")]
+        n_cases = len(LOGP.build_cases(get_workload("smoke"), 0, torch.device("cpu")))
+        if scope == "all":
+            assert len(cases) == n_cases > 1 and grads
+        else:
+            assert len(cases) == 1 and not grads
+        cfg.backends, cfg.out_dir = ["triton_cuda_bf16", "ulp_logp"], tmp_path / "ulp"
+        bad = run_gate(cfg, load_contract())["cross_backend"]
+        forward = [r for r in bad if r.get("output", "").startswith("fwd.")]
+        assert forward and not any(r["bitwise_equal"] for r in forward)
+    finally:
+        unregister_backend("same_logp")
+        unregister_backend("ulp_logp")

@@ -12,6 +12,9 @@ JUDGMENT_NAMES = ("forward_accuracy", "gradient_accuracy", "forward_invariance",
                   "chain_parity")
 """The judgments, for ``--help`` without importing the runner (and torch); a test keeps it equal to
 :data:`rl_engine.gate.runner.JUDGMENTS`."""
+CROSS_BACKEND_SCOPES = ("declared", "all", "none")
+"""The scopes of ``--cross-backend``, for the parser without importing torch; a test keeps it equal
+to :data:`rl_engine.gate.plan.CROSS_BACKEND_SCOPES`."""
 
 
 def register(sub) -> None:
@@ -42,6 +45,11 @@ def register(sub) -> None:
     p.add_argument("--cell-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
                    help="mark a cell that runs longer red with reason 'timeout', e.g. --cell-timeout 600 (default: no limit)")
     p.add_argument("--seed", type=_seed, default=0, help="base seed of every input builder, in [0, 2**62) (default 0)")
+    p.add_argument("--cross-backend", default="declared", choices=CROSS_BACKEND_SCOPES,
+                   help="scope of the informational cross-backend table when two or more backends are judged: "
+                        "declared (every case of the ops declared identical on both backends, the first case's "
+                        "forward of the others), all (every case, forward and gradients, of every op), none "
+                        "(default: declared)")
     p.add_argument("--json", action="store_true",
                    help="print the summary as JSON on stdout (progress still goes to stderr)")
     p.set_defaults(func=run)
@@ -163,7 +171,7 @@ def run(args) -> int:
         requested, left_out = resume["backends"]["requested"], resume["backends"]["left_out"]
     config = GateConfig(ops=ops, backends=backends, judgments=judgments, workload=workload, out_dir=out,
                         seed=args.seed, requested_backends=requested, left_out=left_out,
-                        cell_timeout=args.cell_timeout, resume=resume)
+                        cell_timeout=args.cell_timeout, resume=resume, cross_backend=args.cross_backend)
     if resume is not None:
         _check_resume(resume, config, contract)
     evidence = _run_with_progress(config, contract)

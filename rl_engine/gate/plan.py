@@ -42,6 +42,15 @@ class GateConfig:
     """Seconds a cell may run before it is marked red with reason ``timeout`` (None: no limit)."""
     resume: dict[str, Any] | None = None
     """A previous, incomplete evidence to finish (cells already there are kept, not re-run)."""
+    cross_backend: str = "declared"
+    """Scope of the informational cross-backend table (:data:`CROSS_BACKEND_SCOPES`)."""
+
+
+CROSS_BACKEND_SCOPES = ("declared", "all", "none")
+"""``declared``: every case, forward and gradients, of the ops the contract declares identical on
+both backends, the first case's forward outputs of the others; ``all``: every case, forward and
+gradients, of every op (the map issue #34 needs; costs a second run of every case per backend);
+``none``: no table."""
 
 
 def resolve_backends(requested: str | None, contract: Any = None) -> tuple[list[str], list[dict[str, str]]]:

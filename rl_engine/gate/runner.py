@@ -332,10 +332,12 @@ CROSS_BACKEND_DECLARED = ("embedding", "rope", "silu", "swiglu", "pack", "rms_no
 
 def cross_backend(config: GateConfig, device: torch.device) -> list[dict[str, Any]]:
     """Informational: the largest difference between each judged backend and the first one on the
-    same inputs, and whether they are bitwise equal. For the ops whose arithmetic the contract
-    declares identical on both backends (:data:`CROSS_BACKEND_DECLARED`,
-    ``docs/declared-arithmetic.md``) every case, forward outputs and input gradients; for the
-    others the first case's forward outputs. Not a judgment (decision 16 of docs/decisions.md is a target)."""
+    same inputs, and whether they are bitwise equal. Scope ``config.cross_backend``
+    (:data:`rl_engine.gate.plan.CROSS_BACKEND_SCOPES`): with ``declared``, for the ops whose
+    arithmetic the contract declares identical on both backends (:data:`CROSS_BACKEND_DECLARED`,
+    ``docs/declared-arithmetic.md``) every case, forward outputs and input gradients, for the
+    others the first case's forward outputs; with ``all``, every case, forward and gradients, of
+    every op. Not a judgment (decision 16 of docs/decisions.md is a target)."""
     from rl_engine.gate.compare import compare_bitwise
     from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 
@@ -357,7 +359,7 @@ def cross_backend(config: GateConfig, device: torch.device) -> list[dict[str, An
                     impls[b] = impl
             if first not in impls or len(impls) < 2:
                 continue
-            declared = op in CROSS_BACKEND_DECLARED
+            declared = op in CROSS_BACKEND_DECLARED or config.cross_backend == "all"
             cases = spec.build_cases(config.workload, config.seed, device)
             for case in cases if declared else cases[:1]:
                 base = run_forward(impls[first], case.inputs)
@@ -512,7 +514,8 @@ def _run_gate_locked(config: GateConfig, contract: Contract, on_cell, device: to
             fresh.close()
         finally:
             evidence_io.write_atomic(path, evidence)
-    if len(config.backends) >= 2:
+    if len(config.backends) >= 2 and config.cross_backend != "none":
+        evidence["cross_backend_scope"] = config.cross_backend
         evidence["cross_backend"] = cross_backend(config, device)
     evidence["complete"] = True
     evidence["wall_time_s"] = round(time.perf_counter() - t0, 3)
