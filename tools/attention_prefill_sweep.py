@@ -5,9 +5,13 @@ L tokens. For each configuration ``BLOCK_M x WARPS x STAGES`` (``BLOCK_N`` is th
 block and never varies) this checks the output and lse bits against the module's defaults and
 times it with ``triton.testing.do_bench``, beside ``torch.nn.functional.scaled_dot_product_attention``
 (flash backend, ``[B, H, L, D]``, ``enable_gqa``) on the same values. A configuration with other bits
-is reported and must never be chosen. Usage on the H200::
+is reported and must never be chosen. With ``--bwd-configs`` it also sweeps the backward's launch
+settings (``KVROWSxWARPSxSTAGES/QROWSxWARPSxSTAGES`` of the dK/dV and dQ kernels; their reduction
+steps never vary): dq, dk, dv bits against the defaults, time against SDPA flash's backward
+(``torch.autograd.grad`` of its output on the same values). Usage on the H200::
 
     python tools/attention_prefill_sweep.py --shapes 4x1024,2x8192 --out attn_sweep.json
+    python tools/attention_prefill_sweep.py --configs 64x4x2 --bwd-configs 64x4x2/64x4x2,128x8x2/64x4x2
 """
 
 from __future__ import annotations
@@ -21,10 +25,16 @@ import torch
 DEFAULT_CONFIGS = ("64x4x2", "128x4x2", "128x8x2", "128x8x3", "64x4x3", "128x4x3")
 
 
+def _launch(text: str) -> tuple[int, int, int]:
+    rows, warps, stages = (int(x) for x in text.split("x"))
+    return rows, warps, stages
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="4x1024,8x1024,2x8192", help="BxL, comma-separated")
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="BLOCK_MxWARPSxSTAGES")
+    p.add_argument("--bwd-configs", default="", help="KVROWSxWARPSxSTAGES/QROWSxWARPSxSTAGES, comma-separated")
     p.add_argument("--out", default="attention_prefill_sweep.json")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -71,6 +81,31 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"B": b, "L": n, "config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
                 line.append(f"{cfg}=err")
         print(" ".join(line), flush=True)
+        if args.bwd_configs:
+            do = torch.randn((t, h, d), generator=g, device="cuda").to(torch.bfloat16)
+            ql, kl, vl = (x.detach().requires_grad_(True) for x in (qs, ks, vs))
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                o4 = torch.nn.functional.scaled_dot_product_attention(ql, kl, vl, is_causal=True, scale=scale,
+                                                                      enable_gqa=True)
+            do4 = do.view(b, n, h, d).transpose(1, 2)
+            sdpa_bwd_ms = float(do_bench(lambda: torch.autograd.grad(o4, (ql, kl, vl), do4, retain_graph=True)))
+            ref = at.attention_bwd(q, k, v, ref_out, ref_lse, do, cu, cu, scale, plan)
+            line = [f"B{b} L{n} backward: sdpa flash {2.5 * flops / sdpa_bwd_ms / 1e9:6.1f} TF/s"]
+            for cfg in args.bwd_configs.split(","):
+                kv_cfg, q_cfg = cfg.split("/")
+                kw = {"dkdv_launch": _launch(kv_cfg), "dq_launch": _launch(q_cfg)}
+                try:
+                    grads = at.attention_bwd(q, k, v, ref_out, ref_lse, do, cu, cu, scale, plan, **kw)
+                    same = all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(grads, ref))
+                    ms = float(do_bench(lambda kw=kw: at.attention_bwd(q, k, v, ref_out, ref_lse, do, cu, cu, scale,
+                                                                       plan, **kw)))
+                    rows.append({"B": b, "L": n, "bwd_config": cfg, "ms": ms, "sdpa_ms": sdpa_bwd_ms,
+                                 "ratio": sdpa_bwd_ms / ms, "bits_equal": bool(same)})
+                    line.append(f"{cfg}={sdpa_bwd_ms / ms:.2f}{'' if same else '!BITS'}")
+                except Exception as exc:
+                    rows.append({"B": b, "L": n, "bwd_config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+                    line.append(f"{cfg}=err")
+            print(" ".join(line), flush=True)
     with open(args.out, "w") as fh:
         json.dump({"tool": "tools/attention_prefill_sweep.py", "argv": sys.argv[1:],
                    "device": torch.cuda.get_device_name(), "rows": rows}, fh, indent=1)

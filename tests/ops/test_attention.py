@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from _helpers import (SMOKE, check_backward_accuracy, check_forward_accuracy, check_transform, control_caught,
+from _helpers import (SMOKE, bits_equal, check_backward_accuracy, check_forward_accuracy, check_transform, control_caught,
                       differing, int_bits)
 from rl_engine.errors import InputError
 from rl_engine.ops.attention import attention, attention_decode
@@ -373,3 +373,28 @@ def test_chunk_invariance_across_kv_blocks(device):
         assert not bad, f"chunk {direction}: not bitwise equal: {bad}"
     control = SPEC.transforms["chunk"](SPEC.controls["chunk"], case, "forward", False)
     assert control_caught(control), "the size-dependent KV block was not caught"
+
+
+def test_backward_launch_settings_keep_the_bits(device):
+    """The dK/dV kernel's KV rows per program and the dQ kernel's query rows per program are launch
+    settings for the sweep (``tools/attention_prefill_sweep.py --backward``): on a varlen batch
+    whose sequences end inside blocks, 128-row programs give the default 64-row programs' dq, dk,
+    dv bits. Control: another scale changes every gradient, so the comparison can fail."""
+    from rl_engine.ops.attention._checks import LaunchPlan
+
+    g = make_generator(91)
+    lens = [150, 37, 1]
+    t = sum(lens)
+    q = randn((t, 4, 16), g, device=device)
+    k = randn((t, 2, 16), g, device=device)
+    v = randn((t, 2, 16), g, device=device)
+    do = randn((t, 4, 16), g, device=device)
+    cu = torch.tensor([0, 150, 187, 188], dtype=torch.int32, device=device)
+    plan = LaunchPlan(len(lens), max(lens), max(lens))
+    out, lse = attn_triton.attention_fwd(q, k, v, cu, cu, 0.25, plan)
+    ref = attn_triton.attention_bwd(q, k, v, out, lse, do, cu, cu, 0.25, plan)
+    wide = attn_triton.attention_bwd(q, k, v, out, lse, do, cu, cu, 0.25, plan, dkdv_launch=(128, 8, 2),
+                                     dq_launch=(128, 8, 2))
+    assert all(bits_equal(x, y) for x, y in zip(wide, ref))
+    other = attn_triton.attention_bwd(q, k, v, out, lse, do, cu, cu, 0.5, plan)
+    assert not any(bits_equal(x, y) for x, y in zip(other, ref))

@@ -502,8 +502,18 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, bl
     return out
 
 
-def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchPlan):
-    """Launch the deterministic backward; returns (dq, dk, dv) bf16 (do bf16, unit stride on D)."""
+def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchPlan, *,
+                  dkdv_launch: tuple[int, int, int] | None = None,
+                  dq_launch: tuple[int, int, int] | None = None):
+    """Launch the deterministic backward; returns (dq, dk, dv) bf16 (do bf16, unit stride on D).
+
+    ``dkdv_launch`` = (KV rows per program, warps, stages) of the dK/dV kernel and ``dq_launch`` =
+    (query rows per program, warps, stages) of the dQ kernel are parameters only so the sweep
+    (``tools/attention_prefill_sweep.py --backward``) can vary them; None is the module's
+    ``(BLOCK_N_BWD, NUM_WARPS, NUM_STAGES)`` / ``(BLOCK_M, NUM_WARPS, NUM_STAGES)``, what the op
+    always runs. The reduction steps (query rows per dK/dV step, KV block of dQ) never vary."""
+    kv_rows, kv_warps, kv_stages = dkdv_launch or (BLOCK_N_BWD, NUM_WARPS, NUM_STAGES)
+    q_rows, q_warps, q_stages = dq_launch or (BLOCK_M, NUM_WARPS, NUM_STAGES)
     tq, h, d = q.shape
     tk, hkv, _ = k.shape
     group = h // hkv
@@ -521,23 +531,23 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
             D=d, BLOCK_T=BLOCK_T_DELTA, num_warps=NUM_WARPS,
             enable_fp_fusion=FP_FUSION,
         )
-    n_nblocks = triton.cdiv(plan.max_lk, BLOCK_N_BWD)
+    n_nblocks = triton.cdiv(plan.max_lk, kv_rows)
     _attn_bwd_dkdv_kernel[(plan.batch * n_nblocks, hkv)](
         q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, n_nblocks,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1), lse.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        float(scale), GROUP=group, D=d, BLOCK_M=BLOCK_M_BWD, BLOCK_N=BLOCK_N_BWD, UPCAST=up,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        float(scale), GROUP=group, D=d, BLOCK_M=BLOCK_M_BWD, BLOCK_N=kv_rows, UPCAST=up,
+        num_warps=kv_warps, num_stages=kv_stages,
         enable_fp_fusion=FP_FUSION,
     )
     if tq:
-        n_mblocks = triton.cdiv(plan.max_lq, BLOCK_M)
+        n_mblocks = triton.cdiv(plan.max_lq, q_rows)
         _attn_bwd_dq_kernel[(plan.batch * n_mblocks, h)](
             q, k, v, do, lse, delta, dq, cu_q, cu_k, n_mblocks,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), lse.stride(0), dq.stride(0), dq.stride(1), float(scale),
-            GROUP=group, D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N_BWD, UPCAST=up,
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            GROUP=group, D=d, BLOCK_M=q_rows, BLOCK_N=BLOCK_N_BWD, UPCAST=up,
+            num_warps=q_warps, num_stages=q_stages,
             enable_fp_fusion=FP_FUSION,
         )
     return dq, dk, dv
