@@ -10,24 +10,27 @@ set -u
 R=$OUT/issue33
 . tools/device_setup.sh "$R"
 cat "$R/env.txt"
-[ "${SKIP_TESTS:-0}" = 1 ] || timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -rs -n "${TEST_PROCS:-2}" ${TEST_ARGS:-tests/ops/test_det_gemm.py} 2>&1 \
+# Each step's timeout is cut to what is left of CALL_LIMIT (the device call's timeout_s, default
+# 590) less 25 s to pack the archive, so a long plan still returns its archive.
+left() { local l=$(( ${CALL_LIMIT:-590} - SECONDS - 25 )); [ "$l" -lt "$1" ] && echo $(( l > 1 ? l : 1 )) || echo "$1"; }
+[ "${SKIP_TESTS:-0}" = 1 ] || timeout "$(left "${TEST_TIMEOUT:-150}")" python3 -m pytest -q -rs -n "${TEST_PROCS:-2}" ${TEST_ARGS:-tests/ops/test_det_gemm.py} 2>&1 \
   | tee "$R/gpu-tests.log" | tail -8
-[ "${SKIP_SWEEP:-0}" = 1 ] || timeout "${SWEEP_TIMEOUT:-240}" python3 tools/det_gemm_prefill_sweep.py ${SWEEP_ARGS:-} --out "$R/sweep.json" 2>&1 \
+[ "${SKIP_SWEEP:-0}" = 1 ] || timeout "$(left "${SWEEP_TIMEOUT:-240}")" python3 tools/det_gemm_prefill_sweep.py ${SWEEP_ARGS:-} --out "$R/sweep.json" 2>&1 \
   | tee "$R/sweep.log" | tail -45
-[ "${SKIP_PROF:-0}" = 1 ] || timeout "${PROF_TIMEOUT:-150}" python3 tools/train_step_profile.py ${PROF_ARGS:---batch 4 --seq-len 1024 --hf} \
+[ "${SKIP_PROF:-0}" = 1 ] || timeout "$(left "${PROF_TIMEOUT:-150}")" python3 tools/train_step_profile.py ${PROF_ARGS:---batch 4 --seq-len 1024 --hf} \
   --json "$R/profile.json" 2>&1 | tee "$R/profile.log" | tail -70
 if [ -n "${PROF_OLD_ARGS:-}" ]; then
-  timeout "${PROF_TIMEOUT:-150}" python3 tools/train_step_profile.py $PROF_OLD_ARGS --json "$R/profile-old.json" 2>&1 \
+  timeout "$(left "${PROF_TIMEOUT:-150}")" python3 tools/train_step_profile.py $PROF_OLD_ARGS --json "$R/profile-old.json" 2>&1 \
     | tee "$R/profile-old.log" | tail -30
 fi
 if [ -n "${ATTN_ARGS:-}" ]; then  # e.g. ATTN_ARGS=" " for the defaults
   # shellcheck disable=SC2086
-  timeout "${ATTN_TIMEOUT:-90}" python3 tools/attention_prefill_sweep.py $ATTN_ARGS --out "$R/attn_sweep.json" 2>&1 \
+  timeout "$(left "${ATTN_TIMEOUT:-90}")" python3 tools/attention_prefill_sweep.py $ATTN_ARGS --out "$R/attn_sweep.json" 2>&1 \
     | tee "$R/attn_sweep.log" | tail -5
 fi
 if [ -n "${BENCH_ARGS:-}" ]; then
   # shellcheck disable=SC2086
-  timeout "${BENCH_TIMEOUT:-200}" rl-engine bench $BENCH_ARGS --out "$R/bench" >"$R/bench-stdout.txt" 2>"$R/bench-progress.log"
+  timeout "$(left "${BENCH_TIMEOUT:-200}")" rl-engine bench $BENCH_ARGS --out "$R/bench" >"$R/bench-stdout.txt" 2>"$R/bench-progress.log"
   echo "bench rc $?"
   grep -v "Warn" "$R/bench-progress.log" | tail -n 40
 fi

@@ -26,8 +26,10 @@ def family(name: str) -> str:
     n = name.lower()
     for key, fam in (("det_gemm", "det_gemm"), ("gemm", "gemm"), ("nvjet", "gemm"), ("cutlass", "gemm"),
                      ("sm90_xmma", "gemm"), ("attn", "attention"), ("flash", "attention"), ("fmha", "attention"),
-                     ("linear_logp", "logprob"), ("logp", "logprob"), ("lm_head", "lm_head"),
-                     ("rms", "norm"), ("norm", "norm"), ("rope", "rope"), ("swiglu", "swiglu"), ("silu", "swiglu"),
+                     ("linear_logp", "logprob"), ("logp", "logprob"), ("_fwd_partial", "logprob"),
+                     ("_fwd_combine", "logprob"), ("_bwd_dlogits", "logprob"), ("_bwd_dhidden", "logprob"),
+                     ("_bwd_dweight", "logprob"), ("lm_head", "lm_head"),
+                     ("rms", "norm"), ("_dw_reduce", "norm"), ("norm", "norm"), ("rope", "rope"), ("swiglu", "swiglu"), ("silu", "swiglu"),
                      ("embedding", "embedding"), ("softmax", "softmax"), ("elementwise", "elementwise"),
                      ("reduce", "reduce"), ("copy", "copy"), ("cat", "copy"), ("index", "index")):
         if key in n:
@@ -90,7 +92,10 @@ def hf(weights, ids, targets, train: bool):
     return call
 
 
-def measure(call, warmup: int, reps: int, top: int) -> dict:
+def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0) -> dict:
+    """Wall time per call, kernel time by name and family, and the scratch peak (allocated above the
+    start); ``gradient_bytes`` (the train step's BF16 gradients, held at the peak) is also
+    subtracted in ``scratch_less_gradients_gib``, the quantity of the bench's memory target."""
     for _ in range(warmup):
         call()
     torch.cuda.synchronize()
@@ -121,13 +126,15 @@ def measure(call, warmup: int, reps: int, top: int) -> dict:
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
     return {"wall_ms": wall, "kernel_ms": sum(v[0] for v in kernels.values()),
             "launches": sum(v[1] for v in kernels.values()), "scratch_peak_gib": peak,
+            "scratch_less_gradients_gib": peak - gradient_bytes / 2**30,
             "families_ms": dict(sorted(fams.items(), key=lambda kv: -kv[1])),
             "top": [{"kernel": n[:160], "ms": v[0], "calls": v[1]} for n, v in ranked[:top]]}
 
 
 def report(label: str, r: dict, tokens: int) -> None:
     print(f"== {label}: {r['wall_ms']:.1f} ms/call ({tokens / r['wall_ms'] * 1e3:.0f} tok/s), kernels "
-          f"{r['kernel_ms']:.1f} ms in {r['launches']} launches, scratch peak {r['scratch_peak_gib']:.1f} GiB")
+          f"{r['kernel_ms']:.1f} ms in {r['launches']} launches, scratch peak {r['scratch_peak_gib']:.1f} GiB "
+          f"({r['scratch_less_gradients_gib']:.1f} GiB less the gradients)")
     print("   families: " + ", ".join(f"{k} {v:.1f}" for k, v in r["families_ms"].items()))
     for t in r["top"]:
         print(f"   {t['ms']:8.2f} ms {t['calls']:5d}x  {t['kernel']}")
@@ -171,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             impls["hf_sdpa"] = lambda: hf(weights, ids, targets, train)
         for label, make in impls.items():
             try:
-                r = measure(make(), args.warmup, args.reps, args.top)
+                grads = sum(t.numel() * 2 for _, t in weights.named_tensors()) if train else 0
+                r = measure(make(), args.warmup, args.reps, args.top, grads)
             except torch.cuda.OutOfMemoryError as exc:
                 r = {"error": f"OutOfMemoryError: {str(exc)[:200]}"}
                 torch.cuda.empty_cache()

@@ -6,7 +6,7 @@ det_gemm ``a [M, K] @ b [K, N]`` with M = the token count, at four projection sh
 them: the forward product ``x [M, K] @ W^T`` takes ``b = W.t()`` of a row-major weight ``W [N, K]``.
 Prefill (M > 16) also times the two backward products of a training step on the same views
 (variants ``<proj>:dx``, ``dx [M, K] = dy [M, N] @ W``, and ``<proj>:dw``,
-``dW^T [K, N] = x.t() @ dy``, both ``2 M N K`` FLOPs): TFLOP/s against ``torch.matmul`` (cuBLAS) on
+``dW [N, K] = dy.t() @ x``, the weight gradient as the op's backward computes it; both ``2 M N K`` FLOPs): TFLOP/s against ``torch.matmul`` (cuBLAS) on
 the same views, target ``det_gemm.prefill`` for M >= 1024. Decode (M <= 16, forward only): GB/s of
 the operands and result against the copy bandwidth (target >= 0.7x), plus cuBLAS's GB/s.
 
@@ -47,7 +47,7 @@ def _det_gemm_case(proj: str, tokens: int, product: str = "forward") -> Case:
         if product == "forward":
             return {"a": x, "b": w.t()}
         dy = pool.randn(f"det_gemm.dy.{proj}", (s["M"], s["N"]))
-        return {"a": dy, "b": w} if product == "dx" else {"a": x.t(), "b": dy}
+        return {"a": dy, "b": w} if product == "dx" else {"a": dy.t(), "b": x}
 
     def ours(backend, st):
         impl = kernel_impl("det_gemm", backend)

@@ -224,7 +224,7 @@ class _Runner:
             elif backend in self.broken:
                 ours[backend] = Result("error", note=f"backend failed earlier in this run: {self.broken[backend]}")
             else:
-                res = self.measure(lambda b=backend: case.ours(b, state), case, (case.op, dry_shape, backend))
+                res = self.measure(lambda b=backend: case.ours(b, state), case, (case.op, case.variant, dry_shape, backend))
                 if res.status == "error" and _backend_broken(res.note):
                     self.broken[backend] = res.note or ""
                 ours[backend] = res
@@ -240,7 +240,7 @@ class _Runner:
             elif state is None:
                 base[b.label] = err
             else:
-                base[b.label] = self.measure(lambda b=b: b.make(state), case, (case.op, dry_shape, b.label))
+                base[b.label] = self.measure(lambda b=b: b.make(state), case, (case.op, case.variant, dry_shape, b.label))
         del state
         if case.family == "chain":  # whole-model state (weights' gradients, HF models, graphs, caches): gone now
             _free_memory()

@@ -254,12 +254,13 @@ def test_persistent_form_refuses_what_it_cannot_compute(device):
 def test_persistent_form_at_qwen3_8b_training_shapes(m, k, n):
     """At the Qwen3-8B projection shapes of a training step, the default path (the persistent form
     where :func:`use_persistent` picks it) gives the fused form's bits for the forward product
-    ``x W^T`` and both backward products (``dx = dy W``, ``dW^T = x^T dy``)."""
+    ``x W^T`` and both backward products (``dx = dy W``, ``dW = dy^T x`` as the backward computes it,
+    and ``dW^T = x^T dy``, its transpose)."""
     g = torch.Generator(device="cuda").manual_seed(m + k + n)
     w = (torch.randn((n, k), generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16)
     x = torch.randn((m, k), generator=g, device="cuda").to(torch.bfloat16)
     dy = torch.randn((m, n), generator=g, device="cuda").to(torch.bfloat16)
-    for name, a, b in (("forward", x, w.t()), ("dx", dy, w), ("dw", x.t(), dy)):
+    for name, a, b in (("forward", x, w.t()), ("dx", dy, w), ("dw", dy.t(), x), ("dw^T", x.t(), dy)):
         fused = dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=False, persistent=False)
         assert dg_triton.persistent_applies(a, b, 2), name
         assert bits_equal(dg_triton.det_gemm_launch(a, b, 2, False, persistent=True), fused), (name, m, k, n)
@@ -275,7 +276,7 @@ def test_weight_gradient_in_the_weights_layout(device, backend):
     if backend == "cuda_bf16" and device.type != "cuda":
         pytest.skip("cuda_bf16 needs the GPU")
     g = spec_mod.make_generator(77)
-    m, k, n = (300, 256, 192) if device.type == "cpu" else (1024, 4096, 1536)
+    m, k, n = (300, 256, 192) if device.type == "cpu" else (4096, 4096, 4096)  # GPU: the persistent form
     x = spec_mod.randn((m, k), g, device=device)
     w = spec_mod.randn((n, k), g, scale=k ** -0.5, device=device).requires_grad_(True)
     dy = spec_mod.randn((m, n), g, device=device)
@@ -287,7 +288,7 @@ def test_weight_gradient_in_the_weights_layout(device, backend):
     assert not bits_equal(w.grad, launch(x.t(), dy, 1, False).t())
 
 
-def test_leaf_parallel_form_is_chosen_by_output_tiles_only():
+def test_leaf_parallel_form_is_chosen_by_output_shape_only():
     assert dg_triton.use_leaf_split(1, 4096, 2) and dg_triton.use_leaf_split(257, 4096, 2)
     assert not dg_triton.use_leaf_split(4096, 4096, 2) and not dg_triton.use_leaf_split(1024, 1024, 2)
     assert not dg_triton.use_leaf_split(1, 4096, 0) and not dg_triton.use_leaf_split(1, 4096, 2, fp32_merge=True)

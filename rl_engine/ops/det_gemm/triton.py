@@ -28,6 +28,13 @@ Tile configuration of the fused form, fixed for every M, N and K (never derived 
 Chosen by a sweep on H200 (triton 3.6): 128 x 256 tiles and 4 warps were slower; the bits of every
 tested configuration were identical.
 
+Persistent form (training shapes, Hopper): :func:`_det_gemm_persistent_kernel` runs the same leaves
+with TMA loads in a persistent grid (one program per SM walking tiles), the pending leaves in
+registers; it applies when every leaf is a whole number of ``BK`` blocks (``K % (BK << depth) ==
+0``) and both operands are TMA-readable, and runs for outputs of >= 512 tiles or K >= 8192
+(:func:`use_persistent`; the leaf-parallel form only below M = 1024). Same blocks, order and
+roundings as the fused form, same bits (tested on every Qwen3-8B training product on the H200).
+
 Batch invariance: output element ``(m, n)`` is computed by one program from row ``m`` of ``a``
 and column ``n`` of ``b`` with instructions that do not depend on M or on the tile's other rows,
 so a row's bits do not depend on M, on its neighbours, or on the strides of the operands.
@@ -548,7 +555,7 @@ def persistent_applies(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge:
     """Whether the persistent TMA form can compute ``a @ b``: BF16 merges, ``K`` a multiple of
     ``BK * 2^depth`` (whole blocks in every leaf) and both operands readable by TMA."""
     k = a.shape[1]
-    return (not fp32_merge and k > 0 and k % (BK << depth) == 0
+    return (not fp32_merge and 0 <= depth <= TREE_DEPTH and k > 0 and k % (BK << depth) == 0
             and _tma_layout(a) is not None and _tma_layout(b) is not None)
 
 
@@ -579,7 +586,8 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth:
     a_t, b_t = _tma_layout(a), _tma_layout(b)
     a_desc = TensorDescriptor.from_tensor(a.t() if a_t else a, [BK, t.bm] if a_t else [t.bm, BK])
     b_desc = TensorDescriptor.from_tensor(b.t() if b_t else b, [t.bn, BK] if b_t else [BK, t.bn])
-    w = torch.empty((m, n) if depth else (1, 1), dtype=torch.bfloat16, device=a.device)
+    parked = depth and not t.regs  # register parking needs no workspace
+    w = torch.empty((m, n) if parked else (1, 1), dtype=torch.bfloat16, device=a.device)
     count = triton.cdiv(m, t.bm) * triton.cdiv(n, t.bn)
     if programs is None:
         programs = _sm_count(a.device) if a.device.type == "cuda" else 3
