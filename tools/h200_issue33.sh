@@ -3,8 +3,9 @@
 # the persistent det_gemm sweep (tools/det_gemm_prefill_sweep.py, SWEEP_ARGS), and where a
 # Qwen3-8B teacher-forcing call and train step spend their time (tools/train_step_profile.py,
 # PROF_ARGS; PROF_OLD_ARGS, if set, runs a second profile, e.g. "--no-persistent --modes train_step"),
-# then, if ATTN_ARGS is set, the attention forward sweep (tools/attention_prefill_sweep.py), and if
-# BENCH_ARGS is set, `rl-engine bench $BENCH_ARGS`. SKIP_TESTS=1 / SKIP_SWEEP=1 /
+# then, if ATTN_ARGS is set, the attention sweep (tools/attention_prefill_sweep.py), if LOGP_ARGS is
+# set, the linear_logp sweep (tools/linear_logp_sweep.py), and if BENCH_ARGS is set,
+# `rl-engine bench $BENCH_ARGS`. SKIP_TESTS=1 / SKIP_SWEEP=1 /
 # SKIP_PROF=1 skip a step. Everything lands in $OUT/issue33.tgz (the only file it leaves).
 set -u
 R=$OUT/issue33
@@ -27,6 +28,11 @@ if [ -n "${ATTN_ARGS:-}" ]; then  # e.g. ATTN_ARGS=" " for the defaults
   # shellcheck disable=SC2086
   timeout "$(left "${ATTN_TIMEOUT:-90}")" python3 tools/attention_prefill_sweep.py $ATTN_ARGS --out "$R/attn_sweep.json" 2>&1 \
     | tee "$R/attn_sweep.log" | tail -5
+fi
+if [ -n "${LOGP_ARGS:-}" ]; then  # e.g. LOGP_ARGS=" " for the defaults
+  # shellcheck disable=SC2086
+  timeout "$(left "${LOGP_TIMEOUT:-90}")" python3 tools/linear_logp_sweep.py $LOGP_ARGS --out "$R/linear_logp_sweep.json" 2>&1 \
+    | tee "$R/linear_logp_sweep.log" | tail -5
 fi
 if [ -n "${BENCH_ARGS:-}" ]; then
   # shellcheck disable=SC2086

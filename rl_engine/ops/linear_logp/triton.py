@@ -248,8 +248,13 @@ def _bwd_dweight_kernel(
 # launchers
 
 
-def linear_logp_fwd(hidden, weight, targets, temperature):
-    """(logprobs, row max, log sum-exp) FP32 [T] of validated hidden [T, E], weight [V, E] bf16, targets [T]."""
+def linear_logp_fwd(hidden, weight, targets, temperature, fwd_launch=None):
+    """(logprobs, row max, log sum-exp) FP32 [T] of validated hidden [T, E], weight [V, E] bf16, targets [T].
+    ``fwd_launch``: (rows per logits tile, warps, stages) of the partial kernel, for the sweep
+    (``tools/linear_logp_sweep.py``); None is ``(BLOCK_M, NUM_WARPS, 3)``, what the op runs. Rows are
+    independent, so the row count per tile is a launch setting; BLOCK_V, BLOCK_E and CHUNK_V are
+    declared and never vary."""
+    block_m, warps, stages = fwd_launch or (BLOCK_M, NUM_WARPS, 3)
     t, e = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
@@ -263,11 +268,11 @@ def linear_logp_fwd(hidden, weight, targets, temperature):
     psum = torch.empty_like(pmax)
     ptgt = torch.empty_like(pmax)
     up = upcast_dots()
-    _fwd_partial_kernel[(triton.cdiv(t, BLOCK_M), n_chunks)](
+    _fwd_partial_kernel[(triton.cdiv(t, block_m), n_chunks)](
         hidden, weight, targets, pmax, psum, ptgt,
         t, v, e, n_chunks, hidden.stride(0), weight.stride(0), targets.stride(0), temperature,
-        BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up,
-        num_warps=NUM_WARPS,
+        BLOCK_M=block_m, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up,
+        num_warps=warps, num_stages=stages,
         enable_fp_fusion=FP_FUSION,
     )
     _fwd_combine_kernel[(triton.cdiv(t, COMBINE_BLOCK),)](
