@@ -24,6 +24,12 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split("x"))
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality of two tensors of one dtype (FP32 or BF16), NaN payloads included."""
+    bits = torch.int32 if a.dtype == torch.float32 else torch.int16
+    return a.dtype == b.dtype and torch.equal(a.view(bits), b.view(bits))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", default="4096,8192")
@@ -56,35 +62,26 @@ def main(argv: list[str] | None = None) -> int:
         del lp
         out, rmax, rlog = ll.linear_logp_fwd(h, w, tg, 1.0)
         ref_bwd = ll.linear_logp_bwd(h, w, tg, up, rmax, rlog, 1.0, True, True)
-        line = [f"T{t} forward (unfused {base_fwd:.2f} ms):"]
-        for cfg in args.fwd_configs.split(","):
-            launch = _ints(cfg)
-            try:
-                got = ll.linear_logp_fwd(h, w, tg, 1.0, fwd_launch=launch)
-                same = all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(got, (out, rmax, rlog)))
-                ms = float(do_bench(lambda launch=launch: ll.linear_logp_fwd(h, w, tg, 1.0, fwd_launch=launch)))
-                rows.append({"T": t, "pass": "forward", "config": cfg, "ms": ms, "unfused_ms": base_fwd,
-                             "ratio": ms / base_fwd, "bits_equal": bool(same)})
-                line.append(f"{cfg}={ms:.2f}ms{'' if same else '!BITS'}")
-            except Exception as exc:
-                rows.append({"T": t, "pass": "forward", "config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
-                line.append(f"{cfg}=err")
-        print(" ".join(line), flush=True)
-        line = [f"T{t} backward (unfused {base_bwd:.2f} ms):"]
-        for cfg in args.bwd_configs.split(","):
-            tile = _ints(cfg)
-            try:
-                got = ll.linear_logp_bwd(h, w, tg, up, rmax, rlog, 1.0, True, True, grad_tile=tile)
-                same = all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, ref_bwd))
-                ms = float(do_bench(lambda tile=tile: ll.linear_logp_bwd(h, w, tg, up, rmax, rlog, 1.0, True, True,
-                                                                         grad_tile=tile)))
-                rows.append({"T": t, "pass": "backward", "config": cfg, "ms": ms, "unfused_ms": base_bwd,
-                             "ratio": ms / base_bwd, "bits_equal": bool(same)})
-                line.append(f"{cfg}={ms:.2f}ms{'' if same else '!BITS'}")
-            except Exception as exc:
-                rows.append({"T": t, "pass": "backward", "config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
-                line.append(f"{cfg}=err")
-        print(" ".join(line), flush=True)
+        passes = (
+            ("forward", args.fwd_configs, base_fwd, (out, rmax, rlog),
+             lambda cfg: ll.linear_logp_fwd(h, w, tg, 1.0, fwd_launch=_ints(cfg))),
+            ("backward", args.bwd_configs, base_bwd, ref_bwd,
+             lambda cfg: ll.linear_logp_bwd(h, w, tg, up, rmax, rlog, 1.0, True, True, grad_tile=_ints(cfg))),
+        )
+        for name, configs, base_ms, ref, run in passes:
+            line = [f"T{t} {name} (unfused {base_ms:.2f} ms):"]
+            for cfg in configs.split(","):
+                row = {"T": t, "pass": name, "config": cfg}
+                try:
+                    same = all(_same_bits(a, b) for a, b in zip(run(cfg), ref))
+                    ms = float(do_bench(lambda cfg=cfg: run(cfg)))
+                    row.update(ms=ms, unfused_ms=base_ms, ratio=ms / base_ms, bits_equal=bool(same))
+                    line.append(f"{cfg}={ms:.2f}ms{'' if same else '!BITS'}")
+                except Exception as exc:  # a configuration that does not compile (shared memory)
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    line.append(f"{cfg}=err")
+                rows.append(row)
+            print(" ".join(line), flush=True)
         del hl, wl
         torch.cuda.empty_cache()
         with open(args.out, "w") as fh:

@@ -529,14 +529,17 @@ PERSISTENT_MIN_K = 8192
 against 0.73-0.75x)."""
 PERSISTENT_MIN_TILES_LONG_K = 128
 
-_SM_COUNT: dict[int, int] = {}
+_GPU_FACTS: dict[int, tuple[int, int]] = {}
 
 
-def _sm_count(device: torch.device) -> int:
+def _gpu_facts(device: torch.device) -> tuple[int, int]:
+    """(compute capability major, SM count) of a CUDA device, read once per device (the launcher asks on
+    every call)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
+    if idx not in _GPU_FACTS:
+        props = torch.cuda.get_device_properties(idx)
+        _GPU_FACTS[idx] = (props.major, props.multi_processor_count)
+    return _GPU_FACTS[idx]
 
 
 def _tma_layout(t: torch.Tensor) -> bool | None:
@@ -567,13 +570,12 @@ def use_persistent(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: boo
     every form gives the same bits."""
     if not (PERSISTENT_ON_CUDA and a.device.type == "cuda" and not upcast_dots()):
         return False
-    if torch.cuda.get_device_capability(a.device)[0] < 9:
-        return False
     t = PERSISTENT_TILES
     m = a.shape[0]
     tiles = triton.cdiv(m, t.bm) * triton.cdiv(b.shape[1], t.bn)
     enough = tiles >= PERSISTENT_MIN_TILES or (a.shape[1] >= PERSISTENT_MIN_K and tiles >= PERSISTENT_MIN_TILES_LONG_K)
-    return m > BATCH_DECODE_TILES.bm and enough and persistent_applies(a, b, depth, fp32_merge)
+    return (m > BATCH_DECODE_TILES.bm and enough and _gpu_facts(a.device)[0] >= 9
+            and persistent_applies(a, b, depth, fp32_merge))
 
 
 def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth: int,
@@ -590,7 +592,7 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth:
     w = torch.empty((m, n) if parked else (1, 1), dtype=torch.bfloat16, device=a.device)
     count = triton.cdiv(m, t.bm) * triton.cdiv(n, t.bn)
     if programs is None:
-        programs = _sm_count(a.device) if a.device.type == "cuda" else 3
+        programs = _gpu_facts(a.device)[1] if a.device.type == "cuda" else 3
     programs = max(1, min(programs, count))
     _det_gemm_persistent_kernel[(programs,)](
         a_desc, b_desc, c, w, m, n, k, c.stride(0), c.stride(1),
