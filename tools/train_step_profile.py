@@ -37,6 +37,12 @@ def family(name: str) -> str:
     return "other"
 
 
+HOST_SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+                   "cudaEventSynchronize")
+"""CPU-side profiler events of a host waiting on the GPU (``.item()``, ``int(t)``, ``.tolist()`` of a
+CUDA tensor and explicit synchronisations); the profile counts them per call."""
+
+
 def build_inputs(cfg, batch: int, seq_len: int, device):
     g = torch.Generator(device=device).manual_seed(batch * 1009 + seq_len)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=g, device=device)
@@ -54,17 +60,18 @@ def ours(weights, backend: str, ids, targets, train: bool):
     positions = torch.arange(s, device=dev).repeat(b)
     cu = torch.arange(0, b * s + 1, s, dtype=torch.int32, device=dev)
     params = [t for _, t in weights.named_tensors()]
+    model.check_positions(0, s - 1)  # once, on the host, as the bench's chain rows do
 
     def call():
         if train:
-            hidden = model.forward(flat, positions, cu_seqlens=cu)
+            hidden = model.forward(flat, positions, cu_seqlens=cu, checked=True)
             lp = model.logprobs(hidden, tflat)
             lp.sum().backward()
             for p in params:
                 p.grad = None
             return lp.detach()
         with torch.no_grad():
-            return model.logprobs(model.forward(flat, positions, cu_seqlens=cu), tflat)
+            return model.logprobs(model.forward(flat, positions, cu_seqlens=cu, checked=True), tflat)
 
     return call
 
@@ -111,15 +118,18 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0) -> 
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
     kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    syncs: dict[str, int] = defaultdict(int)  # host reads of device values: each stalls the launch queue
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             k = kernels[ev.name]
             k[0] += ev.device_time_total / 1000.0
             k[1] += 1
+        elif ev.name in HOST_SYNC_EVENTS:
+            syncs[ev.name] += 1
     fams: dict[str, float] = defaultdict(float)
     for name, (ms, _n) in kernels.items():
         fams[family(name)] += ms
@@ -127,7 +137,7 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0) -> 
     return {"wall_ms": wall, "kernel_ms": sum(v[0] for v in kernels.values()),
             "launches": sum(v[1] for v in kernels.values()), "scratch_peak_gib": peak,
             "scratch_less_gradients_gib": peak - gradient_bytes / 2**30,
-            "families_ms": dict(sorted(fams.items(), key=lambda kv: -kv[1])),
+            "families_ms": dict(sorted(fams.items(), key=lambda kv: -kv[1])), "host_syncs": dict(syncs),
             "top": [{"kernel": n[:160], "ms": v[0], "calls": v[1]} for n, v in ranked[:top]]}
 
 
@@ -136,6 +146,7 @@ def report(label: str, r: dict, tokens: int) -> None:
           f"{r['kernel_ms']:.1f} ms in {r['launches']} launches, scratch peak {r['scratch_peak_gib']:.1f} GiB "
           f"({r['scratch_less_gradients_gib']:.1f} GiB less the gradients)")
     print("   families: " + ", ".join(f"{k} {v:.1f}" for k, v in r["families_ms"].items()))
+    print("   host syncs: " + (", ".join(f"{k} {v}" for k, v in r["host_syncs"].items()) or "none"))
     for t in r["top"]:
         print(f"   {t['ms']:8.2f} ms {t['calls']:5d}x  {t['kernel']}")
 

@@ -37,6 +37,7 @@ Qwen3MLP, Qwen3RMSNorm, rotate-half RoPE).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +87,7 @@ class OpTable:
         self._backend = check_backend(backend)
         self._impls: dict[str, Callable[..., Any]] = dict(impls or {})  # the ops this table has run
         self._resolved: dict[str, Callable[..., Any]] = dict(resolved or {})  # looked up ahead (resolve)
+        self._accepts: dict[tuple[int, str], bool] = {}
 
     def impl(self, op: str) -> Callable[..., Any]:
         fn = self._impls.get(op)
@@ -101,6 +103,22 @@ class OpTable:
         """Whether the table was given ``op`` (a fused launch of :mod:`rl_engine.chain.fused`);
         nothing is looked up in the registry."""
         return op in self._impls or op in self._resolved
+
+    def accepts(self, op: str, param: str) -> bool:
+        """Whether ``op``'s implementation takes the keyword ``param`` (e.g. attention's ``plan``:
+        the kernel backends' entry points take it, the comparison paths and most test doubles do
+        not). Looks the op up like a call would; the answer is cached per implementation."""
+        fn = self.impl(op)
+        key = (id(fn), param)
+        hit = self._accepts.get(key)
+        if hit is None:
+            try:
+                params = inspect.signature(fn).parameters
+            except (TypeError, ValueError):  # a builtin without a signature: pass nothing extra
+                params = {}
+            hit = param in params
+            self._accepts[key] = hit
+        return hit
 
     def resolve(self, ops: tuple[str, ...]) -> OpTable:
         """Look up ``ops`` now instead of on first use (an op the backend does not provide still
@@ -339,9 +357,10 @@ class Qwen3Model:
 
         ``checked=True``: the caller has validated the positions (:meth:`check_positions`); no
         device value is read on the host. ``ops``: the op table to run (default ``self.ops``).
-        ``plan``: the :meth:`varlen_plan` of ``cu_seqlens`` for a packed call (with the
-        :meth:`capture_safe_ops` table, whose attention accepts it): attention then does not read
-        cu_seqlens again. ``packed=True``: q/k/v as one ``det_gemm`` over the stacked weight (site
+        ``plan``: the :meth:`varlen_plan` of ``cu_seqlens`` for a packed call: attention then does
+        not read cu_seqlens again. Left out, a packed call whose table's attention takes a plan (the
+        kernel backends' tables) builds it here, reading cu_seqlens on the host once instead of once
+        per layer (each read is a host synchronisation that stalls the launch queue). ``packed=True``: q/k/v as one ``det_gemm`` over the stacked weight (site
         ``qkv_proj``) and gate/up as one (site ``gate_up_proj``), their outputs used as column
         slices (:meth:`packed_projections`): two launches instead of five per layer, the same
         bits (each output element is the same reduction). The rollout engine runs this form; the
@@ -355,6 +374,8 @@ class Qwen3Model:
         """
         f = ops or self.ops
         step = self._step(ids, positions, cu_seqlens, cache, decode, checked)
+        if plan is None and not decode and f.accepts("attention", "plan"):
+            plan = self.varlen_plan(cu_seqlens, int(ids.shape[0]))  # cu_seqlens read once, not once per layer
         cos, sin = self.rope_tables(positions, checked=True)
         scope: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if decode:

@@ -51,6 +51,9 @@ class RecordingOps:
     def scope(self, prefix: str) -> RecordingOps:
         return RecordingOps(self.inner, self.recorder, prefix)
 
+    def accepts(self, op: str, param: str) -> bool:
+        return self.inner.accepts(op, param)
+
     def has(self, op: str) -> bool:
         """False: a recording sees every site's own output, so the model runs no fused launch."""
         return False

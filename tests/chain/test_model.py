@@ -290,3 +290,37 @@ def test_packed_projections_give_the_unpacked_bits(device):
     wrong = PackedProjections(torch.cat([lw.q_proj, lw.v_proj, lw.k_proj]), pk[0].gate_up)
     model._packed = [wrong] + pk[1:]
     assert not torch.equal(run(True)[0].view(torch.int16), plain[0].view(torch.int16))
+
+
+# ---------------------------------------------------------------- host reads of cu_seqlens
+def _count_cu_reads(monkeypatch, model: Qwen3Model, ops=None) -> tuple[int, torch.Tensor]:
+    """Run one packed forward and count the host reads of cu_seqlens (``check_cu_seqlens`` calls;
+    each is a device-to-host copy that stalls the launch queue on a GPU)."""
+    import rl_engine.ops.attention._checks as checks
+
+    calls = []
+    real = checks.check_cu_seqlens
+    monkeypatch.setattr(checks, "check_cu_seqlens", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    dev = model.device
+    ids = torch.tensor([3, 1, 4, 1, 5, 9, 2], dtype=torch.int64, device=dev)
+    positions = torch.tensor([0, 1, 2, 0, 1, 2, 3], dtype=torch.int64, device=dev)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32, device=dev)
+    hidden = model.forward(ids, positions, cu_seqlens=cu, checked=True, ops=ops)
+    return len(calls), hidden
+
+
+def test_packed_forward_reads_cu_seqlens_once(monkeypatch, micro_triton):
+    """The forward builds the attention plan once (cu_seqlens_q and _k: two checks of one host
+    read each), not once per layer; the control table, whose attention takes no plan, reads it in
+    every layer (the count this test must see differ), and both give the same bits."""
+    from rl_engine.ops.attention.op import attention_triton
+
+    layers = micro_triton.config.num_hidden_layers
+    assert layers >= 2
+    once, hidden = _count_cu_reads(monkeypatch, micro_triton)
+    assert once == 2
+    no_plan = micro_triton.ops.replace(attention=lambda **kw: attention_triton(**kw))
+    assert not no_plan.accepts("attention", "plan") and micro_triton.ops.accepts("attention", "plan")
+    per_layer, control = _count_cu_reads(monkeypatch, micro_triton, no_plan)
+    assert per_layer == 2 * layers
+    assert torch.equal(hidden.view(torch.int16), control.view(torch.int16))

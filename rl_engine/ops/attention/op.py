@@ -147,15 +147,17 @@ def attention_kernel(
 
 
 def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                     cu_seqlens_k: torch.Tensor, scale: float) -> torch.Tensor:
-    """:func:`attention_kernel` on ``triton_cuda_bf16``."""
-    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, "triton_cuda_bf16", None)
+                     cu_seqlens_k: torch.Tensor, scale: float, *,
+                     plan: VarlenPlan | None = None) -> torch.Tensor:
+    """:func:`attention_kernel` on ``triton_cuda_bf16`` (``plan`` as there)."""
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, "triton_cuda_bf16", plan)
 
 
 def attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                   cu_seqlens_k: torch.Tensor, scale: float) -> torch.Tensor:
-    """:func:`attention_kernel` on ``cuda_bf16``."""
-    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, "cuda_bf16", None)
+                   cu_seqlens_k: torch.Tensor, scale: float, *,
+                   plan: VarlenPlan | None = None) -> torch.Tensor:
+    """:func:`attention_kernel` on ``cuda_bf16`` (``plan`` as there)."""
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, "cuda_bf16", plan)
 
 
 def attention_triton_size_dependent_kv_block(
