@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections import defaultdict
 
 import torch
@@ -99,10 +100,13 @@ def hf(weights, ids, targets, train: bool):
     return call
 
 
-def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0) -> dict:
+def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu_top: int = 0) -> dict:
     """Wall time per call, kernel time by name and family, and the scratch peak (allocated above the
     start); ``gradient_bytes`` (the train step's BF16 gradients, held at the peak) is also
-    subtracted in ``scratch_less_gradients_gib``, the quantity of the bench's memory target."""
+    subtracted in ``scratch_less_gradients_gib``, the quantity of the bench's memory target.
+    ``host_ms``: the host's time to enqueue one call (close to ``wall_ms``: the call is launch-bound);
+    ``cpu_top``: the host events with the most self time in the profiled call (under the profiler,
+    which slows the host)."""
     for _ in range(warmup):
         call()
     torch.cuda.synchronize()
@@ -110,8 +114,10 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0) -> 
     base = torch.cuda.memory_allocated()
     t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     t0.record()
+    h0 = time.perf_counter()
     for _ in range(reps):
         call()
+    host = (time.perf_counter() - h0) * 1e3 / reps  # the host's time to enqueue a call (no sync inside)
     t1.record()
     torch.cuda.synchronize()
     wall = t0.elapsed_time(t1) / reps
@@ -123,18 +129,38 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0) -> 
         torch.cuda.synchronize()
     kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     syncs: dict[str, int] = defaultdict(int)  # host reads of device values: each stalls the launch queue
+    spans = []
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             k = kernels[ev.name]
             k[0] += ev.device_time_total / 1000.0
             k[1] += 1
+            spans.append((ev.time_range.start, ev.time_range.end, ev.name))
         elif ev.name in HOST_SYNC_EVENTS:
             syncs[ev.name] += 1
     fams: dict[str, float] = defaultdict(float)
     for name, (ms, _n) in kernels.items():
         fams[family(name)] += ms
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
-    return {"wall_ms": wall, "kernel_ms": sum(v[0] for v in kernels.values()),
+    # GPU idle time between kernels, filed under the kernel that ends the gap: with no host sync
+    # in the call, a gap means the host had not launched that kernel yet (a launch-bound stretch).
+    spans.sort()
+    idle: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    busy_until = spans[0][1] if spans else 0.0
+    for start, end, name in spans[1:]:
+        if start > busy_until:
+            g = idle[name[:80]]
+            g[0] += (start - busy_until) / 1000.0
+            g[1] += 1
+        busy_until = max(busy_until, end)
+    idle_ranked = sorted(idle.items(), key=lambda kv: -kv[1][0])
+    cpu = [(e.key, e.self_cpu_time_total / 1000.0, e.count) for e in prof.key_averages()]
+    cpu.sort(key=lambda r: -r[1])
+    return {"wall_ms": wall, "host_ms": host, "cpu_self_ms": sum(r[1] for r in cpu),
+            "cpu_top": [{"event": k[:120], "self_ms": ms, "calls": n} for k, ms, n in cpu[:cpu_top]],
+            "gpu_idle_ms": sum(v[0] for v in idle.values()),
+            "idle_before": [{"kernel": n, "ms": v[0], "gaps": v[1]} for n, v in idle_ranked[:cpu_top]],
+            "kernel_ms": sum(v[0] for v in kernels.values()),
             "launches": sum(v[1] for v in kernels.values()), "scratch_peak_gib": peak,
             "scratch_less_gradients_gib": peak - gradient_bytes / 2**30,
             "families_ms": dict(sorted(fams.items(), key=lambda kv: -kv[1])), "host_syncs": dict(syncs),
@@ -147,6 +173,12 @@ def report(label: str, r: dict, tokens: int) -> None:
           f"({r['scratch_less_gradients_gib']:.1f} GiB less the gradients)")
     print("   families: " + ", ".join(f"{k} {v:.1f}" for k, v in r["families_ms"].items()))
     print("   host syncs: " + (", ".join(f"{k} {v}" for k, v in r["host_syncs"].items()) or "none"))
+    print(f"   host: {r['host_ms']:.1f} ms to enqueue a call; profiled host self time {r['cpu_self_ms']:.1f} ms")
+    for t in r["cpu_top"]:
+        print(f"   host {t['self_ms']:8.2f} ms {t['calls']:5d}x  {t['event']}")
+    print(f"   GPU idle between kernels (profiled call): {r['gpu_idle_ms']:.1f} ms")
+    for t in r["idle_before"]:
+        print(f"   idle {t['ms']:8.2f} ms {t['gaps']:5d} gaps before  {t['kernel']}")
     for t in r["top"]:
         print(f"   {t['ms']:8.2f} ms {t['calls']:5d}x  {t['kernel']}")
 
@@ -160,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--cpu-top", type=int, default=0, help="also list this many host events by self time")
     ap.add_argument("--hf", action="store_true", help="also Hugging Face Qwen3ForCausalLM (sdpa), same weights")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-persistent", action="store_true",
@@ -190,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, make in impls.items():
             try:
                 grads = sum(t.numel() * 2 for _, t in weights.named_tensors()) if train else 0
-                r = measure(make(), args.warmup, args.reps, args.top, grads)
+                r = measure(make(), args.warmup, args.reps, args.top, grads, args.cpu_top)
             except torch.cuda.OutOfMemoryError as exc:
                 r = {"error": f"OutOfMemoryError: {str(exc)[:200]}"}
                 torch.cuda.empty_cache()

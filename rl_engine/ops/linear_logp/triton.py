@@ -44,7 +44,7 @@ import triton.language as tl
 from rl_engine.ops._triton_common import FP_FUSION, mma, upcast_dots
 
 BLOCK_M = 64
-"""Rows per logits tile (forward and the dlogits recompute)."""
+"""Rows per logits tile of the dlogits recompute (the forward's is a launch setting, :data:`FWD_LAUNCH`)."""
 BLOCK_V = 128
 """Vocabulary entries per logits tile."""
 BLOCK_E = 64
@@ -63,7 +63,13 @@ GRAD_TILE = (128, 128, 8, 3)
 setting: each output element gets the same ``GRAD_BLOCK`` steps in the same order whatever the
 tile (tested bit for bit against ``(64, 64, 4, 3)``, the tiles before issue #33, on the H200 too)."""
 NUM_WARPS = 4
-"""Warps per program of every linear_logp kernel."""
+"""Warps per program of the linear_logp kernels other than the forward's partial kernel."""
+FWD_LAUNCH = (128, 8, 3)
+"""Rows per logits tile, warps and pipeline stages of the forward's partial kernel: 16 rows per
+warp, as the ``(BLOCK_M, NUM_WARPS, 3)`` launch before it, so each row's max and sum over a
+``BLOCK_V`` tile are reduced by the same lanes in the same order. On the H200 (sweep at 7e5dac4,
+``evidence/2026-12-03-h200-issue33-7e5dac4/``) it gave those bits at T = 4096 and 8192 and ran
+10.8 ms instead of 12.4 ms at T = 4096; ``(64, 8, 3)`` (8 rows per warp) changed the bits."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -251,10 +257,10 @@ def _bwd_dweight_kernel(
 def linear_logp_fwd(hidden, weight, targets, temperature, fwd_launch=None):
     """(logprobs, row max, log sum-exp) FP32 [T] of validated hidden [T, E], weight [V, E] bf16, targets [T].
     ``fwd_launch``: (rows per logits tile, warps, stages) of the partial kernel, for the sweep
-    (``tools/linear_logp_sweep.py``); None is ``(BLOCK_M, NUM_WARPS, 3)``, what the op runs. Rows are
+    (``tools/linear_logp_sweep.py``); None is :data:`FWD_LAUNCH`, what the op runs. Rows are
     independent, so the row count per tile is a launch setting; BLOCK_V, BLOCK_E and CHUNK_V are
     declared and never vary."""
-    block_m, warps, stages = fwd_launch or (BLOCK_M, NUM_WARPS, 3)
+    block_m, warps, stages = fwd_launch or FWD_LAUNCH
     t, e = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
