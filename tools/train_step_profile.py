@@ -167,6 +167,25 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu
             "top": [{"kernel": n[:160], "ms": v[0], "calls": v[1]} for n, v in ranked[:top]]}
 
 
+def python_profile(call, top: int, label: str) -> None:
+    """One call under cProfile (after ``measure``'s warm-up): the Python functions with the most own
+    time, i.e. where the host spends a launch-bound stretch (validation, launchers, dispatch)."""
+    import cProfile
+    import io
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    call()
+    prof.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    print(f"== {label}: cProfile, one call, by own time")
+    print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[:12000])
+
+
 def report(label: str, r: dict, tokens: int) -> None:
     print(f"== {label}: {r['wall_ms']:.1f} ms/call ({tokens / r['wall_ms'] * 1e3:.0f} tok/s), kernels "
           f"{r['kernel_ms']:.1f} ms in {r['launches']} launches, scratch peak {r['scratch_peak_gib']:.1f} GiB "
@@ -193,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--cpu-top", type=int, default=0, help="also list this many host events by self time")
+    ap.add_argument("--cprofile", type=int, default=0,
+                    help="also run one call of ours under cProfile and list this many Python functions by own time")
     ap.add_argument("--hf", action="store_true", help="also Hugging Face Qwen3ForCausalLM (sdpa), same weights")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-persistent", action="store_true",
@@ -223,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         for label, make in impls.items():
             try:
                 grads = sum(t.numel() * 2 for _, t in weights.named_tensors()) if train else 0
-                r = measure(make(), args.warmup, args.reps, args.top, grads, args.cpu_top)
+                call = make()
+                r = measure(call, args.warmup, args.reps, args.top, grads, args.cpu_top)
+                if args.cprofile and label == args.backend:
+                    python_profile(call, args.cprofile, f"{mode}/{label}")
             except torch.cuda.OutOfMemoryError as exc:
                 r = {"error": f"OutOfMemoryError: {str(exc)[:200]}"}
                 torch.cuda.empty_cache()
