@@ -19,9 +19,14 @@ path itself then does no host synchronisation.
 :func:`run` calls a forward torch op. In plain eager mode with autograd not recording (a decode
 step under ``torch.no_grad()``), the dispatcher round trip of a Python custom op would do nothing
 but call the op's body, and costs more than the launch itself; :func:`run` then calls the body
-directly (the very function registered as the op, so the same launcher and the same bits). Under
-``torch.compile``, any dispatch mode (FakeTensor, functionalization, tracing) or when a gradient
-is recorded, the torch op is called.
+directly (the very function registered as the op, so the same launcher and the same bits). In
+eager mode with autograd recording (a training forward), it applies a ``torch.autograd.Function``
+built by :func:`register_autograd` from the op's own body, setup and backward functions: the
+custom op's generic autograd wrapper cost about 40 us of host time per call, and a Qwen3-8B
+training forward (612 op calls, many kernels shorter than that) was launch-bound (27 ms of idle
+GPU time on the H200, ``evidence/2026-12-03-h200-issue33-6cc1ecf/``). Under ``torch.compile``, any
+dispatch mode (FakeTensor, functionalization, tracing) or a functorch transform, the torch op is
+called.
 """
 
 from __future__ import annotations
@@ -88,17 +93,50 @@ def check_device(backend: str, *tensors: torch.Tensor) -> None:
             return
 
 
-def _dispatch_needed(args: tuple) -> bool:
-    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-        return True
-    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+_EAGER_FUNCTIONS: dict[object, type[torch.autograd.Function]] = {}
+
+
+def register_autograd(torch_op, body, backward, setup_context) -> None:
+    """Register ``backward`` / ``setup_context`` as ``torch_op``'s autograd formula, and build from
+    the very same two functions the ``torch.autograd.Function`` that :func:`run` applies in plain
+    eager mode (forward: ``body``, the function registered as ``torch_op``). One formula, two
+    entries: the torch op for ``torch.compile``, dispatch modes and ``opcheck``; the Function for
+    eager training, where the custom op's generic autograd wrapper (re-dispatch, default filling,
+    the dynamo guard around the body) costs the host more than the kernel launch itself."""
+    torch_op.register_autograd(backward, setup_context=setup_context)
+
+    def forward(ctx, *args):
+        # The ctx-taking form: Function.apply binds a separate setup_context's arguments through
+        # inspect.signature on every call (a third of this path's host time); run() never applies
+        # it under a functorch transform, the one place that needs the separate form.
+        out = body(*args)
+        setup_context(ctx, args, out)
+        return out
+
+    name = getattr(torch_op, "_name", getattr(body, "__name__", "op")).replace("::", "_")
+    _EAGER_FUNCTIONS[torch_op] = type(f"Eager_{name}", (torch.autograd.Function,), {
+        "forward": staticmethod(forward),
+        "backward": staticmethod(lambda ctx, *grads: backward(ctx, *grads)),
+    })
+
+
+def _traced() -> bool:
+    """Whether the call is being compiled, traced or run under a dispatch mode (FakeTensor,
+    functionalization, a functorch transform): then only the torch op is correct."""
+    return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._are_functorch_transforms_active())
 
 
 def run(torch_op, body, *args):
-    """``torch_op(*args)``, or ``body(*args)`` (the function registered as ``torch_op``) where the
-    dispatcher would only call it: eager, no dispatch mode active, autograd not recording."""
-    if _dispatch_needed(args):
+    """Call the op: ``torch_op(*args)`` when compiled, traced or under a dispatch mode; in plain
+    eager mode, ``body(*args)`` (the function registered as ``torch_op``) when autograd is not
+    recording, and the op's eager ``autograd.Function`` (:func:`register_autograd`: the same body,
+    setup and backward) when it is. All three run the same launcher, so the same bits."""
+    if _traced():
         return torch_op(*args)
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        fn = _EAGER_FUNCTIONS.get(torch_op)
+        return torch_op(*args) if fn is None else fn.apply(*args)
     return body(*args)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.errors import BackendUnavailable, InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, run
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, register_autograd, run
 from rl_engine.ops.attention._checks import LaunchPlan, VarlenPlan, check_decode, check_varlen
 
 
@@ -73,7 +73,7 @@ def _backward(ctx, do, _grad_lse):
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
-attention_fwd.register_autograd(_backward, setup_context=_setup)
+register_autograd(attention_fwd, _attention_fwd, _backward, _setup)
 
 
 def _attention_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,

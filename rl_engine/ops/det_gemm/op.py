@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, launchers, run
+from rl_engine.ops._torch_op import check_device, launchers, register_autograd, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 from rl_engine.ops.det_gemm.topology import check_contract_topology, mid_split_bounds
 
@@ -77,7 +77,7 @@ def _backward(ctx, dc):
     return da, db, None, None, None
 
 
-det_gemm_op.register_autograd(_backward, setup_context=_setup)
+register_autograd(det_gemm_op, _det_gemm_op, _backward, _setup)
 
 
 def _det_gemm(a: torch.Tensor, b: torch.Tensor, tree_depth: object, fp32_merge: bool, backend: str) -> torch.Tensor:

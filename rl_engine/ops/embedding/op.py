@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, run
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, register_autograd, run
 from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
 
 
@@ -49,7 +49,7 @@ def _backward(ctx, dy):
     return None, embedding_bwd(ids, grad_bf16(dy), ctx.vocab, ctx.backend), None
 
 
-embedding_fwd.register_autograd(_backward, setup_context=_setup)
+register_autograd(embedding_fwd, _embedding_fwd, _backward, _setup)
 
 
 def embedding_kernel(ids: torch.Tensor, weight: torch.Tensor, *, backend: str, validate: bool = True) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, launchers, placeholder, run
+from rl_engine.ops._torch_op import check_device, launchers, placeholder, register_autograd, run
 from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
 from rl_engine.ops.logp.op import check_temperature
 
@@ -60,7 +60,7 @@ def _backward(ctx, g, _grad_rmax, _grad_rlog):
     return (dh if need_dh else None), (dw if need_dw else None), None, None, None
 
 
-linear_logp_fwd.register_autograd(_backward, setup_context=_setup)
+register_autograd(linear_logp_fwd, _linear_logp_fwd, _backward, _setup)
 
 
 def linear_logp_kernel(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,

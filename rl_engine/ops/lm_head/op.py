@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, launchers, placeholder, run
+from rl_engine.ops._torch_op import check_device, launchers, placeholder, register_autograd, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 
@@ -54,7 +54,7 @@ def _backward(ctx, dlogits):
     return (dh if need_dh else None), (dw if need_dw else None), None
 
 
-lm_head_fwd.register_autograd(_backward, setup_context=_setup)
+register_autograd(lm_head_fwd, _lm_head_fwd, _backward, _setup)
 
 
 def lm_head_kernel(hidden: torch.Tensor, weight: torch.Tensor, *, backend: str) -> torch.Tensor:

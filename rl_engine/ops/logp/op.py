@@ -13,7 +13,7 @@ from numbers import Real
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, launchers, run
+from rl_engine.ops._torch_op import check_device, launchers, register_autograd, run
 from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
 
 
@@ -93,7 +93,7 @@ def _backward(ctx, g, _grad_rmax, _grad_rlog):
     return dx, None, None, None, None, None
 
 
-logp_rows_fwd.register_autograd(_backward, setup_context=_setup)
+register_autograd(logp_rows_fwd, _logp_rows_fwd, _backward, _setup)
 
 
 def logp_rows(logits3: torch.Tensor, targets2: torch.Tensor, mask2: torch.Tensor | None, temperature: float,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.errors import BackendUnavailable, InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, run
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, register_autograd, run
 from rl_engine.ops._validate import check_cu_seqlens, check_same_device, check_tensor
 
 
@@ -84,8 +84,8 @@ def _backward_unpack(ctx, dy):
     return pack_op(grad_bf16(dy), cu, ctx.lengths, ctx.backend), None, None, None, None
 
 
-pack_op.register_autograd(_backward_pack, setup_context=_setup_pack)
-unpack_op.register_autograd(_backward_unpack, setup_context=_setup_unpack)
+register_autograd(pack_op, _pack_op, _backward_pack, _setup_pack)
+register_autograd(unpack_op, _unpack_op, _backward_unpack, _setup_unpack)
 
 
 def pack_kernel(x: torch.Tensor, cu_seqlens: torch.Tensor, *, backend: str) -> torch.Tensor:

@@ -14,7 +14,7 @@ import math
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, placeholder, run
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, placeholder, register_autograd, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 ORDERS = ("hf", "fused")
@@ -86,7 +86,7 @@ def _backward(ctx, dy, _drstd):
     return (dx if need_dx else None), (dw if need_dw else None), None, None, None, None
 
 
-rms_norm_fwd.register_autograd(_backward, setup_context=_setup)
+register_autograd(rms_norm_fwd, _rms_norm_fwd, _backward, _setup)
 
 
 def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str, backend: str,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, run
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, register_autograd, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 
@@ -91,7 +91,7 @@ def _backward(ctx, dy):
     return rope_rotate(grad_bf16(dy), cos, sin, not ctx.neg_sin, ctx.backend), None, None, None, None
 
 
-rope_rotate.register_autograd(_backward, setup_context=_setup)
+register_autograd(rope_rotate, _rope_rotate, _backward, _setup)
 
 
 def rope_kernel(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, backend: str) -> torch.Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, run
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, register_autograd, run
 from rl_engine.ops._validate import check_tensor
 
 
@@ -45,7 +45,7 @@ def _backward(ctx, dy):
     return silu_bwd(x, grad_bf16(dy), ctx.backend), None
 
 
-silu_fwd.register_autograd(_backward, setup_context=_setup)
+register_autograd(silu_fwd, _silu_fwd, _backward, _setup)
 
 
 def silu_kernel(x: torch.Tensor, *, backend: str) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, run
+from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, register_autograd, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 
@@ -48,7 +48,7 @@ def _backward(ctx, dy):
     return dg, du, None
 
 
-swiglu_fwd.register_autograd(_backward, setup_context=_setup)
+register_autograd(swiglu_fwd, _swiglu_fwd, _backward, _setup)
 
 
 def swiglu_kernel(gate: torch.Tensor, up: torch.Tensor, *, backend: str) -> torch.Tensor:

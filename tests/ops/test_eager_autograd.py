@@ -1,0 +1,81 @@
+"""The eager training path of every kernel op: :func:`rl_engine.ops._torch_op.run` applies an
+``autograd.Function`` built from the op's own body, setup and backward functions
+(``register_autograd``) instead of the custom op's generic autograd wrapper. Both entries run the
+same launcher, so each forward op of the opcheck cases (``tests/ops/test_opcheck.py``) must give
+the same output and gradient bits either way, and the eager call must really take the Function
+(its ``grad_fn``), while the control with the Functions removed takes the torch op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_engine.backends.registry import availability
+from rl_engine.ops import _torch_op
+from tests.ops.test_opcheck import CASES
+
+
+def _grad_calls(backend, device):
+    """(id, torch op, args) of the opcheck cases whose torch op has an eager Function and that take
+    an input requiring grad: the differentiable forward calls."""
+    out = []
+    for op in sorted(CASES):
+        for name, torch_op, args in CASES[op](backend, device):
+            if torch_op in _torch_op._EAGER_FUNCTIONS and any(
+                    isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                out.append((f"{op}/{name}", torch_op, args))
+    return out
+
+
+def _body(torch_op):
+    """The function registered as ``torch_op`` (what run() calls when autograd is not recording;
+    never reached here, every call records)."""
+    return lambda *args: pytest.fail(f"{torch_op} ran its body outside autograd")
+
+
+def _forward_backward(torch_op, args):
+    """Outputs and input gradients of ``run(torch_op, body, *args)`` with a fixed upstream gradient
+    per output, plus the name of the first output's grad_fn."""
+    leaves = [a.detach().requires_grad_(True) if isinstance(a, torch.Tensor) and a.requires_grad else a
+              for a in args]
+    out = _torch_op.run(torch_op, _body(torch_op), *leaves)
+    outs = out if isinstance(out, tuple) else (out,)
+    node = type(outs[0].grad_fn).__name__
+    diff = [o for o in outs if o.requires_grad]
+    g = torch.Generator().manual_seed(5)
+    grads = [torch.randn(o.shape, generator=g).to(o.dtype).to(o.device) for o in diff]
+    inputs = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+    dins = torch.autograd.grad(diff, inputs, grads, allow_unused=True)
+    return [o.detach() for o in outs], list(dins), node
+
+
+def _same_bits(x, y) -> bool:
+    if x is None or y is None:
+        return x is None and y is None
+    if x.dtype != y.dtype or x.shape != y.shape or x.stride() != y.stride():
+        return False
+    return torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
+
+
+def test_every_differentiable_op_has_an_eager_function(device):
+    names = {n.split("/")[0] for n, _, _ in _grad_calls("triton_cuda_bf16", device)}
+    assert {"det_gemm", "attention", "rms_norm", "rope", "swiglu", "linear_logp", "embedding"} <= names
+
+
+@pytest.mark.parametrize("backend", ["triton_cuda_bf16"])
+def test_eager_function_gives_the_torch_ops_bits(backend, device, monkeypatch):
+    ok, why = availability(backend)
+    if not ok:
+        pytest.skip(why)
+    calls = _grad_calls(backend, device)
+    assert calls
+    eager = {n: _forward_backward(op, args) for n, op, args in calls}
+    monkeypatch.setattr(_torch_op, "_EAGER_FUNCTIONS", {})  # control: the custom op's own autograd
+    for name, op, args in calls:
+        outs, grads, node = eager[name]
+        outs_t, grads_t, node_t = _forward_backward(op, args)
+        assert node.startswith("Eager_"), f"{name}: eager call went through {node}"
+        assert node_t.startswith("GeneratedBackwardFor_"), f"{name}: control went through {node_t}"
+        assert all(_same_bits(a, b) for a, b in zip(outs, outs_t)), f"{name}: outputs differ"
+        assert len(grads) == len(grads_t) and all(_same_bits(a, b) for a, b in zip(grads, grads_t)), \
+            f"{name}: gradients differ"
