@@ -166,12 +166,12 @@ def test_split_backward_equals_fused_backward(shape, device):
     assert rn.rms_norm_bwd.__defaults__ == (None,)  # the form is chosen from the row count when not forced
 
 
-@pytest.mark.parametrize("n_parts,cols", [(2048, 128), (37, 300), (7, 128), (8, 5), (0, 64)])
-def test_dweight_reduce_unrolled_keeps_the_order(n_parts, cols, device):
-    """The dweight stage-2 loop loads REDUCE_UNROLL partial rows before adding them: every column
-    still gets the one-row loop's FP32 adds in increasing row order (whole groups, then a tail),
-    compared bit for bit with the sequential sum. Control: the rows in reverse order give other
-    bits (column 0 holds 2^24, ones, then -2^24: in order the ones vanish, reversed they count)."""
+@pytest.mark.parametrize("n_parts,cols", [(2048, 128), (37, 300), (7, 128), (0, 64)])
+def test_dweight_reduce_adds_rows_in_order(n_parts, cols, device):
+    """The dweight stage-2 kernel adds the partial rows of each column in FP32 in increasing row
+    order (the declared dweight tree's last level): bit for bit the sequential sum. Control: the
+    rows in reverse order give other bits (column 0 holds 2^24, ones, then -2^24: in order the
+    ones vanish, reversed they count)."""
     import triton
 
     from rl_engine.ops.rms_norm import triton as rt
@@ -182,17 +182,14 @@ def test_dweight_reduce_unrolled_keeps_the_order(n_parts, cols, device):
         parts[0, 0], parts[1:-1, 0], parts[-1, 0] = 2.0 ** 24, 1.0, -(2.0 ** 24)
     parts = parts.to(device)
 
-    def reduce(p: torch.Tensor, unroll: int) -> torch.Tensor:
+    def reduce(p: torch.Tensor) -> torch.Tensor:
         dw = torch.empty(cols, dtype=torch.bfloat16, device=device)
-        rt._dw_reduce_kernel[(triton.cdiv(cols, rt.REDUCE_BLOCK),)](p, dw, p.shape[0], cols, BLOCK=rt.REDUCE_BLOCK,
-                                                                    UNROLL=unroll)
+        rt._dw_reduce_kernel[(triton.cdiv(cols, rt.REDUCE_BLOCK),)](p, dw, p.shape[0], cols, BLOCK=rt.REDUCE_BLOCK)
         return dw
 
     seq = torch.zeros(cols, dtype=torch.float32, device=device)
     for p in range(n_parts):
         seq = seq + parts[p]
-    assert rt.REDUCE_UNROLL > 1
-    assert bits_equal(reduce(parts, rt.REDUCE_UNROLL), seq.to(torch.bfloat16))
-    assert bits_equal(reduce(parts, 1), seq.to(torch.bfloat16))
-    if n_parts >= 37:
-        assert not bits_equal(reduce(parts.flip(0).contiguous(), rt.REDUCE_UNROLL), seq.to(torch.bfloat16))
+    assert bits_equal(reduce(parts), seq.to(torch.bfloat16))
+    if n_parts >= 3:
+        assert not bits_equal(reduce(parts.flip(0).contiguous()), seq.to(torch.bfloat16))

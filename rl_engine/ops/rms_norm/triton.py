@@ -40,9 +40,6 @@ LANES = 128
 """Lane sums of the fixed row-sum order (the CUDA backend's ``NORM_THREADS``)."""
 REDUCE_BLOCK = 256
 """Columns per dweight stage-2 program (fixed)."""
-REDUCE_UNROLL = 8
-"""Partial rows the dweight stage-2 loop loads before adding them one by one (a launch setting:
-the adds keep their order)."""
 SPLIT_BELOW_PROGRAMS = 264
 """The backward runs in its split form (one program per row for dx, one per 64-row chunk and
 ``DW_BLOCK`` columns for the dweight partials) when the fused form would have fewer programs
@@ -194,23 +191,11 @@ def _rms_bwd_dw_kernel(x_ptr, dy_ptr, rstd_ptr, part_ptr, n_rows, n_cols, n_head
 
 
 @triton.jit
-def _dw_reduce_kernel(part_ptr, dw_ptr, n_parts, n_cols, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
-    """dweight[c] = bf16(sum over p = 0, 1, ... of parts[p, c]) in FP32, one add after another in
-    increasing p. The main loop loads ``UNROLL`` partial rows before adding them (in order), so that
-    many loads are in flight instead of one (a qk-norm weight has 2048 partial rows and 128
-    columns: one program, latency-bound); the rows past the last whole group are added by the
-    plain loop, so every column gets exactly the adds of the one-row loop, in its order."""
+def _dw_reduce_kernel(part_ptr, dw_ptr, n_parts, n_cols, BLOCK: tl.constexpr):
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    whole = (n_parts // UNROLL) * UNROLL
-    for p0 in range(0, whole, UNROLL):
-        rows = []
-        for r in tl.static_range(UNROLL):
-            rows.append(tl.load(part_ptr + (p0 + r) * n_cols + cols, mask=mask, other=0.0))
-        for r in tl.static_range(UNROLL):
-            acc += rows[r]
-    for p in range(whole, n_parts):
+    for p in range(0, n_parts):
         acc += tl.load(part_ptr + p * n_cols + cols, mask=mask, other=0.0)
     tl.store(dw_ptr + cols, acc.to(tl.bfloat16), mask=mask)
 
@@ -342,13 +327,12 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
                 BLOCK=DW_BLOCK, ROWS=ROWS_PER_PROGRAM, num_warps=2, enable_fp_fusion=FP_FUSION,
             )
             _dw_reduce_kernel[(triton.cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK,
-                                                               UNROLL=REDUCE_UNROLL, enable_fp_fusion=FP_FUSION)
+                                                               enable_fp_fusion=FP_FUSION)
         return dx, dw
     _rms_bwd_kernel[(n_parts,)](
         x, weight, dy, rstd, dx, parts, n_rows, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh,
         BLOCK=block, ROWS=ROWS_PER_PROGRAM, LANES=LANES, CHUNKS=triton.cdiv(e, LANES), num_warps=_warps(block),
         enable_fp_fusion=FP_FUSION,
     )
-    _dw_reduce_kernel[(triton.cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK, UNROLL=REDUCE_UNROLL,
-                                                       enable_fp_fusion=FP_FUSION)
+    _dw_reduce_kernel[(triton.cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK, enable_fp_fusion=FP_FUSION)
     return dx, dw
