@@ -228,6 +228,34 @@ def test_persistent_form_equals_fused_form(device, m, k, n, a_t, b_t):
                           dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=False, persistent=False))
 
 
+def test_persistent_form_with_a_wider_k_step_walks_the_same_leaves(device):
+    """A K step of 128 (a sweep option of the persistent form) covers each leaf with half as many
+    blocks. On integer-valued operands every product and partial sum is exact in FP32, so any
+    summation order gives the same numbers: equality with the fused form checks the blocks, leaf
+    bounds, merges and edges, not the rounding order (which the H200 sweep checks bit for bit).
+    Leaves of 5 x 64 (K = 4 x 320) are refused at K step 128 (whole blocks only). Control: a
+    one-level tree differs (entries up to 20 in size: the leaf sums, exact in FP32 below 2^24, reach
+    the thousands, where BF16 rounds them to multiples of 8 or 16, so the leaf roundings show)."""
+    g = spec_mod.make_generator(17)
+    m, k, n = 70, 1024, 72
+    a = torch.randint(-20, 21, (m, k), generator=g).to(torch.bfloat16).to(device)
+    b = torch.randint(-20, 21, (n, k), generator=g).to(torch.bfloat16).to(device).t()
+    wide = dg_triton.PersistentTiles(32, 32, 4, 2, 2, 0, True, 128)
+    programs = 3 if device.type == "cpu" else None
+    for depth in (0, 1, 2):
+        fused = dg_triton.det_gemm_launch(a, b, depth, False, leaf_split=False, persistent=False)
+        out = dg_triton.det_gemm_launch(a, b, depth, False, persistent=True, persistent_tiles=wide, programs=programs)
+        assert bits_equal(out, fused), depth
+    assert not bits_equal(dg_triton.det_gemm_launch(a, b, 1, False, persistent=True, persistent_tiles=wide,
+                                                    programs=programs),
+                          dg_triton.det_gemm_launch(a, b, 2, False, leaf_split=False, persistent=False))
+    odd = torch.randint(-3, 4, (m, 4 * 320), generator=g).to(torch.bfloat16).to(device)
+    w_odd = torch.randint(-3, 4, (4 * 320, n), generator=g).to(torch.bfloat16).to(device)
+    assert dg_triton.persistent_applies(odd, w_odd, 2) and not dg_triton.persistent_applies(odd, w_odd, 2, bk=128)
+    with pytest.raises(ValueError, match="persistent form"):
+        dg_triton.det_gemm_launch(odd, w_odd, 2, False, persistent=True, persistent_tiles=wide)
+
+
 def test_persistent_form_refuses_what_it_cannot_compute(device):
     """K not a whole number of BK blocks per leaf, a row pitch TMA cannot read, or FP32 merges:
     the persistent form does not apply, and forcing it is an error, not a silent other tree."""

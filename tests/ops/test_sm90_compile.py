@@ -90,13 +90,14 @@ SCRIPT = textwrap.dedent(r'''
                                         "s_cn", "a_step", "b_step")}}, {
             "M": 1, "DEPTH": 2, "BM": 16, "BN": 128, "BK": dg.BK, "UPCAST": False, "MERGE": True}
         t = dg.PERSISTENT_TILES
-        for name, a_t, b_t in (("forward", False, True), ("dx", False, False), ("dw", True, False)):
-            a_block = [dg.BK, t.bm] if a_t else [t.bm, dg.BK]
-            b_block = [t.bn, dg.BK] if b_t else [dg.BK, t.bn]
+        for name, a_t, b_t, bk in (("forward", False, True, t.bk), ("dx", False, False, t.bk),
+                                   ("dw", True, False, t.bk), ("forward,bk128", False, True, 128)):
+            a_block = [bk, t.bm] if a_t else [t.bm, bk]
+            b_block = [t.bn, bk] if b_t else [bk, t.bn]
             yield f"det_gemm_persistent[{name}]", dg._det_gemm_persistent_kernel, {
                 "a_desc": f"tensordesc<bf16{a_block}>", "b_desc": f"tensordesc<bf16{b_block}>",
                 "c_ptr": "*bf16", "w_ptr": "*bf16", **{n: "i32" for n in ("M", "N", "K", "s_cm", "s_cn")}}, {
-                "A_T": a_t, "B_T": b_t, "DEPTH": 2, "BM": t.bm, "BN": t.bn, "BK": dg.BK, "GROUP_M": t.group_m,
+                "A_T": a_t, "B_T": b_t, "DEPTH": 2, "BM": t.bm, "BN": t.bn, "BK": bk, "GROUP_M": t.group_m,
                 "PROGRAMS": 132, "LOOP": t.loop, "REGS": t.regs, "UPCAST": False}
         yield "rms_norm[add]", rn._rms_fwd_kernel, {
             "x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "rstd_ptr": "*fp32", "d_ptr": "*bf16",

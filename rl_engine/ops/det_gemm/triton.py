@@ -490,7 +490,7 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
 
 @dataclass(frozen=True)
 class PersistentTiles:
-    """Configuration of the persistent TMA form: ``[bm, bn]`` tiles, ``BK`` fixed, grouped order."""
+    """Configuration of the persistent TMA form: ``[bm, bn]`` tiles, grouped order, the K step."""
 
     bm: int
     bn: int
@@ -502,6 +502,11 @@ class PersistentTiles:
     flattening of (tile, leaf) x block, 0 the nest as written."""
     regs: bool
     """The kernel's ``REGS``: pending leaves in registers (else parked in memory)."""
+    bk: int = BK
+    """K per loaded block. The default is the other forms' ``BK``; a multiple of it (a sweep option:
+    ``tools/det_gemm_prefill_sweep.py``) issues the same sequence of k16 tensor-core MMAs into the
+    same accumulator, which should keep the bits on the GPU (the sweep checks; the CPU interpreter
+    sums a block in another order, so there only exact sums compare)."""
 
 
 PERSISTENT_TILES = PersistentTiles(128, 128, 8, 4, 8, 0, True)
@@ -554,11 +559,11 @@ def _tma_layout(t: torch.Tensor) -> bool | None:
     return None
 
 
-def persistent_applies(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False) -> bool:
-    """Whether the persistent TMA form can compute ``a @ b``: BF16 merges, ``K`` a multiple of
-    ``BK * 2^depth`` (whole blocks in every leaf) and both operands readable by TMA."""
+def persistent_applies(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False, bk: int = BK) -> bool:
+    """Whether the persistent TMA form with K step ``bk`` can compute ``a @ b``: BF16 merges, ``K``
+    a multiple of ``bk * 2^depth`` (whole blocks in every leaf) and both operands readable by TMA."""
     k = a.shape[1]
-    return (not fp32_merge and 0 <= depth <= TREE_DEPTH and k > 0 and k % (BK << depth) == 0
+    return (not fp32_merge and 0 <= depth <= TREE_DEPTH and k > 0 and bk % BK == 0 and k % (bk << depth) == 0
             and _tma_layout(a) is not None and _tma_layout(b) is not None)
 
 
@@ -575,7 +580,7 @@ def use_persistent(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: boo
     tiles = triton.cdiv(m, t.bm) * triton.cdiv(b.shape[1], t.bn)
     enough = tiles >= PERSISTENT_MIN_TILES or (a.shape[1] >= PERSISTENT_MIN_K and tiles >= PERSISTENT_MIN_TILES_LONG_K)
     return (m > BATCH_DECODE_TILES.bm and enough and _gpu_facts(a.device)[0] >= 9
-            and persistent_applies(a, b, depth, fp32_merge))
+            and persistent_applies(a, b, depth, fp32_merge, t.bk))
 
 
 def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth: int,
@@ -586,8 +591,8 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth:
     m, k = a.shape
     n = b.shape[1]
     a_t, b_t = _tma_layout(a), _tma_layout(b)
-    a_desc = TensorDescriptor.from_tensor(a.t() if a_t else a, [BK, t.bm] if a_t else [t.bm, BK])
-    b_desc = TensorDescriptor.from_tensor(b.t() if b_t else b, [t.bn, BK] if b_t else [BK, t.bn])
+    a_desc = TensorDescriptor.from_tensor(a.t() if a_t else a, [t.bk, t.bm] if a_t else [t.bm, t.bk])
+    b_desc = TensorDescriptor.from_tensor(b.t() if b_t else b, [t.bn, t.bk] if b_t else [t.bk, t.bn])
     parked = depth and not t.regs  # register parking needs no workspace
     w = torch.empty((m, n) if parked else (1, 1), dtype=torch.bfloat16, device=a.device)
     count = triton.cdiv(m, t.bm) * triton.cdiv(n, t.bn)
@@ -596,7 +601,7 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth:
     programs = max(1, min(programs, count))
     _det_gemm_persistent_kernel[(programs,)](
         a_desc, b_desc, c, w, m, n, k, c.stride(0), c.stride(1),
-        A_T=a_t, B_T=b_t, DEPTH=depth, BM=t.bm, BN=t.bn, BK=BK, GROUP_M=t.group_m, PROGRAMS=programs,
+        A_T=a_t, B_T=b_t, DEPTH=depth, BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, PROGRAMS=programs,
         LOOP=t.loop, REGS=t.regs, UPCAST=upcast_dots(), num_warps=t.num_warps, num_stages=t.num_stages,
         enable_fp_fusion=FP_FUSION,
     )
@@ -634,8 +639,8 @@ def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bo
     if persistent is None:
         persistent = leaf_split is None and use_persistent(a, b, depth, fp32_merge)
     if persistent:
-        if not persistent_applies(a, b, depth, fp32_merge):
-            raise ValueError("the persistent form needs BF16 merges, K a multiple of BK * 2^depth and "
+        if not persistent_applies(a, b, depth, fp32_merge, (persistent_tiles or PERSISTENT_TILES).bk):
+            raise ValueError("the persistent form needs BF16 merges, K a multiple of its K step * 2^depth and "
                              "TMA-readable operands")
         _persistent_launch(a, b, c, depth, persistent_tiles, programs)
         return c
