@@ -27,7 +27,8 @@ if [ -n "${BENCH_ARGS:-}" ]; then
   tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"
 fi
 # GATE_TIMEOUT leaves time to pack a partial run (finish it later with --resume)
-timeout "${GATE_TIMEOUT:-570}" rl-engine gate --out "$OUT/gate" "$@" 2>"$OUT/gate-progress.log"
+# default: what is left of a 590 s device call after the tests and the bench, less 20 s to pack
+timeout "${GATE_TIMEOUT:-$(( 570 - SECONDS > 30 ? 570 - SECONDS : 30 ))}" rl-engine gate --out "$OUT/gate" "$@" 2>"$OUT/gate-progress.log"
 rc=$?
 tail -n 30 "$OUT/gate-progress.log"
 echo "gate exit code $rc"

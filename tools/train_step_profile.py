@@ -41,7 +41,8 @@ def family(name: str) -> str:
 HOST_SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
                    "cudaEventSynchronize")
 """CPU-side profiler events of a host waiting on the GPU (``.item()``, ``int(t)``, ``.tolist()`` of a
-CUDA tensor and explicit synchronisations); the profile counts them per call."""
+CUDA tensor and explicit synchronisations); the profile counts them per call, including the one
+``torch.cuda.synchronize()`` that closes the profiled call (and the profiler's own)."""
 
 
 def build_inputs(cfg, batch: int, seq_len: int, device):
@@ -159,7 +160,7 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu
     return {"wall_ms": wall, "host_ms": host, "cpu_self_ms": sum(r[1] for r in cpu),
             "cpu_top": [{"event": k[:120], "self_ms": ms, "calls": n} for k, ms, n in cpu[:cpu_top]],
             "gpu_idle_ms": sum(v[0] for v in idle.values()),
-            "idle_before": [{"kernel": n, "ms": v[0], "gaps": v[1]} for n, v in idle_ranked[:cpu_top]],
+            "idle_before": [{"kernel": n, "ms": v[0], "gaps": v[1]} for n, v in idle_ranked[:top]],
             "kernel_ms": sum(v[0] for v in kernels.values()),
             "launches": sum(v[1] for v in kernels.values()), "scratch_peak_gib": peak,
             "scratch_less_gradients_gib": peak - gradient_bytes / 2**30,

@@ -113,7 +113,7 @@ class OpTable:
         hit = self._accepts.get(key)
         if hit is None:
             try:
-                params = inspect.signature(fn).parameters
+                params = inspect.signature(fn, follow_wrapped=False).parameters  # a wrapper's own signature
             except (TypeError, ValueError):  # a builtin without a signature: pass nothing extra
                 params = {}
             hit = param in params
@@ -374,7 +374,8 @@ class Qwen3Model:
         """
         f = ops or self.ops
         step = self._step(ids, positions, cu_seqlens, cache, decode, checked)
-        if plan is None and not decode and f.accepts("attention", "plan"):
+        accepts = getattr(f, "accepts", None)  # a duck-typed table without it: attention reads cu_seqlens itself
+        if plan is None and not decode and accepts is not None and accepts("attention", "plan"):
             plan = self.varlen_plan(cu_seqlens, int(ids.shape[0]))  # cu_seqlens read once, not once per layer
         cos, sin = self.rope_tables(positions, checked=True)
         scope: contextlib.AbstractContextManager[None] = contextlib.nullcontext()

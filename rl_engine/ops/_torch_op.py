@@ -103,6 +103,8 @@ def register_autograd(torch_op, body, backward, setup_context) -> None:
     entries: the torch op for ``torch.compile``, dispatch modes and ``opcheck``; the Function for
     eager training, where the custom op's generic autograd wrapper (re-dispatch, default filling,
     the dynamo guard around the body) costs the host more than the kernel launch itself."""
+    if getattr(torch_op, "_init_fn", body) is not body:  # the Function must run what the op runs
+        raise RuntimeError(f"register_autograd: {torch_op} was not defined with {getattr(body, '__name__', body)}")
     torch_op.register_autograd(backward, setup_context=setup_context)
 
     def forward(ctx, *args):

@@ -343,6 +343,35 @@ def test_bad_varlen_inputs_raise(name, device):
         attention_triton(**args)
 
 
+CU_VALUE_FAULTS = ("cu start", "cu decreasing", "cu total", "Lq > Lk")
+"""Faults in the cu_seqlens values: a caller that hands back a plan promises those values, so these
+are only caught where cu_seqlens is read (without a plan)."""
+
+
+@pytest.mark.parametrize("name", [n for n in BAD_VARLEN if n not in CU_VALUE_FAULTS])
+def test_bad_varlen_inputs_raise_with_a_plan(name, device):
+    """Handing back the plan of a good call skips only the read of cu_seqlens: every check of the
+    tensors (dtype, shape, stride, heads, devices, scale, the cu_seqlens lengths) still raises."""
+    good = _good(device)
+    plan = check_varlen(*good.values(), dtype=torch.bfloat16, kernel=True)
+    assert bits_equal(attention_triton(**good, plan=plan), attention_triton(**good))
+    make, match = BAD_VARLEN[name]
+    args = {n: (t.to(device) if isinstance(t, torch.Tensor) else t) for n, t in make(good).items()}
+    with pytest.raises(InputError, match=match if name != "cu count" else "plan"):
+        attention_triton(**args, plan=plan)
+
+
+def test_a_plan_that_does_not_fit_raises(device):
+    """A plan built for other token counts or another batch, or not a VarlenPlan at all."""
+    good = _good(device)
+    other = _good(device, tq=6, tk=8)
+    plan = check_varlen(*other.values(), dtype=torch.bfloat16, kernel=True)
+    with pytest.raises(InputError, match="plan: its cu_seqlens_q ends at 6"):
+        attention_triton(**good, plan=plan)
+    with pytest.raises(InputError, match="plan: expected the VarlenPlan"):
+        attention_triton(**good, plan=(2, 3, 4))
+
+
 def test_bad_decode_inputs_raise(device):
     g = make_generator(2)
     q = randn((2, 4, 16), g, device=device)

@@ -16,13 +16,12 @@ from tests.ops.test_opcheck import CASES
 
 
 def _grad_calls(backend, device):
-    """(id, torch op, args) of the opcheck cases whose torch op has an eager Function and that take
-    an input requiring grad: the differentiable forward calls."""
+    """(id, torch op, args) of the opcheck cases that take an input requiring grad: the
+    differentiable forward calls (whether or not their op has an eager Function)."""
     out = []
     for op in sorted(CASES):
         for name, torch_op, args in CASES[op](backend, device):
-            if torch_op in _torch_op._EAGER_FUNCTIONS and any(
-                    isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
                 out.append((f"{op}/{name}", torch_op, args))
     return out
 
@@ -58,8 +57,27 @@ def _same_bits(x, y) -> bool:
 
 
 def test_every_differentiable_op_has_an_eager_function(device):
-    names = {n.split("/")[0] for n, _, _ in _grad_calls("triton_cuda_bf16", device)}
-    assert {"det_gemm", "attention", "rms_norm", "rope", "swiglu", "linear_logp", "embedding"} <= names
+    """Every torch op that the opcheck cases call with a gradient has its eager Function."""
+    calls = _grad_calls("triton_cuda_bf16", device)
+    from rl_engine import OPS
+
+    assert {n.split("/")[0] for n, _, _ in calls} == set(OPS)  # each of the 13 ops has a differentiable call
+    missing = sorted({n for n, op, _ in calls if op not in _torch_op._EAGER_FUNCTIONS})
+    assert not missing, f"no eager Function: {missing}"
+
+
+def test_traced_calls_take_the_torch_op(device):
+    """Under a dispatch mode (FakeTensor here; torch.compile and functionalization likewise) run()
+    calls the torch op even when autograd records: the eager Function is for plain eager only."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from rl_engine.ops.det_gemm.api import det_gemm_op
+
+    with FakeTensorMode():
+        a = torch.empty((4, 8), dtype=torch.bfloat16, device=device).requires_grad_(True)
+        w = torch.empty((6, 8), dtype=torch.bfloat16, device=device)
+        out = _torch_op.run(det_gemm_op, _body(det_gemm_op), a, w.t(), 2, False, "triton_cuda_bf16")
+    assert type(out.grad_fn).__name__.startswith("GeneratedBackwardFor_")
 
 
 @pytest.mark.parametrize("backend", ["triton_cuda_bf16"])

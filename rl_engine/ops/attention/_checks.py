@@ -86,17 +86,7 @@ def check_varlen(
     [B+1], contiguous, on the same device, starting at 0, non-decreasing, ending at Tq / Tk, and
     ``Lq <= Lk`` for every sequence. ``kernel=True`` also asks for D a power of two >= 16.
     """
-    check_tensor("q", q, dtype=dtype, ndim=3, contiguous_last=True)
-    check_tensor("k", k, dtype=dtype, ndim=3, contiguous_last=True)
-    check_tensor("v", v, dtype=dtype, ndim=3, contiguous_last=True)
-    if tuple(v.shape) != tuple(k.shape):
-        raise InputError(f"v: expected the shape of k {list(k.shape)}, got {list(v.shape)}")
-    tq, h, d = q.shape
-    tk, hkv, dk = k.shape
-    _check_heads(h, hkv, d, dk, kernel=kernel)
-    check_tensor("cu_seqlens_q", cu_seqlens_q, dtype=torch.int32, ndim=1, contiguous=True)
-    check_tensor("cu_seqlens_k", cu_seqlens_k, dtype=torch.int32, ndim=1, contiguous=True)
-    check_same_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    tq, tk = _check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, dtype=dtype, kernel=kernel)
     cq = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq)
     ck = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tk)
     if len(cq) != len(ck):
@@ -109,8 +99,59 @@ def check_varlen(
             raise InputError(
                 f"sequence {b}: {lq} queries but only {lk} keys; queries sit at the end of their keys, so Lq <= Lk"
             )
-    _check_scale(scale)
     return VarlenPlan(tuple(cq), tuple(ck))
+
+
+def _check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, *, dtype, kernel) -> tuple[int, int]:
+    """The checks of :func:`check_varlen` that read no device value; returns ``(Tq, Tk)``."""
+    check_tensor("q", q, dtype=dtype, ndim=3, contiguous_last=True)
+    check_tensor("k", k, dtype=dtype, ndim=3, contiguous_last=True)
+    check_tensor("v", v, dtype=dtype, ndim=3, contiguous_last=True)
+    if tuple(v.shape) != tuple(k.shape):
+        raise InputError(f"v: expected the shape of k {list(k.shape)}, got {list(v.shape)}")
+    tq, h, d = q.shape
+    tk, hkv, dk = k.shape
+    _check_heads(h, hkv, d, dk, kernel=kernel)
+    check_tensor("cu_seqlens_q", cu_seqlens_q, dtype=torch.int32, ndim=1, contiguous=True)
+    check_tensor("cu_seqlens_k", cu_seqlens_k, dtype=torch.int32, ndim=1, contiguous=True)
+    check_same_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    _check_scale(scale)
+    return tq, tk
+
+
+def check_varlen_planned(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    scale: object,
+    plan: object,
+    *,
+    dtype: torch.dtype,
+    kernel: bool,
+) -> VarlenPlan:
+    """:func:`check_varlen` for a caller that hands back the :class:`VarlenPlan` of an earlier
+    call: every check that reads no device value (dtypes, shapes, strides, heads, devices, scale),
+    and the plan against these tensors (its batch against the cu_seqlens lengths, its last entries
+    against Tq and Tk). The cu_seqlens values themselves are not read again (no host
+    synchronisation): that they are the ones the plan was built from is the caller's promise.
+
+    Raises
+    ------
+    InputError
+        As :func:`check_varlen`, or ``plan`` is not a VarlenPlan or does not fit these tensors.
+    """
+    if not isinstance(plan, VarlenPlan):
+        raise InputError(f"plan: expected the VarlenPlan returned by check_varlen, got {type(plan).__name__}")
+    tq, tk = _check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, dtype=dtype, kernel=kernel)
+    for name, cu, planned, total in (("cu_seqlens_q", cu_seqlens_q, plan.cu_q, tq),
+                                     ("cu_seqlens_k", cu_seqlens_k, plan.cu_k, tk)):
+        if cu.numel() != len(planned):
+            raise InputError(f"plan: built for {len(planned) - 1} sequences, but {name} holds {cu.numel() - 1}")
+        if planned[-1] != total:
+            raise InputError(f"plan: its {name} ends at {planned[-1]}, but the call has {total} tokens there")
+    return plan
 
 
 def check_decode(

@@ -17,7 +17,7 @@ import torch
 
 from rl_engine.errors import BackendUnavailable, InputError
 from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, register_autograd, run
-from rl_engine.ops.attention._checks import LaunchPlan, VarlenPlan, check_decode, check_varlen
+from rl_engine.ops.attention._checks import LaunchPlan, VarlenPlan, check_decode, check_varlen, check_varlen_planned
 
 
 def _check_head_dim(d: int, backend: str) -> None:
@@ -95,8 +95,9 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, backend: str, plan: V
                block_n: int = 0) -> torch.Tensor:
     if plan is None:
         plan = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, dtype=torch.bfloat16, kernel=True)
-    elif not isinstance(plan, VarlenPlan):
-        raise InputError(f"plan: expected the VarlenPlan returned by check_varlen, got {type(plan).__name__}")
+    else:
+        plan = check_varlen_planned(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, plan, dtype=torch.bfloat16,
+                                    kernel=True)
     _check_head_dim(q.shape[2], backend)
     check_device(backend, q, k, v, cu_seqlens_q, cu_seqlens_k)
     return run(attention_fwd, _attention_fwd, q, k, v, cu_seqlens_q, cu_seqlens_k, float(scale), plan.batch,
@@ -130,7 +131,9 @@ def attention_kernel(
     row NaN, a visible non-finite v component makes that output component non-finite (NaN or inf).
 
     ``plan``: the :class:`VarlenPlan` that ``check_varlen`` returned for these very tensors; given,
-    cu_seqlens are not read again (no host synchronisation; the caller answers for the match).
+    cu_seqlens are not read again (no host synchronisation; the caller answers for their values),
+    while every other check runs and the plan is checked against the tensors' shapes
+    (``check_varlen_planned``).
 
     Raises
     ------

@@ -508,6 +508,10 @@ class PersistentTiles:
     same accumulator, which should keep the bits on the GPU (the sweep checks; the CPU interpreter
     sums a block in another order, so there only exact sums compare)."""
 
+    def __post_init__(self) -> None:
+        if self.bk < BK or self.bk % BK or self.bk & (self.bk - 1):
+            raise ValueError(f"PersistentTiles.bk must be a power of two multiple of {BK}, got {self.bk}")
+
 
 PERSISTENT_TILES = PersistentTiles(128, 128, 8, 4, 8, 0, True)
 """The persistent form's configuration, the same for every shape (never derived from M, N or K).
