@@ -105,7 +105,9 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu
     """Wall time per call, kernel time by name and family, and the scratch peak (allocated above the
     start); ``gradient_bytes`` (the train step's BF16 gradients, held at the peak) is also
     subtracted in ``scratch_less_gradients_gib``, the quantity of the bench's memory target.
-    ``host_ms``: the host's time to enqueue one call (close to ``wall_ms``: the call is launch-bound);
+    ``host_ms``: the host's time to enqueue one call (it also approaches ``wall_ms`` when the launch
+    queue fills and the host waits for the GPU, so ``idle_before`` is the measure of a launch-bound
+    call: GPU idle time between kernels, with no host sync inside);
     ``cpu_top``: the host events with the most self time in the profiled call (under the profiler,
     which slows the host)."""
     for _ in range(warmup):
