@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 POISONS = {"nan": float("nan"), "+inf": float("inf"), "-inf": float("-inf")}
@@ -194,10 +195,17 @@ def _bil_run(impl, logits, targets, mask, g):
     return out.detach(), x.grad
 
 
-def check_logp_mask(impl, poison: float, *, device=torch.device("cpu"), shape=(3, 7, 300)):
+def check_logp_mask(impl, poison: float, *, device=torch.device("cpu"), shape=(3, 7, 300), host_torch=False):
     """Masked rows of logits hold ``poison``, their targets are out of range and their upstream
     gradient is ``poison``: every output and dlogits row is bitwise the finite run's (masked rows
-    are exactly 0 in both)."""
+    are exactly 0 in both).
+
+    ``host_torch``: ``impl`` is PyTorch's own CPU eager kernels (the FP32 reference, torch_bf16),
+    whose run-to-run bits the project does not own. The finite run is then made twice first; when
+    the two differ, the host cannot judge bits and the check skips, naming the difference (seen
+    once in CI: the first of two identical reference calls 10 ulps off, the second equal to every
+    other host's). The project's kernels get no such allowance.
+    """
     gen = torch.Generator().manual_seed(13)
     b, s, v = shape
     logits = (torch.randn(b, s, v, generator=gen) * 3).to(device)
@@ -206,6 +214,12 @@ def check_logp_mask(impl, poison: float, *, device=torch.device("cpu"), shape=(3
     mask[0, :2] = False
     g = torch.randn(b, s, generator=gen).to(device)
     base = _bil_run(impl, logits, targets, mask, g)
+    if host_torch:
+        again = _bil_run(impl, logits, targets, mask, g)
+        for a, b, what in zip(base, again, ("out", "dlogits")):
+            if not bool((bits(a) == bits(b)).all()):
+                pytest.skip(f"this host's PyTorch CPU kernels gave different {what} bits for the same finite "
+                            f"input twice ({int((bits(a) != bits(b)).sum())} elements): bits cannot be judged here")
     logits2, targets2, g2 = logits.clone(), targets.clone(), g.clone()
     logits2[~mask] = poison
     targets2[~mask] = -100
