@@ -259,7 +259,7 @@ def check_bitwise_comparator(root: Path, contract: Contract) -> AuditRow:
                     [_where(compare_bitwise, root)], findings)
 
 
-def check_gate_coverage(root: Path, backends: list[str]) -> AuditRow:
+def check_gate_coverage(root: Path, backends: list[str], contract: Contract | None = None) -> AuditRow:
     from rl_engine.gate.plan import JUDGMENTS, GateConfig, plan
     from rl_engine.ops.registry import get_spec
     from rl_engine.ops.spec import TRANSFORMS, WORKLOADS
@@ -267,6 +267,8 @@ def check_gate_coverage(root: Path, backends: list[str]) -> AuditRow:
     findings = []
     cfg = GateConfig(ops=list(OPS), backends=backends, judgments=[j for j in JUDGMENTS if j != "chain_parity"],
                      workload=WORKLOADS["smoke"], out_dir=Path("."))
+    if contract is not None:
+        cfg.cross_pair = (contract.cross_backend.anchor, contract.cross_backend.other)
     keys = {(k.op, k.backend, k.judgment, k.transform) for k in plan(cfg)}
     for op in OPS:
         spec = get_spec(op)
@@ -280,6 +282,8 @@ def check_gate_coverage(root: Path, backends: list[str]) -> AuditRow:
                 for t in TRANSFORMS:
                     if (op, b, j, t) not in keys:
                         findings.append(f"{op}/{b}/{j}/{t} not planned")
+        if cfg.cross_judged() and (op, cfg.cross_pair[1], "cross_backend", None) not in keys:
+            findings.append(f"{op}/{cfg.cross_pair[1]}/cross_backend not planned")
         for t in TRANSFORMS:
             d = spec.transform(t)
             if isinstance(d, str) and not d.strip():
@@ -312,5 +316,5 @@ def run_audit(root: Path | None = None, execute: bool = True, contract: Contract
         rows.append(logprob)
         rows.append(check_declared_exceptions(root, contract))
         rows.append(check_bitwise_comparator(root, contract))
-        rows.append(check_gate_coverage(root, required))
+        rows.append(check_gate_coverage(root, required, contract))
     return rows

@@ -161,6 +161,7 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
         ref, base = _SHARED_RUNS[key]
         model = Qwen3Model(weights, backend, norm_order=contract.rms_norm_order)
         ours = run_styles(model, batch, head=HEAD)
+        _remember_styles(key, backend, ours)
         kernel_ids.update(ours.kernel_ids)
         if rl_form and rl_report is None:  # on the first run's weights: generate, then teacher-force the samples
             rl_report = {"seed": run_seed, "logit_scale": scale,
@@ -265,3 +266,111 @@ def _short(profile_report: dict[str, Any]) -> dict[str, Any]:
 def _free(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+_BACKEND_RUNS: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, dict[str, str]]] = {}
+"""Each built-in backend's teacher-forcing and rollout logprobs (on the CPU) per chain run, kept by
+the chain_parity cell for the cross-backend chain cell of the same process."""
+
+
+def _remember_styles(key: tuple[Any, ...], backend: str, run: Any) -> None:
+    if len(_BACKEND_RUNS) >= 4 * _SHARED_RUNS_MAX:
+        _BACKEND_RUNS.clear()
+    _BACKEND_RUNS[(*key, backend)] = (run.train.cpu(), run.rollout.cpu(), dict(run.kernel_ids))
+
+
+def chain_cross_backend_cell(anchor: str, other: str, workload: Any, contract: Contract,
+                             seed: int) -> tuple[str, str, dict[str, Any], str | None]:
+    """The cross-backend chain cell (contract section ``cross_backend.chain``): on every run of the
+    workload's chain plan, teacher forcing on one backend against rollout decode on the other, both
+    ways (``anchor`` trains and ``other`` rolls out, then the reverse), judged by the strict profile
+    (every active token's dlogp exactly 0) over all runs together.
+
+    Each backend's logprobs come from the chain_parity cell of this process when it ran (the same
+    weights, fixture and kernels), else they are computed here. Negative control: a one-ulp change
+    planted on one token of a copy of the rollout side must fail the strict profile.
+
+    Status: green when both directions are strict and the control is caught; red otherwise;
+    ``n/a`` while the contract does not declare the chain bit-exact across backends
+    (``cross_backend.chain.declared_bit_exact``), with the comparison still made and recorded.
+    """
+    from rl_engine.ops.transforms import plant_ulp
+
+    wname = getattr(workload, "name", workload)
+    if wname not in PLANS:
+        raise RLEngineError(f"no chain plan for workload {wname!r}; known: {', '.join(PLANS)}")
+    plan = PLANS[wname]
+    device = _device(wname)
+    config = get_config(plan["model"])
+    t_start = time.perf_counter()
+    sides: dict[str, dict[str, list[torch.Tensor]]] = {b: {"train": [], "rollout": []} for b in (anchor, other)}
+    kernel_ids: dict[str, dict[str, str]] = {anchor: {}, other: {}}
+    sources: dict[str, str] = {}
+    per_run = []
+    for offset, scale in plan["runs"]:
+        run_seed = int(seed) + int(offset)
+        key = (plan["model"], plan["fixture"], run_seed, scale, str(device))
+        batch = None
+        for b in (anchor, other):
+            if (*key, b) not in _BACKEND_RUNS:
+                if batch is None:
+                    weights = synthetic_weights(config, run_seed, logit_scale=scale, device=device)
+                    batch = make_fixture(plan["fixture"], run_seed, config.vocab_size).batch()
+                model = Qwen3Model(weights, b, norm_order=contract.rms_norm_order)
+                _remember_styles(key, b, run_styles(model, batch, head=HEAD))
+                del model
+                _free(device)
+                sources[b] = "computed"
+            else:
+                sources.setdefault(b, "reused from this process's chain_parity cell")
+            train, roll, kids = _BACKEND_RUNS[(*key, b)]
+            sides[b]["train"].append(train)
+            sides[b]["rollout"].append(roll)
+            kernel_ids[b].update(kids)
+        a_tr, o_tr = sides[anchor]["train"][-1], sides[other]["train"][-1]
+        per_run.append({"seed": run_seed, "logit_scale": scale, "active_tokens": int(a_tr.numel()),
+                        "teacher_forcing_bitwise_equal": bool(torch.equal(a_tr.view(torch.int32), o_tr.view(torch.int32)))})
+        if batch is not None:
+            del weights
+            _free(device)
+    strict = contract.chain_thresholds("strict")
+    cat = {b: {k: torch.cat(v) for k, v in sides[b].items()} for b in sides}
+    directions = {f"{anchor}_trains_{other}_rolls_out": (cat[anchor]["train"], cat[other]["rollout"]),
+                  f"{other}_trains_{anchor}_rolls_out": (cat[other]["train"], cat[anchor]["rollout"])}
+    reports, problems = {}, []
+    digest = BitsDigest()
+    for name, (lhs, rhs) in directions.items():
+        rep = chain_metrics(lhs, rhs, strict)
+        flat = flat_metrics(rep)
+        reports[name] = {"passed": rep.passed, "summary": rep.summary(),
+                         "differing_tokens": rep.active_tokens - rep.bitwise_equal_tokens,
+                         "first_nonzero_token": rep.first_nonzero_token,
+                         **{k: flat[k] for k in ("max_abs_dlogp", "mean_abs_dlogp", "bitwise_equal_tokens", "active_tokens")}}
+        if not rep.passed:
+            problems.append(f"{name}: {rep.active_tokens - rep.bitwise_equal_tokens}/{rep.active_tokens} active tokens "
+                            f"differ (max |dlogp| {flat['max_abs_dlogp']:.3g})")
+    for b in (anchor, other):
+        digest.add_all(((f"{b}:teacher_forcing_logprobs", cat[b]["train"]), (f"{b}:rollout_logprobs", cat[b]["rollout"])))
+    probe = cat[anchor]["train"]
+    caught = probe.numel() > 0 and not chain_metrics(probe, plant_ulp(probe), strict).passed
+    if not caught:
+        problems.append("negative control (planted one-ulp change) was not caught: the check cannot fail")
+    details: dict[str, Any] = {
+        "profile": "strict", "backends": [anchor, other], "anchor": anchor,
+        "declared_bit_exact": contract.cross_backend.chain_declared,
+        "active_tokens": int(probe.numel()), "directions": reports, "per_run": per_run,
+        "logprobs_source": sources, "kernel_ids": kernel_ids, "head": HEAD, "workload": wname,
+        "controls": [{"control": "planted one-ulp change on one token of a copy of the rollout side", "caught": caught}],
+        "bits_digest": digest.hexdigest(), "wall_time_s": round(time.perf_counter() - t_start, 3),
+    }
+    kid = f"{chain_kernel_id(anchor, kernel_ids[anchor])}|{chain_kernel_id(other, kernel_ids[other])}"
+    equal = sum(r["bitwise_equal_tokens"] for r in reports.values())
+    total = sum(r["active_tokens"] for r in reports.values())
+    measured = f"{equal}/{total} token logprobs bitwise equal over both directions"
+    why = contract.cross_backend.reason_not_declared("chain")
+    if why is not None:
+        return "n/a", (f"not declared bit-exact across backends by contract {contract.version} "
+                       f"(cross_backend.chain: {why}); measured: {measured}"), details, kid
+    if problems:
+        return RED, "; ".join(problems), details, kid
+    return GREEN, f"strict both ways: {measured}", details, kid

@@ -11,7 +11,7 @@ def register(sub) -> None:
     p = command(sub, "contract", "validate and print the tolerance contract",
                 ["rl-engine contract", "rl-engine contract --path my-contract.json --json"])
     p.add_argument("--json", action="store_true", help="print the whole contract as JSON")
-    p.add_argument("--path", default=None, help="a contract file to validate (default: the shipped ws1-c1-v4)")
+    p.add_argument("--path", default=None, help="a contract file to validate (default: the shipped ws1-c1-v5)")
     p.set_defaults(func=run)
 
 
@@ -41,4 +41,7 @@ def run(args) -> int:
     print(f"det_gemm: Option {d['option']}, FP32 leaves, {d['merge_dtype']} merges, tree depth {d['tree_depth']}, splits {d['supported_splits']}")
     print(f"RMSNorm order: {c.rms_norm_order}; logits for scoring: {c.logits_dtype}")
     print(f"required backends: {', '.join(c.required_backends())}")
+    cb = c.cross_backend
+    print(f"cross_backend ({cb.other} vs {cb.anchor}, bitwise): declared bit-exact {', '.join(cb.declared)}; "
+          f"n/a until declared: {', '.join(cb.not_declared)}; chain {'declared' if cb.chain_declared else 'n/a until declared'}")
     return 0

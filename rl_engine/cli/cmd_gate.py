@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 JUDGMENT_NAMES = ("forward_accuracy", "gradient_accuracy", "forward_invariance", "gradient_invariance", "repeat",
-                  "chain_parity")
+                  "chain_parity", "cross_backend")
 """The judgments, for ``--help`` without importing the runner (and torch); a test keeps it equal to
 :data:`rl_engine.gate.runner.JUDGMENTS`."""
 CROSS_BACKEND_SCOPES = ("declared", "all", "none")
@@ -37,7 +37,8 @@ def register(sub) -> None:
     add_list(p, "--ops", "OP", f"ops to judge, any of: {', '.join(OPS)} (default: all {len(OPS)})")
     add_list(p, "--judgments", "JUDGMENT",
              f"judgments to run, any of: {', '.join(JUDGMENT_NAMES)} (default: all; chain_parity only when "
-             "--ops is not given)")
+             "--ops is not given; cross_backend compares cuda_bf16 with triton_cuda_bf16 bit for bit when both "
+             "are judged, the chain's cell joining chain_parity)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output folder, created if missing; an earlier run there is replaced (required unless --resume)")
     p.add_argument("--resume", default=None, metavar="DIR",
@@ -46,7 +47,8 @@ def register(sub) -> None:
                    help="mark a cell that runs longer red with reason 'timeout', e.g. --cell-timeout 600 (default: no limit)")
     p.add_argument("--seed", type=_seed, default=0, help="base seed of every input builder, in [0, 2**62) (default 0)")
     p.add_argument("--cross-backend", default="declared", choices=CROSS_BACKEND_SCOPES,
-                   help="scope of the informational cross-backend table when two or more backends are judged: "
+                   help="scope of the informational cross-backend table, made when two or more backends are "
+                        "judged without the cross_backend judgment (whose cells record the same rows): "
                         "declared (every case of the ops declared identical on both backends, the first case's "
                         "forward of the others), all (every case, forward and gradients, of every op), none "
                         "(default: declared)")

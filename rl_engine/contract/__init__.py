@@ -7,11 +7,12 @@ from rl_engine.contract.loader import (
     CONTRACT_VERSION,
     ChainThresholds,
     Contract,
+    CrossBackend,
     GradNormThresholds,
     Tolerance,
     default_contract_path,
     load_contract,
 )
 
-__all__ = ["CONTRACT_VERSION", "ChainThresholds", "Contract", "GradNormThresholds", "Tolerance", "default_contract_path",
-           "load_contract"]
+__all__ = ["CONTRACT_VERSION", "ChainThresholds", "Contract", "CrossBackend", "GradNormThresholds", "Tolerance",
+           "default_contract_path", "load_contract"]

@@ -1,4 +1,4 @@
-"""Load, validate and query the tolerance contract (``ws1-c1-v4``).
+"""Load, validate and query the tolerance contract (``ws1-c1-v5``).
 
 The JSON file is validated against its JSON Schema; a malformed file raises
 :class:`~rl_engine.errors.ContractError` naming the offending field (for example
@@ -19,7 +19,7 @@ import jsonschema
 from rl_engine.constants import OPS
 from rl_engine.errors import ContractError
 
-CONTRACT_VERSION = "ws1-c1-v4"
+CONTRACT_VERSION = "ws1-c1-v5"
 _HERE = Path(__file__).resolve().parent
 DIRECTIONS = ("forward", "gradient")
 OP_CLASSES = ("elementwise", "reduction", "attention", "logprob")
@@ -73,6 +73,33 @@ class ChainThresholds:
             return self.metrics[name]
         except KeyError as exc:
             raise ContractError(f"chain/metrics/{name}: not in the contract") from exc
+
+
+@dataclass(frozen=True)
+class CrossBackend:
+    """What the ``cross_backend`` judgment needs from the contract (section ``cross_backend``).
+
+    ``backends``: the pair whose bits must agree; ``anchor``: the one the other is compared with;
+    ``declared``: the ops whose arithmetic the contract declares identical on both (judged green or
+    red); ``not_declared``: the others, each with the reason (judged n/a, measured anyway);
+    ``chain_declared``/``chain_reason``: the same for the cross-backend chain cell."""
+
+    backends: tuple[str, str]
+    anchor: str
+    declared: tuple[str, ...]
+    not_declared: dict[str, str]
+    chain_declared: bool
+    chain_reason: str
+
+    @property
+    def other(self) -> str:
+        return next(b for b in self.backends if b != self.anchor)
+
+    def reason_not_declared(self, op: str) -> str | None:
+        """None when ``op`` (or ``"chain"``) is declared bit-exact, else why not."""
+        if op == "chain":
+            return None if self.chain_declared else self.chain_reason
+        return None if op in self.declared else self.not_declared[op]
 
 
 def _field(path: Any) -> str:
@@ -199,6 +226,14 @@ class Contract:
     def logits_dtype(self) -> str:
         return str(self.data["declared_exceptions"]["logits_for_scoring"]["dtype"])
 
+    # -- cross-backend bits -----------------------------------------------------------------------
+    @property
+    def cross_backend(self) -> CrossBackend:
+        """The ``cross_backend`` section: the backend pair, the anchor and the declared ops."""
+        cb = self.data["cross_backend"]
+        return CrossBackend(tuple(cb["backends"]), str(cb["anchor_backend"]), tuple(cb["declared_bit_exact"]),
+                            dict(cb["not_declared"]), bool(cb["chain"]["declared_bit_exact"]), str(cb["chain"]["reason"]))
+
     # -- backends -----------------------------------------------------------------------------
     def check_backend_profile(self, name: str) -> dict[str, Any]:
         """The profile of a backend; out-of-scope targets (FP8, ROCm, Ascend) raise ContractError."""
@@ -233,6 +268,25 @@ def _semantic_checks(data: dict[str, Any]) -> None:
     missing = [op for op in OPS if op not in seen]
     if missing:
         raise ContractError(f"op_classes: required ops without a class: {missing}")
+    cb = data["cross_backend"]
+    declared, undeclared = list(cb["declared_bit_exact"]), list(cb["not_declared"])
+    for op in declared + undeclared:
+        if op not in OPS:
+            raise ContractError(f"cross_backend: unknown op {op!r}")
+    both = sorted(set(declared) & set(undeclared))
+    if both:
+        raise ContractError(f"cross_backend/not_declared: {both} are also in declared_bit_exact")
+    unlisted = [op for op in OPS if op not in declared and op not in undeclared]
+    if unlisted:
+        raise ContractError(f"cross_backend: ops in neither declared_bit_exact nor not_declared: {unlisted}")
+    for b in cb["backends"]:
+        if b not in data["backend_profiles"] or b == "out_of_scope":
+            raise ContractError(f"cross_backend/backends: {b!r} has no backend profile")
+    if cb["anchor_backend"] not in cb["backends"]:
+        raise ContractError(f"cross_backend/anchor_backend: {cb['anchor_backend']!r} is not one of backends {cb['backends']}")
+    if cb["chain"]["declared_bit_exact"] and undeclared:
+        raise ContractError(f"cross_backend/chain/declared_bit_exact: the chain cannot be bit-exact across backends "
+                            f"while {undeclared} are not declared")
     lo, hi = data["chain"]["clip_interval"]["value"]
     if not lo < 1.0 < hi:
         raise ContractError(f"chain/clip_interval/value: must satisfy lo < 1 < hi, got [{lo}, {hi}]")
@@ -285,7 +339,7 @@ def _load_cached(path: str) -> Contract:
 
 
 def load_contract(path: str | Path | None = None) -> Contract:
-    """Load and validate a contract (default: the ``ws1-c1-v4`` file shipped with the package).
+    """Load and validate a contract (default: the ``ws1-c1-v5`` file shipped with the package).
 
     Raises
     ------

@@ -1,4 +1,4 @@
-"""The four judgments of WS1 for one op and one backend.
+"""The judgments of WS1 for one op and one backend (and, for ``cross_backend``, one backend pair).
 
 Each function returns ``(status, reason, details)`` with ``status`` in ``green``/``red`` and
 ``details`` holding every comparator report (as dicts) for the evidence.
@@ -80,7 +80,9 @@ def _expected_dtype(spec: OpSpec, index: int) -> torch.dtype:
     return torch.float32 if name in spec.float_outputs_fp32 else torch.bfloat16
 
 
-def forward_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: Contract) -> tuple[str, str, dict[str, Any]]:
+def forward_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: Contract,
+                     record: dict[str, Any] | None = None) -> tuple[str, str, dict[str, Any]]:
+    """``record``: where each case's outputs are kept by case id (the cross_backend cell reuses them)."""
     op_class = contract.op_class(spec.name)
     tol = contract.tolerance("forward", op_class)
     factor = contract.relative_factor("forward", spec.name)
@@ -93,6 +95,8 @@ def forward_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: 
         except CaseNotProvided as exc:
             skipped.append(f"{pr.case.id}: {exc}")
             continue
+        if record is not None:
+            record[pr.case.id] = outs
         if len(outs) != len(pr.reference):
             failures.append(f"{pr.case.id}: {len(outs)} outputs, reference has {len(pr.reference)}")
             continue
@@ -125,7 +129,9 @@ def forward_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: 
                                               "skipped_cases": skipped, "bits_digest": digest.hexdigest()}
 
 
-def gradient_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: Contract) -> tuple[str, str, dict[str, Any]]:
+def gradient_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract: Contract,
+                      record: dict[str, Any] | None = None) -> tuple[str, str, dict[str, Any]]:
+    """``record``: where each case's input gradients are kept by case id (for the cross_backend cell)."""
     op_class = contract.op_class(spec.name)
     tol = contract.tolerance("gradient", op_class)
     factor = contract.relative_factor("gradient", spec.name)
@@ -138,6 +144,8 @@ def gradient_accuracy(spec: OpSpec, impl, prepared: list[CaseResults], contract:
         except CaseNotProvided as exc:
             skipped.append(f"{pr.case.id}: {exc}")
             continue
+        if record is not None:
+            record[pr.case.id] = grads
         for name in spec.grad_inputs:
             path = f"{spec.name}.bwd.d{name}"
             g, r, b = grads[name], pr.ref_grads[name], pr.base_grads[name]
@@ -245,3 +253,84 @@ def repeat(spec: OpSpec, backend: str, fresh: dict[str, torch.Tensor] | None, fr
                                               "fresh_process": "skipped: backend registered in this process only" if fresh is None else "compared",
                                               "controls": [{"control": "planted one-ulp change on run 2", "caught": caught}]}
 
+
+
+def cross_backend(spec: OpSpec, impls: dict[str, Any], anchor: str, other: str, forward: list[CaseResults],
+                  gradient: list[CaseResults], contract: Contract, not_declared: str | None,
+                  recorded: dict[tuple[str, str], dict[str, Any]] | None = None) -> tuple[str, str, dict[str, Any]]:
+    """Bitwise equality of two backends on every case of one op (contract section ``cross_backend``).
+
+    Compared: each forward output of every forward case, and each input gradient of every gradient
+    case under the case's upstream gradient, ``other`` against ``anchor``, as invariance compares
+    (raw bits, the contract's NaN policy). ``recorded``: outputs the accuracy cells of this run
+    already computed, keyed ``(backend, "fwd"|"bwd")`` then case id; the rest are computed here.
+
+    Status: green when every pair is bitwise equal and the negative control (a one-ulp change planted
+    on a copy of the anchor's first floating output, compared with the anchor) is caught; red
+    otherwise; ``n/a`` when the contract does not declare the op bit-exact across backends
+    (``not_declared`` is its reason); the comparison is then still made and recorded.
+    """
+    from rl_engine.ops.transforms import plant_ulp
+
+    recorded = recorded if recorded is not None else {}
+
+    def outputs(backend: str, direction: str, pr: CaseResults):
+        store = recorded.setdefault((backend, direction), {})
+        if pr.case.id not in store:
+            if direction == "fwd":
+                store[pr.case.id] = run_forward(impls[backend], pr.case.inputs)
+            else:
+                store[pr.case.id] = run_gradient(impls[backend], pr.case.inputs, spec.grad_inputs,
+                                                 upstream=pr.upstream)[1]
+        return store[pr.case.id]
+
+    rows, reps, failures = [], [], []
+    digest = BitsDigest()
+    first_float = None
+
+    def compare(case_id: str, path: str, a: torch.Tensor, b: torch.Tensor) -> None:
+        nonlocal first_float
+        rep = compare_bitwise(f"{spec.name}.{path}", a, b, contract.nan_policy)
+        same_layout = a.shape == b.shape and a.dtype == b.dtype
+        diff = (float((a.float() - b.float()).abs().max()) if same_layout and a.numel() and a.is_floating_point()
+                else (0.0 if rep.passed else None))
+        rows.append({"case": case_id, "output": path, "bitwise_equal": rep.passed, "differing": rep.differing,
+                     "numel": rep.numel, "max_abs_difference": diff})
+        reps.append(rep)
+        digest.add(f"{case_id}:{path}:{other}", b)
+        if not rep.passed:
+            failures.append(f"{case_id}: {rep.summary()}")
+        if first_float is None and a.is_floating_point() and a.numel():
+            first_float = a
+
+    for pr in forward:
+        a, b = outputs(anchor, "fwd", pr), outputs(other, "fwd", pr)
+        if len(a) != len(b):
+            failures.append(f"{pr.case.id}: {len(a)} outputs on {anchor}, {len(b)} on {other}")
+            continue
+        for i, (x, y) in enumerate(zip(a, b)):
+            compare(pr.case.id, f"fwd.{spec.outputs[i] if i < len(spec.outputs) else f'out{i}'}", x, y)
+    for pr in gradient if spec.grad_inputs else []:
+        a, b = outputs(anchor, "bwd", pr), outputs(other, "bwd", pr)
+        for name in spec.grad_inputs:
+            compare(pr.case.id, f"bwd.d{name}", a[name], b[name])
+    if not rows:
+        failures.append("nothing was compared")
+    caught = first_float is not None and not compare_bitwise(
+        "control", first_float, plant_ulp(first_float), contract.nan_policy).passed
+    if not caught:
+        failures.append("negative control (planted one-ulp change) was not caught: the check cannot fail")
+    equal = sum(r["bitwise_equal"] for r in rows)
+    largest = max((r["max_abs_difference"] for r in rows if r["max_abs_difference"] is not None), default=0.0)
+    details = {"backends": [anchor, other], "anchor": anchor, "nan_policy": contract.nan_policy,
+               "declared_bit_exact": not_declared is None, "rows": rows,
+               "outputs_compared": len(rows), "outputs_bitwise_equal": equal, "max_abs_difference": largest,
+               "controls": [{"control": "planted one-ulp change on a copy of the anchor's first output", "caught": caught}],
+               "bits_digest": digest.hexdigest()}
+    measured = f"{equal} of {len(rows)} outputs bitwise equal ({other} vs {anchor}), max difference {largest:.3g}"
+    if not_declared is not None:
+        return NA, (f"not declared bit-exact across backends by contract {contract.version} "
+                    f"(cross_backend.not_declared: {not_declared}); measured: {measured}"), details
+    if failures:
+        return RED, "; ".join(failures[:5]), details
+    return GREEN, measured, details

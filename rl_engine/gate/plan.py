@@ -16,7 +16,7 @@ from rl_engine.errors import RLEngineError
 from rl_engine.ops.spec import TRANSFORMS, Workload
 
 JUDGMENTS = ("forward_accuracy", "gradient_accuracy", "forward_invariance", "gradient_invariance", "repeat",
-             "chain_parity")
+             "chain_parity", "cross_backend")
 DEFAULT_JUDGMENTS = JUDGMENTS
 
 
@@ -43,7 +43,16 @@ class GateConfig:
     resume: dict[str, Any] | None = None
     """A previous, incomplete evidence to finish (cells already there are kept, not re-run)."""
     cross_backend: str = "declared"
-    """Scope of the informational cross-backend table (:data:`CROSS_BACKEND_SCOPES`)."""
+    """Scope of the informational cross-backend table (:data:`CROSS_BACKEND_SCOPES`); the table is
+    made only in a run without the ``cross_backend`` judgment, whose cells record the same rows."""
+    cross_pair: tuple[str, str] = ("triton_cuda_bf16", "cuda_bf16")
+    """``(anchor, other)`` of the ``cross_backend`` judgment (the contract's ``cross_backend``
+    section); its cells are planned when both are judged."""
+
+    def cross_judged(self) -> bool:
+        """Whether this run plans ``cross_backend`` cells: the judgment asked for and both backends
+        of the pair judged."""
+        return "cross_backend" in self.judgments and all(b in self.backends for b in self.cross_pair)
 
 
 CROSS_BACKEND_SCOPES = ("declared", "all", "none")
@@ -79,14 +88,19 @@ def resolve_backends(requested: str | None, contract: Any = None) -> tuple[list[
 
 def plan(config: GateConfig) -> list[CellKey]:
     """The cells in run order: the chain cells first (the repeat judgment's fresh processes, started
-    with the run, do their work meanwhile), then op by op in the model's op order."""
+    with the run, do their work meanwhile), then op by op in the model's op order. A
+    ``cross_backend`` cell is keyed by the pair's other backend (``config.cross_pair[1]``) and comes
+    after both backends' cells of its op; the chain's after both chain_parity cells."""
     keys: list[CellKey] = []
+    cross = config.cross_judged()
     if "chain_parity" in config.judgments:
         keys += [CellKey("chain", b, "chain_parity", None) for b in config.backends]
+        if cross:
+            keys.append(CellKey("chain", config.cross_pair[1], "cross_backend", None))
     for op in config.ops:
         for backend in config.backends:
             for j in config.judgments:
-                if j == "chain_parity":
+                if j in ("chain_parity", "cross_backend"):
                     continue
                 if j == "repeat":
                     keys.append(CellKey(op, backend, j))
@@ -95,4 +109,6 @@ def plan(config: GateConfig) -> list[CellKey]:
                     keys += [CellKey(op, backend, j, t) for t in TRANSFORMS]
                 else:
                     keys.append(CellKey(op, backend, j))
+        if cross:  # after both backends' cells of the op, whose outputs it reuses
+            keys.append(CellKey(op, config.cross_pair[1], "cross_backend"))
     return keys

@@ -25,7 +25,8 @@ from rl_engine.jsonio import write_bytes_atomic, write_text_atomic
 
 STATUSES = ("green", "red", "n/a", "not provided")
 _SHORT = {"forward_accuracy": "fwd acc", "gradient_accuracy": "grad acc", "forward_invariance": "fwd inv",
-          "gradient_invariance": "grad inv", "chain_parity": "chain", "repeat": "repeat"}
+          "gradient_invariance": "grad inv", "chain_parity": "chain", "repeat": "repeat",
+          "cross_backend": "cross"}
 PLOT_DPI = 100
 PLOT_PROCESS_MIN = 8
 """From this many per-op plots on, :func:`write_plots` renders them in worker processes, one per
@@ -300,7 +301,7 @@ def _md_details(ev: dict[str, Any]) -> list[str]:
                f"{'loaded from cache; built' if b.get('cached') else 'cold build'} in {b.get('build_seconds', 0.0):.1f} s")
         lines.append(f"| {name} library | {_md_cell(how)} |")
     lines.append("")
-    chain = [c for c in ev["cells"] if c["op"] == "chain"]
+    chain = [c for c in ev["cells"] if c["op"] == "chain" and c["judgment"] == "chain_parity"]
     if chain:
         lines += ["## Chain parity", "", "| backend | status | metrics | RL form (generate, then teacher forcing) |",
                   "|---|---|---|---|"]
@@ -329,6 +330,7 @@ def _md_details(ev: dict[str, Any]) -> list[str]:
                          f"{_fmt(r['p999'])} | {r['atol']:g} / {r['rtol']:g} | {_fmt(r['baseline_max_abs'])} | "
                          f"{'yes' if r['passed'] and r['rel_ok'] is not False else '**NO**'} |")
         lines.append("")
+    lines += _md_cross_cells(ev)
     cross = ev.get("cross_backend")
     if cross:
         lines += ["## Cross-backend comparison (informational, not a judgment)", "",
@@ -351,6 +353,31 @@ def _md_details(ev: dict[str, Any]) -> list[str]:
     lines += [f"Invariance is bitwise on raw bits (+0 ≠ −0), NaN policy `{_nan_policy(ev)}`. Every invariance cell also ran its "
               "negative controls; a control that is not caught turns the cell red.", ""]
     return lines
+
+
+def _md_cross_cells(ev: dict[str, Any]) -> list[str]:
+    """The cross_backend cells: per op (and the chain), the pair, the status and what was measured."""
+    cells = [c for c in ev["cells"] if c["judgment"] == "cross_backend"]
+    if not cells:
+        return []
+    lines = ["## Cross-backend bits (judgment `cross_backend`)", "",
+             "Every case of each op on both backends of the contract's pair, forward outputs and input gradients, "
+             "compared bit for bit; ops the contract does not declare bit-exact are n/a, measured anyway. The "
+             "chain's cell scores teacher forcing on one backend against rollout decode on the other, both ways.", "",
+             "| op | backends | status | outputs bitwise equal | max abs difference |", "|---|---|---|---|---|"]
+    for c in cells:
+        d = c.get("details", {})
+        pair = " vs ".join(reversed(d.get("backends", []))) or c["backend"]
+        if c["op"] == "chain":
+            dirs = d.get("directions", {})
+            eq = (f"{sum(r['bitwise_equal_tokens'] for r in dirs.values())} of "
+                  f"{sum(r['active_tokens'] for r in dirs.values())} token logprobs") if dirs else "—"
+            diff = max((r["max_abs_dlogp"] for r in dirs.values()), default=None)
+        else:
+            eq = f"{d['outputs_bitwise_equal']} of {d['outputs_compared']}" if "outputs_compared" in d else "—"
+            diff = d.get("max_abs_difference")
+        lines.append(f"| {c['op']} | {pair} | {c['status']} | {eq} | {_fmt(diff) if diff is not None else '—'} |")
+    return lines + [""]
 
 
 def render_markdown(ev: dict[str, Any], plots: list[tuple[str, str, str]] | None = None) -> str:
@@ -603,7 +630,7 @@ def write_plots(ev: dict[str, Any], out_dir: Path) -> list[tuple[str, str, str, 
         if png:
             write_bytes_atomic(target, png, prefix=".plot-")
             plots.append((op, backend, f"plots/{target.name}", png))
-    chain = [c for c in ev["cells"] if c["op"] == "chain"]
+    chain = [c for c in ev["cells"] if c["op"] == "chain" and c["judgment"] == "chain_parity"]
     png = _plot_chain(chain) if chain else None
     if png:
         target = safe_output_path(folder, "chain-parity.png")
@@ -644,7 +671,7 @@ def render_html(ev: dict[str, Any], plots: list[tuple[str, str, bytes]] | None =
     are drawn here (in memory, nothing written)."""
     if plots is None:
         plots = [(op, b, png) for (op, b), rs in _plots_by_op(ev).items() if (png := _plot_op(rs, _plot_title(op, b)))]
-        chain = [c for c in ev["cells"] if c["op"] == "chain"]
+        chain = [c for c in ev["cells"] if c["op"] == "chain" and c["judgment"] == "chain_parity"]
         if chain and (png := _plot_chain(chain)):
             plots.append(("chain", "parity", png))
     grid, cols = _grid(ev), _columns(ev)

@@ -181,14 +181,20 @@ def sweep_stale_fresh_dirs(out_dir: Path) -> None:
 class _OpState:
     """Cases and reference results of one op, built lazily and shared by every backend."""
 
-    def __init__(self, op: str, workload: Workload, seed: int, device: torch.device, fresh: _FreshRuns | None = None):
+    def __init__(self, op: str, workload: Workload, seed: int, device: torch.device, fresh: _FreshRuns | None = None,
+                 record: bool = True):
         self._fresh_runs = fresh
+        self.record = record
+        """Whether the accuracy cells keep their outputs (only a run with cross_backend cells reads them)."""
         self.spec = get_spec(op)
         self.workload, self.seed, self.device = workload, seed, device
         self._fwd: list[J.CaseResults] | None = None
         self._grad: list[J.CaseResults] | None = None
         self._cases = None
         self._grad_cases = None
+        self.recorded: dict[tuple[str, str], dict[str, Any]] = {}
+        """Outputs of this op's accuracy cells, ``(backend, "fwd"|"bwd")`` then case id, for its
+        cross_backend cell."""
 
     def cases(self):
         if self._cases is None:
@@ -240,7 +246,30 @@ def _plugin_impl(impl):
     return call
 
 
-def run_cell(state: _OpState, key: CellKey, contract: Contract) -> tuple[str, str, dict[str, Any], str | None]:
+def _cross_cell(state: _OpState, key: CellKey, contract: Contract,
+                cross_pair: tuple[str, str]) -> tuple[str, str, dict[str, Any], str | None]:
+    """The ``cross_backend`` cell of one op: ``cross_pair[1]`` (the cell's backend) against
+    ``cross_pair[0]`` on every case, reusing the outputs this op's accuracy cells recorded."""
+    anchor, other = cross_pair
+    spec = state.spec
+    impls = {}
+    for b in (anchor, other):
+        plugin = external_backend(b)
+        impl = spec.impls.get(b) if plugin is None else plugin.ops.get(key.op)
+        if impl is None:
+            return NOT_PROVIDED, f"backend {b} does not provide {key.op}", {}, None
+        impls[b] = impl if plugin is None else _plugin_impl(impl)
+    why = contract.cross_backend.reason_not_declared(key.op)
+    gradient = state.gradient() if spec.grad_inputs else []
+    kid = f"{kernel_id(key.op, anchor, impls[anchor])}|{kernel_id(key.op, other, impls[other])}"
+    return (*J.cross_backend(spec, impls, anchor, other, state.forward(), gradient, contract, why, state.recorded),
+            kid)
+
+
+def run_cell(state: _OpState, key: CellKey, contract: Contract,
+             cross_pair: tuple[str, str] = ("triton_cuda_bf16", "cuda_bf16")) -> tuple[str, str, dict[str, Any], str | None]:
+    if key.judgment == "cross_backend":
+        return _cross_cell(state, key, contract, cross_pair)
     spec = state.spec
     plugin = external_backend(key.backend)
     if plugin is not None:
@@ -259,7 +288,7 @@ def run_cell(state: _OpState, key: CellKey, contract: Contract) -> tuple[str, st
         return J.RED, f"{key.op} has no {key.backend} implementation", {}, None
     kid = kernel_id(key.op, key.backend, impl)
     if key.judgment == "forward_accuracy":
-        return (*J.forward_accuracy(spec, impl, state.forward(), contract), kid)
+        return (*J.forward_accuracy(spec, impl, state.forward(), contract, _record(state, key.backend, "fwd")), kid)
     if key.judgment == "repeat":
         if plugin is not None and plugin.origin == "python":
             fresh, error = None, None  # registered in this process only: a fresh process cannot rebuild it
@@ -271,7 +300,7 @@ def run_cell(state: _OpState, key: CellKey, contract: Contract) -> tuple[str, st
     if key.judgment == "gradient_accuracy":
         if not spec.grad_inputs:
             return J.NA, spec.no_grad_reason or "no input of this op takes a gradient", {}, kid
-        return (*J.gradient_accuracy(spec, impl, state.gradient(), contract), kid)
+        return (*J.gradient_accuracy(spec, impl, state.gradient(), contract, _record(state, key.backend, "bwd")), kid)
     direction = "forward" if key.judgment == "forward_invariance" else "gradient"
     t = spec.transform(key.transform)
     if isinstance(t, str):
@@ -279,6 +308,10 @@ def run_cell(state: _OpState, key: CellKey, contract: Contract) -> tuple[str, st
     if direction == "gradient" and not spec.grad_inputs:
         return J.NA, spec.no_grad_reason or "no input of this op takes a gradient", {}, kid
     return (*J.invariance(spec, impl, key.transform, state.invariance_case(direction), direction, contract), kid)
+
+
+def _record(state: _OpState, backend: str, direction: str) -> dict[str, Any] | None:
+    return state.recorded.setdefault((backend, direction), {}) if state.record else None
 
 
 def _with_impl(spec, backend: str, impl):
@@ -383,6 +416,16 @@ def cross_backend(config: GateConfig, device: torch.device) -> list[dict[str, An
     return rows
 
 
+def _chain_cross_cell(config: GateConfig, contract: Contract) -> tuple[str, str, dict[str, Any], str | None]:
+    anchor, other = config.cross_pair
+    for b in (anchor, other):
+        if external_backend(b) is not None:
+            return NOT_PROVIDED, f"backend {b} is judged op by op; the Qwen3 chain runs on built-in backends only", {}, None
+    from rl_engine.chain.gate import chain_cross_backend_cell
+
+    return chain_cross_backend_cell(anchor, other, config.workload, contract, config.seed)
+
+
 def _builds(config: GateConfig, device: torch.device) -> dict[str, Any]:
     """Build (or find in the cache) each compiled backend before the first cell, so that no cell's
     duration holds a compile, and record how: ``cached`` false means a cold build in this run, and
@@ -414,6 +457,8 @@ def run_gate(config: GateConfig, contract: Contract, on_cell: Callable[[dict[str
     """Run the matrix; keep `evidence.json` current as cells finish (see EVIDENCE_WRITE_INTERVAL_S); return the final evidence."""
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.perf_counter()
+    cb = contract.cross_backend
+    config.cross_pair = (cb.anchor, cb.other)  # the contract's pair, whatever the caller built
     keys = plan(config)
     evidence: dict[str, Any] = {
         "schema_version": evidence_io.SCHEMA_VERSION,
@@ -514,7 +559,7 @@ def _run_gate_locked(config: GateConfig, contract: Contract, on_cell, device: to
             fresh.close()
         finally:
             evidence_io.write_atomic(path, evidence)
-    if len(config.backends) >= 2 and config.cross_backend != "none":
+    if len(config.backends) >= 2 and config.cross_backend != "none" and not config.cross_judged():
         evidence["cross_backend_scope"] = config.cross_backend
         evidence["cross_backend"] = cross_backend(config, device)
     evidence["complete"] = True
@@ -555,13 +600,16 @@ def _cell_loop(config: GateConfig, contract: Contract, keys: list[CellKey], evid
             with _time_limit(config.cell_timeout):
                 if key.judgment == "chain_parity":
                     status, reason, details, kid = _chain_cells(config, contract, key.backend)
+                elif key.op == "chain":
+                    status, reason, details, kid = _chain_cross_cell(config, contract)
                 else:
                     if key.op not in states:
                         states.clear()  # one op's tensors at a time
                         if device.type == "cuda":
                             torch.cuda.empty_cache()
-                        states[key.op] = _OpState(key.op, config.workload, config.seed, device, fresh)
-                    status, reason, details, kid = run_cell(states[key.op], key, contract)
+                        states[key.op] = _OpState(key.op, config.workload, config.seed, device, fresh,
+                                                  record=config.cross_judged())
+                    status, reason, details, kid = run_cell(states[key.op], key, contract, config.cross_pair)
         except CellTimeout:
             status, reason, details = J.RED, f"timeout: the cell ran longer than {config.cell_timeout:g} s", {}
             states.clear()
