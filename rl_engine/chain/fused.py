@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import FP_FUSION, row_sum_fixed
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, row_sum_fixed
 
 FUSED_BACKENDS = ("triton_cuda_bf16", "cuda_bf16")
 """Backends whose kernels the fusions here are built from."""
@@ -232,7 +232,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: to
         q, k, v, q_weight, k_weight, cos, sin, q_out, k_out, kc, vc, rw, ps, h, hkv, float(eps), float(d),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), *cs,
-        D=d, HALF=d // 2, HF_ORDER=order == "hf", LANES=LANES, CHUNKS=triton.cdiv(d, LANES), CACHE=cached,
+        D=d, HALF=d // 2, HF_ORDER=order == "hf", LANES=LANES, CHUNKS=cdiv(d, LANES), CACHE=cached,
         num_warps=4, enable_fp_fusion=FP_FUSION)
     return q_out, k_out
 

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, next_power_of_2
 from rl_engine.rollout import _f64 as ref
 
 BLOCK_V = 1024
@@ -163,7 +163,7 @@ def gumbel_argmax(logits: torch.Tensor, keys: torch.Tensor, temperature: float, 
     out = torch.empty((b,), dtype=torch.int64, device=logits.device)
     scores = torch.empty((b, v) if return_scores else (1,), dtype=torch.float64, device=logits.device)
     if b and v:
-        n_chunks = triton.cdiv(v, CHUNK_V)
+        n_chunks = cdiv(v, CHUNK_V)
         tau = torch.full((1,), float(temperature), dtype=torch.float32, device=logits.device)
         pval = torch.empty((b, n_chunks), dtype=torch.float64, device=logits.device)
         pidx = torch.empty((b, n_chunks), dtype=torch.int64, device=logits.device)
@@ -173,7 +173,7 @@ def gumbel_argmax(logits: torch.Tensor, keys: torch.Tensor, temperature: float, 
             SQRT_HALF=ref._SQRT_HALF, LN2_HI=ref._LN2_HI, LN2_LO=ref._LN2_LO, TERMS=ref._LOG_TERMS, BLOCK=BLOCK_V,
             CHUNK=CHUNK_V, WRITE_SCORE=return_scores, num_warps=4, enable_fp_fusion=FP_FUSION)
         _gumbel_reduce_kernel[(b,)](pval, pidx, pnan, out, n_chunks, v + CHUNK_V,
-                                    CHUNKS_P2=triton.next_power_of_2(n_chunks), num_warps=1,
+                                    CHUNKS_P2=next_power_of_2(n_chunks), num_warps=1,
                                     enable_fp_fusion=FP_FUSION)
     elif b:
         raise InputError("logits: an empty vocabulary has no token to draw")
@@ -220,7 +220,7 @@ def row_keys_kernel(seed: int, seq_ids: torch.Tensor, positions: torch.Tensor) -
     if b:
         seed_lo = (int(seed) & 0xFFFFFFFF) ^ 0x9E3779B9
         seed_hi = (int(seed) >> 32) & 0xFFFFFFFF
-        _row_keys_kernel[(triton.cdiv(b, KEYS_BLOCK),)](seq_ids.contiguous(), positions.contiguous(), out, b, seed_lo,
+        _row_keys_kernel[(cdiv(b, KEYS_BLOCK),)](seq_ids.contiguous(), positions.contiguous(), out, b, seed_lo,
                                                         seed_hi, BLOCK=KEYS_BLOCK, num_warps=4,
                                                         enable_fp_fusion=FP_FUSION)
     return out

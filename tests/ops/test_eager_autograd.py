@@ -97,3 +97,37 @@ def test_eager_function_gives_the_torch_ops_bits(backend, device, monkeypatch):
         assert all(_same_bits(a, b) for a, b in zip(outs, outs_t)), f"{name}: outputs differ"
         assert len(grads) == len(grads_t) and all(_same_bits(a, b) for a, b in zip(grads, grads_t)), \
             f"{name}: gradients differ"
+
+
+def _dispatched_ops(fn) -> set[str]:
+    """Names of the ``rl_engine::`` torch ops the dispatcher ran during ``fn()`` (profiler events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events() if e.name.startswith("rl_engine::")}
+
+
+def test_eager_backward_calls_the_kernels_without_the_dispatcher(device, monkeypatch):
+    """A plain eager backward runs the backward kernels' bodies (``_torch_op.call``), not their
+    torch ops: no ``rl_engine::`` op reaches the dispatcher. Control: with every call taken as
+    traced, the same backward dispatches ``rl_engine::silu_bwd`` and ``rl_engine::det_gemm``."""
+    ok, why = availability("triton_cuda_bf16")
+    if not ok:
+        pytest.skip(why)
+    from rl_engine.ops.det_gemm import det_gemm
+    from rl_engine.ops.silu import silu
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn((4, 16), generator=g).to(torch.bfloat16).to(device).requires_grad_(True)
+    w = torch.randn((8, 16), generator=g).to(torch.bfloat16).to(device).requires_grad_(True)
+
+    def step():
+        y = det_gemm(silu(x, backend="triton_cuda_bf16"), w.t(), backend="triton_cuda_bf16")
+        return torch.autograd.grad(y.float().sum(), (x, w))
+
+    grads = []
+    assert _dispatched_ops(lambda: grads.append(step())) == set()
+    monkeypatch.setattr(_torch_op, "_traced", lambda: True)
+    assert {"rl_engine::silu_bwd", "rl_engine::det_gemm"} <= _dispatched_ops(lambda: grads.append(step()))
+    assert all(_same_bits(a, b) for a, b in zip(*grads)), "the dispatcher path gave other gradient bits"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.errors import BackendUnavailable, InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, register_autograd, run
+from rl_engine.ops._torch_op import call, check_device, grad_bf16, launchers, register_autograd, run
 from rl_engine.ops.attention._checks import LaunchPlan, VarlenPlan, check_decode, check_varlen, check_varlen_planned
 
 
@@ -69,7 +69,7 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, do, _grad_lse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = attention_bwd(q, k, v, out, lse, grad_bf16(do), cu_q, cu_k, ctx.scale, *ctx.plan, ctx.backend)
+    dq, dk, dv = call(attention_bwd, q, k, v, out, lse, grad_bf16(do), cu_q, cu_k, ctx.scale, *ctx.plan, ctx.backend)
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 

@@ -64,7 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, mma, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, mma, upcast_dots
 from rl_engine.ops.attention._checks import LaunchPlan
 
 BLOCK_M = 64
@@ -428,7 +428,7 @@ def attention_fwd(q, k, v, cu_q, cu_k, scale: float, plan: LaunchPlan, *, block_
     lse = torch.empty((h, tq), dtype=torch.float32, device=q.device)
     if tq == 0 or plan.batch == 0:
         return out, lse
-    n_mblocks = triton.cdiv(plan.max_lq, block_m)
+    n_mblocks = cdiv(plan.max_lq, block_m)
     grid = (plan.batch * n_mblocks, h)
     _attn_fwd_kernel[grid](
         q, k, v, out, lse, cu_q, cu_k, n_mblocks,
@@ -484,7 +484,7 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, bl
     out = torch.empty((bsz, h, d), dtype=torch.bfloat16, device=q.device)
     if bsz == 0:
         return out
-    gblocks = triton.cdiv(group, block_m)
+    gblocks = cdiv(group, block_m)
     auto_split, auto_stages = decode_launch(bsz * hkv * gblocks, d)
     d_split = d_split or auto_split
     num_stages = num_stages or auto_stages
@@ -526,12 +526,12 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
     up = upcast_dots()
     delta = torch.empty((h, tq), dtype=torch.float32, device=q.device)
     if tq:
-        _attn_bwd_delta_kernel[(triton.cdiv(tq, BLOCK_T_DELTA), h)](
+        _attn_bwd_delta_kernel[(cdiv(tq, BLOCK_T_DELTA), h)](
             out, do, delta, tq, out.stride(0), out.stride(1), do.stride(0), do.stride(1), delta.stride(0),
             D=d, BLOCK_T=BLOCK_T_DELTA, num_warps=NUM_WARPS,
             enable_fp_fusion=FP_FUSION,
         )
-    n_nblocks = triton.cdiv(plan.max_lk, kv_rows)
+    n_nblocks = cdiv(plan.max_lk, kv_rows)
     _attn_bwd_dkdv_kernel[(plan.batch * n_nblocks, hkv)](
         q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, n_nblocks,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -541,7 +541,7 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
         enable_fp_fusion=FP_FUSION,
     )
     if tq:
-        n_mblocks = triton.cdiv(plan.max_lq, q_rows)
+        n_mblocks = cdiv(plan.max_lq, q_rows)
         _attn_bwd_dq_kernel[(plan.batch * n_mblocks, h)](
             q, k, v, do, lse, delta, dq, cu_q, cu_k, n_mblocks,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

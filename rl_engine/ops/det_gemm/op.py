@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, launchers, register_autograd, run
+from rl_engine.ops._torch_op import call, check_device, launchers, register_autograd, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 from rl_engine.ops.det_gemm.topology import check_contract_topology, mid_split_bounds
 
@@ -63,7 +63,7 @@ def _backward(ctx, dc):
     a, b = ctx.saved_tensors
     dc = dc.to(torch.bfloat16)
     depth = launchers("det_gemm", ctx.backend).TREE_DEPTH
-    da = det_gemm_op(dc, b.t(), depth, ctx.fp32_merge, ctx.backend) if ctx.needs_input_grad[0] else None
+    da = call(det_gemm_op, dc, b.t(), depth, ctx.fp32_merge, ctx.backend) if ctx.needs_input_grad[0] else None
     db = None
     if ctx.needs_input_grad[1]:
         # db[k, n] = tree over m of a[m, k] dc[m, n]. For b = W.t() the same reduction is computed as
@@ -71,9 +71,9 @@ def _backward(ctx, dc):
         # merges; tested bit for bit), so the gradient lands in W's row-major layout and autograd
         # does not copy a transposed [K, N] gradient into W.grad (7 x 36 copies per Qwen3-8B step).
         if weight_layout(b):
-            db = det_gemm_op(dc.t(), a, depth, ctx.fp32_merge, ctx.backend).t()
+            db = call(det_gemm_op, dc.t(), a, depth, ctx.fp32_merge, ctx.backend).t()
         else:
-            db = det_gemm_op(a.t(), dc, depth, ctx.fp32_merge, ctx.backend)
+            db = call(det_gemm_op, a.t(), dc, depth, ctx.fp32_merge, ctx.backend)
     return da, db, None, None, None
 
 

@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, mma, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, mma, upcast_dots
 from rl_engine.ops.det_gemm.topology import mid_split_bounds
 
 TREE_DEPTH = 2
@@ -581,7 +581,7 @@ def use_persistent(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: boo
         return False
     t = PERSISTENT_TILES
     m = a.shape[0]
-    tiles = triton.cdiv(m, t.bm) * triton.cdiv(b.shape[1], t.bn)
+    tiles = cdiv(m, t.bm) * cdiv(b.shape[1], t.bn)
     enough = tiles >= PERSISTENT_MIN_TILES or (a.shape[1] >= PERSISTENT_MIN_K and tiles >= PERSISTENT_MIN_TILES_LONG_K)
     return (m > BATCH_DECODE_TILES.bm and enough and _gpu_facts(a.device)[0] >= 9
             and persistent_applies(a, b, depth, fp32_merge, t.bk))
@@ -599,7 +599,7 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth:
     b_desc = TensorDescriptor.from_tensor(b.t() if b_t else b, [t.bn, t.bk] if b_t else [t.bk, t.bn])
     parked = depth and not t.regs  # register parking needs no workspace
     w = torch.empty((m, n) if parked else (1, 1), dtype=torch.bfloat16, device=a.device)
-    count = triton.cdiv(m, t.bm) * triton.cdiv(n, t.bn)
+    count = cdiv(m, t.bm) * cdiv(n, t.bn)
     if programs is None:
         programs = _gpu_facts(a.device)[1] if a.device.type == "cuda" else 3
     programs = max(1, min(programs, count))
@@ -619,7 +619,7 @@ projection) it ran 0.12x cuBLAS on the H200 where the fused form ran 0.25x (the 
 def use_leaf_split(m: int, n: int, depth: int, fp32_merge: bool = False) -> bool:
     """Whether :func:`det_gemm_launch` takes the leaf-parallel form for an ``[m, n]`` output."""
     return (depth > 0 and not fp32_merge and m <= LEAF_SPLIT_MAX_M
-            and triton.cdiv(m, BM) * triton.cdiv(n, BN) < LEAF_SPLIT_BELOW_TILES)
+            and cdiv(m, BM) * cdiv(n, BN) < LEAF_SPLIT_BELOW_TILES)
 
 
 def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False,
@@ -662,7 +662,7 @@ def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bo
     if leaf_split:
         t = tiles or leaf_tiles(m, n)
         w = torch.empty((1 << depth, m, n), dtype=torch.bfloat16, device=a.device)
-        tiles_count = triton.cdiv(m, t.bm) * triton.cdiv(n, t.bn)
+        tiles_count = cdiv(m, t.bm) * cdiv(n, t.bn)
         if merge_in_leaves is None:
             merge_in_leaves = (a.device.type != "cuda" or MERGE_IN_LEAVES_ON_CUDA) and m <= MERGE_IN_LEAVES_MAX_M
         cnt = (counters if counters is not None else tile_counters(a.device, tiles_count)) if merge_in_leaves else None
@@ -674,14 +674,14 @@ def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bo
             num_stages=t.num_stages, enable_fp_fusion=FP_FUSION,
         )
         if not merge:
-            _det_gemm_merge_kernel[(triton.cdiv(m * n, MERGE_BLOCK),)](
+            _det_gemm_merge_kernel[(cdiv(m * n, MERGE_BLOCK),)](
                 w, c, m, n, c.stride(0), c.stride(1), DEPTH=depth, BLOCK=MERGE_BLOCK, num_warps=4,
                 enable_fp_fusion=FP_FUSION)
         return c
     part_dtype = torch.float32 if fp32_merge else torch.bfloat16
     w = torch.empty((m, n) if depth else (1, 1), dtype=part_dtype, device=a.device)
     s = torch.empty((m, n), dtype=torch.float32, device=a.device) if fp32_merge and depth == 2 else c
-    grid = (triton.cdiv(m, BM) * triton.cdiv(n, BN),)
+    grid = (cdiv(m, BM) * cdiv(n, BN),)
     _det_gemm_kernel[grid](
         a, b, c, w, s, m, n, k, k1, k2, k3,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), s.stride(0), s.stride(1),

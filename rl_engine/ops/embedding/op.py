@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, register_autograd, run
+from rl_engine.ops._torch_op import call, check_device, grad_bf16, launchers, register_autograd, run
 from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
 
 
@@ -46,7 +46,7 @@ def _backward(ctx, dy):
     (ids,) = ctx.saved_tensors
     if not ctx.needs_input_grad[1]:
         return None, None, None
-    return None, embedding_bwd(ids, grad_bf16(dy), ctx.vocab, ctx.backend), None
+    return None, call(embedding_bwd, ids, grad_bf16(dy), ctx.vocab, ctx.backend), None
 
 
 register_autograd(embedding_fwd, _embedding_fwd, _backward, _setup)

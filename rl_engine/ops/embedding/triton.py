@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION
+from rl_engine.ops._triton_common import FP_FUSION, cdiv
 
 BLOCK = 1024
 """Columns per program (a fixed constant; the column grid covers E)."""
@@ -55,7 +55,7 @@ def embedding_fwd(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     e = weight.shape[1]
     out = torch.empty((t, e), dtype=torch.bfloat16, device=weight.device)
     if t and e:
-        _embedding_fwd_kernel[(t, triton.cdiv(e, BLOCK))](
+        _embedding_fwd_kernel[(t, cdiv(e, BLOCK))](
             ids, weight, out, e, ids.stride(0), weight.stride(0), out.stride(0), BLOCK=BLOCK,
             enable_fp_fusion=FP_FUSION,
         )
@@ -77,7 +77,7 @@ def embedding_bwd(ids: torch.Tensor, dy: torch.Tensor, v: int) -> torch.Tensor:
     dw = torch.zeros((v, e), dtype=torch.bfloat16, device=dy.device)
     if t and e:
         seg_ids, starts, ends, order = _segments(ids)
-        _embedding_bwd_kernel[(seg_ids.shape[0], triton.cdiv(e, BLOCK))](
+        _embedding_bwd_kernel[(seg_ids.shape[0], cdiv(e, BLOCK))](
             seg_ids, starts, ends, order, dy, dw, e, dy.stride(0), dw.stride(0), BLOCK=BLOCK,
             enable_fp_fusion=FP_FUSION,
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, launchers, placeholder, register_autograd, run
+from rl_engine.ops._torch_op import call, check_device, launchers, placeholder, register_autograd, run
 from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
 from rl_engine.ops.logp.op import check_temperature
 
@@ -56,7 +56,8 @@ def _backward(ctx, g, _grad_rmax, _grad_rlog):
     need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if not (need_dh or need_dw):
         return None, None, None, None, None
-    dh, dw = linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, ctx.temperature, need_dh, need_dw, ctx.backend)
+    dh, dw = call(linear_logp_bwd, hidden, weight, targets, g, rmax, rlog, ctx.temperature, need_dh, need_dw,
+                  ctx.backend)
     return (dh if need_dh else None), (dw if need_dw else None), None, None, None
 
 

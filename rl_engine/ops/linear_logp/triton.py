@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, mma, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, mma, upcast_dots
 
 BLOCK_M = 64
 """Rows per logits tile of the dlogits recompute (the forward's is a launch setting, :data:`FWD_LAUNCH`)."""
@@ -269,19 +269,19 @@ def linear_logp_fwd(hidden, weight, targets, temperature, fwd_launch=None):
     rlog = torch.empty(t, dtype=torch.float32, device=dev)
     if t == 0:
         return out, rmax, rlog
-    n_chunks = triton.cdiv(v, CHUNK_V)
+    n_chunks = cdiv(v, CHUNK_V)
     pmax = torch.empty((t, n_chunks), dtype=torch.float32, device=dev)
     psum = torch.empty_like(pmax)
     ptgt = torch.empty_like(pmax)
     up = upcast_dots()
-    _fwd_partial_kernel[(triton.cdiv(t, block_m), n_chunks)](
+    _fwd_partial_kernel[(cdiv(t, block_m), n_chunks)](
         hidden, weight, targets, pmax, psum, ptgt,
         t, v, e, n_chunks, hidden.stride(0), weight.stride(0), targets.stride(0), temperature,
         BLOCK_M=block_m, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up,
         num_warps=warps, num_stages=stages,
         enable_fp_fusion=FP_FUSION,
     )
-    _fwd_combine_kernel[(triton.cdiv(t, COMBINE_BLOCK),)](
+    _fwd_combine_kernel[(cdiv(t, COMBINE_BLOCK),)](
         pmax, psum, ptgt, out, rmax, rlog, t, n_chunks, BLOCK=COMBINE_BLOCK, num_warps=NUM_WARPS,
         enable_fp_fusion=FP_FUSION,
     )
@@ -304,14 +304,14 @@ def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh
     g = g.reshape(t).to(torch.float32).contiguous()
     d_hi = torch.empty((t, CHUNK_V), dtype=torch.bfloat16, device=dev)
     d_lo = torch.empty_like(d_hi)
-    n_chunks = triton.cdiv(v, CHUNK_V)
+    n_chunks = cdiv(v, CHUNK_V)
     # FP32 dhidden accumulator across chunks (unused when one chunk covers V: FIRST and LAST)
     dh_acc = torch.empty((t, e) if (need_dh and n_chunks > 1) else (1,), dtype=torch.float32, device=dev)
     up = upcast_dots()
     for c in range(n_chunks):
         v_base = c * CHUNK_V
         n_local = min(CHUNK_V, v - v_base)
-        _bwd_dlogits_kernel[(triton.cdiv(t, BLOCK_M), triton.cdiv(n_local, BLOCK_V))](
+        _bwd_dlogits_kernel[(cdiv(t, BLOCK_M), cdiv(n_local, BLOCK_V))](
             hidden, weight, targets, g, rmax, rlog, d_hi, d_lo,
             t, v, e, v_base, hidden.stride(0), weight.stride(0), targets.stride(0), temperature,
             BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up,
@@ -319,7 +319,7 @@ def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh
             enable_fp_fusion=FP_FUSION,
         )
         if need_dh:
-            _bwd_dhidden_kernel[(triton.cdiv(t, tm), triton.cdiv(e, tn))](
+            _bwd_dhidden_kernel[(cdiv(t, tm), cdiv(e, tn))](
                 d_hi, d_lo, weight, dh_acc, dh,
                 t, e, v_base, n_local, weight.stride(0),
                 FIRST=c == 0, LAST=c == n_chunks - 1, CHUNK_V=CHUNK_V, BLOCK=GRAD_BLOCK, UPCAST=up,
@@ -327,7 +327,7 @@ def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh
                 enable_fp_fusion=FP_FUSION,
             )
         if need_dw:
-            _bwd_dweight_kernel[(triton.cdiv(n_local, tm), triton.cdiv(e, tn))](
+            _bwd_dweight_kernel[(cdiv(n_local, tm), cdiv(e, tn))](
                 d_hi, d_lo, hidden, dw,
                 t, e, v_base, n_local, hidden.stride(0),
                 CHUNK_V=CHUNK_V, BLOCK=GRAD_BLOCK, UPCAST=up, TILE_M=tm, TILE_N=tn, num_warps=tw, num_stages=ts,

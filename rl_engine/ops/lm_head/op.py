@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, launchers, placeholder, register_autograd, run
+from rl_engine.ops._torch_op import call, check_device, launchers, placeholder, register_autograd, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 
@@ -50,7 +50,7 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, dlogits):
     hidden, weight = ctx.saved_tensors
     need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    dh, dw = lm_head_bwd(hidden, weight, dlogits.to(torch.float32), need_dh, need_dw, ctx.backend)
+    dh, dw = call(lm_head_bwd, hidden, weight, dlogits.to(torch.float32), need_dh, need_dw, ctx.backend)
     return (dh if need_dh else None), (dw if need_dw else None), None
 
 

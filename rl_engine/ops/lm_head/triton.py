@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, mma, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, mma, upcast_dots
 
 GROUP_M = 8
 FWD_BM, FWD_BN, FWD_BK, FWD_WARPS, FWD_STAGES = 128, 256, 64, 8, 3
@@ -102,7 +102,7 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, fp32_operand
         bm, bn, bk, warps, stages = DEC_BM, DEC_BN, FWD_BK, DEC_WARPS, DEC_STAGES
     else:
         bm, bn, bk, warps, stages = FWD_BM, FWD_BN, FWD_BK, FWD_WARPS, FWD_STAGES
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    grid = (cdiv(m, bm) * cdiv(n, bn),)
     _gemm_kernel[grid](
         a, b, c, m, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),

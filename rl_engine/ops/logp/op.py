@@ -13,7 +13,7 @@ from numbers import Real
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, launchers, register_autograd, run
+from rl_engine.ops._torch_op import call, check_device, launchers, register_autograd, run
 from rl_engine.ops._validate import check_index_range, check_same_device, check_tensor
 
 
@@ -88,7 +88,7 @@ def _backward(ctx, g, _grad_rmax, _grad_rlog):
     logits3, targets2, rmax, rlog, *mask = ctx.saved_tensors
     if not ctx.needs_input_grad[0]:
         return None, None, None, None, None, None
-    dx = logp_rows_bwd(logits3, targets2, mask[0] if mask else None, g, rmax, rlog, ctx.temperature, ctx.block_v,
+    dx = call(logp_rows_bwd, logits3, targets2, mask[0] if mask else None, g, rmax, rlog, ctx.temperature, ctx.block_v,
                        ctx.backend)
     return dx, None, None, None, None, None
 

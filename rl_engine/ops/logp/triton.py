@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION
+from rl_engine.ops._triton_common import FP_FUSION, cdiv
 
 BLOCK_V = 4096
 """Width of the V tiles of the online log-sum-exp (fixed; never derived from T)."""
@@ -196,7 +196,7 @@ def backward_rows(
         g = g.reshape(rows).to(torch.float32).contiguous()
         mask_arg = mask2.view(torch.uint8) if mask2 is not None else targets2
         smo, smi = (mask2.stride(0), mask2.stride(1)) if mask2 is not None else (0, 0)
-        _logp_bwd_kernel[(rows, triton.cdiv(v, block_v))](
+        _logp_bwd_kernel[(rows, cdiv(v, block_v))](
             logits3, targets2, mask_arg, g, rmax, rlog, dx,
             i, v,
             logits3.stride(0), logits3.stride(1), targets2.stride(0), targets2.stride(1), smo, smi,

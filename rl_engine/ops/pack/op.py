@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.errors import BackendUnavailable, InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, register_autograd, run
+from rl_engine.ops._torch_op import call, check_device, grad_bf16, launchers, register_autograd, run
 from rl_engine.ops._validate import check_cu_seqlens, check_same_device, check_tensor
 
 
@@ -70,7 +70,7 @@ def _setup_pack(ctx, inputs, output):
 
 def _backward_pack(ctx, dy):
     (cu,) = ctx.saved_tensors
-    return unpack_op(grad_bf16(dy), cu, ctx.lengths, ctx.seq_len, ctx.backend), None, None, None
+    return call(unpack_op, grad_bf16(dy), cu, ctx.lengths, ctx.seq_len, ctx.backend), None, None, None
 
 
 def _setup_unpack(ctx, inputs, output):
@@ -81,7 +81,7 @@ def _setup_unpack(ctx, inputs, output):
 
 def _backward_unpack(ctx, dy):
     (cu,) = ctx.saved_tensors
-    return pack_op(grad_bf16(dy), cu, ctx.lengths, ctx.backend), None, None, None, None
+    return call(pack_op, grad_bf16(dy), cu, ctx.lengths, ctx.backend), None, None, None, None
 
 
 register_autograd(pack_op, _pack_op, _backward_pack, _setup_pack)

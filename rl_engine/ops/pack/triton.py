@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION
+from rl_engine.ops._triton_common import FP_FUSION, cdiv
 
 BLOCK = 1024
 
@@ -56,7 +56,7 @@ def pack_rows(x: torch.Tensor, cu: torch.Tensor, lengths: list[int]) -> torch.Te
         seq = torch.repeat_interleave(
             torch.arange(len(lengths), dtype=torch.int32), torch.tensor(lengths, dtype=torch.int64)
         ).to(x.device)
-        _pack_kernel[(total, triton.cdiv(e, BLOCK))](
+        _pack_kernel[(total, cdiv(e, BLOCK))](
             x, cu, seq, y, e, x.stride(0), x.stride(1), y.stride(0), BLOCK=BLOCK,
             enable_fp_fusion=FP_FUSION,
         )
@@ -68,7 +68,7 @@ def unpack_rows(x: torch.Tensor, cu: torch.Tensor, n_seqs: int, seq_len: int) ->
     e = x.shape[1]
     y = torch.empty((n_seqs, seq_len, e), dtype=torch.bfloat16, device=x.device)
     if n_seqs and seq_len and e:
-        _unpack_kernel[(n_seqs * seq_len, triton.cdiv(e, BLOCK))](
+        _unpack_kernel[(n_seqs * seq_len, cdiv(e, BLOCK))](
             x, cu, y, e, seq_len, x.stride(0), y.stride(0), y.stride(1), BLOCK=BLOCK,
             enable_fp_fusion=FP_FUSION,
         )

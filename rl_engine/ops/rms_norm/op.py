@@ -14,7 +14,7 @@ import math
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, placeholder, register_autograd, run
+from rl_engine.ops._torch_op import call, check_device, grad_bf16, launchers, placeholder, register_autograd, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 ORDERS = ("hf", "fused")
@@ -82,7 +82,7 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
     need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    dx, dw = rms_norm_bwd(x, weight, grad_bf16(dy), rstd, need_dx, need_dw, ctx.backend)
+    dx, dw = call(rms_norm_bwd, x, weight, grad_bf16(dy), rstd, need_dx, need_dw, ctx.backend)
     return (dx if need_dx else None), (dw if need_dw else None), None, None, None, None
 
 

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, row_sum_fixed
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, next_power_of_2, row_sum_fixed
 
 ROWS_PER_PROGRAM = 64
 """Rows per backward stage-1 program (fixed; sets the dweight partial-sum tree; the CUDA
@@ -58,7 +58,7 @@ keep :func:`_warps` (more registers per thread otherwise)."""
 
 
 def _block(n_cols: int) -> int:
-    return triton.next_power_of_2(n_cols)
+    return next_power_of_2(n_cols)
 
 
 def _warps(block: int) -> int:
@@ -254,16 +254,16 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool,
         _, _, _, syt, syh = _rows_view(y)
         block = _block(e)
         if split:
-            part = triton.next_power_of_2(triton.cdiv(e, split))
+            part = next_power_of_2(cdiv(e, split))
             _rms_fwd_split_control_kernel[(n_rows,)](
                 x, weight, y, rstd, e, h, eps, sxt, sxh, syt, syh,
-                PART=part, SPLIT=triton.cdiv(e, part), HF_ORDER=hf, num_warps=_warps(block),
+                PART=part, SPLIT=cdiv(e, part), HF_ORDER=hf, num_warps=_warps(block),
                 enable_fp_fusion=FP_FUSION,
             )
         else:
             _rms_fwd_kernel[(n_rows,)](
                 x, weight, y, rstd, x, y, e, h, eps, float(e), sxt, sxh, syt, syh, 0, 0,
-                BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=triton.cdiv(e, LANES),
+                BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=cdiv(e, LANES),
                 num_warps=num_warps or _warps(block), ADD=False, enable_fp_fusion=FP_FUSION,
             )
     return y, rstd
@@ -286,7 +286,7 @@ def add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
         _rms_fwd_kernel[(t,)](
             x, weight, y, rstd, delta, s, e, 1, eps, float(e), x.stride(0), 0, y.stride(0), 0,
             delta.stride(0), s.stride(0),
-            BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=triton.cdiv(e, LANES),
+            BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=cdiv(e, LANES),
             num_warps=num_warps or (ADD_WARPS if block <= 4096 else _warps(block)), ADD=True, enable_fp_fusion=FP_FUSION,
         )
     return s, y
@@ -309,7 +309,7 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
         dw.zero_()
         return dx, dw
     _, _, _, sdxt, sdxh = _rows_view(dx)
-    n_parts = triton.cdiv(n_rows, ROWS_PER_PROGRAM)
+    n_parts = cdiv(n_rows, ROWS_PER_PROGRAM)
     parts = torch.empty((n_parts, e), dtype=torch.float32, device=x.device)
     block = _block(e)
     if split is None:
@@ -318,21 +318,21 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
         if need_dx:
             _rms_bwd_dx_kernel[(n_rows,)](
                 x, weight, dy, rstd, dx, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh,
-                BLOCK=block, LANES=LANES, CHUNKS=triton.cdiv(e, LANES), num_warps=_warps(block),
+                BLOCK=block, LANES=LANES, CHUNKS=cdiv(e, LANES), num_warps=_warps(block),
                 enable_fp_fusion=FP_FUSION,
             )
         if need_dw:
-            _rms_bwd_dw_kernel[(n_parts, triton.cdiv(e, DW_BLOCK))](
+            _rms_bwd_dw_kernel[(n_parts, cdiv(e, DW_BLOCK))](
                 x, dy, rstd, parts, n_rows, e, h, sxt, sxh, sdyt, sdyh,
                 BLOCK=DW_BLOCK, ROWS=ROWS_PER_PROGRAM, num_warps=2, enable_fp_fusion=FP_FUSION,
             )
-            _dw_reduce_kernel[(triton.cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK,
+            _dw_reduce_kernel[(cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK,
                                                                enable_fp_fusion=FP_FUSION)
         return dx, dw
     _rms_bwd_kernel[(n_parts,)](
         x, weight, dy, rstd, dx, parts, n_rows, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh,
-        BLOCK=block, ROWS=ROWS_PER_PROGRAM, LANES=LANES, CHUNKS=triton.cdiv(e, LANES), num_warps=_warps(block),
+        BLOCK=block, ROWS=ROWS_PER_PROGRAM, LANES=LANES, CHUNKS=cdiv(e, LANES), num_warps=_warps(block),
         enable_fp_fusion=FP_FUSION,
     )
-    _dw_reduce_kernel[(triton.cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK, enable_fp_fusion=FP_FUSION)
+    _dw_reduce_kernel[(cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK, enable_fp_fusion=FP_FUSION)
     return dx, dw

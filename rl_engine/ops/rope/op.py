@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, register_autograd, run
+from rl_engine.ops._torch_op import call, check_device, grad_bf16, launchers, register_autograd, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 
@@ -88,7 +88,7 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, dy):
     cos, sin = ctx.saved_tensors
-    return rope_rotate(grad_bf16(dy), cos, sin, not ctx.neg_sin, ctx.backend), None, None, None, None
+    return call(rope_rotate, grad_bf16(dy), cos, sin, not ctx.neg_sin, ctx.backend), None, None, None, None
 
 
 register_autograd(rope_rotate, _rope_rotate, _backward, _setup)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, next_power_of_2
 
 BLOCK_H = 8
 """Heads per program (a fixed constant; the head grid covers H)."""
@@ -49,10 +49,10 @@ def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neg_sin: 
     y = torch.empty((t, h, d), dtype=torch.bfloat16, device=x.device)
     if t and h and d:
         half = d // 2
-        _rope_kernel[(t, triton.cdiv(h, BLOCK_H))](
+        _rope_kernel[(t, cdiv(h, BLOCK_H))](
             x, cos, sin, y, h, half,
             x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), y.stride(0), y.stride(1),
-            BLOCK_H=BLOCK_H, BLOCK_HALF=triton.next_power_of_2(half), NEG_SIN=neg_sin,
+            BLOCK_H=BLOCK_H, BLOCK_HALF=next_power_of_2(half), NEG_SIN=neg_sin,
             enable_fp_fusion=FP_FUSION,
         )
     return y

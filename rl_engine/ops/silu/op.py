@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, register_autograd, run
+from rl_engine.ops._torch_op import call, check_device, grad_bf16, launchers, register_autograd, run
 from rl_engine.ops._validate import check_tensor
 
 
@@ -42,7 +42,7 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, dy):
     (x,) = ctx.saved_tensors
-    return silu_bwd(x, grad_bf16(dy), ctx.backend), None
+    return call(silu_bwd, x, grad_bf16(dy), ctx.backend), None
 
 
 register_autograd(silu_fwd, _silu_fwd, _backward, _setup)

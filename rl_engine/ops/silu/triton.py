@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, div_ieee, exp_ieee
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, div_ieee, exp_ieee
 
 BLOCK = 1024
 
@@ -45,7 +45,7 @@ def silu_fwd(x: torch.Tensor) -> torch.Tensor:
     t, f = x.shape
     y = torch.empty((t, f), dtype=torch.bfloat16, device=x.device)
     if t and f:
-        _silu_fwd_kernel[(t, triton.cdiv(f, BLOCK))](x, y, f, x.stride(0), y.stride(0), BLOCK=BLOCK, enable_fp_fusion=FP_FUSION)
+        _silu_fwd_kernel[(t, cdiv(f, BLOCK))](x, y, f, x.stride(0), y.stride(0), BLOCK=BLOCK, enable_fp_fusion=FP_FUSION)
     return y
 
 
@@ -54,7 +54,7 @@ def silu_bwd(x: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     t, f = x.shape
     dx = torch.empty((t, f), dtype=torch.bfloat16, device=x.device)
     if t and f:
-        _silu_bwd_kernel[(t, triton.cdiv(f, BLOCK))](
+        _silu_bwd_kernel[(t, cdiv(f, BLOCK))](
             x, dy, dx, f, x.stride(0), dy.stride(0), dx.stride(0), BLOCK=BLOCK,
             enable_fp_fusion=FP_FUSION,
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.errors import InputError
-from rl_engine.ops._torch_op import check_device, grad_bf16, launchers, register_autograd, run
+from rl_engine.ops._torch_op import call, check_device, grad_bf16, launchers, register_autograd, run
 from rl_engine.ops._validate import check_same_device, check_tensor
 
 
@@ -44,7 +44,7 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, dy):
     gate, up = ctx.saved_tensors
-    dg, du = swiglu_bwd(gate, up, grad_bf16(dy), ctx.backend)
+    dg, du = call(swiglu_bwd, gate, up, grad_bf16(dy), ctx.backend)
     return dg, du, None
 
 

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, div_ieee, exp_ieee
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, div_ieee, exp_ieee
 
 BLOCK = 1024
 
@@ -54,7 +54,7 @@ def swiglu_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     t, f = gate.shape
     y = torch.empty((t, f), dtype=torch.bfloat16, device=gate.device)
     if t and f:
-        _swiglu_fwd_kernel[(t, triton.cdiv(f, BLOCK))](
+        _swiglu_fwd_kernel[(t, cdiv(f, BLOCK))](
             gate, up, y, f, gate.stride(0), up.stride(0), y.stride(0), BLOCK=BLOCK,
             enable_fp_fusion=FP_FUSION,
         )
@@ -67,7 +67,7 @@ def swiglu_bwd(gate: torch.Tensor, up: torch.Tensor, dy: torch.Tensor) -> tuple[
     dg = torch.empty((t, f), dtype=torch.bfloat16, device=gate.device)
     du = torch.empty((t, f), dtype=torch.bfloat16, device=gate.device)
     if t and f:
-        _swiglu_bwd_kernel[(t, triton.cdiv(f, BLOCK))](
+        _swiglu_bwd_kernel[(t, cdiv(f, BLOCK))](
             gate, up, dy, dg, du, f, gate.stride(0), up.stride(0), dy.stride(0), dg.stride(0), du.stride(0),
             BLOCK=BLOCK,
             enable_fp_fusion=FP_FUSION,
