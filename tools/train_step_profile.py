@@ -5,8 +5,10 @@ sum of the logprobs as loss, backward into every weight), per kernel name and pe
 Synthetic Qwen3-8B weights (``rl_engine.chain.weights.synthetic_weights``), ``--batch`` packed
 sequences of ``--seq-len`` random tokens (cu_seqlens), every token scored against the next one of
 its sequence. Prints wall time per call (CUDA events, after ``--warmup`` calls), the summed kernel
-time, and the kernels by total time; ``--json`` writes the same. With ``--hf`` the same calls on
-Hugging Face ``Qwen3ForCausalLM`` (sdpa) over the same weight tensors are timed and profiled too.
+time, and the kernels by total time; ``--json`` writes the same. Ours runs the bench's table,
+:meth:`Qwen3Model.training_ops` (residual adds fused into the norms); with ``--plain`` the model's
+own table is timed too. With ``--hf`` the same calls on Hugging Face ``Qwen3ForCausalLM`` (sdpa)
+over the same weight tensors are timed and profiled too.
 
 Usage on the H200::
 
@@ -52,10 +54,13 @@ def build_inputs(cfg, batch: int, seq_len: int, device):
     return ids, targets
 
 
-def ours(weights, backend: str, ids, targets, train: bool):
+def ours(weights, backend: str, ids, targets, train: bool, plain: bool = False):
+    """The chain's call; ``plain``: the model's own table (separate residual adds) instead of
+    :meth:`Qwen3Model.training_ops` (the bench's)."""
     from rl_engine.chain.model import Qwen3Model
 
     model = Qwen3Model(weights, backend)
+    ops = None if plain else model.training_ops()
     b, s = ids.shape
     dev = ids.device
     flat, tflat = ids.reshape(-1), targets.reshape(-1)
@@ -66,14 +71,14 @@ def ours(weights, backend: str, ids, targets, train: bool):
 
     def call():
         if train:
-            hidden = model.forward(flat, positions, cu_seqlens=cu, checked=True)
+            hidden = model.forward(flat, positions, cu_seqlens=cu, checked=True, ops=ops)
             lp = model.logprobs(hidden, tflat)
             lp.sum().backward()
             for p in params:
                 p.grad = None
             return lp.detach()
         with torch.no_grad():
-            return model.logprobs(model.forward(flat, positions, cu_seqlens=cu, checked=True), tflat)
+            return model.logprobs(model.forward(flat, positions, cu_seqlens=cu, checked=True, ops=ops), tflat)
 
     return call
 
@@ -218,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cprofile", type=int, default=0,
                     help="also run one call of ours under cProfile and list this many Python functions by own time")
     ap.add_argument("--hf", action="store_true", help="also Hugging Face Qwen3ForCausalLM (sdpa), same weights")
+    ap.add_argument("--plain", action="store_true",
+                    help="also the model's own op table (separate residual adds) beside training_ops (label <backend>/plain)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-persistent", action="store_true",
                     help="Triton det_gemm without its persistent TMA form (the fused form, as before issue #33)")
@@ -242,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes.split(","):
         train = mode == "train_step"
         impls = {args.backend: lambda: ours(weights, args.backend, ids, targets, train)}
+        if args.plain:
+            impls[f"{args.backend}/plain"] = lambda: ours(weights, args.backend, ids, targets, train, plain=True)
         if args.hf:
             impls["hf_sdpa"] = lambda: hf(weights, ids, targets, train)
         for label, make in impls.items():

@@ -353,14 +353,15 @@ def _tf_build(s: dict[str, int], d: Dims, pool) -> dict[str, Any]:
             "cu_seqlens": torch.arange(0, b * n + 1, n, dtype=torch.int32, device=device)}
 
 
-def teacher_forcing_fn(model, st: dict[str, Any]):
+def teacher_forcing_fn(model, st: dict[str, Any], ops: Any = None):
     """``() -> FP32 logprobs [T]``: ``model.forward`` (packed varlen over ``st``'s B sequences,
-    positions validated once here) and ``model.logprobs`` (the fused ``linear_logp`` head) of every
-    row's target. Records autograd when the caller does (the weights are leaves)."""
+    positions validated once here; ``ops`` the op table, default the model's) and
+    ``model.logprobs`` (the fused ``linear_logp`` head) of every row's target. Records autograd
+    when the caller does (the weights are leaves)."""
     model.check_positions(0, st["seq"] - 1)
 
     def run():
-        hidden = model.forward(st["flat_ids"], st["positions"], cu_seqlens=st["cu_seqlens"], checked=True)
+        hidden = model.forward(st["flat_ids"], st["positions"], cu_seqlens=st["cu_seqlens"], checked=True, ops=ops)
         return model.logprobs(hidden, st["flat_targets"])
 
     return run
@@ -412,13 +413,14 @@ def _tf_ours(train: bool):
         from rl_engine.chain.weights import weights_from_named
 
         weights = st["weights"]
+        how = "packed varlen, residual add fused into each RMSNorm (Qwen3Model.training_ops), linear_logp head"
         if not train:
             model = Qwen3Model(weights, backend)
-            return no_grad(teacher_forcing_fn(model, st)), _tf_note(st, "packed varlen, linear_logp head", False)
+            return no_grad(teacher_forcing_fn(model, st, model.training_ops())), _tf_note(st, how, False)
         leaves = {name: leaf(t) for name, t in weights.named_tensors()}  # share the storage, no copy
         model = Qwen3Model(weights_from_named(weights.config, leaves, weights.provenance), backend)
-        step = train_step_fn(teacher_forcing_fn(model, st), list(leaves.values()))
-        return step, _tf_note(st, "packed varlen, linear_logp head", True)
+        step = train_step_fn(teacher_forcing_fn(model, st, model.training_ops()), list(leaves.values()))
+        return step, _tf_note(st, how, True)
 
     return make
 

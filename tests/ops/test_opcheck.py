@@ -47,7 +47,7 @@ from rl_engine.ops.linear_logp.api import linear_logp_bwd, linear_logp_fwd
 from rl_engine.ops.lm_head.api import lm_head_bwd, lm_head_fwd
 from rl_engine.ops.logp.api import logp_rows_bwd, logp_rows_fwd
 from rl_engine.ops.pack.api import pack_op, unpack_op
-from rl_engine.ops.rms_norm.api import rms_norm_bwd, rms_norm_fwd
+from rl_engine.ops.rms_norm.api import add_rms_norm_bwd, add_rms_norm_fwd, rms_norm_bwd, rms_norm_fwd
 from rl_engine.ops.rope.api import rope_rotate
 from rl_engine.ops.silu.api import silu_bwd, silu_fwd
 from rl_engine.ops.swiglu.api import swiglu_bwd, swiglu_fwd
@@ -81,7 +81,20 @@ def _rms_norm(b, dev) -> list[Call]:
     return [("fwd", rms_norm_fwd, (x, w, 1e-6, True, 0, b)),
             ("fwd-fused", rms_norm_fwd, (x, w, 1e-6, False, 0, b)),
             ("bwd", rms_norm_bwd, (*_detached(x, w), dy, rstd, True, True, b)),
-            ("bwd-dx-only", rms_norm_bwd, (*_detached(x, w), dy, rstd, True, False, b))]
+            ("bwd-dx-only", rms_norm_bwd, (*_detached(x, w), dy, rstd, True, False, b)),
+            *_add_rms_norm(b, dev)]
+
+
+def _add_rms_norm(b, dev) -> list[Call]:
+    """The residual add fused into the norm (training form): forward, backward with and without
+    the residual gradient."""
+    x, d, w = _bf16((3, 160), 11, dev, True), _bf16((3, 160), 12, dev, True), _bf16((160,), 13, dev, True)
+    with torch.no_grad():
+        s, y, rstd = add_rms_norm_fwd(x, d, w, 1e-6, True, b)
+    ds, dy = _bf16(s.shape, 14, dev), _bf16(y.shape, 15, dev)
+    return [("add-fwd", add_rms_norm_fwd, (x, d, w, 1e-6, True, b)),
+            ("add-bwd", add_rms_norm_bwd, (s, w.detach(), dy, rstd, ds, True, True, b)),
+            ("add-bwd-no-residual", add_rms_norm_bwd, (s, w.detach(), dy, rstd, None, True, True, b))]
 
 
 def _qk_norm(b, dev) -> list[Call]:

@@ -105,11 +105,17 @@ SCRIPT = textwrap.dedent(r'''
             **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_yt", "stride_yh", "stride_dt",
                                         "stride_st")}}, {
             "BLOCK": 4096, "HF_ORDER": True, "LANES": rn.LANES, "CHUNKS": 32, "ADD": True}
-        yield "rms_bwd_dx", rn._rms_bwd_dx_kernel, {
-            "x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "rstd_ptr": "*fp32", "dx_ptr": "*bf16",
-            "n_cols": "i32", "n_heads": "i32", "n_float": "fp32",
-            **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_dyt", "stride_dyh", "stride_dxt",
-                                        "stride_dxh")}}, {"BLOCK": 4096, "LANES": rn.LANES, "CHUNKS": 32}
+        strides = ("stride_xt", "stride_xh", "stride_dyt", "stride_dyh", "stride_dxt", "stride_dxh", "stride_rt")
+        for res in (False, True):
+            yield f"rms_bwd_dx[{res}]", rn._rms_bwd_dx_kernel, {
+                "x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "rstd_ptr": "*fp32", "dx_ptr": "*bf16",
+                "res_ptr": "*bf16", "n_cols": "i32", "n_heads": "i32", "n_float": "fp32",
+                **{name: "i32" for name in strides}}, {"BLOCK": 4096, "LANES": rn.LANES, "CHUNKS": 32, "RES": res}
+            yield f"rms_bwd[{res}]", rn._rms_bwd_kernel, {
+                "x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "rstd_ptr": "*fp32", "dx_ptr": "*bf16",
+                "part_ptr": "*fp32", "res_ptr": "*bf16", "n_rows": "i32", "n_cols": "i32", "n_heads": "i32",
+                "n_float": "fp32", **{name: "i32" for name in strides}}, {
+                "BLOCK": 4096, "ROWS": rn.ROWS_PER_PROGRAM, "LANES": rn.LANES, "CHUNKS": 32, "RES": res}
         yield "rms_bwd_dw", rn._rms_bwd_dw_kernel, {
             "x_ptr": "*bf16", "dy_ptr": "*bf16", "rstd_ptr": "*fp32", "part_ptr": "*fp32", "n_rows": "i32",
             "n_cols": "i32", "n_heads": "i32",
@@ -166,7 +172,8 @@ def test_control_a_type_changing_loop_value_fails_to_compile(compiled):
 KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "attention_decode[1]",
            "attention_decode[8]", "det_gemm_leaves[merge]", "det_gemm_leaves[merge,M=1]",
            "det_gemm_persistent[forward]", "det_gemm_persistent[dx]", "det_gemm_persistent[dw]",
-           "det_gemm_persistent[forward,bk128]", "rms_norm[add]", "rms_bwd_dx", "rms_bwd_dw", "rms_dw_reduce",
+           "det_gemm_persistent[forward,bk128]", "rms_norm[add]", "rms_bwd_dx[False]", "rms_bwd_dx[True]",
+           "rms_bwd[False]", "rms_bwd[True]", "rms_bwd_dw", "rms_dw_reduce",
            "qk_norm_rope", "row_keys", "logp_fwd[False]", "logp_fwd[True]")
 
 

@@ -89,6 +89,107 @@ def _backward(ctx, dy, _drstd):
 register_autograd(rms_norm_fwd, _rms_norm_fwd, _backward, _setup)
 
 
+# ---------------------------------------------- residual add + RMSNorm (training, both backends)
+def _add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool,
+                      backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(s = x + delta, y = rms_norm(s), rstd [T] FP32) of validated [T, E] rows. Triton: one launch
+    (:func:`rl_engine.ops.rms_norm.triton.add_rms_norm_train_fwd`); a backend without it adds with
+    ``torch.add`` (the same rounding) and runs its norm."""
+    mod = launchers("rms_norm", backend)
+    if hasattr(mod, "add_rms_norm_train_fwd"):
+        return mod.add_rms_norm_train_fwd(x, delta, weight, eps, hf)
+    s = x + delta
+    y, rstd = mod.rms_norm_fwd(s, weight, eps, hf)
+    return s, y, rstd
+
+
+add_rms_norm_fwd = torch.library.custom_op("rl_engine::add_rms_norm_fwd", _add_rms_norm_fwd, mutates_args=())
+
+
+@add_rms_norm_fwd.register_fake
+def _(x, delta, weight, eps, hf, backend):
+    return (x.new_empty(x.shape, dtype=torch.bfloat16), x.new_empty(x.shape, dtype=torch.bfloat16),
+            x.new_empty((x.shape[0],), dtype=torch.float32))
+
+
+@torch.library.custom_op("rl_engine::add_rms_norm_bwd", mutates_args=())
+def add_rms_norm_bwd(s: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor,
+                     ds: torch.Tensor | None, need_dx: bool, need_dw: bool,
+                     backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dweight) BF16: the norm's backward on s with the residual gradient ``ds`` (None: none)
+    added to its BF16 dx in FP32 and rounded once: autograd's sum of the two gradients of ``s``
+    in the separate ops, so the same bits. dx is the gradient of both x and delta."""
+    mod = launchers("rms_norm", backend)
+    if ds is not None and hasattr(mod, "add_rms_norm_train_fwd"):  # the Triton kernels add it in the store
+        dx, dw = mod.rms_norm_bwd(s, weight, dy, rstd, need_dx, need_dw, residual_grad=ds)
+    else:
+        dx, dw = mod.rms_norm_bwd(s, weight, dy, rstd, need_dx, need_dw)
+        if ds is not None and need_dx:
+            dx = dx + ds
+    return placeholder(dx, need_dx, s), placeholder(dw, need_dw, s)
+
+
+@add_rms_norm_bwd.register_fake
+def _(s, weight, dy, rstd, ds, need_dx, need_dw, backend):
+    return (s.new_empty(s.shape if need_dx else (0,), dtype=torch.bfloat16),
+            s.new_empty((s.shape[-1],) if need_dw else (0,), dtype=torch.bfloat16))
+
+
+def _add_setup(ctx, inputs, output):
+    _x, _delta, weight, _eps, _hf, backend = inputs
+    s, _y, rstd = output
+    ctx.save_for_backward(s, weight, rstd)
+    ctx.backend = backend
+    ctx.set_materialize_grads(False)  # an unused s (the last layer's) gets no gradient: none is added
+
+
+def _add_backward(ctx, ds, dy, _drstd):
+    s, weight, rstd = ctx.saved_tensors
+    need_dx = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+    need_dw = ctx.needs_input_grad[2] and dy is not None
+    ds = None if ds is None else grad_bf16(ds)
+    if dy is None:  # y unused: the residual gradient passes through the add
+        dx, dw = ds, None
+    else:
+        dx, dw = call(add_rms_norm_bwd, s, weight, grad_bf16(dy), rstd, ds, need_dx, need_dw, ctx.backend)
+    dx = dx if need_dx else None
+    return (dx if ctx.needs_input_grad[0] else None), (dx if ctx.needs_input_grad[1] else None), \
+        (dw if need_dw else None), None, None, None
+
+
+register_autograd(add_rms_norm_fwd, _add_rms_norm_fwd, _add_backward, _add_setup)
+
+
+def add_rms_norm_kernel(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, order: str = "hf", *,
+                        backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the next RMSNorm, differentiable: ``(s, y)`` with ``s = x + delta``
+    and ``y = rms_norm(s, weight, eps, order)``, bitwise the two separate ops forward and
+    backward (the training form of :func:`rl_engine.chain.fused.add_rms_norm`).
+
+    x, delta: [T, E] bfloat16 (unit stride on E), weight: [E] bfloat16 -> s, y: [T, E] bfloat16.
+    FP32 inside: the add (rounded once, as ``torch.add``), the norm's declared arithmetic
+    (``docs/declared-arithmetic.md``). Backward: the norm's dx rounded to BF16 plus the gradient
+    of s, in FP32, rounded once (autograd's sum of the two gradients of the separate ops' s), as
+    the gradient of both x and delta; dweight as :func:`rms_norm_kernel`. ``triton_cuda_bf16``
+    runs one kernel each way; ``cuda_bf16`` runs its norm kernels and ``torch.add`` (same bits,
+    no fusion yet).
+
+    Raises
+    ------
+    InputError
+        As :func:`rms_norm_kernel` for x, weight, eps and order; delta not bfloat16 [T, E] with unit
+        stride on E on x's device. Checked before any launch.
+    BackendUnavailable
+        As :func:`rms_norm_kernel`.
+    """
+    check_rows(x, weight, eps, order, 2)
+    check_tensor("delta", delta, dtype=torch.bfloat16, shape=tuple(x.shape), contiguous_last=True)
+    check_same_device(x=x, delta=delta)
+    check_device(backend, x, delta, weight)
+    s, y, _ = run(add_rms_norm_fwd, _add_rms_norm_fwd, x, delta, weight, float(eps), order == "hf", backend)
+    return s, y
+
+
 def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str, backend: str,
                   split: int = 0) -> torch.Tensor:
     """Run validated rows ([T, E] or [T, H, D]) on ``backend``; ``split`` > 0 only for the

@@ -123,9 +123,21 @@ def _row_dx(x_row, dy_row, w_ptr, x, dy, w, rstd, n_cols, n_float, LANES: tl.con
 
 
 @triton.jit
-def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, n_rows, n_cols, n_heads, n_float,
-                    stride_xt, stride_xh, stride_dyt, stride_dyh, stride_dxt, stride_dxh,
-                    BLOCK: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr):
+def _with_residual_grad(dx, res_ptr, cols, mask, RES: tl.constexpr):
+    """``RES``: the norm's dx rounded to BF16, plus the residual stream's gradient ``res`` (BF16),
+    in FP32, rounded by the caller's store: autograd's accumulation of the two gradients of the
+    residual sum ``s`` (``bf16(bf16(dx) + res)``, commutative), so the fused add + norm backward
+    gives the separate ops' bits. Without ``RES``: ``dx`` as it is."""
+    if RES:
+        dx = dx.to(tl.bfloat16).to(tl.float32) + tl.load(res_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return dx
+
+
+@triton.jit
+def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, res_ptr, n_rows, n_cols, n_heads, n_float,
+                    stride_xt, stride_xh, stride_dyt, stride_dyh, stride_dxt, stride_dxh, stride_rt,
+                    BLOCK: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr,
+                    RES: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -142,15 +154,16 @@ def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, n_rows, n_
         rstd = tl.load(rstd_ptr + rr)
         dx = _row_dx(x_ptr + t * stride_xt + h * stride_xh, dy_ptr + t * stride_dyt + h * stride_dyh, w_ptr,
                      x, dy, w, rstd, n_cols, n_float, LANES, CHUNKS)
+        dx = _with_residual_grad(dx, res_ptr + t * stride_rt, cols, mask, RES)
         tl.store(dx_ptr + t * stride_dxt + h * stride_dxh + cols, dx.to(tl.bfloat16), mask=mask & live)
         part += tl.where(live, dy * (x * rstd), 0.0)
     tl.store(part_ptr + pid.to(tl.int64) * n_cols + cols, part, mask=mask)
 
 
 @triton.jit
-def _rms_bwd_dx_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, n_cols, n_heads, n_float,
-                       stride_xt, stride_xh, stride_dyt, stride_dyh, stride_dxt, stride_dxh,
-                       BLOCK: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr):
+def _rms_bwd_dx_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, res_ptr, n_cols, n_heads, n_float,
+                       stride_xt, stride_xh, stride_dyt, stride_dyh, stride_dxt, stride_dxh, stride_rt,
+                       BLOCK: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr, RES: tl.constexpr):
     """dx of one row, the arithmetic of :func:`_rms_bwd_kernel`'s row loop (the split form)."""
     r = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -163,6 +176,7 @@ def _rms_bwd_dx_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, n_cols, n_heads, 
     rstd = tl.load(rstd_ptr + r)
     dx = _row_dx(x_ptr + t * stride_xt + h * stride_xh, dy_ptr + t * stride_dyt + h * stride_dyh, w_ptr,
                  x, dy, w, rstd, n_cols, n_float, LANES, CHUNKS)
+    dx = _with_residual_grad(dx, res_ptr + t * stride_rt, cols, mask, RES)
     tl.store(dx_ptr + t * stride_dxt + h * stride_dxh + cols, dx.to(tl.bfloat16), mask=mask)
 
 
@@ -269,6 +283,29 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool,
     return y, rstd
 
 
+def add_rms_norm_train_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                           hf: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`add_rms_norm_fwd` for training: ``(s, y, rstd)``, the same kernel keeping the FP32
+    ``rstd`` [T] of each row for the backward (:func:`rms_norm_bwd` with ``residual_grad``)."""
+    return _add_rms_norm(x, delta, weight, eps, hf, _warps(_block(x.shape[1])))
+
+
+def _add_rms_norm(x, delta, weight, eps, hf, num_warps):
+    t, e = x.shape
+    s = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
+    y = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
+    rstd = torch.empty((t,), dtype=torch.float32, device=x.device)
+    if t and e:
+        block = _block(e)
+        _rms_fwd_kernel[(t,)](
+            x, weight, y, rstd, delta, s, e, 1, eps, float(e), x.stride(0), 0, y.stride(0), 0,
+            delta.stride(0), s.stride(0),
+            BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=cdiv(e, LANES), num_warps=num_warps, ADD=True,
+            enable_fp_fusion=FP_FUSION,
+        )
+    return s, y, rstd
+
+
 def add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
                      hf: bool, num_warps: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add and the next norm in one launch (a decode step's ``x + o_proj(...)`` then
@@ -277,28 +314,23 @@ def add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     separate launches (tested). x, delta [T, E] BF16 with unit stride on the last axis, weight [E];
     validated by the caller (:func:`rl_engine.chain.fused.add_rms_norm`). No rstd is kept (no
     backward: the rollout step only). ``num_warps`` as in :func:`rms_norm_fwd` (0: ``ADD_WARPS``)."""
-    t, e = x.shape
-    s = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
-    y = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
-    if t and e:
-        rstd = torch.empty((t,), dtype=torch.float32, device=x.device)
-        block = _block(e)
-        _rms_fwd_kernel[(t,)](
-            x, weight, y, rstd, delta, s, e, 1, eps, float(e), x.stride(0), 0, y.stride(0), 0,
-            delta.stride(0), s.stride(0),
-            BLOCK=block, HF_ORDER=hf, LANES=LANES, CHUNKS=cdiv(e, LANES),
-            num_warps=num_warps or (ADD_WARPS if block <= 4096 else _warps(block)), ADD=True, enable_fp_fusion=FP_FUSION,
-        )
+    block = _block(x.shape[1])
+    s, y, _ = _add_rms_norm(x, delta, weight, eps, hf, num_warps or (ADD_WARPS if block <= 4096 else _warps(block)))
     return s, y
 
 
 def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, need_dx: bool,
-                 need_dw: bool, split: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 need_dw: bool, split: bool | None = None,
+                 residual_grad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the backward (dy BF16 with unit stride on the last axis); returns (dx like x,
     dweight [E]), both BF16. The fused form computes both in one kernel; the split form (``split``,
     None: :data:`SPLIT_BELOW_PROGRAMS`) runs only the kernels of what is needed and leaves the
-    other output unwritten (its caller drops it)."""
+    other output unwritten (its caller drops it). ``residual_grad`` ([T, E] BF16, unit stride on
+    E; [T, E] rows only): added to the BF16 dx in FP32 and rounded once (the add + norm backward,
+    :func:`_with_residual_grad`)."""
     t, h, e, sxt, sxh = _rows_view(x)
+    res = residual_grad is not None
+    res_t, srt = (residual_grad, residual_grad.stride(0)) if res else (dy, 0)
     _, _, _, sdyt, sdyh = _rows_view(dy)
     dx = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
     dw = torch.empty((e,), dtype=torch.bfloat16, device=x.device)
@@ -317,8 +349,8 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
     if split:
         if need_dx:
             _rms_bwd_dx_kernel[(n_rows,)](
-                x, weight, dy, rstd, dx, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh,
-                BLOCK=block, LANES=LANES, CHUNKS=cdiv(e, LANES), num_warps=_warps(block),
+                x, weight, dy, rstd, dx, res_t, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh, srt,
+                BLOCK=block, LANES=LANES, CHUNKS=cdiv(e, LANES), num_warps=_warps(block), RES=res,
                 enable_fp_fusion=FP_FUSION,
             )
         if need_dw:
@@ -330,9 +362,9 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
                                                                enable_fp_fusion=FP_FUSION)
         return dx, dw
     _rms_bwd_kernel[(n_parts,)](
-        x, weight, dy, rstd, dx, parts, n_rows, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh,
+        x, weight, dy, rstd, dx, parts, res_t, n_rows, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh, srt,
         BLOCK=block, ROWS=ROWS_PER_PROGRAM, LANES=LANES, CHUNKS=cdiv(e, LANES), num_warps=_warps(block),
-        enable_fp_fusion=FP_FUSION,
+        RES=res, enable_fp_fusion=FP_FUSION,
     )
     _dw_reduce_kernel[(cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK, enable_fp_fusion=FP_FUSION)
     return dx, dw
