@@ -104,6 +104,16 @@ def _device(workload: str) -> torch.device:
     return torch.device("cpu")
 
 
+def _plan_of(workload: Any) -> tuple[str, dict[str, Any], torch.device, Any]:
+    """``(name, chain plan, device, model config)`` of a workload (or its name); RLEngineError for
+    a workload without a chain plan."""
+    wname = getattr(workload, "name", workload)
+    if wname not in PLANS:
+        raise RLEngineError(f"no chain plan for workload {wname!r}; known: {', '.join(PLANS)}")
+    plan = PLANS[wname]
+    return wname, plan, _device(wname), get_config(plan["model"])
+
+
 def chain_kernel_id(backend: str, kernel_ids: dict[str, str]) -> str:
     """``chain/<backend>/qwen3_dense@<hash>``: hash of the chain sources and every op's kernel id."""
     h = hashlib.sha256()
@@ -124,12 +134,7 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
     ``workload`` is a :class:`rl_engine.ops.spec.Workload` (or its name). ``rl_form=False`` leaves
     the RL form out (tests whose subject is another part of the cell; the gate always runs it).
     """
-    wname = getattr(workload, "name", workload)
-    if wname not in PLANS:
-        raise RLEngineError(f"no chain plan for workload {wname!r}; known: {', '.join(PLANS)}")
-    plan = PLANS[wname]
-    device = _device(wname)
-    config = get_config(plan["model"])
+    wname, plan, device, config = _plan_of(workload)
     t_start = time.perf_counter()
     ours_train, ours_roll, base_train, base_roll, refs = [], [], [], [], []
     per_run: list[dict[str, Any]] = []
@@ -296,12 +301,7 @@ def chain_cross_backend_cell(anchor: str, other: str, workload: Any, contract: C
     """
     from rl_engine.ops.transforms import plant_ulp
 
-    wname = getattr(workload, "name", workload)
-    if wname not in PLANS:
-        raise RLEngineError(f"no chain plan for workload {wname!r}; known: {', '.join(PLANS)}")
-    plan = PLANS[wname]
-    device = _device(wname)
-    config = get_config(plan["model"])
+    wname, plan, device, config = _plan_of(workload)
     t_start = time.perf_counter()
     sides: dict[str, dict[str, list[torch.Tensor]]] = {b: {"train": [], "rollout": []} for b in (anchor, other)}
     kernel_ids: dict[str, dict[str, str]] = {anchor: {}, other: {}}
