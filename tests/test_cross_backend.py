@@ -234,3 +234,69 @@ def test_chain_cell_strict_on_one_backend_both_ways_and_red_across_a_different_o
     assert det["logprobs_source"][TRITON].startswith(("reused", "computed"))
     status, reason, det, _ = chain_cross_backend_cell(TRITON, "torch_bf16", wl, load_contract(), 0)
     assert status == "n/a" and "cross_backend.chain" in reason and "measured:" in reason
+
+
+def test_resume_checks_both_kernel_ids_of_a_cross_cell():
+    """A cross_backend cell records ``<anchor id>|<other id>``: resuming compares each with its own
+    backend's current source (it was once compared whole with the other's, and refused every
+    resume). Control: a changed id of either side is reported."""
+    from rl_engine.cli.cmd_gate import _stale_kernel_ids
+    from rl_engine.provenance import kernel_id
+
+    spec = get_spec("silu")
+    ids = [kernel_id("silu", b, spec.impls[b]) for b in (TRITON, "cuda_bf16")]
+
+    def cell(kid):
+        return {"op": "silu", "backend": "cuda_bf16", "judgment": "cross_backend", "kernel_id": kid,
+                "details": {"backends": [TRITON, "cuda_bf16"]}}
+
+    assert _stale_kernel_ids({"cells": [cell("|".join(ids))]}) == []
+    for side in (0, 1):
+        changed = list(ids)
+        changed[side] = changed[side].rsplit("@", 1)[0] + "@000000000000"
+        stale = _stale_kernel_ids({"cells": [cell("|".join(changed))]})
+        assert len(stale) == 1 and stale[0].startswith(f"silu/{(TRITON, 'cuda_bf16')[side]}:")
+
+
+def test_audit_coverage_names_a_plan_without_cross_cells(monkeypatch):
+    """The audit's gate-coverage row checks the cross_backend cells itself: with the plan's cross
+    cells removed (control) it names them; with the shipped plan it has no cross finding."""
+    from rl_engine.audit import checks
+    from rl_engine.gate import plan as plan_mod
+
+    contract = load_contract()
+    backends = [TRITON, "cuda_bf16"]
+    row = checks.check_gate_coverage(Path("."), backends, contract)
+    assert not [f for f in row.findings if "cross_backend" in f]
+    real = plan_mod.plan
+    monkeypatch.setattr(plan_mod, "plan", lambda cfg: [k for k in real(cfg) if k.judgment != "cross_backend"])
+    row = checks.check_gate_coverage(Path("."), backends, contract)
+    assert "silu/cuda_bf16/cross_backend not planned" in row.findings
+
+
+def test_a_plugin_without_backward_or_with_unsupported_cases_is_not_judged_on_them(tmp_path):
+    """A twin that provides no backward has its forward compared and its gradients left out (said
+    in the cell), and cases a twin does not provide (NotImplementedError) are skipped, not red."""
+    real = get_spec("silu").impls[TRITON]
+
+    def picky(**kw):
+        if kw["x"].shape[0] == 1:
+            raise NotImplementedError("one-row inputs are not supported")
+        return real(**kw)
+
+    contract = _contract(tmp_path, _with_twin)
+    try:
+        for name, impl, backward in (("fwd_only", real, False), ("picky", picky, True)):
+            rl_engine.register_backend(TWIN, {"silu": impl}, backward=backward, batch_invariant=True)
+            cfg = GateConfig(ops=["silu"], backends=[TRITON, TWIN], judgments=["forward_accuracy", "cross_backend"],
+                             workload=get_workload("smoke"), out_dir=tmp_path / name)
+            (cell,) = [c for c in run_gate(cfg, contract)["cells"] if c["judgment"] == "cross_backend"]
+            assert cell["status"] == "green", (name, cell.get("reason"))
+            d = cell["details"]
+            if name == "fwd_only":
+                assert "does not provide the backward" in d["gradients_not_compared"]
+                assert not any(r["output"].startswith("bwd.") for r in d["rows"])
+            else:
+                assert d["skipped_cases"] and all("one-row" in x for x in d["skipped_cases"])
+    finally:
+        unregister_backend(TWIN)

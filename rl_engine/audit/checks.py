@@ -267,8 +267,10 @@ def check_gate_coverage(root: Path, backends: list[str], contract: Contract | No
     findings = []
     cfg = GateConfig(ops=list(OPS), backends=backends, judgments=[j for j in JUDGMENTS if j != "chain_parity"],
                      workload=WORKLOADS["smoke"], out_dir=Path("."))
-    if contract is not None:
-        cfg.cross_pair = (contract.cross_backend.anchor, contract.cross_backend.other)
+    pair = (contract.cross_backend.anchor, contract.cross_backend.other) if contract is not None else cfg.cross_pair
+    cfg.cross_pair = pair
+    if not set(pair) <= set(backends):
+        findings.append(f"the contract's cross_backend pair {list(pair)} is not among the required backends {backends}")
     keys = {(k.op, k.backend, k.judgment, k.transform) for k in plan(cfg)}
     for op in OPS:
         spec = get_spec(op)
@@ -282,8 +284,8 @@ def check_gate_coverage(root: Path, backends: list[str], contract: Contract | No
                 for t in TRANSFORMS:
                     if (op, b, j, t) not in keys:
                         findings.append(f"{op}/{b}/{j}/{t} not planned")
-        if cfg.cross_judged() and (op, cfg.cross_pair[1], "cross_backend", None) not in keys:
-            findings.append(f"{op}/{cfg.cross_pair[1]}/cross_backend not planned")
+        if set(pair) <= set(backends) and (op, pair[1], "cross_backend", None) not in keys:
+            findings.append(f"{op}/{pair[1]}/cross_backend not planned")
         for t in TRANSFORMS:
             d = spec.transform(t)
             if isinstance(d, str) and not d.strip():

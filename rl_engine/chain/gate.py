@@ -166,7 +166,7 @@ def chain_parity_cell(backend: str, workload: Any, contract: Contract, seed: int
         ref, base = _SHARED_RUNS[key]
         model = Qwen3Model(weights, backend, norm_order=contract.rms_norm_order)
         ours = run_styles(model, batch, head=HEAD)
-        _remember_styles(key, backend, ours)
+        _remember_styles((*key, contract.rms_norm_order), backend, ours)
         kernel_ids.update(ours.kernel_ids)
         if rl_form and rl_report is None:  # on the first run's weights: generate, then teacher-force the samples
             rl_report = {"seed": run_seed, "logit_scale": scale,
@@ -293,7 +293,8 @@ def chain_cross_backend_cell(anchor: str, other: str, workload: Any, contract: C
 
     Each backend's logprobs come from the chain_parity cell of this process when it ran (the same
     weights, fixture and kernels), else they are computed here. Negative control: a one-ulp change
-    planted on one token of a copy of the rollout side must fail the strict profile.
+    planted on one token of a copy of ``other``'s rollout logprobs, scored against ``anchor``'s
+    teacher forcing, must fail the strict profile.
 
     Status: green when both directions are strict and the control is caught; red otherwise;
     ``n/a`` while the contract does not declare the chain bit-exact across backends
@@ -309,7 +310,7 @@ def chain_cross_backend_cell(anchor: str, other: str, workload: Any, contract: C
     per_run = []
     for offset, scale in plan["runs"]:
         run_seed = int(seed) + int(offset)
-        key = (plan["model"], plan["fixture"], run_seed, scale, str(device))
+        key = (plan["model"], plan["fixture"], run_seed, scale, str(device), contract.rms_norm_order)
         batch = None
         for b in (anchor, other):
             if (*key, b) not in _BACKEND_RUNS:
@@ -351,8 +352,8 @@ def chain_cross_backend_cell(anchor: str, other: str, workload: Any, contract: C
                             f"differ (max |dlogp| {flat['max_abs_dlogp']:.3g})")
     for b in (anchor, other):
         digest.add_all(((f"{b}:teacher_forcing_logprobs", cat[b]["train"]), (f"{b}:rollout_logprobs", cat[b]["rollout"])))
-    probe = cat[anchor]["train"]
-    caught = probe.numel() > 0 and not chain_metrics(probe, plant_ulp(probe), strict).passed
+    probe = cat[anchor]["train"]  # the first direction's sides, the other's rollout planted
+    caught = probe.numel() > 0 and not chain_metrics(probe, plant_ulp(cat[other]["rollout"]), strict).passed
     if not caught:
         problems.append("negative control (planted one-ulp change) was not caught: the check cannot fail")
     details: dict[str, Any] = {
@@ -360,7 +361,8 @@ def chain_cross_backend_cell(anchor: str, other: str, workload: Any, contract: C
         "declared_bit_exact": contract.cross_backend.chain_declared,
         "active_tokens": int(probe.numel()), "directions": reports, "per_run": per_run,
         "logprobs_source": sources, "kernel_ids": kernel_ids, "head": HEAD, "workload": wname,
-        "controls": [{"control": "planted one-ulp change on one token of a copy of the rollout side", "caught": caught}],
+        "controls": [{"control": f"planted one-ulp change on one token of a copy of {other}'s rollout logprobs, scored "
+                                 f"against {anchor}'s teacher forcing", "caught": caught}],
         "bits_digest": digest.hexdigest(), "wall_time_s": round(time.perf_counter() - t_start, 3),
     }
     kid = f"{chain_kernel_id(anchor, kernel_ids[anchor])}|{chain_kernel_id(other, kernel_ids[other])}"

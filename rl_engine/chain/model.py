@@ -258,10 +258,12 @@ class Qwen3Model:
     def training_ops(self) -> OpTable:
         """The op table with the differentiable residual add + RMSNorm
         (:func:`rl_engine.ops.rms_norm.add_rms_norm_kernel`): each residual add runs inside the
-        next norm (forward one launch on ``triton_cuda_bf16``, backward adding the residual
-        gradient in the norm's dx store), the same bits as :attr:`ops` forward and backward
-        (tested), 2 launches fewer per layer each way. The attention, MLP and sites of the norms
-        are unchanged; the ``attn_residual`` / ``mlp_residual`` sites disappear.
+        next norm, the same bits as :attr:`ops` forward and backward (tested). On
+        ``triton_cuda_bf16`` that is one launch each way (the backward adds the residual gradient
+        in the norm's dx store): 2 launches fewer per layer each way; on ``cuda_bf16`` the same
+        kernels as before (its norm kernels and ``torch.add``) until its norm has the fused form.
+        The attention, MLP and sites of the norms are unchanged; the ``attn_residual`` /
+        ``mlp_residual`` sites disappear.
 
         Raises
         ------

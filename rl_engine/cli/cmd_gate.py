@@ -221,15 +221,23 @@ def _stale_kernel_ids(old) -> list[str]:
     from rl_engine.ops.registry import get_spec
 
     stale, seen = [], {}
+
+    def now(op: str, backend: str) -> str | None:
+        if (op, backend) not in seen:
+            impl = get_spec(op).impls.get(backend)
+            seen[(op, backend)] = kernel_id(op, backend, impl) if impl is not None else None
+        return seen[(op, backend)]
+
     for c in old["cells"]:
         kid, op, backend = c.get("kernel_id"), c["op"], c["backend"]
         if not kid or op == "chain" or backend not in BACKENDS:
             continue
-        if (op, backend) not in seen:
-            impl = get_spec(op).impls.get(backend)
-            seen[(op, backend)] = kernel_id(op, backend, impl) if impl is not None else None
-        if seen[(op, backend)] != kid:
-            stale.append(f"{op}/{backend}: {kid} then, {seen[(op, backend)]} now")
+        # a cross_backend cell records "<anchor's id>|<other's id>" (details.backends: anchor, other)
+        pairs = (list(zip(c.get("details", {}).get("backends", []), kid.split("|")))
+                 if c["judgment"] == "cross_backend" else [(backend, kid)])
+        for b, k in pairs:
+            if b in BACKENDS and now(op, b) != k:
+                stale.append(f"{op}/{b}: {k} then, {now(op, b)} now")
     return list(dict.fromkeys(stale))
 
 

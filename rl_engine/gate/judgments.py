@@ -266,27 +266,34 @@ def cross_backend(spec: OpSpec, impls: dict[str, Any], anchor: str, other: str, 
     already computed, keyed ``(backend, "fwd"|"bwd")`` then case id; the rest are computed here.
 
     Status: green when every pair is bitwise equal and the negative control (a one-ulp change planted
-    on a copy of the anchor's first floating output, compared with the anchor) is caught; red
+    on a copy of ``other``'s first floating output, compared with the anchor's) is caught; red
     otherwise; ``n/a`` when the contract does not declare the op bit-exact across backends
     (``not_declared`` is its reason); the comparison is then still made and recorded.
     """
     from rl_engine.ops.transforms import plant_ulp
 
     recorded = recorded if recorded is not None else {}
+    skipped: list[str] = []
 
     def outputs(backend: str, direction: str, pr: CaseResults):
+        """The case's outputs on ``backend`` (recorded or run now); None when the backend does not
+        provide the case (a plugin's CaseNotProvided), which is then listed as skipped."""
         store = recorded.setdefault((backend, direction), {})
         if pr.case.id not in store:
-            if direction == "fwd":
-                store[pr.case.id] = run_forward(impls[backend], pr.case.inputs)
-            else:
-                store[pr.case.id] = run_gradient(impls[backend], pr.case.inputs, spec.grad_inputs,
-                                                 upstream=pr.upstream)[1]
+            try:
+                if direction == "fwd":
+                    store[pr.case.id] = run_forward(impls[backend], pr.case.inputs)
+                else:
+                    store[pr.case.id] = run_gradient(impls[backend], pr.case.inputs, spec.grad_inputs,
+                                                     upstream=pr.upstream)[1]
+            except CaseNotProvided as exc:
+                skipped.append(f"{pr.case.id} ({direction}, {backend}): {exc}")
+                return None
         return store[pr.case.id]
 
     rows, reps, failures = [], [], []
     digest = BitsDigest()
-    first_float = None
+    first_float = None  # (anchor's, other's) first floating output, for the negative control
 
     def compare(case_id: str, path: str, a: torch.Tensor, b: torch.Tensor) -> None:
         nonlocal first_float
@@ -300,11 +307,13 @@ def cross_backend(spec: OpSpec, impls: dict[str, Any], anchor: str, other: str, 
         digest.add(f"{case_id}:{path}:{other}", b)
         if not rep.passed:
             failures.append(f"{case_id}: {rep.summary()}")
-        if first_float is None and a.is_floating_point() and a.numel():
-            first_float = a
+        if first_float is None and a.is_floating_point() and a.numel() and a.shape == b.shape:
+            first_float = (a, b)
 
     for pr in forward:
         a, b = outputs(anchor, "fwd", pr), outputs(other, "fwd", pr)
+        if a is None or b is None:
+            continue
         if len(a) != len(b):
             failures.append(f"{pr.case.id}: {len(a)} outputs on {anchor}, {len(b)} on {other}")
             continue
@@ -312,12 +321,16 @@ def cross_backend(spec: OpSpec, impls: dict[str, Any], anchor: str, other: str, 
             compare(pr.case.id, f"fwd.{spec.outputs[i] if i < len(spec.outputs) else f'out{i}'}", x, y)
     for pr in gradient if spec.grad_inputs else []:
         a, b = outputs(anchor, "bwd", pr), outputs(other, "bwd", pr)
+        if a is None or b is None:
+            continue
         for name in spec.grad_inputs:
             compare(pr.case.id, f"bwd.d{name}", a[name], b[name])
+    if not rows and skipped:
+        return NOT_PROVIDED, "no case provided: " + "; ".join(skipped[:3]), {"skipped_cases": skipped}
     if not rows:
         failures.append("nothing was compared")
     caught = first_float is not None and not compare_bitwise(
-        "control", first_float, plant_ulp(first_float), contract.nan_policy).passed
+        "control", first_float[0], plant_ulp(first_float[1]), contract.nan_policy).passed
     if not caught:
         failures.append("negative control (planted one-ulp change) was not caught: the check cannot fail")
     equal = sum(r["bitwise_equal"] for r in rows)
@@ -325,7 +338,9 @@ def cross_backend(spec: OpSpec, impls: dict[str, Any], anchor: str, other: str, 
     details = {"backends": [anchor, other], "anchor": anchor, "nan_policy": contract.nan_policy,
                "declared_bit_exact": not_declared is None, "rows": rows,
                "outputs_compared": len(rows), "outputs_bitwise_equal": equal, "max_abs_difference": largest,
-               "controls": [{"control": "planted one-ulp change on a copy of the anchor's first output", "caught": caught}],
+               "skipped_cases": skipped,
+               "controls": [{"control": f"planted one-ulp change on a copy of {other}'s first output, compared with "
+                                       f"{anchor}'s as the pairs are", "caught": caught}],
                "bits_digest": digest.hexdigest()}
     measured = f"{equal} of {len(rows)} outputs bitwise equal ({other} vs {anchor}), max difference {largest:.3g}"
     if not_declared is not None:

@@ -252,18 +252,23 @@ def _cross_cell(state: _OpState, key: CellKey, contract: Contract,
     ``cross_pair[0]`` on every case, reusing the outputs this op's accuracy cells recorded."""
     anchor, other = cross_pair
     spec = state.spec
-    impls = {}
+    impls, no_backward = {}, []
     for b in (anchor, other):
         plugin = external_backend(b)
         impl = spec.impls.get(b) if plugin is None else plugin.ops.get(key.op)
         if impl is None:
             return NOT_PROVIDED, f"backend {b} does not provide {key.op}", {}, None
         impls[b] = impl if plugin is None else _plugin_impl(impl)
+        if plugin is not None and key.op not in plugin.backward:
+            no_backward.append(b)
     why = contract.cross_backend.reason_not_declared(key.op)
-    gradient = state.gradient() if spec.grad_inputs else []
+    gradient = state.gradient() if spec.grad_inputs and not no_backward else []
     kid = f"{kernel_id(key.op, anchor, impls[anchor])}|{kernel_id(key.op, other, impls[other])}"
-    return (*J.cross_backend(spec, impls, anchor, other, state.forward(), gradient, contract, why, state.recorded),
-            kid)
+    status, reason, details = J.cross_backend(spec, impls, anchor, other, state.forward(), gradient, contract, why,
+                                              state.recorded)
+    if no_backward and spec.grad_inputs:
+        details["gradients_not_compared"] = f"{', '.join(no_backward)} does not provide the backward of {key.op}"
+    return status, reason, details, kid
 
 
 def run_cell(state: _OpState, key: CellKey, contract: Contract,
@@ -311,7 +316,12 @@ def run_cell(state: _OpState, key: CellKey, contract: Contract,
 
 
 def _record(state: _OpState, backend: str, direction: str) -> dict[str, Any] | None:
-    return state.recorded.setdefault((backend, direction), {}) if state.record else None
+    """Where the accuracy cell keeps its outputs for the op's cross_backend cell: built-in backends
+    only (their ops return fresh tensors; a plugin might reuse an output buffer that later cells
+    overwrite, so its outputs are computed again in the cross cell)."""
+    if not state.record or external_backend(backend) is not None:
+        return None
+    return state.recorded.setdefault((backend, direction), {})
 
 
 def _with_impl(spec, backend: str, impl):

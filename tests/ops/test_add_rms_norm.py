@@ -6,13 +6,19 @@ gradients bit for bit. Each comparison has a control that must fail."""
 
 from __future__ import annotations
 
+import shutil
+from contextlib import nullcontext
+from pathlib import Path
+
 import pytest
 import torch
 
 from _helpers import bits_equal
+from rl_engine import env
 from rl_engine.backends.registry import availability
 from rl_engine.errors import InputError
-from rl_engine.ops.rms_norm import add_rms_norm_kernel, rms_norm
+from rl_engine.ops.rms_norm import add_rms_norm_kernel
+from rl_engine.ops.rms_norm.op import rms_norm_kernel
 from rl_engine.ops.rms_norm import triton as rn
 from rl_engine.ops.spec import make_generator, randn
 
@@ -20,8 +26,39 @@ TRITON = "triton_cuda_bf16"
 EPS = 1e-6
 
 
-def _backends():
-    return [b for b in (TRITON, "cuda_bf16") if availability(b)[0]]
+@pytest.fixture(scope="module")
+def cuda_context():
+    """How ``cuda_bf16`` runs here: on the GPU, else the host emulation of its CUDA sources (the
+    same kernels compiled for the CPU, ``tests/cuda_emu``); skips without either."""
+    if availability("cuda_bf16")[0]:
+        return nullcontext
+    if torch.cuda.is_available() or shutil.which("g++") is None:
+        pytest.skip("cuda_bf16 runs neither on a GPU nor in the host emulation here")
+    import sys
+
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    if tests_dir not in sys.path:
+        sys.path.insert(0, tests_dir)
+    from cuda_emu.build import build
+    from rl_engine.backends.cuda_build import BuildResult, CudaLibrary
+    from rl_engine.backends.cuda_launch import host_emulation
+
+    try:
+        lib = CudaLibrary(BuildResult(build(env.cache_dir() / "cuda_emu"), "host-emulation", True, 0.0))
+    except FileNotFoundError as exc:
+        pytest.skip(f"host emulation unavailable: {exc}")
+    return lambda: host_emulation(lib)
+
+
+@pytest.fixture(params=[TRITON, "cuda_bf16"])
+def backend(request):
+    """``(backend, context manager factory)``: Triton where it runs, cuda_bf16 on the GPU or emulated."""
+    if request.param == TRITON:
+        ok, why = availability(TRITON)
+        if not ok:
+            pytest.skip(why)
+        return TRITON, nullcontext
+    return "cuda_bf16", request.getfixturevalue("cuda_context")
 
 
 def _inputs(t, e, device, seed=7):
@@ -48,39 +85,55 @@ def _fused(x, d, w, ds, dy, order, backend):
 def _separate(x, d, w, ds, dy, order, backend):
     leaves = [t.clone().requires_grad_(True) for t in (x, d, w)]
     s = leaves[0] + leaves[1]
-    y = rms_norm(s, leaves[2], EPS, order, backend=backend)
+    y = rms_norm_kernel(s, leaves[2], EPS, order, backend=backend)  # the op itself: no registry (emulation)
     return (s.detach(), y.detach(), *_grads((s, y), leaves, (ds, dy)))
 
 
 NAMES = ("s", "y", "dx", "ddelta", "dweight")
 
 
+@pytest.mark.parametrize("one_kernel", [False, True])
 @pytest.mark.parametrize("order", ["hf", "fused"])
-@pytest.mark.parametrize("t,e", [(1, 256), (5, 200), (2 * rn.ROWS_PER_PROGRAM + 5, 256)])
-def test_same_bits_as_the_separate_ops(t, e, order, device):
-    for backend in _backends():
-        x, d, w, ds, dy = _inputs(t, e, device)
-        got, want = _fused(x, d, w, ds, dy, order, backend), _separate(x, d, w, ds, dy, order, backend)
-        for name, a, b in zip(NAMES, got, want):
-            assert bits_equal(a, b), f"{backend} {name} differs from the separate ops"
+@pytest.mark.parametrize("t,e", [(0, 64), (1, 256), (5, 200), (2 * rn.ROWS_PER_PROGRAM + 5, 256)])
+def test_same_bits_as_the_separate_ops(t, e, order, one_kernel, backend, device, monkeypatch):
+    """Both backward forms of the Triton norm (``one_kernel``: the dx-and-dweight kernel, which
+    the row count chooses from 264 x 64 rows on; forced here); cuda_bf16 has one form."""
+    name, ctx = backend
+    if one_kernel:
+        if name != TRITON:
+            pytest.skip("cuda_bf16 has one backward form")
+        monkeypatch.setattr(rn, "SPLIT_BELOW_PROGRAMS", 1)
+    dev = device if name == TRITON else (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    with ctx():
+        x, d, w, ds, dy = _inputs(t, e, dev)
+        got, want = _fused(x, d, w, ds, dy, order, name), _separate(x, d, w, ds, dy, order, name)
+    for n, a, b in zip(NAMES, got, want):
+        assert bits_equal(a, b), f"{name} {n} differs from the separate ops"
 
 
-def test_unused_residual_output_adds_nothing(device):
-    """The last layer's ``s`` feeds nothing: its gradient is absent, and dx is the norm's alone
-    (a materialised zero would turn a -0 dx into +0)."""
-    for backend in _backends():
-        x, d, w, _, dy = _inputs(5, 256, device)
-        dy[0, :4] = 0  # zero upstream in a few columns: dx there can be a signed zero
-        got, want = _fused(x, d, w, None, dy, "hf", backend), _separate(x, d, w, None, dy, "hf", backend)
-        for name, a, b in zip(NAMES[2:], got[2:], want[2:]):
-            assert bits_equal(a, b), f"{backend} {name} differs with s unused"
+def test_unused_residual_output_adds_nothing(backend, device):
+    """The last layer's ``s`` feeds nothing: its gradient is absent and dx is the norm's alone.
+    A row whose upstream is -0 with positive x and weight gives -0 in dx, so a materialised zero
+    residual gradient (+0 added: -0 + +0 = +0) would change bits. Control: passing that zero
+    explicitly is caught."""
+    name, ctx = backend
+    dev = device if name == TRITON else (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    with ctx():
+        x, d, w, _, dy = _inputs(5, 256, dev)
+        x, d, w = x.abs(), torch.zeros_like(d), w.abs()  # s = x > 0
+        dy[0] = -0.0
+        got, want = _fused(x, d, w, None, dy, "hf", name), _separate(x, d, w, None, dy, "hf", name)
+        zeros = _fused(x, d, w, torch.zeros_like(dy), dy, "hf", name)
+    assert bool(torch.signbit(want[2][0]).any()), "the case has no -0 in dx: it cannot catch a materialised zero"
+    for n, a, b in zip(NAMES[2:], got[2:], want[2:]):
+        assert bits_equal(a, b), f"{name} {n} differs with s unused"
+    assert not bits_equal(zeros[2], want[2])  # control
 
 
 def test_residual_gradient_is_added_to_the_rounded_dx_in_both_backward_forms(device):
     """Launcher level: the split and the one-kernel backward give the same dx with the residual
-    gradient; the dx is ``bf16(bf16(norm dx) + ds)``. Controls: leaving ds out, or adding it
-    before the norm's dx is rounded (``bf16(norm dx in FP32 + ds)``, emulated from a second
-    launch with ds = 0 in FP32 terms), is caught."""
+    gradient, and that dx is ``bf16(bf16(norm dx) + ds)`` (the norm's own dx plus ds, as a BF16
+    torch add). Control: leaving ds out is caught."""
     t, e = 2 * rn.ROWS_PER_PROGRAM + 5, 256
     x, d, w, ds, dy = _inputs(t, e, device, seed=11)
     s, _, rstd = rn.add_rms_norm_train_fwd(x, d, w, EPS, True)

@@ -96,7 +96,7 @@ def _add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor
     (:func:`rl_engine.ops.rms_norm.triton.add_rms_norm_train_fwd`); a backend without it adds with
     ``torch.add`` (the same rounding) and runs its norm."""
     mod = launchers("rms_norm", backend)
-    if hasattr(mod, "add_rms_norm_train_fwd"):
+    if getattr(mod, "FUSED_ADD_NORM", False):
         return mod.add_rms_norm_train_fwd(x, delta, weight, eps, hf)
     s = x + delta
     y, rstd = mod.rms_norm_fwd(s, weight, eps, hf)
@@ -120,7 +120,7 @@ def add_rms_norm_bwd(s: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rs
     added to its BF16 dx in FP32 and rounded once: autograd's sum of the two gradients of ``s``
     in the separate ops, so the same bits. dx is the gradient of both x and delta."""
     mod = launchers("rms_norm", backend)
-    if ds is not None and hasattr(mod, "add_rms_norm_train_fwd"):  # the Triton kernels add it in the store
+    if ds is not None and getattr(mod, "FUSED_ADD_NORM", False):  # the Triton kernels add it in the store
         dx, dw = mod.rms_norm_bwd(s, weight, dy, rstd, need_dx, need_dw, residual_grad=ds)
     else:
         dx, dw = mod.rms_norm_bwd(s, weight, dy, rstd, need_dx, need_dw)

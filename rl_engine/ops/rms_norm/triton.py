@@ -49,6 +49,10 @@ the choice depends on the row count only."""
 DW_BLOCK = 256
 """Columns per stage-1 dweight program of the split form (a launch setting: each column's sum
 is the same whatever the block)."""
+FUSED_ADD_NORM = True
+"""This module has the training form of the residual add + norm: :func:`add_rms_norm_train_fwd`
+and ``residual_grad`` in :func:`rms_norm_bwd` (the op falls back to separate kernels and
+``torch.add`` on a backend module without it)."""
 ADD_WARPS = 2
 """Warps of the add-fused forward (:func:`add_rms_norm_fwd`, decode rows only). A launch setting,
 not arithmetic: on the H200 at E = 4096 (``tools/rms_decode_sweep.py``, evidence
@@ -330,6 +334,9 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
     :func:`_with_residual_grad`)."""
     t, h, e, sxt, sxh = _rows_view(x)
     res = residual_grad is not None
+    if res and (x.dim() != 2 or tuple(residual_grad.shape) != tuple(x.shape) or residual_grad.stride(-1) != 1):
+        raise ValueError(f"rms_norm_bwd: residual_grad must be like x [T, E] with unit stride on E, got "
+                         f"{list(residual_grad.shape)} for x {list(x.shape)}")
     res_t, srt = (residual_grad, residual_grad.stride(0)) if res else (dy, 0)
     _, _, _, sdyt, sdyh = _rows_view(dy)
     dx = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
