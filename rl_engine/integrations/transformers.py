@@ -189,6 +189,7 @@ class _Plan:
     positions: torch.Tensor  # int64 [B, S] on the model's device
     starts: torch.Tensor  # bool [B, S] (CPU): the token starts a sequence (position 0 within the valid part)
     packed_or_padded: bool
+    varlen: Any = None  # the attention's VarlenPlan of cu_q / cu_k (checked once per forward), when its op takes one
 
 
 def _check_tensor(name: str, x: Any, *, dtype: torch.dtype | None = None, ndim: int | None = None) -> None:
@@ -418,7 +419,20 @@ class KernelPatch:
                              "pass use_cache=False, or generate on unpadded rows")
         cu_q = torch.tensor(cu, dtype=torch.int32, device=self.device)
         cu_k = cu_q if not past else torch.arange(b + 1, dtype=torch.int32, device=self.device) * (past + s)
-        return _Plan(self.ops, cu_q, cu_k, past, tuple(lengths), pos_dev, starts, packed or padded)
+        varlen = None
+        accepts = getattr(self.ops, "accepts", None)  # a duck-typed table without it: each layer checks
+        if accepts is not None and accepts("attention", "plan"):
+            # the attention plan, checked here once from the host lists (CPU tensors: no device read);
+            # every layer's attention then checks only its tensors against it, not cu_seqlens again
+            from rl_engine.ops.attention.op import check_varlen
+
+            row = torch.empty((1, 1, cfg.head_dim), dtype=torch.bfloat16)  # shapes only
+            cu_k_host = cu if not past else [r * (past + s) for r in range(b + 1)]
+            varlen = check_varlen(row.expand(b * s, cfg.num_attention_heads, cfg.head_dim),
+                                  *[row.expand(b * (past + s), cfg.num_key_value_heads, cfg.head_dim)] * 2,
+                                  torch.tensor(cu, dtype=torch.int32), torch.tensor(cu_k_host, dtype=torch.int32),
+                                  cfg.attention_scale, dtype=torch.bfloat16, kernel=True)
+        return _Plan(self.ops, cu_q, cu_k, past, tuple(lengths), pos_dev, starts, packed or padded, varlen)
 
 
 # -- the patched forwards ------------------------------------------------------------------------
@@ -566,10 +580,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     b, nh, sq, d = query.shape
     nkv, sk = key.shape[1], key.shape[2]
     layer = getattr(module, "layer_idx", "?")
+    planned = {} if rl_engine_plan.varlen is None else {"plan": rl_engine_plan.varlen}
     out = rl_engine_plan.ops(f"layer{layer}.attention", "attention", q=query.transpose(1, 2).reshape(b * sq, nh, d),
                              k=key.transpose(1, 2).reshape(b * sk, nkv, d),
                              v=value.transpose(1, 2).reshape(b * sk, nkv, d), cu_seqlens_q=rl_engine_plan.cu_q,
-                             cu_seqlens_k=rl_engine_plan.cu_k, scale=float(scaling))
+                             cu_seqlens_k=rl_engine_plan.cu_k, scale=float(scaling), **planned)
     return out.view(b, sq, nh, d), None
 
 

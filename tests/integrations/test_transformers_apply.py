@@ -533,3 +533,37 @@ def test_a_cache_continuation_gives_the_full_forwards_bits(backend, weights, seq
     assert _same_bits(first.logits, full[:, :5]) and _same_bits(rest.logits, full[:, 5:]), _mismatch(rest.logits,
                                                                                                      full[:, 5:])
     assert torch.equal(gen[:, :5], ids[:, :5]) and torch.equal(gen[0, 5:], again[0, 4:].argmax(-1))
+
+
+def test_attention_takes_the_forwards_plan_in_every_layer(weights, seqs, device, monkeypatch):
+    """The patched forward checks its packed sequences once, from the host lists it built (no
+    device read), and every layer's attention takes that plan (``check_varlen_planned``: its
+    tensors against the plan) instead of reading cu_seqlens on the host again (each read stalls
+    the GPU's launch queue); same logprobs. Control: a table whose attention takes no plan checks
+    cu_seqlens itself in every layer."""
+    _needs("triton_cuda_bf16")
+    import rl_engine.ops.attention.op as attn_op
+    from rl_engine.ops.attention.op import attention_triton
+
+    planned, unplanned = [], []
+    for name, log in (("check_varlen_planned", planned), ("check_varlen", unplanned)):
+        real = getattr(attn_op, name)
+        monkeypatch.setattr(attn_op, name, lambda *a, _real=real, _log=log, **k: _log.append(1) or _real(*a, **k))
+    m = hf_model(weights, device)
+    inputs, _ = layout("packed", seqs, device)
+    layers = len(weights.layers)
+    counts, lps = [], []
+    for no_plan in (False, True):
+        planned.clear()
+        unplanned.clear()
+        with hfk.apply(m, "triton_cuda_bf16") as h:
+            if no_plan:
+                h.ops = h.ops.replace(attention=lambda **kw: attention_triton(**kw))
+            with torch.no_grad():
+                lps.append(hfk.logprobs(m, **inputs).logprobs)
+        counts.append((len(planned), len(unplanned)))
+    # with the plan: every layer planned; the plan itself was checked (check_varlen) by the
+    # forward and by logprobs' own look at the inputs, not by any layer
+    assert counts[0] == (layers, 2), counts
+    assert counts[1] == (0, layers), counts  # control
+    assert _same_bits(lps[0], lps[1])
