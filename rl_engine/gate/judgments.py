@@ -299,8 +299,12 @@ def cross_backend(spec: OpSpec, impls: dict[str, Any], anchor: str, other: str, 
         nonlocal first_float
         rep = compare_bitwise(f"{spec.name}.{path}", a, b, contract.nan_policy)
         same_layout = a.shape == b.shape and a.dtype == b.dtype
-        diff = (float((a.float() - b.float()).abs().max()) if same_layout and a.numel() and a.is_floating_point()
-                else (0.0 if rep.passed else None))
+        if rep.passed:  # equal bits: no FP32 copies of both sides to find a zero (or a NaN from NaN - NaN)
+            diff = 0.0
+        elif same_layout and a.numel() and a.is_floating_point():
+            diff = float((a.float() - b.float()).abs().max())
+        else:
+            diff = None
         rows.append({"case": case_id, "output": path, "bitwise_equal": rep.passed, "differing": rep.differing,
                      "numel": rep.numel, "max_abs_difference": diff})
         reps.append(rep)

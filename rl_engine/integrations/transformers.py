@@ -418,7 +418,8 @@ class KernelPatch:
             raise InputError("a packed or padded batch cannot fill a KV cache (its rows are not single sequences); "
                              "pass use_cache=False, or generate on unpadded rows")
         cu_q = torch.tensor(cu, dtype=torch.int32, device=self.device)
-        cu_k = cu_q if not past else torch.arange(b + 1, dtype=torch.int32, device=self.device) * (past + s)
+        cu_k_host = cu if not past else [r * (past + s) for r in range(b + 1)]
+        cu_k = cu_q if not past else torch.tensor(cu_k_host, dtype=torch.int32, device=self.device)
         varlen = None
         accepts = getattr(self.ops, "accepts", None)  # a duck-typed table without it: each layer checks
         if accepts is not None and accepts("attention", "plan"):
@@ -427,7 +428,6 @@ class KernelPatch:
             from rl_engine.ops.attention.op import check_varlen
 
             row = torch.empty((1, 1, cfg.head_dim), dtype=torch.bfloat16)  # shapes only
-            cu_k_host = cu if not past else [r * (past + s) for r in range(b + 1)]
             varlen = check_varlen(row.expand(b * s, cfg.num_attention_heads, cfg.head_dim),
                                   *[row.expand(b * (past + s), cfg.num_key_value_heads, cfg.head_dim)] * 2,
                                   torch.tensor(cu, dtype=torch.int32), torch.tensor(cu_k_host, dtype=torch.int32),
