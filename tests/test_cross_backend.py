@@ -97,11 +97,13 @@ def test_malformed_section_names_the_field(tmp_path, edit, field):
 # the judgment on one op
 
 
-def _prepared(op: str):
+def _prepared(op: str, device: torch.device):
+    """Cases on the test machine's device (the GPU where there is one: Triton kernels refuse CPU
+    tensors outside the interpreter)."""
     spec = get_spec(op)
     wl = get_workload("smoke")
-    fwd = [J.prepare_forward(spec, c) for c in spec.build_cases(wl, 0, torch.device("cpu"))[:2]]
-    grad = [J.prepare_gradient(spec, c) for c in spec.build_grad_cases(wl, 500, torch.device("cpu"))[:1]]
+    fwd = [J.prepare_forward(spec, c) for c in spec.build_cases(wl, 0, device)[:2]]
+    grad = [J.prepare_gradient(spec, c) for c in spec.build_grad_cases(wl, 500, device)[:1]]
     return spec, fwd, grad
 
 
@@ -114,8 +116,8 @@ def _off_by_one_ulp(impl):
     return call
 
 
-def test_same_kernels_are_green_and_a_one_ulp_change_is_red():
-    spec, fwd, grad = _prepared("silu")
+def test_same_kernels_are_green_and_a_one_ulp_change_is_red(device):
+    spec, fwd, grad = _prepared("silu", device)
     real = spec.impls[TRITON]
     c = load_contract()
     status, reason, det = J.cross_backend(spec, {TRITON: real, TWIN: real}, TRITON, TWIN, fwd, grad, c, None)
@@ -128,8 +130,8 @@ def test_same_kernels_are_green_and_a_one_ulp_change_is_red():
     assert det["outputs_bitwise_equal"] < det["outputs_compared"] and det["max_abs_difference"] > 0
 
 
-def test_an_undeclared_op_is_na_and_still_measured():
-    spec, fwd, grad = _prepared("silu")
+def test_an_undeclared_op_is_na_and_still_measured(device):
+    spec, fwd, grad = _prepared("silu", device)
     real = spec.impls[TRITON]
     status, reason, det = J.cross_backend(spec, {TRITON: real, TWIN: _off_by_one_ulp(real)}, TRITON, TWIN, fwd, grad,
                                           load_contract(), "a reason from the contract")
@@ -137,8 +139,8 @@ def test_an_undeclared_op_is_na_and_still_measured():
     assert det["declared_bit_exact"] is False and det["outputs_bitwise_equal"] < det["outputs_compared"]
 
 
-def test_recorded_outputs_are_used_instead_of_a_second_run():
-    spec, fwd, grad = _prepared("silu")
+def test_recorded_outputs_are_used_instead_of_a_second_run(device):
+    spec, fwd, grad = _prepared("silu", device)
     real = spec.impls[TRITON]
     calls = []
 
