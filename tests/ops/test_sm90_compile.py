@@ -79,6 +79,26 @@ SCRIPT = textwrap.dedent(r'''
                 "GROUP": 4, "D": 128, "D_SPLIT": split, "BLOCK_M": at.BLOCK_M_DECODE, "BLOCK_N": at.BLOCK_N,
                 "UPCAST": False}
 
+        prefill = ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh")
+        consts = {"GROUP": 4, "D": 128, "UPCAST": False}
+        yield "attention_fwd", at._attn_fwd_kernel, {
+            **{n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}, "lse_ptr": "*fp32", "cu_q_ptr": "*i32",
+            "cu_k_ptr": "*i32", "n_mblocks": "i32", "n_heads": "i32",
+            **{n: "i32" for n in (*prefill, "stride_ot", "stride_oh", "stride_lh")}, "scale": "fp32"}, {
+            **consts, "BLOCK_M": at.BLOCK_M, "BLOCK_N": at.BLOCK_N}
+        grads = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "do_ptr")}
+        yield "attention_bwd_dkdv", at._attn_bwd_dkdv_kernel, {
+            **grads, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16",
+            "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "n_nblocks": "i32", "n_kv_heads": "i32",
+            **{n: "i32" for n in (*prefill, "stride_dot", "stride_doh", "stride_lh", "stride_dkt", "stride_dkh",
+                                  "stride_dvt", "stride_dvh")}, "scale": "fp32"}, {
+            **consts, "BLOCK_M": at.BLOCK_M_BWD, "BLOCK_N": at.BLOCK_N_BWD}
+        yield "attention_bwd_dq", at._attn_bwd_dq_kernel, {
+            **grads, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32",
+            "cu_k_ptr": "*i32", "n_mblocks": "i32", "n_heads": "i32",
+            **{n: "i32" for n in (*prefill, "stride_dot", "stride_doh", "stride_lh", "stride_dqt", "stride_dqh")},
+            "scale": "fp32"}, {**consts, "BLOCK_M": at.BLOCK_M, "BLOCK_N": at.BLOCK_N_BWD}
+
         yield "det_gemm_leaves[merge]", dg._det_gemm_leaves_kernel, {
             "a_ptr": "*bf16", "b_ptr": "*bf16", "w_ptr": "*bf16", "c_ptr": "*bf16", "cnt_ptr": "*i32",
             **{name: "i32" for name in ("M", "N", "K", "k1", "k2", "k3", "s_am", "s_ak", "s_bk", "s_bn", "s_cm",
@@ -170,7 +190,7 @@ def test_control_a_type_changing_loop_value_fails_to_compile(compiled):
 
 
 KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "attention_decode[1]",
-           "attention_decode[8]", "det_gemm_leaves[merge]", "det_gemm_leaves[merge,M=1]",
+           "attention_decode[8]", "attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq", "det_gemm_leaves[merge]", "det_gemm_leaves[merge,M=1]",
            "det_gemm_persistent[forward]", "det_gemm_persistent[dx]", "det_gemm_persistent[dw]",
            "det_gemm_persistent[forward,bk128]", "rms_norm[add]", "rms_bwd_dx[False]", "rms_bwd_dx[True]",
            "rms_bwd[False]", "rms_bwd[True]", "rms_bwd_dw", "rms_dw_reduce",

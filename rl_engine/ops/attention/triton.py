@@ -45,8 +45,9 @@ bits in every configuration swept. Each program still walks every KV block in tu
 of one sequence stays latency-bound (16 us per layer at context 1024).
 
 Backward (FlashAttention-2, deterministic, no atomics). ``delta = rowsum(dO * O)`` in FP32; ``P`` is
-recomputed from the saved FP32 ``lse``. A dK/dV kernel owns one KV block of one KV head of one
-sequence and loops, in a fixed order, over the query heads of its group and, for each head, over
+recomputed from the saved FP32 ``lse``. Every prefill launch (forward, dK/dV, dQ) is a 1-D grid
+ordered longest programs first (``_heavy_first``); the order never changes a bit. A dK/dV kernel
+owns one KV block of one KV head of one sequence and loops, in a fixed order, over the query heads of its group and, for each head, over
 the query blocks that can see the block; ``dV += Pᵀ dO``, ``dS = P * (dP - delta)``,
 ``dK += dSᵀ Q`` (``P`` and ``dS`` rounded to BF16 as MMA operands, FP32 accumulators). A separate
 dQ kernel owns one query block of one head and loops over the KV blocks from key 0:
@@ -175,15 +176,33 @@ def _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kn, stride_vn, kv_l
 
 
 @triton.jit
-def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, n_mblocks,
+def _heavy_first(n_blocks, n_heads, REVERSE: tl.constexpr):
+    """``(sequence, head, block)`` of this program in a 1-D grid of ``n_blocks * batch * n_heads``
+    programs, ordered by decreasing causal work: the block index varies slowest (from the last
+    block down when ``REVERSE``: a query block's work grows with its index in the forward and dQ
+    kernels; from block 0 up in the dK/dV kernel, whose work shrinks with the key block's index),
+    then the sequence, then the head (adjacent query heads share a KV head). GPUs start programs
+    roughly in launch order, so the longest programs no longer start last and leave SMs idle at
+    the end of the launch (longest-processing-time-first list scheduling). Only which program
+    computes which tile changes: every tile's arithmetic, and so every bit, is the
+    same as in any other order."""
+    pid = tl.program_id(0)
+    per_block = tl.num_programs(0) // n_blocks
+    block = pid // per_block
+    if REVERSE:
+        block = n_blocks - 1 - block
+    rest = pid % per_block
+    return rest // n_heads, rest % n_heads, block
+
+
+@triton.jit
+def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, n_mblocks, n_heads,
                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_ot, stride_oh, stride_lh, scale,
                      GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      UPCAST: tl.constexpr):
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
-    b = pid // n_mblocks
-    m0 = (pid % n_mblocks) * BLOCK_M
+    b, h, m_block = _heavy_first(n_mblocks, n_heads, True)
+    m0 = m_block * BLOCK_M
     q_start = tl.load(cu_q_ptr + b)
     q_len = tl.load(cu_q_ptr + b + 1) - q_start
     if m0 < q_len:
@@ -271,14 +290,12 @@ def _attn_bwd_delta_kernel(o_ptr, do_ptr, delta_ptr, T, stride_ot, stride_oh, st
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr,
-                          n_nblocks, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                          n_nblocks, n_kv_heads, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                           stride_dot, stride_doh, stride_lh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
                           scale, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
-    pid = tl.program_id(0)
-    kvh = tl.program_id(1)
-    b = pid // n_nblocks
-    n0 = (pid % n_nblocks) * BLOCK_N
+    b, kvh, n_block = _heavy_first(n_nblocks, n_kv_heads, False)
+    n0 = n_block * BLOCK_N
     k_start = tl.load(cu_k_ptr + b)
     k_len = tl.load(cu_k_ptr + b + 1) - k_start
     if n0 < k_len:
@@ -347,14 +364,12 @@ def _attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_pt
 
 @triton.jit
 def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, n_mblocks,
-                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                        n_heads, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                         stride_dot, stride_doh, stride_lh, stride_dqt, stride_dqh, scale,
                         GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         UPCAST: tl.constexpr):
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
-    b = pid // n_mblocks
-    m0 = (pid % n_mblocks) * BLOCK_M
+    b, h, m_block = _heavy_first(n_mblocks, n_heads, True)
+    m0 = m_block * BLOCK_M
     q_start = tl.load(cu_q_ptr + b)
     q_len = tl.load(cu_q_ptr + b + 1) - q_start
     if m0 < q_len:
@@ -429,9 +444,9 @@ def attention_fwd(q, k, v, cu_q, cu_k, scale: float, plan: LaunchPlan, *, block_
     if tq == 0 or plan.batch == 0:
         return out, lse
     n_mblocks = cdiv(plan.max_lq, block_m)
-    grid = (plan.batch * n_mblocks, h)
+    grid = (n_mblocks * plan.batch * h,)
     _attn_fwd_kernel[grid](
-        q, k, v, out, lse, cu_q, cu_k, n_mblocks,
+        q, k, v, out, lse, cu_q, cu_k, n_mblocks, h,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), float(scale),
         GROUP=h // hkv, D=d, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=upcast_dots(),
@@ -532,8 +547,8 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
             enable_fp_fusion=FP_FUSION,
         )
     n_nblocks = cdiv(plan.max_lk, kv_rows)
-    _attn_bwd_dkdv_kernel[(plan.batch * n_nblocks, hkv)](
-        q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, n_nblocks,
+    _attn_bwd_dkdv_kernel[(n_nblocks * plan.batch * hkv,)](
+        q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, n_nblocks, hkv,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1), lse.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         float(scale), GROUP=group, D=d, BLOCK_M=BLOCK_M_BWD, BLOCK_N=kv_rows, UPCAST=up,
@@ -542,8 +557,8 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
     )
     if tq:
         n_mblocks = cdiv(plan.max_lq, q_rows)
-        _attn_bwd_dq_kernel[(plan.batch * n_mblocks, h)](
-            q, k, v, do, lse, delta, dq, cu_q, cu_k, n_mblocks,
+        _attn_bwd_dq_kernel[(n_mblocks * plan.batch * h,)](
+            q, k, v, do, lse, delta, dq, cu_q, cu_k, n_mblocks, h,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), lse.stride(0), dq.stride(0), dq.stride(1), float(scale),
             GROUP=group, D=d, BLOCK_M=q_rows, BLOCK_N=BLOCK_N_BWD, UPCAST=up,
