@@ -1,4 +1,4 @@
-"""The tolerance contract ws1-c1-v5: values, structure, and loud failures on malformed files.
+"""The tolerance contract ws1-c1-v6: values, structure, and loud failures on malformed files.
 
 The §5 tables are compared with the values parsed from the standard's markdown itself, so this
 file holds no threshold numbers of its own.
@@ -76,12 +76,12 @@ def standard_tables(standard_text):
 
 def test_version():
     c = load_contract()
-    assert CONTRACT_VERSION == "ws1-c1-v5"
-    assert c.version == "ws1-c1-v5"
+    assert CONTRACT_VERSION == "ws1-c1-v6"
+    assert c.version == "ws1-c1-v6"
     assert c.data["supersedes"] == "ws1-c1-v4"
-    assert default_contract_path().name == "ws1-c1-v5.json"
+    assert default_contract_path().name == "ws1-c1-v6.json"
     ident = c.identity()
-    assert ident["contract_version"] == "ws1-c1-v5" and re.fullmatch(r"[0-9a-f]{64}", ident["sha256"])
+    assert ident["contract_version"] == "ws1-c1-v6" and re.fullmatch(r"[0-9a-f]{64}", ident["sha256"])
 
 
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
@@ -98,7 +98,7 @@ def test_section5_tables_equal_the_standard(direction, standard_tables):
             tol = c.tolerance(direction, cls, dtype)
             assert (tol.atol, tol.rtol) == (atol_std, rtol_std), (
                 f"{direction}_accuracy/{cls}/{dtype}: contract {tol.atol} / {tol.rtol}, standard {atol_std} / {rtol_std}")
-            assert tol.source == f"ws1-c1-v5:{direction}_accuracy/{cls}/{dtype}"
+            assert tol.source == f"ws1-c1-v6:{direction}_accuracy/{cls}/{dtype}"
 
 
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
@@ -232,6 +232,7 @@ def test_in_scope_profiles():
     ("ws1-c1-v3", "ws1-c1-v2", ("det_gemm", "nan_policy", "approx_kl0", "mean_abs_dlogp", "relative criterion", "strict")),
     ("ws1-c1-v4", "ws1-c1-v3", ("enable_fp_fusion", "nvcc_fmad", "masked means absent", "host-independent")),
     ("ws1-c1-v5", "ws1-c1-v4", ("cross_backend", "declared_bit_exact")),
+    ("ws1-c1-v6", "ws1-c1-v5", ("lm_head", "det_gemm", "declared_bit_exact")),
 ])
 def test_changelog_entries_with_reasons(version, previous, topics):
     c = load_contract()
@@ -264,7 +265,7 @@ def _write(tmp_path: Path, data, name: str = "contract.json") -> Path:
 
 def test_shipped_copy_loads(tmp_path):
     c = load_contract(_write(tmp_path, _shipped()))
-    assert c.version == "ws1-c1-v5"
+    assert c.version == "ws1-c1-v6"
     assert c.data == load_contract().data
 
 
@@ -367,7 +368,7 @@ def test_det_gemm_split_not_power_of_two(tmp_path):
 
 
 def test_missing_file_raises(tmp_path):
-    p = tmp_path / "nope" / "ws1-c1-v5.json"
+    p = tmp_path / "nope" / "ws1-c1-v6.json"
     with pytest.raises(ContractError) as ei:
         load_contract(p)
     assert "not found" in str(ei.value) and str(p) in str(ei.value)
