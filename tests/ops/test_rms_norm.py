@@ -184,7 +184,8 @@ def test_dweight_reduce_adds_rows_in_order(n_parts, cols, device):
 
     def reduce(p: torch.Tensor) -> torch.Tensor:
         dw = torch.empty(cols, dtype=torch.bfloat16, device=device)
-        rt._dw_reduce_kernel[(triton.cdiv(cols, rt.REDUCE_BLOCK),)](p, dw, p.shape[0], cols, BLOCK=rt.REDUCE_BLOCK)
+        rt._dw_reduce_kernel[(triton.cdiv(cols, rt.REDUCE_BLOCK),)](p, dw, p.shape[0], cols, BLOCK=rt.REDUCE_BLOCK,
+                                                                    UNROLL=rt.REDUCE_UNROLL)
         return dw
 
     seq = torch.zeros(cols, dtype=torch.float32, device=device)

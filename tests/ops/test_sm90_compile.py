@@ -142,7 +142,8 @@ SCRIPT = textwrap.dedent(r'''
             **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_dyt", "stride_dyh")}}, {
             "BLOCK": rn.DW_BLOCK, "ROWS": rn.ROWS_PER_PROGRAM}
         yield "rms_dw_reduce", rn._dw_reduce_kernel, {
-            "part_ptr": "*fp32", "dw_ptr": "*bf16", "n_parts": "i32", "n_cols": "i32"}, {"BLOCK": rn.REDUCE_BLOCK}
+            "part_ptr": "*fp32", "dw_ptr": "*bf16", "n_parts": "i32", "n_cols": "i32"}, {
+            "BLOCK": rn.REDUCE_BLOCK, "UNROLL": rn.REDUCE_UNROLL}
         yield "qk_norm_rope", fused._qk_norm_rope_kernel, {
             **{name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr", "qo_ptr", "ko_ptr", "kc_ptr",
                                           "vc_ptr")}, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "rows_ptr": "*i64",

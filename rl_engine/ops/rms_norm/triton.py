@@ -40,6 +40,9 @@ LANES = 128
 """Lane sums of the fixed row-sum order (the CUDA backend's ``NORM_THREADS``)."""
 REDUCE_BLOCK = 256
 """Columns per dweight stage-2 program (fixed)."""
+REDUCE_UNROLL = 8
+"""Partial rows per unrolled step of the dweight stage-2 loop (a launch setting: the rows are
+still added one at a time in increasing order)."""
 SPLIT_BELOW_PROGRAMS = 264
 """The backward runs in its split form (one program per row for dx, one per 64-row chunk and
 ``DW_BLOCK`` columns for the dweight partials) when the fused form would have fewer programs
@@ -209,11 +212,20 @@ def _rms_bwd_dw_kernel(x_ptr, dy_ptr, rstd_ptr, part_ptr, n_rows, n_cols, n_head
 
 
 @triton.jit
-def _dw_reduce_kernel(part_ptr, dw_ptr, n_parts, n_cols, BLOCK: tl.constexpr):
+def _dw_reduce_kernel(part_ptr, dw_ptr, n_parts, n_cols, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+    """dweight stage 2: each column's partial rows added in FP32 in increasing row order, one
+    rounding to BF16. The loop body is unrolled ``UNROLL`` rows deep (``tl.static_range``: the
+    same adds in the same order) so the compiler can issue those rows' loads before their adds:
+    for the qk-norm weights one program walks thousands of partial rows, and one load in flight
+    at a time left it latency-bound."""
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for p in range(0, n_parts):
+    n_main = (n_parts // UNROLL) * UNROLL
+    for p0 in range(0, n_main, UNROLL):
+        for i in tl.static_range(UNROLL):
+            acc += tl.load(part_ptr + (p0 + i) * n_cols + cols, mask=mask, other=0.0)
+    for p in range(n_main, n_parts):
         acc += tl.load(part_ptr + p * n_cols + cols, mask=mask, other=0.0)
     tl.store(dw_ptr + cols, acc.to(tl.bfloat16), mask=mask)
 
@@ -366,12 +378,13 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
                 BLOCK=DW_BLOCK, ROWS=ROWS_PER_PROGRAM, num_warps=2, enable_fp_fusion=FP_FUSION,
             )
             _dw_reduce_kernel[(cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK,
-                                                               enable_fp_fusion=FP_FUSION)
+                                                               UNROLL=REDUCE_UNROLL, enable_fp_fusion=FP_FUSION)
         return dx, dw
     _rms_bwd_kernel[(n_parts,)](
         x, weight, dy, rstd, dx, parts, res_t, n_rows, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh, srt,
         BLOCK=block, ROWS=ROWS_PER_PROGRAM, LANES=LANES, CHUNKS=cdiv(e, LANES), num_warps=_warps(block),
         RES=res, enable_fp_fusion=FP_FUSION,
     )
-    _dw_reduce_kernel[(cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK, enable_fp_fusion=FP_FUSION)
+    _dw_reduce_kernel[(cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK, UNROLL=REDUCE_UNROLL,
+                                                 enable_fp_fusion=FP_FUSION)
     return dx, dw
