@@ -419,3 +419,30 @@ def test_diff_counts_cells_outside_the_other_runs_matrix_instead_of_listing_them
     assert f"{dropped} cells only in OLD and 0 only in NEW" in stdout
     assert "absent" not in stdout
     assert "different seeds" in err
+
+
+def test_diff_a_run_without_the_chain_does_not_list_the_chain_cross_backend_cell(capsys, gate_dir, tmp_path):
+    """A gate of a few ops (--ops) judges cross_backend but not chain_parity, so it has no
+    chain/cuda_bf16/cross_backend cell: the diff counts that cell as outside the run's matrix
+    (it once listed it as 'n/a -> absent' and so failed --same-bits)."""
+    from rl_engine.gate import evidence as evidence_io
+
+    _, out = gate_dir
+    ev = json.loads((out / "evidence.json").read_text())
+    chain_cell = dict(ev["cells"][0], op="chain", backend="cuda_bf16", judgment="cross_backend", transform=None,
+                      status="n/a", reason="not declared", details={})
+    full = dict(ev, judgments=[*ev["judgments"], "cross_backend"], cells=[*ev["cells"], chain_cell],
+                backends=dict(ev["backends"], judged=[*ev["backends"]["judged"], "cuda_bf16"]))
+    few = dict(ev, judgments=[j for j in full["judgments"] if j != "chain_parity"],
+               cells=[c for c in ev["cells"] if c["op"] != "chain"], backends=full["backends"])
+    for name, doc in (("full", full), ("few", few)):
+        (tmp_path / name).mkdir()
+        evidence_io.write_atomic(tmp_path / name / "evidence.json", doc)
+    rc, stdout, _ = run(capsys, "diff", "--same-bits", tmp_path / "full", tmp_path / "few")
+    assert "absent" not in stdout and "same bits: yes" in stdout and rc == 0, stdout
+    # control: the same run with chain_parity judged but its chain cells missing is a real absence
+    few_chain = dict(few, judgments=[*few["judgments"], "chain_parity"])
+    (tmp_path / "few_chain").mkdir()
+    evidence_io.write_atomic(tmp_path / "few_chain" / "evidence.json", few_chain)
+    rc, stdout, _ = run(capsys, "diff", "--same-bits", tmp_path / "full", tmp_path / "few_chain")
+    assert "chain/cuda_bf16/cross_backend: n/a -> absent" in stdout and rc == 1, stdout

@@ -66,7 +66,10 @@ def _key(c):
 def _outside(k, ev) -> bool:
     """Whether cell key ``k`` lies outside the matrix ``ev`` asked for (its ops, judgments, backends)."""
     op, backend, judgment, _ = k
+    # the chain's cells (chain_parity and the chain's cross_backend cell) exist only in a run that
+    # judged chain_parity: a run of a few ops (--ops) has the cross_backend judgment but no chain
     return ((op != "chain" and op not in ev["ops"]) or judgment not in ev["judgments"]
+            or (op == "chain" and "chain_parity" not in ev["judgments"])
             or backend not in ev["backends"]["judged"])
 
 
