@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import FP_FUSION, cdiv, row_sum_fixed
+from rl_engine.ops._triton_common import FP_FUSION, cdiv
+from rl_engine.ops.rms_norm.triton import _norm_rope_row
 
 FUSED_BACKENDS = ("triton_cuda_bf16", "cuda_bf16")
 """Backends whose kernels the fusions here are built from."""
@@ -144,14 +145,14 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, 
             tl.store(dst + HALF + cols, tl.load(src + HALF + cols))
     elif r < n_q:
         h = r.to(tl.int64)
-        o1, o2 = _norm_rope_row(q_ptr + t * s_qt + h * s_qh, qw_ptr, cos_ptr + t * s_ct, sin_ptr + t * s_st, eps,
+        o1, o2, _ = _norm_rope_row(q_ptr + t * s_qt + h * s_qh, qw_ptr, cos_ptr + t * s_ct, sin_ptr + t * s_st, eps,
                                 n_float, D, HALF, HF_ORDER, LANES, CHUNKS)
         out = qo_ptr + t * s_qot + h * s_qoh
         tl.store(out + cols, o1)
         tl.store(out + HALF + cols, o2)
     else:
         h = (r - n_q).to(tl.int64)
-        o1, o2 = _norm_rope_row(k_ptr + t * s_kt + h * s_kh, kw_ptr, cos_ptr + t * s_ct, sin_ptr + t * s_st, eps,
+        o1, o2, _ = _norm_rope_row(k_ptr + t * s_kt + h * s_kh, kw_ptr, cos_ptr + t * s_ct, sin_ptr + t * s_st, eps,
                                 n_float, D, HALF, HF_ORDER, LANES, CHUNKS)
         out = ko_ptr + t * s_kot + h * s_koh
         tl.store(out + cols, o1)
@@ -160,33 +161,6 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, 
             dst = kc_ptr + row * s_cb + pos * s_cs + h * s_ch
             tl.store(dst + cols, o1)
             tl.store(dst + HALF + cols, o2)
-
-
-@triton.jit
-def _norm_rope_row(base, w_ptr, cos_row, sin_row, eps, n_float, D: tl.constexpr, HALF: tl.constexpr,
-                   HF_ORDER: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr):
-    """One head row [D]: the norm's BF16 output, rotated; returns the two rotated halves in BF16."""
-    cols = tl.arange(0, HALF)
-    lanes = tl.zeros((LANES,), dtype=tl.float32)
-    for c in tl.static_range(CHUNKS):  # lane i adds columns i, i + LANES, ... in order
-        lc = c * LANES + tl.arange(0, LANES)
-        xc = tl.load(base + lc, mask=lc < D, other=0.0).to(tl.float32)
-        lanes += xc * xc
-    ss = row_sum_fixed(lanes, LANES)
-    rstd = tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.math.sqrt_rn(tl.math.div_rn(ss, n_float) + eps))
-    x1 = tl.load(base + cols).to(tl.float32) * rstd
-    x2 = tl.load(base + HALF + cols).to(tl.float32) * rstd
-    w1 = tl.load(w_ptr + cols).to(tl.float32)
-    w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)
-    if HF_ORDER:
-        y1 = (x1.to(tl.bfloat16).to(tl.float32) * w1).to(tl.bfloat16).to(tl.float32)
-        y2 = (x2.to(tl.bfloat16).to(tl.float32) * w2).to(tl.bfloat16).to(tl.float32)
-    else:
-        y1 = (x1 * w1).to(tl.bfloat16).to(tl.float32)
-        y2 = (x2 * w2).to(tl.bfloat16).to(tl.float32)
-    cs = tl.load(cos_row + cols)
-    sn = tl.load(sin_row + cols)
-    return (y1 * cs - y2 * sn).to(tl.bfloat16), (y2 * cs + y1 * sn).to(tl.bfloat16)
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,

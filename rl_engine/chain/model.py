@@ -256,14 +256,16 @@ class Qwen3Model:
             logp=lambda **kw: logp_kernel(**kw, backend=b, validate=False))
 
     def training_ops(self) -> OpTable:
-        """The op table with the differentiable residual add + RMSNorm
-        (:func:`rl_engine.ops.rms_norm.add_rms_norm_kernel`): each residual add runs inside the
-        next norm, the same bits as :attr:`ops` forward and backward (tested). On
-        ``triton_cuda_bf16`` that is one launch each way (the backward adds the residual gradient
-        in the norm's dx store): 2 launches fewer per layer each way; on ``cuda_bf16`` the same
-        kernels as before (its norm kernels and ``torch.add``) until its norm has the fused form.
-        The attention, MLP and sites of the norms are unchanged; the ``attn_residual`` /
-        ``mlp_residual`` sites disappear.
+        """The op table with the differentiable fused launches of training: the residual add +
+        RMSNorm (:func:`rl_engine.ops.rms_norm.add_rms_norm_kernel`: each residual add runs inside
+        the next norm) and QK-norm + RoPE (:func:`rl_engine.ops.qk_norm.op.qk_norm_rope_kernel`:
+        one launch for q and one for k each way), the same bits as :attr:`ops` forward and backward
+        (tested). On ``triton_cuda_bf16`` the backward adds the residual gradient in the norm's dx
+        store and rotates the q / k gradients back inside the norm's backward loads: 4 launches
+        fewer per layer forward; on ``cuda_bf16`` the same kernels as before (its norm and rope
+        kernels and ``torch.add``) until it has the fused forms. The attention, MLP and sites of
+        the other norms are unchanged; the ``attn_residual`` / ``mlp_residual`` sites and the
+        q / k norm and rope sites become the norms' and ``qk_norm_rope``.
 
         Raises
         ------
@@ -271,12 +273,22 @@ class Qwen3Model:
             The backend is not a kernel backend.
         """
         from rl_engine.backends.registry import KERNEL_BACKENDS
+        from rl_engine.ops.qk_norm.op import qk_norm_rope_kernel
         from rl_engine.ops.rms_norm.op import add_rms_norm_kernel
 
         if self.backend not in KERNEL_BACKENDS:
             raise InputError(f"training_ops: {self.backend} is not a kernel backend ({', '.join(KERNEL_BACKENDS)})")
         b = self.backend
-        return self.ops.replace(add_rms_norm=lambda **kw: add_rms_norm_kernel(**kw, backend=b))
+
+        def qk_norm_rope(q, k, v, q_weight, k_weight, eps, order, cos, sin, **cached):
+            if cached:
+                raise InputError("training_ops: the training QK-norm + RoPE writes no KV cache; decode_ops() has "
+                                 "the rollout form")
+            return (qk_norm_rope_kernel(q, q_weight, eps, order, cos, sin, backend=b),
+                    qk_norm_rope_kernel(k, k_weight, eps, order, cos, sin, backend=b))
+
+        return self.ops.replace(add_rms_norm=lambda **kw: add_rms_norm_kernel(**kw, backend=b),
+                                qk_norm_rope=qk_norm_rope)
 
     def decode_ops(self) -> OpTable:
         """:meth:`capture_safe_ops` plus the backend's fused launches of

@@ -149,9 +149,10 @@ def test_residual_gradient_is_added_to_the_rounded_dx_in_both_backward_forms(dev
 def test_training_step_with_the_fused_residual_gives_the_plain_bits(device):
     """A one-layer tiny-smoke Qwen3 training step (the decoder stack and final norm, a fixed random linear
     loss on the hidden states instead of the vocabulary head, which the interpreter is slow at;
-    backward into every weight) with the fused residual table against the plain table: same
-    hidden states, same gradient of every weight. Control: a fused table whose backward drops the
-    residual gradient differs."""
+    backward into every weight) with the training table (fused residual + norm, fused QK-norm +
+    RoPE) against the plain table: same hidden states, same gradient of every weight. Controls: a
+    fused table whose backward drops the residual gradient, and one whose k gradient is not
+    rotated back, differ."""
     from rl_engine.chain.config import get_config
     from rl_engine.chain.model import Qwen3Model
     from rl_engine.chain.weights import synthetic_weights
@@ -187,6 +188,17 @@ def test_training_step_with_the_fused_residual_gives_the_plain_bits(device):
         return s_.detach() + (s_ - s_.detach()) * 0, y_
 
     _, g_bad = step(lambda m: m.training_ops().replace(add_rms_norm=dropped))
+    assert not all((a is None and c is None) or bits_equal(a, c) for a, c in zip(g_bad, base_g))
+
+    def unrotated(q, k, v, q_weight, k_weight, eps, order, cos, sin):  # NEGATIVE CONTROL: the fused QK-norm +
+        from rl_engine.ops.qk_norm.op import qk_norm_kernel, qk_norm_rope_kernel  # RoPE with k's gradient
+
+        k_out = qk_norm_rope_kernel(k, k_weight, eps, order, cos, sin, backend=TRITON)  # not rotated back
+        k_plain = qk_norm_kernel(k, k_weight, eps, order, backend=TRITON)
+        return (qk_norm_rope_kernel(q, q_weight, eps, order, cos, sin, backend=TRITON),
+                k_out.detach() + (k_plain - k_plain.detach()))
+
+    _, g_bad = step(lambda m: m.training_ops().replace(qk_norm_rope=unrotated))
     assert not all((a is None and c is None) or bits_equal(a, c) for a, c in zip(g_bad, base_g))
 
 

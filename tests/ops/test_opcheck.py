@@ -47,7 +47,8 @@ from rl_engine.ops.linear_logp.api import linear_logp_bwd, linear_logp_fwd
 from rl_engine.ops.lm_head.api import lm_head_bwd, lm_head_fwd
 from rl_engine.ops.logp.api import logp_rows_bwd, logp_rows_fwd
 from rl_engine.ops.pack.api import pack_op, unpack_op
-from rl_engine.ops.rms_norm.api import add_rms_norm_bwd, add_rms_norm_fwd, rms_norm_bwd, rms_norm_fwd
+from rl_engine.ops.rms_norm.api import (add_rms_norm_bwd, add_rms_norm_fwd, norm_rope_bwd, norm_rope_fwd,
+                                        rms_norm_bwd, rms_norm_fwd)
 from rl_engine.ops.rope.api import rope_rotate
 from rl_engine.ops.silu.api import silu_bwd, silu_fwd
 from rl_engine.ops.swiglu.api import swiglu_bwd, swiglu_fwd
@@ -103,9 +104,15 @@ def _qk_norm(b, dev) -> list[Call]:
     xs = _bf16((3, 8, 32), 6, dev)[:, ::2].requires_grad_(True)
     with torch.no_grad():
         _, rstd = rms_norm_fwd(x, w, 1e-6, True, 0, b)
+    cos, sin = _f32((3, 16), 18, dev), _f32((3, 16), 19, dev)
+    with torch.no_grad():
+        _, rstd_r = norm_rope_fwd(x, w, cos, sin, 1e-6, True, b)
     return [("fwd", rms_norm_fwd, (x, w, 1e-6, True, 0, b)),
             ("fwd-strided-heads", rms_norm_fwd, (xs, w, 1e-6, True, 0, b)),
-            ("bwd", rms_norm_bwd, (*_detached(x, w), _bf16(x.shape, 7, dev), rstd, True, True, b))]
+            ("bwd", rms_norm_bwd, (*_detached(x, w), _bf16(x.shape, 7, dev), rstd, True, True, b)),
+            # the training form fused with RoPE (qk_norm_rope_kernel)
+            ("rope-fwd", norm_rope_fwd, (x, w, cos, sin, 1e-6, True, b)),
+            ("rope-bwd", norm_rope_bwd, (*_detached(x, w), _bf16(x.shape, 20, dev), rstd_r, cos, sin, True, True, b))]
 
 
 def _silu(b, dev) -> list[Call]:

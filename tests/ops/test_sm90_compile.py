@@ -125,22 +125,34 @@ SCRIPT = textwrap.dedent(r'''
             **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_yt", "stride_yh", "stride_dt",
                                         "stride_st")}}, {
             "BLOCK": 4096, "HF_ORDER": True, "LANES": rn.LANES, "CHUNKS": 32, "ADD": True}
-        strides = ("stride_xt", "stride_xh", "stride_dyt", "stride_dyh", "stride_dxt", "stride_dxh", "stride_rt")
-        for res in (False, True):
-            yield f"rms_bwd_dx[{res}]", rn._rms_bwd_dx_kernel, {
+        strides = ("stride_xt", "stride_xh", "stride_dyt", "stride_dyh", "stride_dxt", "stride_dxh", "stride_rt",
+                   "stride_ct", "stride_st")
+        tables = {"cos_ptr": "*fp32", "sin_ptr": "*fp32"}
+        for res, rope in ((False, False), (True, False), (False, True)):
+            yield f"rms_bwd_dx[{res},{rope}]", rn._rms_bwd_dx_kernel, {
                 "x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "rstd_ptr": "*fp32", "dx_ptr": "*bf16",
-                "res_ptr": "*bf16", "n_cols": "i32", "n_heads": "i32", "n_float": "fp32",
-                **{name: "i32" for name in strides}}, {"BLOCK": 4096, "LANES": rn.LANES, "CHUNKS": 32, "RES": res}
-            yield f"rms_bwd[{res}]", rn._rms_bwd_kernel, {
+                "res_ptr": "*bf16", **tables, "n_cols": "i32", "n_heads": "i32", "n_float": "fp32",
+                **{name: "i32" for name in strides}}, {
+                "BLOCK": 128 if rope else 4096, "LANES": rn.LANES, "CHUNKS": 1 if rope else 32, "RES": res,
+                "ROPE": rope}
+            yield f"rms_bwd[{res},{rope}]", rn._rms_bwd_kernel, {
                 "x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "rstd_ptr": "*fp32", "dx_ptr": "*bf16",
-                "part_ptr": "*fp32", "res_ptr": "*bf16", "n_rows": "i32", "n_cols": "i32", "n_heads": "i32",
-                "n_float": "fp32", **{name: "i32" for name in strides}}, {
-                "BLOCK": 4096, "ROWS": rn.ROWS_PER_PROGRAM, "LANES": rn.LANES, "CHUNKS": 32, "RES": res}
-        yield "rms_bwd_dw", rn._rms_bwd_dw_kernel, {
-            "x_ptr": "*bf16", "dy_ptr": "*bf16", "rstd_ptr": "*fp32", "part_ptr": "*fp32", "n_rows": "i32",
-            "n_cols": "i32", "n_heads": "i32",
-            **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_dyt", "stride_dyh")}}, {
-            "BLOCK": rn.DW_BLOCK, "ROWS": rn.ROWS_PER_PROGRAM}
+                "part_ptr": "*fp32", "res_ptr": "*bf16", **tables, "n_rows": "i32", "n_cols": "i32",
+                "n_heads": "i32", "n_float": "fp32", **{name: "i32" for name in strides}}, {
+                "BLOCK": 128 if rope else 4096, "ROWS": rn.ROWS_PER_PROGRAM, "LANES": rn.LANES,
+                "CHUNKS": 1 if rope else 32, "RES": res, "ROPE": rope}
+        for rope in (False, True):
+            yield f"rms_bwd_dw[{rope}]", rn._rms_bwd_dw_kernel, {
+                "x_ptr": "*bf16", "dy_ptr": "*bf16", "rstd_ptr": "*fp32", "part_ptr": "*fp32", **tables,
+                "n_rows": "i32", "n_cols": "i32", "n_heads": "i32",
+                **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_dyt", "stride_dyh", "stride_ct",
+                                            "stride_st")}}, {
+                "BLOCK": rn.DW_BLOCK, "ROWS": rn.ROWS_PER_PROGRAM, "ROPE": rope}
+        yield "norm_rope_train", rn._norm_rope_train_kernel, {
+            "x_ptr": "*bf16", "w_ptr": "*bf16", **tables, "y_ptr": "*bf16", "rstd_ptr": "*fp32", "n_heads": "i32",
+            "eps": "fp32", "n_float": "fp32", **{name: "i32" for name in ("s_xt", "s_xh", "s_ct", "s_st", "s_yt",
+                                                                          "s_yh")}}, {
+            "D": 128, "HALF": 64, "HF_ORDER": True, "LANES": rn.LANES, "CHUNKS": 1}
         yield "rms_dw_reduce", rn._dw_reduce_kernel, {
             "part_ptr": "*fp32", "dw_ptr": "*bf16", "n_parts": "i32", "n_cols": "i32"}, {
             "BLOCK": rn.REDUCE_BLOCK, "UNROLL": rn.REDUCE_UNROLL}
@@ -191,11 +203,13 @@ def test_control_a_type_changing_loop_value_fails_to_compile(compiled):
 
 
 KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "attention_decode[1]",
-           "attention_decode[8]", "attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq", "det_gemm_leaves[merge]", "det_gemm_leaves[merge,M=1]",
-           "det_gemm_persistent[forward]", "det_gemm_persistent[dx]", "det_gemm_persistent[dw]",
-           "det_gemm_persistent[forward,bk128]", "rms_norm[add]", "rms_bwd_dx[False]", "rms_bwd_dx[True]",
-           "rms_bwd[False]", "rms_bwd[True]", "rms_bwd_dw", "rms_dw_reduce",
-           "qk_norm_rope", "row_keys", "logp_fwd[False]", "logp_fwd[True]")
+           "attention_decode[8]", "attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq",
+           "det_gemm_leaves[merge]", "det_gemm_leaves[merge,M=1]", "det_gemm_persistent[forward]",
+           "det_gemm_persistent[dx]", "det_gemm_persistent[dw]", "det_gemm_persistent[forward,bk128]",
+           "rms_norm[add]", "rms_bwd_dx[False,False]", "rms_bwd_dx[True,False]", "rms_bwd_dx[False,True]",
+           "rms_bwd[False,False]", "rms_bwd[True,False]", "rms_bwd[False,True]", "rms_bwd_dw[False]",
+           "rms_bwd_dw[True]", "norm_rope_train", "rms_dw_reduce", "qk_norm_rope", "row_keys", "logp_fwd[False]",
+           "logp_fwd[True]")
 
 
 def test_every_compiled_case_is_judged(compiled):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.ops.rms_norm.op import check_rows, rms_norm_rows
+from rl_engine.errors import InputError
+from rl_engine.ops.rms_norm.op import check_rows, norm_rope_rows, rms_norm_rows
 
 
 def qk_norm_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str = "hf", *,
@@ -32,6 +33,39 @@ def qk_norm_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str
     """
     check_rows(x, weight, eps, order, 3)
     return rms_norm_rows(x, weight, eps, order, backend)
+
+
+def qk_norm_rope_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str, cos: torch.Tensor,
+                        sin: torch.Tensor, *, backend: str) -> torch.Tensor:
+    """QK-norm then RoPE, differentiable: ``rope(qk_norm(x, weight, eps, order), cos, sin)``,
+    bitwise the two separate ops forward and backward (the training form of the decode launch
+    :func:`rl_engine.chain.fused.qk_norm_rope`; tested).
+
+    x: [T, H, D] bfloat16 (unit stride on D; D / 2 a power of two), weight: [D] bfloat16, cos / sin:
+    [T, D/2] float32 (unit stride on the last axis) -> [T, H, D] bfloat16. FP32 inside: the norm's
+    declared arithmetic (``docs/declared-arithmetic.md``), its output rounded to BF16, rotated in
+    FP32 without fused multiply-adds and rounded once (as :func:`rl_engine.ops.rope.op.rope_kernel`).
+    Backward: the rotation by ``-sin`` rounded to BF16, then the norm's backward: dx [T, H, D],
+    dweight [D] bfloat16 (cos / sin take no gradient). ``triton_cuda_bf16`` runs one kernel
+    forward and the norm's backward kernels with the rotation inside their loads; ``cuda_bf16``
+    runs its separate kernels (same bits, no fusion yet).
+
+    Raises
+    ------
+    InputError
+        As :func:`qk_norm_kernel` and :func:`rl_engine.ops.rope.op.rope_kernel`; D / 2 not a
+        power of two. Checked before any launch.
+    BackendUnavailable
+        As :func:`qk_norm_kernel`.
+    """
+    from rl_engine.ops.rope.op import validate_rope_inputs
+
+    check_rows(x, weight, eps, order, 3)
+    validate_rope_inputs(x, cos, sin)
+    half = x.shape[2] // 2
+    if half & (half - 1):
+        raise InputError(f"x: the fused QK-norm + RoPE needs D / 2 a power of two, got D = {x.shape[2]}")
+    return norm_rope_rows(x, weight, cos, sin, eps, order, backend)
 
 
 def qk_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str = "hf") -> torch.Tensor:

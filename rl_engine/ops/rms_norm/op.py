@@ -190,6 +190,73 @@ def add_rms_norm_kernel(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
     return s, y
 
 
+# ------------------------------------------------ QK-norm + RoPE (training, both backends)
+def _norm_rope_fwd(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, hf: bool,
+                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y = rope(qk_norm(x)) [T, H, D] BF16, rstd [T * H] FP32) of validated rows. Triton: one
+    launch (:func:`rl_engine.ops.rms_norm.triton.norm_rope_train_fwd`); a backend without it runs
+    its norm, then its rotation of the norm's BF16 output (the separate ops)."""
+    mod = launchers("rms_norm", backend)
+    if getattr(mod, "FUSED_NORM_ROPE", False):
+        return mod.norm_rope_train_fwd(x, weight, cos, sin, eps, hf)
+    yn, rstd = mod.rms_norm_fwd(x, weight, eps, hf)
+    return launchers("rope", backend).rope_rotate(yn, cos, sin, False), rstd
+
+
+norm_rope_fwd = torch.library.custom_op("rl_engine::norm_rope_fwd", _norm_rope_fwd, mutates_args=())
+
+
+@norm_rope_fwd.register_fake
+def _(x, weight, cos, sin, eps, hf, backend):
+    return x.new_empty(x.shape, dtype=torch.bfloat16), x.new_empty((_rows(x),), dtype=torch.float32)
+
+
+@torch.library.custom_op("rl_engine::norm_rope_bwd", mutates_args=())
+def norm_rope_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, need_dx: bool, need_dw: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx like x, dweight [D]) BF16 from the gradient ``dy`` of the rotated output: the rotation's
+    backward (by -sin, rounded to BF16) then the norm's backward, bitwise the separate ops'
+    backward. Triton: inside the norm's backward kernels (each load of dy rotates it back); a
+    backend without it runs the rotation, then its norm backward."""
+    mod = launchers("rms_norm", backend)
+    if getattr(mod, "FUSED_NORM_ROPE", False):
+        dx, dw = mod.rms_norm_bwd(x, weight, dy, rstd, need_dx, need_dw, rope=(cos, sin))
+    else:
+        g = launchers("rope", backend).rope_rotate(dy, cos, sin, True)
+        dx, dw = mod.rms_norm_bwd(x, weight, g, rstd, need_dx, need_dw)
+    return placeholder(dx, need_dx, x), placeholder(dw, need_dw, x)
+
+
+@norm_rope_bwd.register_fake
+def _(x, weight, dy, rstd, cos, sin, need_dx, need_dw, backend):
+    return (x.new_empty(x.shape if need_dx else (0,), dtype=torch.bfloat16),
+            x.new_empty((x.shape[-1],) if need_dw else (0,), dtype=torch.bfloat16))
+
+
+def _rope_setup(ctx, inputs, output):
+    x, weight, cos, sin, _eps, _hf, backend = inputs
+    ctx.save_for_backward(x, weight, output[1], cos, sin)
+    ctx.backend = backend
+
+
+def _rope_backward(ctx, dy, _drstd):
+    x, weight, rstd, cos, sin = ctx.saved_tensors
+    need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    dx, dw = call(norm_rope_bwd, x, weight, grad_bf16(dy), rstd, cos, sin, need_dx, need_dw, ctx.backend)
+    return (dx if need_dx else None), (dw if need_dw else None), None, None, None, None, None
+
+
+register_autograd(norm_rope_fwd, _norm_rope_fwd, _rope_backward, _rope_setup)
+
+
+def norm_rope_rows(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
+                   order: str, backend: str) -> torch.Tensor:
+    """Run validated [T, H, D] rows and rope tables on ``backend``: ``rope(qk_norm(x))``,
+    differentiable. Used by :func:`rl_engine.ops.qk_norm.op.qk_norm_rope_kernel`."""
+    check_device(backend, x, weight, cos, sin)
+    return run(norm_rope_fwd, _norm_rope_fwd, x, weight, cos, sin, float(eps), order == "hf", backend)[0]
+
+
 def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str, backend: str,
                   split: int = 0) -> torch.Tensor:
     """Run validated rows ([T, E] or [T, H, D]) on ``backend``; ``split`` > 0 only for the

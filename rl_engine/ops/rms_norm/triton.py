@@ -112,16 +112,37 @@ def _rms_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, d_ptr, s_ptr, n_cols, n_heads
 
 
 @triton.jit
-def _row_dx(x_row, dy_row, w_ptr, x, dy, w, rstd, n_cols, n_float, LANES: tl.constexpr, CHUNKS: tl.constexpr):
+def _load_grad(dy_row, cols, mask, cos_row, sin_row, half, ROPE: tl.constexpr):
+    """FP32 gradient of the norm's output at ``cols`` of one row. Without ``ROPE``: ``dy_row``'s
+    values. With ``ROPE`` (the fused QK-norm + RoPE backward; one row is one head of D =
+    2 * ``half`` columns): ``dy_row`` holds the gradient of the rotated output, and this is the
+    rotation's backward exactly as :func:`rl_engine.ops.rope.triton._rope_kernel` computes it
+    (rotation by ``-sin``: ``g1 = d1 * c - d2 * (-s)``, ``g2 = d2 * c + d1 * (-s)``, each product
+    rounded, then the add) rounded to BF16, the rope op's output gradient the separate norm
+    backward would read."""
+    dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+    if ROPE:
+        first = cols < half
+        j = tl.where(first, cols, cols - half)
+        partner = tl.load(dy_row + tl.where(first, cols + half, cols - half), mask=mask, other=0.0).to(tl.float32)
+        c = tl.load(cos_row + j, mask=mask, other=0.0)
+        ns = -tl.load(sin_row + j, mask=mask, other=0.0)
+        dy = tl.where(first, dy * c - partner * ns, dy * c + partner * ns).to(tl.bfloat16).to(tl.float32)
+    return dy
+
+
+@triton.jit
+def _row_dx(x_row, dy_row, w_ptr, x, dy, w, rstd, n_cols, n_float, cos_row, sin_row, half,
+            LANES: tl.constexpr, CHUNKS: tl.constexpr, ROPE: tl.constexpr):
     """FP32 dx of one row (``x``, ``dy``, ``w`` the row's FP32 values, ``x_row`` / ``dy_row`` its
     pointers): ``k = (sum(dy * w * x) / E) * r^2`` in the forward's fixed lane order, then
-    ``dx = r * (dy * w - x * k)``."""
+    ``dx = r * (dy * w - x * k)``; ``ROPE``: ``dy`` is the rotation's backward (:func:`_load_grad`)."""
     lanes = tl.zeros((LANES,), dtype=tl.float32)
     for c in tl.static_range(CHUNKS):  # the forward's fixed order, over g * x
         lc = c * LANES + tl.arange(0, LANES)
         lm = lc < n_cols
         xc = tl.load(x_row + lc, mask=lm, other=0.0).to(tl.float32)
-        dyc = tl.load(dy_row + lc, mask=lm, other=0.0).to(tl.float32)
+        dyc = _load_grad(dy_row, lc, lm, cos_row, sin_row, half, ROPE)
         wc = tl.load(w_ptr + lc, mask=lm, other=0.0).to(tl.float32)
         lanes += (dyc * wc) * xc
     k = tl.math.div_rn(row_sum_fixed(lanes, LANES), n_float) * (rstd * rstd)
@@ -141,10 +162,10 @@ def _with_residual_grad(dx, res_ptr, cols, mask, RES: tl.constexpr):
 
 
 @triton.jit
-def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, res_ptr, n_rows, n_cols, n_heads, n_float,
-                    stride_xt, stride_xh, stride_dyt, stride_dyh, stride_dxt, stride_dxh, stride_rt,
-                    BLOCK: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr,
-                    RES: tl.constexpr):
+def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, res_ptr, cos_ptr, sin_ptr, n_rows, n_cols,
+                    n_heads, n_float, stride_xt, stride_xh, stride_dyt, stride_dyh, stride_dxt, stride_dxh, stride_rt,
+                    stride_ct, stride_st, BLOCK: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr,
+                    CHUNKS: tl.constexpr, RES: tl.constexpr, ROPE: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -157,10 +178,12 @@ def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, res_ptr, n
         t = (rr // n_heads).to(tl.int64)
         h = (rr % n_heads).to(tl.int64)
         x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + t * stride_dyt + h * stride_dyh + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = _load_grad(dy_ptr + t * stride_dyt + h * stride_dyh, cols, mask, cos_ptr + t * stride_ct,
+                        sin_ptr + t * stride_st, n_cols // 2, ROPE)
         rstd = tl.load(rstd_ptr + rr)
         dx = _row_dx(x_ptr + t * stride_xt + h * stride_xh, dy_ptr + t * stride_dyt + h * stride_dyh, w_ptr,
-                     x, dy, w, rstd, n_cols, n_float, LANES, CHUNKS)
+                     x, dy, w, rstd, n_cols, n_float, cos_ptr + t * stride_ct, sin_ptr + t * stride_st, n_cols // 2,
+                     LANES, CHUNKS, ROPE)
         dx = _with_residual_grad(dx, res_ptr + t * stride_rt, cols, mask, RES)
         tl.store(dx_ptr + t * stride_dxt + h * stride_dxh + cols, dx.to(tl.bfloat16), mask=mask & live)
         part += tl.where(live, dy * (x * rstd), 0.0)
@@ -168,9 +191,10 @@ def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, part_ptr, res_ptr, n
 
 
 @triton.jit
-def _rms_bwd_dx_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, res_ptr, n_cols, n_heads, n_float,
+def _rms_bwd_dx_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, res_ptr, cos_ptr, sin_ptr, n_cols, n_heads, n_float,
                        stride_xt, stride_xh, stride_dyt, stride_dyh, stride_dxt, stride_dxh, stride_rt,
-                       BLOCK: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr, RES: tl.constexpr):
+                       stride_ct, stride_st, BLOCK: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr,
+                       RES: tl.constexpr, ROPE: tl.constexpr):
     """dx of one row, the arithmetic of :func:`_rms_bwd_kernel`'s row loop (the split form)."""
     r = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -179,18 +203,20 @@ def _rms_bwd_dx_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, res_ptr, n_cols, 
     h = (r % n_heads).to(tl.int64)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + t * stride_dyt + h * stride_dyh + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = _load_grad(dy_ptr + t * stride_dyt + h * stride_dyh, cols, mask, cos_ptr + t * stride_ct,
+                    sin_ptr + t * stride_st, n_cols // 2, ROPE)
     rstd = tl.load(rstd_ptr + r)
     dx = _row_dx(x_ptr + t * stride_xt + h * stride_xh, dy_ptr + t * stride_dyt + h * stride_dyh, w_ptr,
-                 x, dy, w, rstd, n_cols, n_float, LANES, CHUNKS)
+                 x, dy, w, rstd, n_cols, n_float, cos_ptr + t * stride_ct, sin_ptr + t * stride_st, n_cols // 2,
+                 LANES, CHUNKS, ROPE)
     dx = _with_residual_grad(dx, res_ptr + t * stride_rt, cols, mask, RES)
     tl.store(dx_ptr + t * stride_dxt + h * stride_dxh + cols, dx.to(tl.bfloat16), mask=mask)
 
 
 @triton.jit
-def _rms_bwd_dw_kernel(x_ptr, dy_ptr, rstd_ptr, part_ptr, n_rows, n_cols, n_heads,
-                       stride_xt, stride_xh, stride_dyt, stride_dyh,
-                       BLOCK: tl.constexpr, ROWS: tl.constexpr):
+def _rms_bwd_dw_kernel(x_ptr, dy_ptr, rstd_ptr, part_ptr, cos_ptr, sin_ptr, n_rows, n_cols, n_heads,
+                       stride_xt, stride_xh, stride_dyt, stride_dyh, stride_ct, stride_st,
+                       BLOCK: tl.constexpr, ROWS: tl.constexpr, ROPE: tl.constexpr):
     """Stage 1 of dweight in the split form: program ``(chunk, column block)`` adds
     ``dy * (x * r)`` over the chunk's ``ROWS`` rows in order, the partial :func:`_rms_bwd_kernel`
     writes for those columns (same products, same order)."""
@@ -205,7 +231,8 @@ def _rms_bwd_dw_kernel(x_ptr, dy_ptr, rstd_ptr, part_ptr, n_rows, n_cols, n_head
         t = (rr // n_heads).to(tl.int64)
         h = (rr % n_heads).to(tl.int64)
         x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + t * stride_dyt + h * stride_dyh + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = _load_grad(dy_ptr + t * stride_dyt + h * stride_dyh, cols, mask, cos_ptr + t * stride_ct,
+                        sin_ptr + t * stride_st, n_cols // 2, ROPE)
         rstd = tl.load(rstd_ptr + rr)
         part += tl.where(live, dy * (x * rstd), 0.0)
     tl.store(part_ptr + pid.to(tl.int64) * n_cols + cols, part, mask=mask)
@@ -228,6 +255,53 @@ def _dw_reduce_kernel(part_ptr, dw_ptr, n_parts, n_cols, BLOCK: tl.constexpr, UN
     for p in range(n_main, n_parts):
         acc += tl.load(part_ptr + p * n_cols + cols, mask=mask, other=0.0)
     tl.store(dw_ptr + cols, acc.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _norm_rope_row(base, w_ptr, cos_row, sin_row, eps, n_float, D: tl.constexpr, HALF: tl.constexpr,
+                   HF_ORDER: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr):
+    """One head row [D]: the norm's BF16 output, rotated; returns the two rotated halves in BF16
+    and the row's FP32 ``rstd`` (the forward's steps of :func:`_rms_fwd_kernel` on one row of D,
+    then :func:`rl_engine.ops.rope.triton._rope_kernel`'s rotation of its BF16 output). Shared
+    by the training kernel below and the decode launch :func:`rl_engine.chain.fused.qk_norm_rope`."""
+    cols = tl.arange(0, HALF)
+    lanes = tl.zeros((LANES,), dtype=tl.float32)
+    for c in tl.static_range(CHUNKS):  # lane i adds columns i, i + LANES, ... in order
+        lc = c * LANES + tl.arange(0, LANES)
+        xc = tl.load(base + lc, mask=lc < D, other=0.0).to(tl.float32)
+        lanes += xc * xc
+    ss = row_sum_fixed(lanes, LANES)
+    rstd = tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.math.sqrt_rn(tl.math.div_rn(ss, n_float) + eps))
+    x1 = tl.load(base + cols).to(tl.float32) * rstd
+    x2 = tl.load(base + HALF + cols).to(tl.float32) * rstd
+    w1 = tl.load(w_ptr + cols).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)
+    if HF_ORDER:
+        y1 = (x1.to(tl.bfloat16).to(tl.float32) * w1).to(tl.bfloat16).to(tl.float32)
+        y2 = (x2.to(tl.bfloat16).to(tl.float32) * w2).to(tl.bfloat16).to(tl.float32)
+    else:
+        y1 = (x1 * w1).to(tl.bfloat16).to(tl.float32)
+        y2 = (x2 * w2).to(tl.bfloat16).to(tl.float32)
+    cs = tl.load(cos_row + cols)
+    sn = tl.load(sin_row + cols)
+    return (y1 * cs - y2 * sn).to(tl.bfloat16), (y2 * cs + y1 * sn).to(tl.bfloat16), rstd
+
+
+@triton.jit
+def _norm_rope_train_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, n_heads, eps, n_float,
+                            s_xt, s_xh, s_ct, s_st, s_yt, s_yh, D: tl.constexpr, HALF: tl.constexpr,
+                            HF_ORDER: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr):
+    """Program ``(t, h)``: one head row normalised and rotated (:func:`_norm_rope_row`), and its
+    ``rstd`` kept for the backward at row ``t * n_heads + h``."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    o1, o2, rstd = _norm_rope_row(x_ptr + t * s_xt + h * s_xh, w_ptr, cos_ptr + t * s_ct, sin_ptr + t * s_st, eps,
+                                  n_float, D, HALF, HF_ORDER, LANES, CHUNKS)
+    cols = tl.arange(0, HALF)
+    out = y_ptr + t * s_yt + h * s_yh
+    tl.store(out + cols, o1)
+    tl.store(out + HALF + cols, o2)
+    tl.store(rstd_ptr + t * n_heads + h, rstd)
 
 
 @triton.jit
@@ -306,6 +380,27 @@ def add_rms_norm_train_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.T
     return _add_rms_norm(x, delta, weight, eps, hf, _warps(_block(x.shape[1])))
 
 
+FUSED_NORM_ROPE = True
+"""This backend has the fused QK-norm + RoPE for training (:func:`norm_rope_train_fwd`,
+:func:`rms_norm_bwd` with ``rope``)."""
+def norm_rope_train_fwd(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
+                        hf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """QK-norm then RoPE of validated [T, H, D] rows in one launch (D/2 a power of two, cos / sin
+    FP32 [T, D/2] with unit stride on the last axis): ``(y [T, H, D] BF16, rstd [T * H]
+    FP32)``, bitwise ``rope(qk_norm(x))`` of the separate launches (the norm's BF16 output is
+    rotated) and the norm's ``rstd``."""
+    t, h, d = x.shape
+    y = torch.empty((t, h, d), dtype=torch.bfloat16, device=x.device)
+    rstd = torch.empty((t * h,), dtype=torch.float32, device=x.device)
+    if t and h:
+        _norm_rope_train_kernel[(t, h)](
+            x, weight, cos, sin, y, rstd, h, eps, float(d), x.stride(0), x.stride(1), cos.stride(0), sin.stride(0),
+            y.stride(0), y.stride(1), D=d, HALF=d // 2, HF_ORDER=hf, LANES=LANES, CHUNKS=cdiv(d, LANES),
+            num_warps=4, enable_fp_fusion=FP_FUSION,
+        )
+    return y, rstd
+
+
 def _add_rms_norm(x, delta, weight, eps, hf, num_warps):
     t, e = x.shape
     s = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
@@ -336,15 +431,25 @@ def add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
 
 
 def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, need_dx: bool,
-                 need_dw: bool, split: bool | None = None,
-                 residual_grad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 need_dw: bool, split: bool | None = None, residual_grad: torch.Tensor | None = None,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the backward (dy BF16 with unit stride on the last axis); returns (dx like x,
     dweight [E]), both BF16. The fused form computes both in one kernel; the split form (``split``,
     None: :data:`SPLIT_BELOW_PROGRAMS`) runs only the kernels of what is needed and leaves the
     other output unwritten (its caller drops it). ``residual_grad`` ([T, E] BF16, unit stride on
     E; [T, E] rows only): added to the BF16 dx in FP32 and rounded once (the add + norm backward,
-    :func:`_with_residual_grad`)."""
+    :func:`_with_residual_grad`). ``rope`` = (cos, sin) [T, D/2] FP32 (unit stride on the last
+    axis; [T, H, D] rows only): ``dy`` is the gradient of the norm's output rotated by RoPE, and
+    each load of it takes the rotation's backward first (the fused QK-norm + RoPE backward,
+    :func:`_load_grad`)."""
     t, h, e, sxt, sxh = _rows_view(x)
+    if rope is not None and (x.dim() != 3 or e % 2 or any(
+            tuple(a.shape) != (t, e // 2) or a.stride(-1) != 1 or a.dtype != torch.float32 for a in rope)):
+        raise ValueError(f"rms_norm_bwd: rope tables must be FP32 [T, D/2] with unit stride for [T, H, D] rows, "
+                         f"got {[list(a.shape) for a in rope]} for x {list(x.shape)}")
+    cos, sin = rope if rope is not None else (dy, dy)
+    sct, sst = (cos.stride(0), sin.stride(0)) if rope is not None else (0, 0)
+    rp = rope is not None
     res = residual_grad is not None
     if res and (x.dim() != 2 or tuple(residual_grad.shape) != tuple(x.shape) or residual_grad.stride(-1) != 1):
         raise ValueError(f"rms_norm_bwd: residual_grad must be like x [T, E] with unit stride on E, got "
@@ -368,22 +473,22 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
     if split:
         if need_dx:
             _rms_bwd_dx_kernel[(n_rows,)](
-                x, weight, dy, rstd, dx, res_t, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh, srt,
-                BLOCK=block, LANES=LANES, CHUNKS=cdiv(e, LANES), num_warps=_warps(block), RES=res,
-                enable_fp_fusion=FP_FUSION,
+                x, weight, dy, rstd, dx, res_t, cos, sin, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh, srt,
+                sct, sst, BLOCK=block, LANES=LANES, CHUNKS=cdiv(e, LANES), num_warps=_warps(block), RES=res,
+                ROPE=rp, enable_fp_fusion=FP_FUSION,
             )
         if need_dw:
             _rms_bwd_dw_kernel[(n_parts, cdiv(e, DW_BLOCK))](
-                x, dy, rstd, parts, n_rows, e, h, sxt, sxh, sdyt, sdyh,
-                BLOCK=DW_BLOCK, ROWS=ROWS_PER_PROGRAM, num_warps=2, enable_fp_fusion=FP_FUSION,
+                x, dy, rstd, parts, cos, sin, n_rows, e, h, sxt, sxh, sdyt, sdyh, sct, sst,
+                BLOCK=DW_BLOCK, ROWS=ROWS_PER_PROGRAM, ROPE=rp, num_warps=2, enable_fp_fusion=FP_FUSION,
             )
             _dw_reduce_kernel[(cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK,
                                                                UNROLL=REDUCE_UNROLL, enable_fp_fusion=FP_FUSION)
         return dx, dw
     _rms_bwd_kernel[(n_parts,)](
-        x, weight, dy, rstd, dx, parts, res_t, n_rows, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh, srt,
-        BLOCK=block, ROWS=ROWS_PER_PROGRAM, LANES=LANES, CHUNKS=cdiv(e, LANES), num_warps=_warps(block),
-        RES=res, enable_fp_fusion=FP_FUSION,
+        x, weight, dy, rstd, dx, parts, res_t, cos, sin, n_rows, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh,
+        srt, sct, sst, BLOCK=block, ROWS=ROWS_PER_PROGRAM, LANES=LANES, CHUNKS=cdiv(e, LANES),
+        num_warps=_warps(block), RES=res, ROPE=rp, enable_fp_fusion=FP_FUSION,
     )
     _dw_reduce_kernel[(cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK, UNROLL=REDUCE_UNROLL,
                                                  enable_fp_fusion=FP_FUSION)
