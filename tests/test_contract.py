@@ -78,7 +78,7 @@ def test_version():
     c = load_contract()
     assert CONTRACT_VERSION == "ws1-c1-v6"
     assert c.version == "ws1-c1-v6"
-    assert c.data["supersedes"] == "ws1-c1-v4"
+    assert c.data["supersedes"] == "ws1-c1-v5"
     assert default_contract_path().name == "ws1-c1-v6.json"
     ident = c.identity()
     assert ident["contract_version"] == "ws1-c1-v6" and re.fullmatch(r"[0-9a-f]{64}", ident["sha256"])
@@ -316,7 +316,7 @@ def test_fp16_row_not_optional_names_the_field(tmp_path):
 
 def test_invalid_json_names_file_and_line(tmp_path):
     text = default_contract_path().read_text()
-    broken = text.replace('"supersedes": "ws1-c1-v4",', '"supersedes": "ws1-c1-v4"', 1)
+    broken = text.replace('"supersedes": "ws1-c1-v5",', '"supersedes": "ws1-c1-v5"', 1)
     assert broken != text
     p = _write(tmp_path, broken)
     with pytest.raises(ContractError) as ei:
@@ -403,3 +403,24 @@ def test_det_gemm_relative_factor_is_derived_from_the_tree(contract, tmp_path):
         assert "declared_exceptions/det_gemm/relative_criterion_forward_factor" in str(exc)
     else:
         raise AssertionError("a factor that does not follow the tree depth must be rejected")
+
+
+def test_supersedes_must_match_the_newest_changelog_entry(tmp_path):
+    """``supersedes`` and the newest changelog entry's ``from`` name the same version (v6 once said
+    v4). Control: the shipped file loads; a mismatched copy is refused, naming the field."""
+    data = json.loads(default_contract_path().read_text())
+    assert data["supersedes"] == data["changelog"][0]["from"] and data["changelog"][0]["version"] == data[
+        "contract_version"]
+    data["supersedes"] = "ws1-c1-v4"
+    with pytest.raises(ContractError, match="supersedes"):
+        load_contract(_write(tmp_path, data))
+
+
+def test_v6_declares_lm_head_and_det_gemm_bit_exact_across_backends():
+    """The v6 declaration itself (evidence/2026-12-03-h200-gate-da70509: every lm_head and det_gemm
+    output bitwise equal across the backends): both in ``declared_bit_exact``, neither in
+    ``not_declared``, so a cross-backend difference in either is red."""
+    cb = load_contract().cross_backend
+    for op in ("lm_head", "det_gemm"):
+        assert op in cb.declared and op not in cb.not_declared
+    assert set(cb.not_declared) == {"attention", "logp", "linear_logp", "batch_invariant_logp"}

@@ -6,7 +6,7 @@ Synthetic Qwen3-8B weights (``rl_engine.chain.weights.synthetic_weights``), ``--
 sequences of ``--seq-len`` random tokens (cu_seqlens), every token scored against the next one of
 its sequence. Prints wall time per call (CUDA events, after ``--warmup`` calls), the summed kernel
 time, and the kernels by total time; ``--json`` writes the same. Ours runs the bench's table,
-:meth:`Qwen3Model.training_ops` (residual adds fused into the norms); with ``--plain`` the model's
+:meth:`Qwen3Model.training_ops` (residual adds fused into the norms, QK-norm fused with RoPE); with ``--plain`` the model's
 own table is timed too. With ``--hf`` the same calls on Hugging Face ``Qwen3ForCausalLM`` (sdpa)
 over the same weight tensors are timed and profiled too.
 
@@ -55,7 +55,7 @@ def build_inputs(cfg, batch: int, seq_len: int, device):
 
 
 def ours(weights, backend: str, ids, targets, train: bool, plain: bool = False):
-    """The chain's call; ``plain``: the model's own table (separate residual adds) instead of
+    """The chain's call; ``plain``: the model's own table (separate residual adds, norms and rotations) instead of
     :meth:`Qwen3Model.training_ops` (the bench's)."""
     from rl_engine.chain.model import Qwen3Model
 
@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run one call of ours under cProfile and list this many Python functions by own time")
     ap.add_argument("--hf", action="store_true", help="also Hugging Face Qwen3ForCausalLM (sdpa), same weights")
     ap.add_argument("--plain", action="store_true",
-                    help="also the model's own op table (separate residual adds) beside training_ops (label <backend>/plain)")
+                    help="also the model's own op table (separate residual adds, norms and rotations) beside training_ops "
+                         "(label <backend>/plain)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-persistent", action="store_true",
                     help="Triton det_gemm without its persistent TMA form (the fused form, as before issue #33)")

@@ -13,7 +13,8 @@ arithmetic:
   rotation's own steps and roundings, in registers; the cache write is a copy.
 
 The model takes them only from an op table that has them (:meth:`Qwen3Model.decode_ops`, the
-engine's table); every other table runs the separate ops in the same order at the same sites.
+engine's table; :meth:`Qwen3Model.training_ops` has differentiable forms of both, without the
+cache write); every other table runs the separate ops in the same order at the same sites.
 Both backends provide them: :func:`add_rms_norm` / :func:`qk_norm_rope` are the Triton kernels,
 :func:`add_rms_norm_cuda` / :func:`qk_norm_rope_cuda` the CUDA C++ ones
 (``rl_engine/backends/cuda_src/norm.cu``), each with its own backend's separate ops' bits.

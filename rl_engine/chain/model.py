@@ -259,7 +259,7 @@ class Qwen3Model:
         """The op table with the differentiable fused launches of training: the residual add +
         RMSNorm (:func:`rl_engine.ops.rms_norm.add_rms_norm_kernel`: each residual add runs inside
         the next norm) and QK-norm + RoPE (:func:`rl_engine.ops.qk_norm.op.qk_norm_rope_kernel`:
-        one launch for q and one for k each way), the same bits as :attr:`ops` forward and backward
+        one launch for q and one for k forward), the same bits as :attr:`ops` forward and backward
         (tested). On ``triton_cuda_bf16`` the backward adds the residual gradient in the norm's dx
         store and rotates the q / k gradients back inside the norm's backward loads: 4 launches
         fewer per layer forward; on ``cuda_bf16`` the same kernels as before (its norm and rope
@@ -270,10 +270,12 @@ class Qwen3Model:
         Raises
         ------
         InputError
-            The backend is not a kernel backend.
+            The backend is not a kernel backend. When the table runs: its ``qk_norm_rope`` given a
+            KV cache (the rollout form is :meth:`decode_ops`'s), or q / k inputs the fused op
+            refuses (both checked before either launch).
         """
         from rl_engine.backends.registry import KERNEL_BACKENDS
-        from rl_engine.ops.qk_norm.op import qk_norm_rope_kernel
+        from rl_engine.ops.qk_norm.op import check_qk_norm_rope, qk_norm_rope_kernel
         from rl_engine.ops.rms_norm.op import add_rms_norm_kernel
 
         if self.backend not in KERNEL_BACKENDS:
@@ -284,6 +286,8 @@ class Qwen3Model:
             if cached:
                 raise InputError("training_ops: the training QK-norm + RoPE writes no KV cache; decode_ops() has "
                                  "the rollout form")
+            check_qk_norm_rope(q, q_weight, eps, order, cos, sin)
+            check_qk_norm_rope(k, k_weight, eps, order, cos, sin)
             return (qk_norm_rope_kernel(q, q_weight, eps, order, cos, sin, backend=b),
                     qk_norm_rope_kernel(k, k_weight, eps, order, cos, sin, backend=b))
 
@@ -460,7 +464,7 @@ class Qwen3Model:
             q = f("q_proj", "det_gemm", a=xn, b=lw.q_proj.t())
             k = f("k_proj", "det_gemm", a=xn, b=lw.k_proj.t())
             v = f("v_proj", "det_gemm", a=xn, b=lw.v_proj.t()).reshape(t, hkv, d)
-        if f.has("qk_norm_rope"):  # norms, rotations and the cache write in one launch
+        if f.has("qk_norm_rope"):  # norms and rotations (decode: and the cache write) fused
             cached = {} if cache is None else dict(k_cache=cache.k[li], v_cache=cache.v[li], rows=step.rows,
                                                    positions=positions)
             q, k = f("qk_norm_rope", "qk_norm_rope", q=q.reshape(t, h, d), k=k.reshape(t, hkv, d), v=v,

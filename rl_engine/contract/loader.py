@@ -255,6 +255,10 @@ class Contract:
 
 def _semantic_checks(data: dict[str, Any]) -> None:
     """Checks a JSON Schema cannot express, each naming the field."""
+    log = data.get("changelog") or []
+    if log and (log[0].get("version") != data["contract_version"] or log[0].get("from") != data["supersedes"]):
+        raise ContractError(f"supersedes: {data['supersedes']!r} with contract_version {data['contract_version']!r}, "
+                            f"but the newest changelog entry is {log[0].get('version')!r} from {log[0].get('from')!r}")
     seen: dict[str, str] = {}
     for cls, members in data["op_classes"].items():
         if cls not in OP_CLASSES:

@@ -92,14 +92,17 @@ def test_bad_inputs_are_refused_before_any_launch(device):
         qk_norm_rope_kernel(x6, w6, EPS, "hf", c6, s6, backend=TRITON)
     with pytest.raises(InputError, match="eps"):
         qk_norm_rope_kernel(x, w, None, "hf", cos, sin, backend=TRITON)
+    with pytest.raises(InputError, match="power of two"):  # D = 0: refused, not a failed launch
+        qk_norm_rope_kernel(x[..., :0], w[:0], EPS, "hf", cos[:, :0], sin[:, :0], backend=TRITON)
     with pytest.raises(ValueError, match="rope tables"):
         rn.rms_norm_bwd(x.reshape(3, 256), w, x.reshape(3, 256), torch.ones(3, device=device), True, True,
                         rope=(cos, sin))
 
 
-def test_training_table_refuses_a_cache():
+def test_training_table_refuses_a_cache_and_checks_k_before_launching_q(monkeypatch):
     """``training_ops``'s QK-norm + RoPE writes no KV cache: asked to, it says so (rollout uses
-    ``decode_ops``)."""
+    ``decode_ops``). A bad k weight is refused before q's kernel runs (the launch is counted;
+    control: good inputs launch twice)."""
     from rl_engine.chain.config import get_config
     from rl_engine.chain.model import Qwen3Model
     from rl_engine.chain.weights import synthetic_weights
@@ -111,3 +114,14 @@ def test_training_table_refuses_a_cache():
     with pytest.raises(InputError, match="KV cache"):
         f("qk_norm_rope", "qk_norm_rope", q=x, k=x, v=x, q_weight=w, k_weight=w, eps=EPS, order="hf", cos=cos,
           sin=sin, k_cache=x)
+    import rl_engine.ops.qk_norm.op as qk
+
+    launches = []
+    real = qk.norm_rope_rows
+    monkeypatch.setattr(qk, "norm_rope_rows", lambda *a, **kw: launches.append(1) or real(*a, **kw))
+    with pytest.raises(InputError, match="weight"):
+        f("qk_norm_rope", "qk_norm_rope", q=x, k=x, v=x, q_weight=w, k_weight=w.float(), eps=EPS, order="hf",
+          cos=cos, sin=sin)
+    assert launches == []
+    f("qk_norm_rope", "qk_norm_rope", q=x, k=x, v=x, q_weight=w, k_weight=w, eps=EPS, order="hf", cos=cos, sin=sin)
+    assert len(launches) == 2

@@ -53,19 +53,26 @@ def qk_norm_rope_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float, order
     Raises
     ------
     InputError
-        As :func:`qk_norm_kernel` and :func:`rl_engine.ops.rope.op.rope_kernel`; D / 2 not a
-        power of two. Checked before any launch.
+        As :func:`qk_norm_kernel` and :func:`rl_engine.ops.rope.op.rope_kernel`; D = 0 or D / 2
+        not a power of two. Checked before any launch.
     BackendUnavailable
         As :func:`qk_norm_kernel`.
     """
+    check_qk_norm_rope(x, weight, eps, order, cos, sin)
+    return norm_rope_rows(x, weight, cos, sin, eps, order, backend)
+
+
+def check_qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: object, order: object, cos: torch.Tensor,
+                       sin: torch.Tensor) -> None:
+    """The input checks of :func:`qk_norm_rope_kernel` (raises InputError; launches nothing), so a
+    caller with several calls can check them all before the first launch."""
     from rl_engine.ops.rope.op import validate_rope_inputs
 
     check_rows(x, weight, eps, order, 3)
     validate_rope_inputs(x, cos, sin)
     half = x.shape[2] // 2
-    if half & (half - 1):
+    if half == 0 or half & (half - 1):
         raise InputError(f"x: the fused QK-norm + RoPE needs D / 2 a power of two, got D = {x.shape[2]}")
-    return norm_rope_rows(x, weight, cos, sin, eps, order, backend)
 
 
 def qk_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str = "hf") -> torch.Tensor:

@@ -392,7 +392,7 @@ def norm_rope_train_fwd(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor
     t, h, d = x.shape
     y = torch.empty((t, h, d), dtype=torch.bfloat16, device=x.device)
     rstd = torch.empty((t * h,), dtype=torch.float32, device=x.device)
-    if t and h:
+    if t and h and d:
         _norm_rope_train_kernel[(t, h)](
             x, weight, cos, sin, y, rstd, h, eps, float(d), x.stride(0), x.stride(1), cos.stride(0), sin.stride(0),
             y.stride(0), y.stride(1), D=d, HALF=d // 2, HF_ORDER=hf, LANES=LANES, CHUNKS=cdiv(d, LANES),
