@@ -288,8 +288,8 @@ class Qwen3Model:
                                  "the rollout form")
             check_qk_norm_rope(q, q_weight, eps, order, cos, sin)
             check_qk_norm_rope(k, k_weight, eps, order, cos, sin)
-            return (qk_norm_rope_kernel(q, q_weight, eps, order, cos, sin, backend=b),
-                    qk_norm_rope_kernel(k, k_weight, eps, order, cos, sin, backend=b))
+            return (qk_norm_rope_kernel(q, q_weight, eps, order, cos, sin, backend=b, validate=False),
+                    qk_norm_rope_kernel(k, k_weight, eps, order, cos, sin, backend=b, validate=False))
 
         return self.ops.replace(add_rms_norm=lambda **kw: add_rms_norm_kernel(**kw, backend=b),
                                 qk_norm_rope=qk_norm_rope)

@@ -36,7 +36,7 @@ def qk_norm_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str
 
 
 def qk_norm_rope_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float, order: str, cos: torch.Tensor,
-                        sin: torch.Tensor, *, backend: str) -> torch.Tensor:
+                        sin: torch.Tensor, *, backend: str, validate: bool = True) -> torch.Tensor:
     """QK-norm then RoPE, differentiable: ``rope(qk_norm(x, weight, eps, order), cos, sin)``,
     bitwise the two separate ops forward and backward (the training form of the decode launch
     :func:`rl_engine.chain.fused.qk_norm_rope`; tested).
@@ -54,11 +54,13 @@ def qk_norm_rope_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float, order
     ------
     InputError
         As :func:`qk_norm_kernel` and :func:`rl_engine.ops.rope.op.rope_kernel`; D = 0 or D / 2
-        not a power of two. Checked before any launch.
+        not a power of two. Checked before any launch (``validate=False``: the caller ran
+        :func:`check_qk_norm_rope` itself).
     BackendUnavailable
         As :func:`qk_norm_kernel`.
     """
-    check_qk_norm_rope(x, weight, eps, order, cos, sin)
+    if validate:
+        check_qk_norm_rope(x, weight, eps, order, cos, sin)
     return norm_rope_rows(x, weight, cos, sin, eps, order, backend)
 
 
