@@ -17,7 +17,8 @@ ratios to cuBLAS. Usage on the H200::
     python tools/det_gemm_prefill_sweep.py --ms 1024,8192 --configs 128x128x8x4x8x2r,128x256x8x3x8x2r
 
 A configuration is ``BMxBNxWARPSxSTAGESxGROUPx<LOOP><PARK>[xBK]`` (LOOP: the kernel's loop
-structure, 2 one loop over every block, 1 the compiler's flattening, 0 the nest; PARK: ``r``
+structure, 4 all leaves of a tile side by side, 3 two sibling leaves side by side, 2 one loop over
+every block, 1 the compiler's flattening, 0 the nest; PARK: ``r``
 pending leaves in registers, ``m`` in memory; BK: the K step, default 64; ``PersistentTiles``),
 e.g. ``128x128x8x3x8x0rx128``.
 """
@@ -45,8 +46,8 @@ def parse_config(text: str):
     if len(fields) not in (6, 7):
         raise SystemExit(f"config {text!r}: expected BMxBNxWARPSxSTAGESxGROUPx<LOOP><PARK>[xBK]")
     bm, bn, warps, stages, group, last = fields[:6]
-    if len(last) != 2 or last[0] not in "012" or last[1] not in "rm":
-        raise SystemExit(f"config {text!r}: the sixth field is LOOP (0, 1, 2) then r or m (parking)")
+    if len(last) != 2 or last[0] not in "01234" or last[1] not in "rm":
+        raise SystemExit(f"config {text!r}: the sixth field is LOOP (0-4) then r or m (parking)")
     bk = int(fields[6]) if len(fields) == 7 else PersistentTiles.bk
     return PersistentTiles(int(bm), int(bn), int(warps), int(stages), int(group), int(last[0]), last[1] == "r", bk)
 

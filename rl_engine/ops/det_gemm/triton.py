@@ -259,7 +259,10 @@ def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_c
     """The same tree as :func:`_det_gemm_kernel`, persistent, with TMA loads (Hopper).
 
     ``PROGRAMS`` programs walk the output tiles in the grouped order (program ``p`` takes tiles
-    ``p, p + PROGRAMS, ...``) and each tile's ``2^DEPTH`` leaves in order. ``LOOP`` = 2: one loop
+    ``p, p + PROGRAMS, ...``) and each tile's ``2^DEPTH`` leaves in order. ``LOOP`` = 4: one block
+    loop per tile advances all ``2^DEPTH`` leaves together, each in its own FP32 accumulator (the
+    pipeline fills once per tile, not once per leaf; four accumulators live); 3: the same for two
+    sibling leaves at a time (``l0, l1`` then ``l2, l3``); at ``DEPTH`` = 0 both run the nest. ``LOOP`` = 2: one loop
     over every ``BK`` block of the program's tiles, the leaf's rounding and parking in a branch at
     its last block, so the software pipeline keeps loading the next leaf's (and the next tile's)
     blocks across leaf boundaries; 1: a loop over (tile, leaf) items around the block loop, fused
@@ -297,6 +300,41 @@ def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_c
                     _park_in_memory(acc, kb // leaf_blocks, c_ptr, w_ptr, M, N, s_cm, s_cn, off_m, off_n, DEPTH,
                                     BM, BN)
                 acc = tl.zeros((BM, BN), dtype=tl.float32)
+    elif LOOP >= 3 and DEPTH > 0:
+        # Sibling leaves side by side: one block loop runs 2 (LOOP 3) or all 2^DEPTH (LOOP 4) leaves
+        # of a tile at once, each leaf into its own FP32 accumulator over its own blocks in
+        # increasing k, so the pipeline restarts once per group of leaves instead of once per leaf.
+        SIDE: tl.constexpr = 2 if LOOP == 3 else (1 << DEPTH)
+        GROUPS: tl.constexpr = (1 << DEPTH) // SIDE
+        leaf_k = leaf_blocks * BK
+        for item in range(0, my_tiles * GROUPS):
+            grp = item % GROUPS
+            off_m, off_n = _tile_offsets(pid + (item // GROUPS) * PROGRAMS, tiles_m, tiles_n, BM, BN, GROUP_M)
+            k0 = grp * SIDE * leaf_k
+            acc0 = tl.zeros((BM, BN), dtype=tl.float32)
+            acc1 = tl.zeros((BM, BN), dtype=tl.float32)
+            acc2 = tl.zeros((BM, BN), dtype=tl.float32)
+            acc3 = tl.zeros((BM, BN), dtype=tl.float32)
+            for kb in range(leaf_blocks):
+                a, b = _load_block(a_desc, b_desc, off_m, off_n, k0 + kb * BK, A_T, B_T)
+                acc0 = mma(a, b, acc0, UPCAST)
+                a, b = _load_block(a_desc, b_desc, off_m, off_n, k0 + leaf_k + kb * BK, A_T, B_T)
+                acc1 = mma(a, b, acc1, UPCAST)
+                if SIDE == 4:
+                    a, b = _load_block(a_desc, b_desc, off_m, off_n, k0 + 2 * leaf_k + kb * BK, A_T, B_T)
+                    acc2 = mma(a, b, acc2, UPCAST)
+                    a, b = _load_block(a_desc, b_desc, off_m, off_n, k0 + 3 * leaf_k + kb * BK, A_T, B_T)
+                    acc3 = mma(a, b, acc3, UPCAST)
+            sib = _merge(acc0.to(tl.bfloat16), acc1.to(tl.bfloat16), False)
+            if SIDE == 4:
+                _store_tile(_merge(sib, _merge(acc2.to(tl.bfloat16), acc3.to(tl.bfloat16), False), False),
+                            c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM, BN)
+            elif DEPTH == 1:
+                _store_tile(sib, c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM, BN)
+            elif grp == 0:
+                pair = sib
+            else:
+                _store_tile(_merge(pair, sib, False), c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM, BN)
     else:
         for item in tl.range(0, my_tiles << DEPTH, flatten=LOOP == 1):
             leaf = item % (1 << DEPTH)
@@ -498,10 +536,12 @@ class PersistentTiles:
     num_stages: int
     group_m: int
     loop: int
-    """The kernel's ``LOOP``: 2 one loop over every block (leaf ends in a branch), 1 the compiler's
-    flattening of (tile, leaf) x block, 0 the nest as written."""
+    """The kernel's ``LOOP``: 4 every leaf of a tile in one block loop (an accumulator each), 3 two
+    sibling leaves per block loop, 2 one loop over every block (leaf ends in a branch), 1 the
+    compiler's flattening of (tile, leaf) x block, 0 the nest as written."""
     regs: bool
-    """The kernel's ``REGS``: pending leaves in registers (else parked in memory)."""
+    """The kernel's ``REGS``: pending leaves in registers (else parked in memory); loops 3 and 4
+    always keep them in registers (``regs`` must be True)."""
     bk: int = BK
     """K per loaded block. The default is the other forms' ``BK``; a multiple of it (a sweep option:
     ``tools/det_gemm_prefill_sweep.py``) issues the same sequence of k16 tensor-core MMAs into the
@@ -509,6 +549,9 @@ class PersistentTiles:
     sums a block in another order, so there only exact sums compare)."""
 
     def __post_init__(self) -> None:
+        if self.loop not in (0, 1, 2, 3, 4) or (self.loop >= 3 and not self.regs):
+            raise ValueError(f"PersistentTiles.loop must be 0-4, and loops 3 and 4 park in registers; got loop "
+                             f"{self.loop}, regs {self.regs}")
         if self.bk < BK or self.bk % BK or self.bk & (self.bk - 1):
             raise ValueError(f"PersistentTiles.bk must be a power of two multiple of {BK}, got {self.bk}")
 
