@@ -29,10 +29,11 @@ Chosen by a sweep on H200 (triton 3.6): 128 x 256 tiles and 4 warps were slower;
 tested configuration were identical.
 
 Persistent form (training shapes, Hopper): :func:`_det_gemm_persistent_kernel` runs the same leaves
-with TMA loads in a persistent grid (one program per SM walking tiles), the pending leaves in
-registers; it applies when every leaf is a whole number of ``BK`` blocks (``K % (BK << depth) ==
-0``) and both operands are TMA-readable, and runs for outputs of >= 512 tiles or K >= 8192
-(:func:`use_persistent`; the leaf-parallel form only below M = 1024). Same blocks, order and
+with TMA loads in a persistent grid (one program per SM walking tiles), two sibling leaves
+accumulated side by side in one pipelined block loop and the pending pair in registers; it applies
+when every leaf is a whole number of ``BK`` blocks (``K % (BK << depth) == 0``) and both operands
+are TMA-readable, and runs for outputs of >= 512 tiles, >= 256 tiles with K >= 4096, or >= 128
+tiles with K >= 8192 (:func:`use_persistent`; the leaf-parallel form only below M = 1024). Same blocks, order and
 roundings as the fused form, same bits (tested on every Qwen3-8B training product on the H200).
 
 Batch invariance: output element ``(m, n)`` is computed by one program from row ``m`` of ``a``
@@ -556,25 +557,36 @@ class PersistentTiles:
             raise ValueError(f"PersistentTiles.bk must be a power of two multiple of {BK}, got {self.bk}")
 
 
-PERSISTENT_TILES = PersistentTiles(128, 128, 8, 4, 8, 0, True)
-"""The persistent form's configuration, the same for every shape (never derived from M, N or K).
-Chosen by ``tools/det_gemm_prefill_sweep.py`` on the H200 (evidence
-``2026-12-03-h200-issue33-72adbef``: 36 products x 6 configurations, every one with the fused
-form's bits): the nest as written (``loop = 0``) with pending leaves in registers ran 0.70-0.85x
-cuBLAS at M = 4096 and 8192 (the fused form 0.39-0.73x); the one-loop structure (``loop = 2``)
-0.41-0.50x (Triton 3.6 pipelines it with fewer stages in flight), 128 x 256 tiles 0.11-0.15x,
-the compiler's flattening (``loop = 1``) does not compile on Triton 3.6, and parking in memory
-(``regs = False``) 0.61-0.77x."""
+PERSISTENT_TILES = PersistentTiles(128, 128, 8, 3, 8, 3, True)
+"""The persistent form's configuration, the same for every shape (never derived from M, N or K):
+two sibling leaves side by side (``loop = 3``), 3 stages. Chosen by
+``tools/det_gemm_prefill_sweep.py`` on the H200 (evidence ``2026-12-03-h200-issue33-9f2ce15``: 24
+products x 5 configurations at M = 1024 and 4096, every one with the fused form's bits): at M = 4096
+it ran 0.64-0.82x cuBLAS where the nest one leaf at a time (``loop = 0``, 4 stages, the earlier
+default) ran 0.52-0.78x, every product faster (k/v dx 0.52 -> 0.64, k/v forward and dW 0.70 ->
+0.80); 2 stages 0.51-0.59x; all four leaves side by side 0.41-0.48x with 128 x 64 tiles, and
+128 x 128 tiles with four accumulators do not compile (registers). The earlier sweep
+(``2026-12-03-h200-issue33-72adbef``): the one-loop structure (``loop = 2``) 0.41-0.50x, 128 x 256
+tiles 0.11-0.15x, the compiler's flattening (``loop = 1``) does not compile on Triton 3.6, parking
+in memory (``regs = False``) 0.61-0.77x."""
 
 PERSISTENT_ON_CUDA = True
 """Whether a GPU of compute capability >= 9.0 runs the persistent TMA form where it applies
 (:func:`persistent_applies`); the fused form otherwise. A speed choice: same bits (tested)."""
 
 PERSISTENT_MIN_TILES = 512
-"""The persistent form runs for outputs of at least this many ``[bm, bn]`` tiles, or for a long
-reduction (:data:`PERSISTENT_MIN_K`). In the H200 sweep it lost to the fused form on three of the
-four products with 256 tiles and K = 4096 (0.30-0.44x cuBLAS against 0.54-0.63x) and won on every
-product with >= 768 tiles or K = 12288."""
+"""The persistent form runs for outputs of at least this many ``[bm, bn]`` tiles, or for a longer
+reduction (:data:`PERSISTENT_MIN_K_MID`, :data:`PERSISTENT_MIN_K`). With one leaf at a time it
+lost to the fused form on three of the four products with 256 tiles and K = 4096 (0.30-0.44x
+cuBLAS against 0.54-0.63x) and won on every product with >= 768 tiles or K = 12288; with sibling
+leaves side by side (``2026-12-03-h200-issue33-9f2ce15``) it loses at 256 tiles only where K =
+1024 (the k/v products' dx and dW at M = 1024: 0.20-0.22x against 0.32-0.33x)."""
+PERSISTENT_MIN_K_MID = 4096
+"""Reduction length from which the persistent form runs at :data:`PERSISTENT_MIN_TILES_MID_K`
+tiles: in that sweep the 256-tile products with K = 4096 ran 0.80x (k/v forward and dW at
+M = 4096; the fused form 0.62-0.64x) and 0.63-0.67x (q/o forward and dx at M = 1024; fused
+0.63x)."""
+PERSISTENT_MIN_TILES_MID_K = 256
 PERSISTENT_MIN_K = 8192
 """Reduction length from which the persistent form runs at any tile count of at least
 :data:`PERSISTENT_MIN_TILES_LONG_K` (the sweep's 256-tile products with K = 12288: 0.82-0.84x
@@ -617,15 +629,18 @@ def persistent_applies(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge:
 def use_persistent(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False) -> bool:
     """Whether :func:`det_gemm_launch` takes the persistent form: on a GPU of compute capability
     >= 9.0 (TMA), for more rows than a decode step has (``M > 64``; the decode tiles stay) and
-    outputs of at least :data:`PERSISTENT_MIN_TILES` tiles (:data:`PERSISTENT_MIN_TILES_LONG_K`
-    for K >= :data:`PERSISTENT_MIN_K`), where it applies. Depends on the shapes and layouts only;
+    outputs of at least :data:`PERSISTENT_MIN_TILES` tiles (:data:`PERSISTENT_MIN_TILES_MID_K` for
+    K >= :data:`PERSISTENT_MIN_K_MID`, :data:`PERSISTENT_MIN_TILES_LONG_K` for K >=
+    :data:`PERSISTENT_MIN_K`), where it applies. Depends on the shapes and layouts only;
     every form gives the same bits."""
     if not (PERSISTENT_ON_CUDA and a.device.type == "cuda" and not upcast_dots()):
         return False
     t = PERSISTENT_TILES
     m = a.shape[0]
     tiles = cdiv(m, t.bm) * cdiv(b.shape[1], t.bn)
-    enough = tiles >= PERSISTENT_MIN_TILES or (a.shape[1] >= PERSISTENT_MIN_K and tiles >= PERSISTENT_MIN_TILES_LONG_K)
+    k = a.shape[1]
+    enough = (tiles >= PERSISTENT_MIN_TILES or (k >= PERSISTENT_MIN_K_MID and tiles >= PERSISTENT_MIN_TILES_MID_K)
+              or (k >= PERSISTENT_MIN_K and tiles >= PERSISTENT_MIN_TILES_LONG_K))
     return (m > BATCH_DECODE_TILES.bm and enough and _gpu_facts(a.device)[0] >= 9
             and persistent_applies(a, b, depth, fp32_merge, t.bk))
 
