@@ -70,6 +70,22 @@ def row_sum_fixed(lanes, LANES: tl.constexpr):
     return tl.sum(x, axis=0)
 
 
+@triton.jit
+def row_sum_fixed_rows(lanes, R: tl.constexpr, LANES: tl.constexpr):
+    """:func:`row_sum_fixed` of each row of ``lanes`` [R, LANES] -> [R]: the same steps along the
+    last axis (each an axis of size 2, one IEEE addition), so row ``i``'s sum has the bits of
+    ``row_sum_fixed(lanes[i])`` whatever R is."""
+    tl.static_assert(LANES == 128, "row_sum_fixed is declared for 128 lanes")
+    x = tl.sum(tl.reshape(lanes, (R, 4, 2, 16)), axis=2)
+    x = tl.sum(tl.reshape(x, (R, 4, 2, 8)), axis=2)
+    x = tl.sum(tl.reshape(x, (R, 4, 2, 4)), axis=2)
+    x = tl.sum(tl.reshape(x, (R, 4, 2, 2)), axis=2)
+    x = tl.sum(tl.reshape(x, (R, 4, 2, 1)), axis=2)
+    x = tl.sum(tl.reshape(x, (R, 2, 2)), axis=2)
+    x = tl.sum(tl.reshape(x, (R, 1, 2)), axis=2)
+    return tl.sum(x, axis=1)
+
+
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for grids and block counts on the host, in plain Python. ``triton.cdiv`` and
     ``triton.next_power_of_2`` are ``constexpr_function`` objects in recent Triton (3.9: about 2.6 us

@@ -137,7 +137,8 @@ def test_bad_inputs_raise(device):
 @pytest.mark.parametrize("shape", [(2 * ROWS_PER_PROGRAM + 5, 320), (70, 4, 128)], ids=["rows", "heads"])
 def test_split_backward_equals_fused_backward(shape, device):
     """The split backward (one program per row for dx, per 64-row chunk and column block for the
-    dweight partials; chosen when the fused form would have few programs) gives the fused form's
+    dweight partials; chosen when the fused form would have few programs) and the rows form (dx
+    of several rows per program, the default for narrow rows) give the fused form's
     dx and dweight bits, with a partial last chunk, for [T, E] and [T, H, D] rows; asked for one
     gradient it computes that one only. Control: the tokens in reverse order keep dx (per row) but
     change dweight's sum order; tokens 0 and 1 are a cancelling pair of 2^30-sized contributions
@@ -157,6 +158,8 @@ def test_split_backward_equals_fused_backward(shape, device):
     fused = rn.rms_norm_bwd(x, w, dy, rstd, True, True, split=False)
     split = rn.rms_norm_bwd(x, w, dy, rstd, True, True, split=True)
     assert bits_equal(split[0], fused[0]) and bits_equal(split[1], fused[1])
+    rows = rn.rms_norm_bwd(x, w, dy, rstd, True, True, rows=True)  # several rows per dx program
+    assert bits_equal(rows[0], fused[0]) and bits_equal(rows[1], fused[1])
     assert bits_equal(rn.rms_norm_bwd(x, w, dy, rstd, True, False, split=True)[0], fused[0])
     assert bits_equal(rn.rms_norm_bwd(x, w, dy, rstd, False, True, split=True)[1], fused[1])
     flipped = rn.rms_norm_bwd(x.flip(0), w, dy.flip(0), rstd.view(shape[0], -1).flip(0).reshape(-1), True, True,

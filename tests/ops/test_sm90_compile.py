@@ -148,12 +148,20 @@ SCRIPT = textwrap.dedent(r'''
                 "n_rows": "i32", "n_cols": "i32", "n_heads": "i32",
                 **{name: "i32" for name in ("stride_xt", "stride_xh", "stride_dyt", "stride_dyh", "stride_ct",
                                             "stride_st")}}, {
-                "BLOCK": rn.DW_BLOCK, "ROWS": rn.ROWS_PER_PROGRAM, "ROPE": rope}
-        yield "norm_rope_train", rn._norm_rope_train_kernel, {
-            "x_ptr": "*bf16", "w_ptr": "*bf16", **tables, "y_ptr": "*bf16", "rstd_ptr": "*fp32", "n_heads": "i32",
-            "eps": "fp32", "n_float": "fp32", **{name: "i32" for name in ("s_xt", "s_xh", "s_ct", "s_st", "s_yt",
-                                                                          "s_yh")}}, {
-            "D": 128, "HALF": 64, "HF_ORDER": True, "LANES": rn.LANES, "CHUNKS": 1}
+                "BLOCK": 128 if rope else rn.DW_BLOCK, "ROWS": rn.ROWS_PER_PROGRAM, "ROPE": rope,
+                "UNROLL": rn.DW_UNROLL}
+        rows_r = rn.ROWS_TILE_ELEMS // 128
+        for rope in (False, True):
+            yield f"rms_bwd_dx_rows[{rope}]", rn._rms_bwd_dx_rows_kernel, {
+                "x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "rstd_ptr": "*fp32", "dx_ptr": "*bf16",
+                **tables, "n_rows": "i32", "n_cols": "i32", "n_heads": "i32", "n_float": "fp32",
+                **{name: "i32" for name in strides if name != "stride_rt"}}, {
+                "BLOCK": 128, "LANES": rn.LANES, "CHUNKS": 1, "R": rows_r, "ROPE": rope}
+        yield "norm_rope_train", rn._norm_rope_rows_kernel, {
+            "x_ptr": "*bf16", "w_ptr": "*bf16", **tables, "y_ptr": "*bf16", "rstd_ptr": "*fp32", "n_rows": "i32",
+            "n_heads": "i32", "eps": "fp32", "n_float": "fp32",
+            **{name: "i32" for name in ("s_xt", "s_xh", "s_ct", "s_st", "s_yt", "s_yh")}}, {
+            "D": 128, "HALF": 64, "HF_ORDER": True, "LANES": rn.LANES, "CHUNKS": 1, "R": rows_r}
         yield "rms_dw_reduce", rn._dw_reduce_kernel, {
             "part_ptr": "*fp32", "dw_ptr": "*bf16", "n_parts": "i32", "n_cols": "i32"}, {
             "BLOCK": rn.REDUCE_BLOCK, "UNROLL": rn.REDUCE_UNROLL}
@@ -209,8 +217,9 @@ KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "at
            "det_gemm_persistent[dx]", "det_gemm_persistent[dw]", "det_gemm_persistent[forward,bk128]",
            "det_gemm_persistent[forward,loop0]", "det_gemm_persistent[dw,loop4]", "rms_norm[add]",
            "rms_bwd_dx[False,False]", "rms_bwd_dx[True,False]", "rms_bwd_dx[False,True]", "rms_bwd[False,False]",
-           "rms_bwd[True,False]", "rms_bwd[False,True]", "rms_bwd_dw[False]", "rms_bwd_dw[True]", "norm_rope_train",
-           "rms_dw_reduce", "qk_norm_rope", "row_keys", "logp_fwd[False]", "logp_fwd[True]")
+           "rms_bwd[True,False]", "rms_bwd[False,True]", "rms_bwd_dw[False]", "rms_bwd_dw[True]",
+           "rms_bwd_dx_rows[False]", "rms_bwd_dx_rows[True]", "norm_rope_train", "rms_dw_reduce", "qk_norm_rope",
+           "row_keys", "logp_fwd[False]", "logp_fwd[True]")
 
 
 def test_every_compiled_case_is_judged(compiled):
