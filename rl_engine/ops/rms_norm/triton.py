@@ -327,8 +327,18 @@ def _norm_rope_row(base, w_ptr, cos_row, sin_row, eps, n_float, D: tl.constexpr,
         lanes += xc * xc
     ss = row_sum_fixed(lanes, LANES)
     rstd = tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.math.sqrt_rn(tl.math.div_rn(ss, n_float) + eps))
-    x1 = tl.load(base + cols).to(tl.float32) * rstd
-    x2 = tl.load(base + HALF + cols).to(tl.float32) * rstd
+    o1, o2 = _weigh_rotate(tl.load(base + cols).to(tl.float32) * rstd,
+                           tl.load(base + HALF + cols).to(tl.float32) * rstd, w_ptr, cols, HALF,
+                           tl.load(cos_row + cols), tl.load(sin_row + cols), HF_ORDER)
+    return o1, o2, rstd
+
+
+@triton.jit
+def _weigh_rotate(x1, x2, w_ptr, cols, HALF: tl.constexpr, cs, sn, HF_ORDER: tl.constexpr):
+    """The norm's BF16 output from the normalised halves ``x1``, ``x2`` (FP32 ``x * rstd``, any
+    shape ending in the half's columns ``cols``) and the weight halves, in the norm's rounding order,
+    then RoPE's rotation of it by ``cs``, ``sn`` (each product rounded, then the add); returns the two
+    rotated halves in BF16. Shared by the one-row and the row-tile forms."""
     w1 = tl.load(w_ptr + cols).to(tl.float32)
     w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)
     if HF_ORDER:
@@ -337,9 +347,7 @@ def _norm_rope_row(base, w_ptr, cos_row, sin_row, eps, n_float, D: tl.constexpr,
     else:
         y1 = (x1 * w1).to(tl.bfloat16).to(tl.float32)
         y2 = (x2 * w2).to(tl.bfloat16).to(tl.float32)
-    cs = tl.load(cos_row + cols)
-    sn = tl.load(sin_row + cols)
-    return (y1 * cs - y2 * sn).to(tl.bfloat16), (y2 * cs + y1 * sn).to(tl.bfloat16), rstd
+    return (y1 * cs - y2 * sn).to(tl.bfloat16), (y2 * cs + y1 * sn).to(tl.bfloat16)
 
 
 @triton.jit
@@ -363,22 +371,14 @@ def _norm_rope_rows_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, n_ro
     ss = row_sum_fixed_rows(lanes, R, LANES)
     rstd = tl.math.div_rn(tl.full((R,), 1.0, tl.float32), tl.math.sqrt_rn(tl.math.div_rn(ss, n_float) + eps))
     cols = tl.arange(0, HALF)[None, :]
-    x1 = tl.load(base + cols).to(tl.float32) * rstd[:, None]
-    x2 = tl.load(base + HALF + cols).to(tl.float32) * rstd[:, None]
-    w1 = tl.load(w_ptr + cols).to(tl.float32)
-    w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)
-    if HF_ORDER:
-        y1 = (x1.to(tl.bfloat16).to(tl.float32) * w1).to(tl.bfloat16).to(tl.float32)
-        y2 = (x2.to(tl.bfloat16).to(tl.float32) * w2).to(tl.bfloat16).to(tl.float32)
-    else:
-        y1 = (x1 * w1).to(tl.bfloat16).to(tl.float32)
-        y2 = (x2 * w2).to(tl.bfloat16).to(tl.float32)
-    cs = tl.load((cos_ptr + t * s_ct)[:, None] + cols)
-    sn = tl.load((sin_ptr + t * s_st)[:, None] + cols)
+    o1, o2 = _weigh_rotate(tl.load(base + cols).to(tl.float32) * rstd[:, None],
+                           tl.load(base + HALF + cols).to(tl.float32) * rstd[:, None], w_ptr, cols, HALF,
+                           tl.load((cos_ptr + t * s_ct)[:, None] + cols), tl.load((sin_ptr + t * s_st)[:, None] + cols),
+                           HF_ORDER)
     out = (y_ptr + t * s_yt + h * s_yh)[:, None]
     keep = live[:, None]
-    tl.store(out + cols, (y1 * cs - y2 * sn).to(tl.bfloat16), mask=keep)
-    tl.store(out + HALF + cols, (y2 * cs + y1 * sn).to(tl.bfloat16), mask=keep)
+    tl.store(out + cols, o1, mask=keep)
+    tl.store(out + HALF + cols, o2, mask=keep)
     tl.store(rstd_ptr + r, rstd, mask=live)
 
 
@@ -518,8 +518,9 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
     None: :data:`SPLIT_BELOW_PROGRAMS`) runs only the kernels of what is needed and leaves the
     other output unwritten (its caller drops it); the rows form (``rows``, None: rows of at most
     :data:`ROWS_FORM_MAX_BLOCK` padded columns, no ``residual_grad``, ``split`` not forced) is the
-    split form with dx computed for several rows per program. Every form gives the same bits. ``residual_grad`` ([T, E] BF16, unit stride on
-    E; [T, E] rows only): added to the BF16 dx in FP32 and rounded once (the add + norm backward,
+    split form with dx computed for several rows per program. Every form gives the same bits.
+    ``residual_grad`` ([T, E] BF16, unit stride on E; [T, E] rows only): added to the BF16 dx in
+    FP32 and rounded once (the add + norm backward,
     :func:`_with_residual_grad`). ``rope`` = (cos, sin) [T, D/2] FP32 (unit stride on the last
     axis; [T, H, D] rows only): ``dy`` is the gradient of the norm's output rotated by RoPE, and
     each load of it takes the rotation's backward first (the fused QK-norm + RoPE backward,
