@@ -179,3 +179,31 @@ def test_cross_backend_scope(tmp_path, scope):
     finally:
         unregister_backend("same_logp")
         unregister_backend("ulp_logp")
+
+
+def test_cross_backend_table_takes_the_declared_ops_from_the_contract(tmp_path, monkeypatch):
+    """The informational table's ``declared`` scope compares every case, forward and gradients, of
+    an op the contract declares bit-exact across backends, and only the first case's forward of one
+    it does not: the list is the contract's ``cross_backend.declared_bit_exact`` (ws1-c1-v6 added
+    det_gemm and lm_head; a copy of the list in the runner had gone stale). Control: the same run
+    under a declaration without silu compares one case and no gradient."""
+    import dataclasses
+
+    contract = load_contract()
+    assert {"silu", "det_gemm", "lm_head"} <= set(contract.cross_backend.declared)
+    silu = get_spec("silu")
+    rl_engine.register_backend("same_silu", {"silu": silu.impls["triton_cuda_bf16"]}, backward=True)
+    try:
+        cfg = GateConfig(ops=["silu"], backends=["triton_cuda_bf16", "same_silu"], judgments=["forward_accuracy"],
+                         workload=get_workload("smoke"), out_dir=tmp_path, cross_backend="declared")
+        rows = run_gate(cfg, contract)["cross_backend"]
+        n_cases = len(silu.build_cases(get_workload("smoke"), 0, torch.device("cpu")))
+        assert len({r["case"] for r in rows}) == n_cases > 1 and any(r["output"].startswith("bwd.") for r in rows)
+        narrowed = dataclasses.replace(contract.cross_backend,
+                                       declared=tuple(op for op in contract.cross_backend.declared if op != "silu"))
+        monkeypatch.setattr(type(contract), "cross_backend", property(lambda self: narrowed))
+        cfg.out_dir = tmp_path / "narrowed"
+        rows = run_gate(cfg, contract)["cross_backend"]
+        assert len({r["case"] for r in rows}) == 1 and not any(r["output"].startswith("bwd.") for r in rows)
+    finally:
+        unregister_backend("same_silu")

@@ -369,18 +369,15 @@ def _time_limit(seconds: float | None):
         signal.signal(signal.SIGALRM, old)
 
 
-CROSS_BACKEND_DECLARED = ("embedding", "rope", "silu", "swiglu", "pack", "rms_norm", "qk_norm")
-"""Ops whose declared arithmetic is the same function on both kernel backends."""
-
-
-def cross_backend(config: GateConfig, device: torch.device) -> list[dict[str, Any]]:
+def cross_backend(config: GateConfig, device: torch.device, contract: Contract) -> list[dict[str, Any]]:
     """Informational: the largest difference between each judged backend and the first one on the
     same inputs, and whether they are bitwise equal. Scope ``config.cross_backend``
     (:data:`rl_engine.gate.plan.CROSS_BACKEND_SCOPES`): with ``declared``, for the ops whose
-    arithmetic the contract declares identical on both backends (:data:`CROSS_BACKEND_DECLARED`,
+    arithmetic the contract declares identical on both backends (``cross_backend.declared_bit_exact``,
     ``docs/declared-arithmetic.md``) every case, forward outputs and input gradients, for the
     others the first case's forward outputs; with ``all``, every case, forward and gradients, of
-    every op. Not a judgment (decision 16 of docs/decisions.md is a target)."""
+    every op. Not a judgment: for a run whose pair is the contract's, the ``cross_backend`` cells
+    are (:func:`_cross_cell`)."""
     from rl_engine.gate.compare import compare_bitwise
     from rl_engine.ops.execute import make_upstream, run_forward, run_gradient
 
@@ -402,7 +399,7 @@ def cross_backend(config: GateConfig, device: torch.device) -> list[dict[str, An
                     impls[b] = impl
             if first not in impls or len(impls) < 2:
                 continue
-            declared = op in CROSS_BACKEND_DECLARED or config.cross_backend == "all"
+            declared = op in contract.cross_backend.declared or config.cross_backend == "all"
             cases = spec.build_cases(config.workload, config.seed, device)
             for case in cases if declared else cases[:1]:
                 base = run_forward(impls[first], case.inputs)
@@ -571,7 +568,7 @@ def _run_gate_locked(config: GateConfig, contract: Contract, on_cell, device: to
             evidence_io.write_atomic(path, evidence)
     if len(config.backends) >= 2 and config.cross_backend != "none" and not config.cross_judged():
         evidence["cross_backend_scope"] = config.cross_backend
-        evidence["cross_backend"] = cross_backend(config, device)
+        evidence["cross_backend"] = cross_backend(config, device, contract)
     evidence["complete"] = True
     evidence["wall_time_s"] = round(time.perf_counter() - t0, 3)
     evidence_io.write_atomic(path, evidence)
