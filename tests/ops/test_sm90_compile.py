@@ -150,7 +150,7 @@ SCRIPT = textwrap.dedent(r'''
                                             "stride_st")}}, {
                 "BLOCK": 128 if rope else rn.DW_BLOCK, "ROWS": rn.ROWS_PER_PROGRAM, "ROPE": rope,
                 "UNROLL": rn.DW_UNROLL}
-        rows_r = rn.ROWS_TILE_ELEMS // 128
+        rows_r = rn.rows_per_program(128)
         for rope in (False, True):
             yield f"rms_bwd_dx_rows[{rope}]", rn._rms_bwd_dx_rows_kernel, {
                 "x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "rstd_ptr": "*fp32", "dx_ptr": "*bf16",

@@ -61,8 +61,15 @@ program, in the fused backward) left the H200 waiting on one row's loads at a ti
 training step's QK-norm backward: 122 us per launch, about 0.8 TB/s). Same per-row arithmetic,
 same dweight order, same bits (tested); a launch setting, chosen from the row width only."""
 ROWS_TILE_ELEMS = 2048
-"""Elements per ``[R, BLOCK]`` tile of the rows kernels: ``R = ROWS_TILE_ELEMS // BLOCK`` rows per
-program (16 at D = 128). A launch setting."""
+"""Elements per ``[R, max(BLOCK, LANES)]`` tile of the rows kernels (the lane sums are ``[R, LANES]``
+whatever the row width): :func:`rows_per_program` rows per program, 16 at D = 128. A launch setting."""
+
+
+def rows_per_program(block: int) -> int:
+    """Rows per program of the rows kernels for rows of ``block`` (padded) columns: a power of two."""
+    return max(1, ROWS_TILE_ELEMS // max(block, LANES))
+
+
 DW_UNROLL = 8
 """Rows per unrolled step of the dweight stage-1 loop of the split form (a launch setting: the
 rows are still added one at a time in order; the loads of a step can be in flight together)."""
@@ -471,7 +478,7 @@ def norm_rope_train_fwd(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor
     y = torch.empty((t, h, d), dtype=torch.bfloat16, device=x.device)
     rstd = torch.empty((t * h,), dtype=torch.float32, device=x.device)
     if t and h and d:
-        rows = max(1, ROWS_TILE_ELEMS // d)
+        rows = rows_per_program(d)
         _norm_rope_rows_kernel[(cdiv(t * h, rows),)](
             x, weight, cos, sin, y, rstd, t * h, h, eps, float(d), x.stride(0), x.stride(1), cos.stride(0),
             sin.stride(0), y.stride(0), y.stride(1), D=d, HALF=d // 2, HF_ORDER=hf, LANES=LANES,
@@ -559,7 +566,7 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
         split = n_parts < SPLIT_BELOW_PROGRAMS
     if split or rows:
         if need_dx and rows:
-            r = max(1, ROWS_TILE_ELEMS // block)
+            r = rows_per_program(block)
             _rms_bwd_dx_rows_kernel[(cdiv(n_rows, r),)](
                 x, weight, dy, rstd, dx, cos, sin, n_rows, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh,
                 sct, sst, BLOCK=block, LANES=LANES, CHUNKS=cdiv(e, LANES), R=r, ROPE=rp, num_warps=4,
