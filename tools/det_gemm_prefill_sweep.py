@@ -49,7 +49,10 @@ def parse_config(text: str):
     if len(last) != 2 or last[0] not in "01234" or last[1] not in "rm":
         raise SystemExit(f"config {text!r}: the sixth field is LOOP (0-4) then r or m (parking)")
     bk = int(fields[6]) if len(fields) == 7 else PersistentTiles.bk
-    return PersistentTiles(int(bm), int(bn), int(warps), int(stages), int(group), int(last[0]), last[1] == "r", bk)
+    try:
+        return PersistentTiles(int(bm), int(bn), int(warps), int(stages), int(group), int(last[0]), last[1] == "r", bk)
+    except ValueError as exc:
+        raise SystemExit(f"config {text!r}: {exc}") from exc
 
 
 def products(m: int, k: int, n: int, g: torch.Generator):

@@ -160,6 +160,10 @@ def test_split_backward_equals_fused_backward(shape, device):
     assert bits_equal(split[0], fused[0]) and bits_equal(split[1], fused[1])
     rows = rn.rms_norm_bwd(x, w, dy, rstd, True, True, rows=True)  # several rows per dx program
     assert bits_equal(rows[0], fused[0]) and bits_equal(rows[1], fused[1])
+    with pytest.raises(ValueError, match="two different forms"):  # contradicting flags, before any launch
+        rn.rms_norm_bwd(x, w, dy, rstd, True, True, split=False, rows=True)
+    with pytest.raises(ValueError, match="residual_grad"):  # refused even for an empty batch
+        rn.rms_norm_bwd(x[:0], w, dy[:0], rstd[:0], True, True, rows=True, residual_grad=dy[:0])
     assert bits_equal(rn.rms_norm_bwd(x, w, dy, rstd, True, False, split=True)[0], fused[0])
     assert bits_equal(rn.rms_norm_bwd(x, w, dy, rstd, False, True, split=True)[1], fused[1])
     flipped = rn.rms_norm_bwd(x.flip(0), w, dy.flip(0), rstd.view(shape[0], -1).flip(0).reshape(-1), True, True,

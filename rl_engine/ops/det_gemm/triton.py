@@ -305,6 +305,7 @@ def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_c
         # Sibling leaves side by side: one block loop runs 2 (LOOP 3) or all 2^DEPTH (LOOP 4) leaves
         # of a tile at once, each leaf into its own FP32 accumulator over its own blocks in
         # increasing k, so the pipeline restarts once per group of leaves instead of once per leaf.
+        tl.static_assert(DEPTH <= 2, "loops 3 and 4 merge a tree of at most two levels")
         SIDE: tl.constexpr = 2 if LOOP == 3 else (1 << DEPTH)
         GROUPS: tl.constexpr = (1 << DEPTH) // SIDE
         leaf_k = leaf_blocks * BK

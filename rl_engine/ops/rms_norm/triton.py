@@ -48,14 +48,15 @@ SPLIT_BELOW_PROGRAMS = 264
 ``DW_BLOCK`` columns for the dweight partials) when the fused form would have fewer programs
 than this (two per H200 SM): a [4096, 4096] input has 64 chunks, so the fused form keeps 64 of
 132 SMs busy walking 64 rows each. Same arithmetic and order per element, same bits (tested);
-the choice depends on the row count only."""
+between fused and split the choice depends on the row count only (narrow rows take the rows form,
+:data:`ROWS_FORM_MAX_BLOCK`)."""
 DW_BLOCK = 256
 """Columns per stage-1 dweight program of the split form (a launch setting: each column's sum
 is the same whatever the block)."""
 ROWS_FORM_MAX_BLOCK = 256
 """Rows of at most this many (padded) columns, a QK-norm's heads of D = 128 among them, run the
-backward's dx and the fused QK-norm + RoPE forward as ``[R, BLOCK]`` tiles of several rows per
-program (:func:`_rms_bwd_dx_rows_kernel`, :func:`_norm_rope_rows_kernel`) and the dweight
+backward's dx as ``[R, BLOCK]`` tiles of several rows per program (:func:`_rms_bwd_dx_rows_kernel`;
+the fused QK-norm + RoPE forward, :func:`_norm_rope_rows_kernel`, always runs row tiles) and the dweight
 partials in the split form's chunks: one 128-column row per program (or 64 rows in turn per
 program, in the fused backward) left the H200 waiting on one row's loads at a time (the Qwen3-8B
 training step's QK-norm backward: 122 us per launch, about 0.8 TB/s). Same per-row arithmetic,
@@ -243,6 +244,7 @@ def _rms_bwd_dw_kernel(x_ptr, dy_ptr, rstd_ptr, part_ptr, cos_ptr, sin_ptr, n_ro
     writes for those columns (same products, same order). The row loop is unrolled ``UNROLL``
     rows deep (``tl.static_range``; ``ROWS`` a multiple of it): the same adds in the same order,
     with the step's loads free to be issued before its adds."""
+    tl.static_assert(ROWS % UNROLL == 0, "UNROLL must divide ROWS (else a chunk would add its neighbour's rows)")
     pid = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -324,8 +326,9 @@ def _norm_rope_row(base, w_ptr, cos_row, sin_row, eps, n_float, D: tl.constexpr,
                    HF_ORDER: tl.constexpr, LANES: tl.constexpr, CHUNKS: tl.constexpr):
     """One head row [D]: the norm's BF16 output, rotated; returns the two rotated halves in BF16
     and the row's FP32 ``rstd`` (the forward's steps of :func:`_rms_fwd_kernel` on one row of D,
-    then :func:`rl_engine.ops.rope.triton._rope_kernel`'s rotation of its BF16 output). Shared
-    by the training kernel below and the decode launch :func:`rl_engine.chain.fused.qk_norm_rope`."""
+    then :func:`rl_engine.ops.rope.triton._rope_kernel`'s rotation of its BF16 output), for the
+    decode launch :func:`rl_engine.chain.fused.qk_norm_rope`; the training kernel runs the same
+    steps on row tiles (:func:`_norm_rope_rows_kernel`)."""
     cols = tl.arange(0, HALF)
     lanes = tl.zeros((LANES,), dtype=tl.float32)
     for c in tl.static_range(CHUNKS):  # lane i adds columns i, i + LANES, ... in order
@@ -545,6 +548,10 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
         raise ValueError(f"rms_norm_bwd: residual_grad must be like x [T, E] with unit stride on E, got "
                          f"{list(residual_grad.shape)} for x {list(x.shape)}")
     res_t, srt = (residual_grad, residual_grad.stride(0)) if res else (dy, 0)
+    if rows and res:
+        raise ValueError("rms_norm_bwd: the rows form takes no residual_grad")
+    if rows and split is False:
+        raise ValueError("rms_norm_bwd: rows=True and split=False ask for two different forms")
     _, _, _, sdyt, sdyh = _rows_view(dy)
     dx = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
     dw = torch.empty((e,), dtype=torch.bfloat16, device=x.device)
@@ -560,8 +567,6 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
     block = _block(e)
     if rows is None:
         rows = split is None and block <= ROWS_FORM_MAX_BLOCK and not res
-    if rows and res:
-        raise ValueError("rms_norm_bwd: the rows form takes no residual_grad")
     if split is None:
         split = n_parts < SPLIT_BELOW_PROGRAMS
     if split or rows:
