@@ -3,7 +3,9 @@
 Qwen3-8B head shapes (E = 4096, V = 151936), T tokens. ``--fwd-configs`` are ``ROWSxWARPSxSTAGES`` of
 the forward partial kernel (the rows of a logits tile; BLOCK_V, BLOCK_E and CHUNK_V are declared and
 never vary); ``--bwd-configs`` are ``ROWSxCOLSxWARPSxSTAGES`` of the two backward GEMMs' output tiles
-(``GRAD_TILE``; the reduction step GRAD_BLOCK never varies). Each configuration's logprobs (forward)
+(``GRAD_TILE``; the reduction step GRAD_BLOCK never varies). A trailing ``t`` loads the logits tiles
+(forward partials, backward dlogits recompute) through TMA descriptors, ``p`` through pointer loads,
+neither as the op chooses (``use_tma``). Each configuration's logprobs (forward)
 or dhidden and dweight (backward) must equal the module defaults' bits; times with
 ``triton.testing.do_bench`` beside the unfused PyTorch path on the same values (BF16 ``hidden @
 weight.T`` upcast to FP32, ``log_softmax``, gather; its backward through autograd). Usage::
@@ -21,7 +23,12 @@ import torch
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split("x"))
+    return tuple(int(x) for x in text.rstrip("tp").split("x"))
+
+
+def _tma(text: str) -> bool | None:
+    """The logits loads a configuration asks for: True (``...t``), False (``...p``), None (default)."""
+    return True if text.endswith("t") else False if text.endswith("p") else None
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -64,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         ref_bwd = ll.linear_logp_bwd(h, w, tg, up, rmax, rlog, 1.0, True, True)
         passes = (
             ("forward", args.fwd_configs, base_fwd, (out, rmax, rlog),
-             lambda cfg: ll.linear_logp_fwd(h, w, tg, 1.0, fwd_launch=_ints(cfg))),
+             lambda cfg: ll.linear_logp_fwd(h, w, tg, 1.0, fwd_launch=_ints(cfg), tma=_tma(cfg))),
             ("backward", args.bwd_configs, base_bwd, ref_bwd,
-             lambda cfg: ll.linear_logp_bwd(h, w, tg, up, rmax, rlog, 1.0, True, True, grad_tile=_ints(cfg))),
+             lambda cfg: ll.linear_logp_bwd(h, w, tg, up, rmax, rlog, 1.0, True, True, grad_tile=_ints(cfg),
+                                            tma=_tma(cfg))),
         )
         for name, configs, base_ms, ref, run in passes:
             line = [f"T{t} {name} (unfused {base_ms:.2f} ms):"]

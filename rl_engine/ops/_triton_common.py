@@ -104,6 +104,31 @@ def upcast_dots() -> bool:
     return env.triton_interpret()
 
 
+_GPU_FACTS: dict[int, tuple[int, int]] = {}
+
+
+def gpu_facts(device: torch.device) -> tuple[int, int]:
+    """(compute capability major, SM count) of a CUDA device, read once per device (the launcher asks on
+    every call)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _GPU_FACTS:
+        props = torch.cuda.get_device_properties(idx)
+        _GPU_FACTS[idx] = (props.major, props.multi_processor_count)
+    return _GPU_FACTS[idx]
+
+
+def tma_layout(t: torch.Tensor) -> bool | None:
+    """How a 2-D BF16 operand can be read by TMA: False (unit stride on the last dim), True (unit
+    stride on the first dim: the descriptor holds the transpose), None (neither, or a base or a row
+    pitch that is not 16-byte aligned)."""
+    if t.data_ptr() % 16:
+        return None
+    for transposed, unit, pitch in ((False, 1, 0), (True, 0, 1)):
+        if t.stride(unit) == 1 and (t.stride(pitch) * t.element_size()) % 16 == 0 and t.stride(pitch) >= t.shape[unit]:
+            return transposed
+    return None
+
+
 _READY: set[tuple[torch.device, bool]] = set()
 """(device, interpreter on) pairs already checked by :func:`check_triton_device`."""
 

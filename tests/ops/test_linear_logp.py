@@ -253,3 +253,36 @@ def test_forward_rows_per_tile_keep_the_bits(device):
     wide = ll.linear_logp_fwd(h, w, tg, 1.0)
     assert all(bits_equal(a, b) for a, b in zip(wide, ref))
     assert not bits_equal(ll.linear_logp_fwd(h, w, tg, 0.5, fwd_launch=(64, 4, 3))[0], ref[0])
+
+
+def test_tma_logits_tiles_keep_the_bits(device):
+    """The logits tiles load through TMA descriptors on the H200 (``use_tma``) and through masked
+    pointer loads elsewhere; both forms give the same logprobs, row max, log-sum, dhidden and
+    dweight bits, with partial tiles in rows, V (two chunks, the last one partial) and E (72 =
+    64 + a tail of 8 zero-filled by the TMA unit). Control: the pointer form on hidden whose E
+    tail is zeroed gives other logprobs, so a TMA form that dropped the tail block would fail."""
+    from rl_engine.ops.linear_logp import triton as ll
+
+    t = 150 if device.type == "cuda" else 70
+    h, w, tg = _random_problem(t, 72, CHUNK_V + 300, 17, device)
+    ptr = ll.linear_logp_fwd(h, w, tg, 1.0, tma=False)
+    tma = ll.linear_logp_fwd(h, w, tg, 1.0, tma=True)
+    assert all(bits_equal(a, b) for a, b in zip(tma, ptr))
+    g = torch.randn(t, generator=make_generator(18)).to(device)
+    grads_ptr = ll.linear_logp_bwd(h, w, tg, g, ptr[1], ptr[2], 1.0, True, True, tma=False)
+    grads_tma = ll.linear_logp_bwd(h, w, tg, g, ptr[1], ptr[2], 1.0, True, True, tma=True)
+    assert bits_equal(grads_tma[0], grads_ptr[0]) and bits_equal(grads_tma[1], grads_ptr[1])
+    cut = h.clone()
+    cut[:, ll.BLOCK_E:] = 0
+    assert not bits_equal(ll.linear_logp_fwd(cut, w, tg, 1.0, tma=False)[0], tma[0])
+
+
+def test_tma_refuses_a_layout_it_cannot_read(device):
+    """Forcing the TMA tiles on a hidden whose row pitch is not 16-byte aligned (E = 70) is refused
+    before any launch, never read with a wrong pitch; ``use_tma`` never picks it."""
+    from rl_engine.ops.linear_logp import triton as ll
+
+    h, w, tg = _random_problem(5, 70, 300, 19, device)
+    assert not ll.use_tma(h, w)
+    with pytest.raises(ValueError, match="TMA"):
+        ll.linear_logp_fwd(h, w, tg, 1.0, tma=True)

@@ -27,10 +27,10 @@ SCRIPT = textwrap.dedent(r'''
 
     H200 = GPUTarget("cuda", 90, 32)
 
-    def compile_(fn, signature, constexprs):
+    def compile_(fn, signature, constexprs, options=None):
         sig = dict(signature)
         sig.update({name: "constexpr" for name in constexprs})
-        triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=H200)
+        triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=H200, options=options)
 
     @triton.jit
     def ok_kernel(x_ptr, n):
@@ -50,6 +50,7 @@ SCRIPT = textwrap.dedent(r'''
         from rl_engine.chain import fused
         from rl_engine.ops.attention import triton as at
         from rl_engine.ops.det_gemm import triton as dg
+        from rl_engine.ops.linear_logp import triton as ll
         from rl_engine.ops.logp import triton as lp
         from rl_engine.ops.rms_norm import triton as rn
         from rl_engine.rollout import _f64
@@ -119,7 +120,8 @@ SCRIPT = textwrap.dedent(r'''
                 "a_desc": f"tensordesc<bf16{a_block}>", "b_desc": f"tensordesc<bf16{b_block}>",
                 "c_ptr": "*bf16", "w_ptr": "*bf16", **{n: "i32" for n in ("M", "N", "K", "s_cm", "s_cn")}}, {
                 "A_T": a_t, "B_T": b_t, "DEPTH": 2, "BM": t.bm, "BN": t.bn, "BK": bk, "GROUP_M": t.group_m,
-                "PROGRAMS": 132, "LOOP": loop, "REGS": True, "UPCAST": False}
+                "PROGRAMS": 132, "LOOP": loop, "REGS": True, "UPCAST": False}, {
+                "num_warps": t.num_warps, "num_stages": t.num_stages}
         yield "rms_norm[add]", rn._rms_fwd_kernel, {
             "x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "rstd_ptr": "*fp32", "d_ptr": "*bf16",
             "s_ptr": "*bf16", "n_cols": "i32", "n_heads": "i32", "eps": "fp32", "n_float": "fp32",
@@ -182,10 +184,29 @@ SCRIPT = textwrap.dedent(r'''
                                             "stride_mi")}, "temperature": "fp32"}, {
                 "HAS_MASK": has_mask, "BLOCK_V": lp.BLOCK_V}
 
+        fwd_m, fwd_warps, fwd_stages = ll.FWD_LAUNCH
+        scalars = {"V": "i32", "E": "i32", "stride_h": "i32", "stride_w": "i32", "stride_t": "i32",
+                   "temperature": "fp32"}
+        for tma in (False, True):
+            h_src = f"tensordesc<bf16[{fwd_m}, {ll.BLOCK_E}]>" if tma else "*bf16"
+            w_src = f"tensordesc<bf16[{ll.BLOCK_V}, {ll.BLOCK_E}]>" if tma else "*bf16"
+            yield f"linear_logp_fwd_partial[{tma}]", ll._fwd_partial_kernel, {
+                "h_ptr": h_src, "w_ptr": w_src, "tgt_ptr": "*i64", "pmax_ptr": "*fp32", "psum_ptr": "*fp32",
+                "ptgt_ptr": "*fp32", "T": "i32", "n_chunks": "i32", **scalars}, {
+                "BLOCK_M": fwd_m, "BLOCK_V": ll.BLOCK_V, "BLOCK_E": ll.BLOCK_E, "CHUNK_V": ll.CHUNK_V,
+                "UPCAST": False, "TMA": tma}, {"num_warps": fwd_warps, "num_stages": fwd_stages}
+            h_src = f"tensordesc<bf16[{ll.BLOCK_M}, {ll.BLOCK_E}]>" if tma else "*bf16"
+            yield f"linear_logp_dlogits[{tma}]", ll._bwd_dlogits_kernel, {
+                "h_ptr": h_src, "w_ptr": w_src, "tgt_ptr": "*i64", "g_ptr": "*fp32", "rmax_ptr": "*fp32",
+                "rlog_ptr": "*fp32", "hi_ptr": "*bf16", "lo_ptr": "*bf16", "T": "i32", "v_base": "i32",
+                **scalars}, {
+                "BLOCK_M": ll.BLOCK_M, "BLOCK_V": ll.BLOCK_V, "BLOCK_E": ll.BLOCK_E, "CHUNK_V": ll.CHUNK_V,
+                "UPCAST": False, "TMA": tma}, {"num_warps": ll.NUM_WARPS}
+
     out = {}
-    for name, fn, sig, consts in cases():
+    for name, fn, sig, consts, *options in cases():
         try:
-            compile_(fn, sig, consts)
+            compile_(fn, sig, consts, *options)
             out[name] = "ok"
         except Exception as exc:
             out[name] = f"{type(exc).__name__}: {str(exc)[-300:]}"
@@ -219,7 +240,8 @@ KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "at
            "rms_bwd_dx[False,False]", "rms_bwd_dx[True,False]", "rms_bwd_dx[False,True]", "rms_bwd[False,False]",
            "rms_bwd[True,False]", "rms_bwd[False,True]", "rms_bwd_dw[False]", "rms_bwd_dw[True]",
            "rms_bwd_dx_rows[False]", "rms_bwd_dx_rows[True]", "norm_rope_train", "rms_dw_reduce", "qk_norm_rope",
-           "row_keys", "logp_fwd[False]", "logp_fwd[True]")
+           "row_keys", "logp_fwd[False]", "logp_fwd[True]", "linear_logp_fwd_partial[False]",
+           "linear_logp_fwd_partial[True]", "linear_logp_dlogits[False]", "linear_logp_dlogits[True]")
 
 
 def test_every_compiled_case_is_judged(compiled):

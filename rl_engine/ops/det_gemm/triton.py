@@ -58,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, cdiv, mma, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, gpu_facts, mma, tma_layout, upcast_dots
 from rl_engine.ops.det_gemm.topology import mid_split_bounds
 
 TREE_DEPTH = 2
@@ -594,37 +594,12 @@ PERSISTENT_MIN_K = 8192
 against 0.73-0.75x)."""
 PERSISTENT_MIN_TILES_LONG_K = 128
 
-_GPU_FACTS: dict[int, tuple[int, int]] = {}
-
-
-def _gpu_facts(device: torch.device) -> tuple[int, int]:
-    """(compute capability major, SM count) of a CUDA device, read once per device (the launcher asks on
-    every call)."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _GPU_FACTS:
-        props = torch.cuda.get_device_properties(idx)
-        _GPU_FACTS[idx] = (props.major, props.multi_processor_count)
-    return _GPU_FACTS[idx]
-
-
-def _tma_layout(t: torch.Tensor) -> bool | None:
-    """How a 2-D BF16 operand can be read by TMA: False (unit stride on the last dim), True (unit
-    stride on the first dim: the descriptor holds the transpose), None (neither, or a base or a row
-    pitch that is not 16-byte aligned)."""
-    if t.data_ptr() % 16:
-        return None
-    for transposed, unit, pitch in ((False, 1, 0), (True, 0, 1)):
-        if t.stride(unit) == 1 and (t.stride(pitch) * t.element_size()) % 16 == 0 and t.stride(pitch) >= t.shape[unit]:
-            return transposed
-    return None
-
-
 def persistent_applies(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False, bk: int = BK) -> bool:
     """Whether the persistent TMA form with K step ``bk`` can compute ``a @ b``: BF16 merges, ``K``
     a multiple of ``bk * 2^depth`` (whole blocks in every leaf) and both operands readable by TMA."""
     k = a.shape[1]
     return (not fp32_merge and 0 <= depth <= TREE_DEPTH and k > 0 and bk % BK == 0 and k % (bk << depth) == 0
-            and _tma_layout(a) is not None and _tma_layout(b) is not None)
+            and tma_layout(a) is not None and tma_layout(b) is not None)
 
 
 def use_persistent(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bool = False) -> bool:
@@ -642,7 +617,7 @@ def use_persistent(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: boo
     k = a.shape[1]
     enough = (tiles >= PERSISTENT_MIN_TILES or (k >= PERSISTENT_MIN_K_MID and tiles >= PERSISTENT_MIN_TILES_MID_K)
               or (k >= PERSISTENT_MIN_K and tiles >= PERSISTENT_MIN_TILES_LONG_K))
-    return (m > BATCH_DECODE_TILES.bm and enough and _gpu_facts(a.device)[0] >= 9
+    return (m > BATCH_DECODE_TILES.bm and enough and gpu_facts(a.device)[0] >= 9
             and persistent_applies(a, b, depth, fp32_merge, t.bk))
 
 
@@ -653,14 +628,14 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth:
     t = tiles or PERSISTENT_TILES
     m, k = a.shape
     n = b.shape[1]
-    a_t, b_t = _tma_layout(a), _tma_layout(b)
+    a_t, b_t = tma_layout(a), tma_layout(b)
     a_desc = TensorDescriptor.from_tensor(a.t() if a_t else a, [t.bk, t.bm] if a_t else [t.bm, t.bk])
     b_desc = TensorDescriptor.from_tensor(b.t() if b_t else b, [t.bn, t.bk] if b_t else [t.bk, t.bn])
     parked = depth and not t.regs  # register parking needs no workspace
     w = torch.empty((m, n) if parked else (1, 1), dtype=torch.bfloat16, device=a.device)
     count = cdiv(m, t.bm) * cdiv(n, t.bn)
     if programs is None:
-        programs = _gpu_facts(a.device)[1] if a.device.type == "cuda" else 3
+        programs = gpu_facts(a.device)[1] if a.device.type == "cuda" else 3
     programs = max(1, min(programs, count))
     _det_gemm_persistent_kernel[(programs,)](
         a_desc, b_desc, c, w, m, n, k, c.stride(0), c.stride(1),

@@ -4,6 +4,9 @@ without a ``[T, V]`` logits buffer, forward and backward.
 Logits tiles ``[BLOCK_M, BLOCK_V]`` come from the FP32 accumulator of ``mma`` over E (BF16
 operands, E looped in fixed ``BLOCK_E`` chunks in increasing order) and are never rounded to BF16
 (contract ``declared_exceptions.logits_for_scoring``, ``docs/pitfalls.md`` P5).
+On a GPU of compute capability >= 9.0 the hidden and weight blocks of those tiles arrive through
+TMA descriptors (:func:`use_tma`), elsewhere through masked pointer loads: the same blocks, zero
+fill and ``mma`` sequence, so the same bits (tested).
 
 Forward, two kernels:
 
@@ -41,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, cdiv, mma, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, gpu_facts, mma, tma_layout, upcast_dots
 
 BLOCK_M = 64
 """Rows per logits tile of the dlogits recompute (the forward's is a launch setting, :data:`FWD_LAUNCH`)."""
@@ -70,6 +73,11 @@ warp, as the ``(BLOCK_M, NUM_WARPS, 3)`` launch before it, so each row's max and
 ``BLOCK_V`` tile are reduced by the same lanes in the same order. On the H200 (sweep at 7e5dac4,
 ``evidence/2026-12-03-h200-issue33-7e5dac4/``) it gave those bits at T = 4096 and 8192 and ran
 10.8 ms instead of 12.4 ms at T = 4096; ``(64, 8, 3)`` (8 rows per warp) changed the bits."""
+LOGITS_TMA_ON_CUDA = True
+"""Whether the logits tiles (the forward's partial kernel and the backward's dlogits recompute)
+load their hidden and weight blocks through TMA descriptors where :func:`use_tma` allows: the
+same blocks and ``mma`` sequence as the masked pointer loads (tested bit for bit), so a launch
+setting, not a declared semantic."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -77,20 +85,33 @@ warp, as the ``(BLOCK_M, NUM_WARPS, 3)`` launch before it, so each row's max and
 
 
 @triton.jit
-def _logits_tile(h_ptr, w_ptr, rows, row_ok, cols, V, E, stride_h, stride_w, temperature,
-                 BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, UPCAST: tl.constexpr):
-    """``(hidden[rows] @ weight[cols].T) / temperature`` as an FP32 [BLOCK_M, BLOCK_V] tile."""
+def _logits_tile(h_src, w_src, rows, row_ok, cols, row0, v0, V, E, stride_h, stride_w, temperature,
+                 BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, UPCAST: tl.constexpr,
+                 TMA: tl.constexpr):
+    """``(hidden[rows] @ weight[cols].T) / temperature`` as an FP32 [BLOCK_M, BLOCK_V] tile.
+
+    ``TMA``: ``h_src`` / ``w_src`` are tensor descriptors of hidden ``[T, E]`` (block
+    ``[BLOCK_M, BLOCK_E]``) and weight ``[V, E]`` (block ``[BLOCK_V, BLOCK_E]``) and the tile is the
+    one at ``(row0, v0)``; rows, columns and E past the ends are zero-filled by the TMA unit, as the
+    masked loads of the pointer form fill them, so both forms run the same ``mma`` sequence on the
+    same operands (tested bit for bit). Otherwise they are the tensors' pointers."""
     acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
-    ks = tl.arange(0, BLOCK_E)
-    col_ok = cols < V
-    for k0 in range(0, E, BLOCK_E):
-        kk = k0 + ks
-        k_ok = kk < E
-        h = tl.load(h_ptr + rows[:, None] * stride_h + kk[None, :],
-                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptr + cols[None, :].to(tl.int64) * stride_w + kk[:, None],
-                    mask=col_ok[None, :] & k_ok[:, None], other=0.0)
-        acc = mma(h, w, acc, UPCAST)
+    if TMA:
+        for k0 in range(0, E, BLOCK_E):
+            h = h_src.load([row0, k0])
+            w = w_src.load([v0, k0]).T
+            acc = mma(h, w, acc, UPCAST)
+    else:
+        ks = tl.arange(0, BLOCK_E)
+        col_ok = cols < V
+        for k0 in range(0, E, BLOCK_E):
+            kk = k0 + ks
+            k_ok = kk < E
+            h = tl.load(h_src + rows[:, None] * stride_h + kk[None, :],
+                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_src + cols[None, :].to(tl.int64) * stride_w + kk[:, None],
+                        mask=col_ok[None, :] & k_ok[:, None], other=0.0)
+            acc = mma(h, w, acc, UPCAST)
     return acc / temperature
 
 
@@ -99,7 +120,7 @@ def _fwd_partial_kernel(
     h_ptr, w_ptr, tgt_ptr, pmax_ptr, psum_ptr, ptgt_ptr,
     T, V, E, n_chunks, stride_h, stride_w, stride_t, temperature,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_V: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, TMA: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -113,8 +134,8 @@ def _fwd_partial_kernel(
     v_hi = tl.minimum(v_lo + CHUNK_V, V)
     for v0 in range(v_lo, v_hi, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
-        z = _logits_tile(h_ptr, w_ptr, rows, row_ok, cols, V, E, stride_h, stride_w, temperature,
-                         BLOCK_M, BLOCK_V, BLOCK_E, UPCAST)
+        z = _logits_tile(h_ptr, w_ptr, rows, row_ok, cols, pid_m * BLOCK_M, v0, V, E, stride_h, stride_w,
+                         temperature, BLOCK_M, BLOCK_V, BLOCK_E, UPCAST, TMA)
         z = tl.where((cols < V)[None, :], z, float("-inf"))
         new_max = tl.maximum(run_max, tl.max(z, axis=1))
         ref = tl.where(new_max == float("-inf"), 0.0, new_max)
@@ -158,14 +179,14 @@ def _bwd_dlogits_kernel(
     h_ptr, w_ptr, tgt_ptr, g_ptr, rmax_ptr, rlog_ptr, hi_ptr, lo_ptr,
     T, V, E, v_base, stride_h, stride_w, stride_t, temperature,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_V: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, TMA: tl.constexpr,
 ):
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     row_ok = rows < T
     local = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     cols = v_base + local
-    z = _logits_tile(h_ptr, w_ptr, rows, row_ok, cols, V, E, stride_h, stride_w, temperature,
-                     BLOCK_M, BLOCK_V, BLOCK_E, UPCAST)
+    z = _logits_tile(h_ptr, w_ptr, rows, row_ok, cols, tl.program_id(0) * BLOCK_M, v_base + tl.program_id(1) * BLOCK_V,
+                     V, E, stride_h, stride_w, temperature, BLOCK_M, BLOCK_V, BLOCK_E, UPCAST, TMA)
     tgt = tl.load(tgt_ptr + rows * stride_t, mask=row_ok, other=-1)
     g = tl.load(g_ptr + rows, mask=row_ok, other=0.0)
     m = tl.load(rmax_ptr + rows, mask=row_ok, other=0.0)
@@ -254,12 +275,35 @@ def _bwd_dweight_kernel(
 # launchers
 
 
-def linear_logp_fwd(hidden, weight, targets, temperature, fwd_launch=None):
+def use_tma(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the logits tiles of ``hidden [T, E]`` and ``weight [V, E]`` load through TMA: on a
+    GPU of compute capability >= 9.0 (:data:`LOGITS_TMA_ON_CUDA`), never under the interpreter,
+    with both operands row-major, 16-byte aligned and with 16-byte row pitches (:func:`tma_layout`).
+    Depends on the device and layouts only, never on T."""
+    return (LOGITS_TMA_ON_CUDA and hidden.device.type == "cuda" and not upcast_dots()
+            and gpu_facts(hidden.device)[0] >= 9 and tma_layout(hidden) is False and tma_layout(weight) is False)
+
+
+def _logits_sources(hidden: torch.Tensor, weight: torch.Tensor, block_m: int, tma: bool):
+    """(hidden source, weight source) of :func:`_logits_tile`: TMA descriptors of ``[block_m,
+    BLOCK_E]`` and ``[BLOCK_V, BLOCK_E]`` blocks, or the tensors themselves (pointer loads)."""
+    if not tma:
+        return hidden, weight
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if tma_layout(hidden) is not False or tma_layout(weight) is not False:
+        raise ValueError("the TMA logits tiles need row-major, 16-byte aligned hidden and weight")
+    return (TensorDescriptor.from_tensor(hidden, [block_m, BLOCK_E]),
+            TensorDescriptor.from_tensor(weight, [BLOCK_V, BLOCK_E]))
+
+
+def linear_logp_fwd(hidden, weight, targets, temperature, fwd_launch=None, tma=None):
     """(logprobs, row max, log sum-exp) FP32 [T] of validated hidden [T, E], weight [V, E] bf16, targets [T].
     ``fwd_launch``: (rows per logits tile, warps, stages) of the partial kernel, for the sweep
     (``tools/linear_logp_sweep.py``); None is :data:`FWD_LAUNCH`, what the op runs. Rows are
     independent, so the row count per tile is a launch setting; BLOCK_V, BLOCK_E and CHUNK_V are
-    declared and never vary."""
+    declared and never vary. ``tma``: load the logits blocks through TMA descriptors (None:
+    :func:`use_tma`); tests compare the two loads bit for bit."""
     block_m, warps, stages = fwd_launch or FWD_LAUNCH
     t, e = hidden.shape
     v = weight.shape[0]
@@ -274,10 +318,12 @@ def linear_logp_fwd(hidden, weight, targets, temperature, fwd_launch=None):
     psum = torch.empty_like(pmax)
     ptgt = torch.empty_like(pmax)
     up = upcast_dots()
+    tma = use_tma(hidden, weight) if tma is None else tma
+    h_src, w_src = _logits_sources(hidden, weight, block_m, tma)
     _fwd_partial_kernel[(cdiv(t, block_m), n_chunks)](
-        hidden, weight, targets, pmax, psum, ptgt,
+        h_src, w_src, targets, pmax, psum, ptgt,
         t, v, e, n_chunks, hidden.stride(0), weight.stride(0), targets.stride(0), temperature,
-        BLOCK_M=block_m, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up,
+        BLOCK_M=block_m, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up, TMA=tma,
         num_warps=warps, num_stages=stages,
         enable_fp_fusion=FP_FUSION,
     )
@@ -288,9 +334,11 @@ def linear_logp_fwd(hidden, weight, targets, temperature, fwd_launch=None):
     return out, rmax, rlog
 
 
-def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need_dw, grad_tile=None):
+def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need_dw, grad_tile=None,
+                    tma=None):
     """(dhidden [T, E] or None, dweight [V, E] or None) bf16 from the upstream g [T] FP32.
-    ``grad_tile``: the backward GEMMs' (rows, columns, warps, stages); None: :data:`GRAD_TILE`."""
+    ``grad_tile``: the backward GEMMs' (rows, columns, warps, stages); None: :data:`GRAD_TILE`.
+    ``tma``: the dlogits recompute loads its logits blocks through TMA (None: :func:`use_tma`)."""
     tm, tn, tw, ts = grad_tile or GRAD_TILE
     t, e = hidden.shape
     v = weight.shape[0]
@@ -308,13 +356,15 @@ def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh
     # FP32 dhidden accumulator across chunks (unused when one chunk covers V: FIRST and LAST)
     dh_acc = torch.empty((t, e) if (need_dh and n_chunks > 1) else (1,), dtype=torch.float32, device=dev)
     up = upcast_dots()
+    tma = use_tma(hidden, weight) if tma is None else tma
+    h_src, w_src = _logits_sources(hidden, weight, BLOCK_M, tma)
     for c in range(n_chunks):
         v_base = c * CHUNK_V
         n_local = min(CHUNK_V, v - v_base)
         _bwd_dlogits_kernel[(cdiv(t, BLOCK_M), cdiv(n_local, BLOCK_V))](
-            hidden, weight, targets, g, rmax, rlog, d_hi, d_lo,
+            h_src, w_src, targets, g, rmax, rlog, d_hi, d_lo,
             t, v, e, v_base, hidden.stride(0), weight.stride(0), targets.stride(0), temperature,
-            BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up,
+            BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up, TMA=tma,
             num_warps=NUM_WARPS,
             enable_fp_fusion=FP_FUSION,
         )
