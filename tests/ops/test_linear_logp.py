@@ -242,16 +242,21 @@ def test_backward_tiles_keep_the_bits(device):
 
 def test_forward_rows_per_tile_keep_the_bits(device):
     """The forward partial kernel's rows per logits tile is a launch setting (rows are independent;
-    the V and E steps are declared): the default 128-row tiles (``FWD_LAUNCH``) give the 64-row
-    tiles' logprobs, row max and log-sum bits over two V chunks with a partial last row tile.
+    the V and E steps are declared): the 128-row tiles (``FWD_LAUNCH``) and the 256-row tiles of
+    long calls (``FWD_LAUNCH_LONG``, 16 warps) give the 64-row tiles' logprobs, row max and log-sum
+    bits over two V chunks with a partial last row tile; ``fwd_launch_for`` picks by T only.
     Control: temperature 0.5 changes the logprobs, so the comparison can fail."""
     from rl_engine.ops.linear_logp import triton as ll
 
-    assert ll.FWD_LAUNCH == (128, 8, 3)
-    h, w, tg = _random_problem(70, 72, CHUNK_V + 300, 13, device)
+    assert ll.FWD_LAUNCH == (128, 8, 3) and ll.FWD_LAUNCH_LONG == (256, 16, 3)
+    assert ll.fwd_launch_for(ll.FWD_LONG_MIN_ROWS - 1) == ll.FWD_LAUNCH
+    assert ll.fwd_launch_for(ll.FWD_LONG_MIN_ROWS) == ll.FWD_LAUNCH_LONG
+    t = 300 if device.type == "cuda" else 70
+    h, w, tg = _random_problem(t, 72, CHUNK_V + 300, 13, device)
     ref = ll.linear_logp_fwd(h, w, tg, 1.0, fwd_launch=(64, 4, 3))
-    wide = ll.linear_logp_fwd(h, w, tg, 1.0)
-    assert all(bits_equal(a, b) for a, b in zip(wide, ref))
+    for launch in (ll.FWD_LAUNCH, ll.FWD_LAUNCH_LONG):
+        wide = ll.linear_logp_fwd(h, w, tg, 1.0, fwd_launch=launch)
+        assert all(bits_equal(a, b) for a, b in zip(wide, ref)), launch
     assert not bits_equal(ll.linear_logp_fwd(h, w, tg, 0.5, fwd_launch=(64, 4, 3))[0], ref[0])
 
 

@@ -184,10 +184,9 @@ SCRIPT = textwrap.dedent(r'''
                                             "stride_mi")}, "temperature": "fp32"}, {
                 "HAS_MASK": has_mask, "BLOCK_V": lp.BLOCK_V}
 
-        fwd_m, fwd_warps, fwd_stages = ll.FWD_LAUNCH
         scalars = {"V": "i32", "E": "i32", "stride_h": "i32", "stride_w": "i32", "stride_t": "i32",
                    "temperature": "fp32"}
-        for tma in (False, True):
+        for tma, (fwd_m, fwd_warps, fwd_stages) in ((False, ll.FWD_LAUNCH), (True, ll.FWD_LAUNCH_LONG)):
             h_src = f"tensordesc<bf16[{fwd_m}, {ll.BLOCK_E}]>" if tma else "*bf16"
             w_src = f"tensordesc<bf16[{ll.BLOCK_V}, {ll.BLOCK_E}]>" if tma else "*bf16"
             yield f"linear_logp_fwd_partial[{tma}]", ll._fwd_partial_kernel, {

@@ -73,6 +73,22 @@ warp, as the ``(BLOCK_M, NUM_WARPS, 3)`` launch before it, so each row's max and
 ``BLOCK_V`` tile are reduced by the same lanes in the same order. On the H200 (sweep at 7e5dac4,
 ``evidence/2026-12-03-h200-issue33-7e5dac4/``) it gave those bits at T = 4096 and 8192 and ran
 10.8 ms instead of 12.4 ms at T = 4096; ``(64, 8, 3)`` (8 rows per warp) changed the bits."""
+FWD_LAUNCH_LONG = (256, 16, 3)
+"""The partial kernel's launch from :data:`FWD_LONG_MIN_ROWS` rows: still 16 rows per warp, so the
+same lanes reduce each row's max and sum in the same order. In the H200 sweep at 8a250b2 (TMA
+tiles, ``evidence/2026-12-04-h200-issue33-8a250b2/``) it gave :data:`FWD_LAUNCH`'s bits at T = 4096
+and 8192 and ran 17.2 ms instead of 18.5 ms at T = 8192 (8.9 instead of 9.3 at 4096)."""
+FWD_LONG_MIN_ROWS = 2048
+"""Rows from which the forward takes :data:`FWD_LAUNCH_LONG`; fewer rows (decode, short scoring
+calls) keep the 128-row tiles, whose row tile is half as much work when most rows are padding."""
+
+
+def fwd_launch_for(t: int) -> tuple[int, int, int]:
+    """The partial kernel's (rows per logits tile, warps, stages) for ``t`` rows: a launch setting
+    chosen by T, which no row's bits depend on (tested against 64- and 128-row tiles)."""
+    return FWD_LAUNCH_LONG if t >= FWD_LONG_MIN_ROWS else FWD_LAUNCH
+
+
 LOGITS_TMA_ON_CUDA = True
 """Whether the logits tiles (the forward's partial kernel and the backward's dlogits recompute)
 load their hidden and weight blocks through TMA descriptors where :func:`use_tma` allows: the
@@ -300,11 +316,11 @@ def _logits_sources(hidden: torch.Tensor, weight: torch.Tensor, block_m: int, tm
 def linear_logp_fwd(hidden, weight, targets, temperature, fwd_launch=None, tma=None):
     """(logprobs, row max, log sum-exp) FP32 [T] of validated hidden [T, E], weight [V, E] bf16, targets [T].
     ``fwd_launch``: (rows per logits tile, warps, stages) of the partial kernel, for the sweep
-    (``tools/linear_logp_sweep.py``); None is :data:`FWD_LAUNCH`, what the op runs. Rows are
+    (``tools/linear_logp_sweep.py``); None is :func:`fwd_launch_for`, what the op runs. Rows are
     independent, so the row count per tile is a launch setting; BLOCK_V, BLOCK_E and CHUNK_V are
     declared and never vary. ``tma``: load the logits blocks through TMA descriptors (None:
     :func:`use_tma`); tests compare the two loads bit for bit."""
-    block_m, warps, stages = fwd_launch or FWD_LAUNCH
+    block_m, warps, stages = fwd_launch or fwd_launch_for(hidden.shape[0])
     t, e = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
