@@ -79,7 +79,10 @@ def test_rotation_sign_and_rounding_are_caught(device):
     fused = rn.rms_norm_bwd(x, w, dy, rstd, True, True, rope=(cos, sin))
     sep = rn.rms_norm_bwd(x, w, rt.rope_rotate(dy, cos, sin, True), rstd, True, True)
     assert bits_equal(fused[0], sep[0]) and bits_equal(fused[1], sep[1])
-    wrong_sign = rn.rms_norm_bwd(x, w, dy, rstd, True, True, rope=(cos, -sin))
+    for split, rows in ((True, False), (False, False)):  # the split dx kernel and the fused kernel, with RoPE
+        form = rn.rms_norm_bwd(x, w, dy, rstd, True, True, rope=(cos, sin), split=split, rows=rows)
+        assert bits_equal(form[0], sep[0]) and bits_equal(form[1], sep[1]), (split, rows)
+    wrong_sign = rn.rms_norm_bwd(x, w, dy, rstd, True, True, rope=(cos, -sin), split=True, rows=False)
     unrotated = rn.rms_norm_bwd(x, w, dy, rstd, True, True)
     for bad in (wrong_sign, unrotated):
         assert not bits_equal(bad[0], sep[0]) and not bits_equal(bad[1], sep[1])

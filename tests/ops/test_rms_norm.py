@@ -170,6 +170,33 @@ def test_split_backward_equals_fused_backward(shape, device):
                               split=True)
     assert bits_equal(flipped[0].flip(0), fused[0])
     assert not bits_equal(flipped[1], fused[1])
+    # dx is order-sensitive on this input too: row 2 holds +2^30 and -2^30 products in the columns
+    # that one lane adds first and second (0 and LANES: same x and weight, opposite dy), so in
+    # order they cancel exactly and the
+    # lane's later columns survive; the same row with its first and last lane column swapped adds
+    # them last, the survivors are swallowed, and dx (through the row sum) gets other bits.
+    # So a form whose lane or chunk order differed from the fused form's would fail above.
+    width = shape[-1]
+    if width > 2 * rn.LANES:
+        xo, dyo, wo = x.clone(), dy.clone(), w.clone()
+        wo[rn.LANES] = wo[0]
+        xo[2, ..., rn.LANES] = xo[2, ..., 0]
+        dyo[2, ..., 0] = 2.0 ** 30
+        dyo[2, ..., rn.LANES] = -(2.0 ** 30)
+        dyo[2, ..., 2 * rn.LANES] = 3.0
+        xo[2, ..., 2 * rn.LANES] = 1.0
+        rstd_o = rn.rms_norm_fwd(xo, wo, 1e-6, True)[1]
+        base = rn.rms_norm_bwd(xo, wo, dyo, rstd_o, True, True, split=False)
+        for form in (dict(split=True), dict(rows=True)):
+            got = rn.rms_norm_bwd(xo, wo, dyo, rstd_o, True, True, **form)
+            assert bits_equal(got[0], base[0]), form
+        perm = torch.arange(width, device=device)
+        perm[0], perm[2 * rn.LANES] = 2 * rn.LANES, 0
+        xs, dys = xo.clone(), dyo.clone()
+        xs[2], dys[2] = xo[2][..., perm], dyo[2][..., perm]
+        ws = wo[perm]
+        swapped = rn.rms_norm_bwd(xs, ws, dys, rn.rms_norm_fwd(xs, ws, 1e-6, True)[1], True, True, split=False)
+        assert not bits_equal(swapped[0][2][..., perm], base[0][2])
     import inspect
 
     # the form is chosen from the row count when not forced
