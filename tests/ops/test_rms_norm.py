@@ -206,11 +206,10 @@ def test_split_backward_equals_fused_backward(shape, device):
 @pytest.mark.parametrize("n_parts,cols", [(2048, 128), (37, 300), (7, 128), (0, 64)])
 def test_dweight_reduce_adds_rows_in_order(n_parts, cols, device):
     """The dweight stage-2 kernel adds the partial rows of each column in FP32 in increasing row
-    order (the declared dweight tree's last level): bit for bit the sequential sum. Control: the
-    rows in reverse order give other bits (column 0 holds 2^24, ones, then -2^24: in order the
-    ones vanish, reversed they count)."""
-    import triton
-
+    order (the declared dweight tree's last level): bit for bit the sequential sum, with the
+    launch's own columns per program and with 256 and 16 (a launch setting). Control: the rows in
+    reverse order give other bits (column 0 holds 2^24, ones, then -2^24: in order the ones
+    vanish, reversed they count)."""
     from rl_engine.ops.rms_norm import triton as rt
 
     g = make_generator(n_parts * 7 + cols)
@@ -219,15 +218,13 @@ def test_dweight_reduce_adds_rows_in_order(n_parts, cols, device):
         parts[0, 0], parts[1:-1, 0], parts[-1, 0] = 2.0 ** 24, 1.0, -(2.0 ** 24)
     parts = parts.to(device)
 
-    def reduce(p: torch.Tensor) -> torch.Tensor:
-        dw = torch.empty(cols, dtype=torch.bfloat16, device=device)
-        rt._dw_reduce_kernel[(triton.cdiv(cols, rt.REDUCE_BLOCK),)](p, dw, p.shape[0], cols, BLOCK=rt.REDUCE_BLOCK,
-                                                                    UNROLL=rt.REDUCE_UNROLL)
-        return dw
+    def reduce(p: torch.Tensor, block: int | None = None) -> torch.Tensor:
+        return rt.dw_reduce(p, torch.empty(cols, dtype=torch.bfloat16, device=device), block)
 
     seq = torch.zeros(cols, dtype=torch.float32, device=device)
     for p in range(n_parts):
         seq = seq + parts[p]
-    assert bits_equal(reduce(parts), seq.to(torch.bfloat16))
+    for block in (None, rt.REDUCE_BLOCK, 16):
+        assert bits_equal(reduce(parts, block), seq.to(torch.bfloat16)), block
     if n_parts >= 3:
         assert not bits_equal(reduce(parts.flip(0).contiguous()), seq.to(torch.bfloat16))

@@ -39,7 +39,14 @@ backend's ``NORM_DW_ROWS``)."""
 LANES = 128
 """Lane sums of the fixed row-sum order (the CUDA backend's ``NORM_THREADS``)."""
 REDUCE_BLOCK = 256
-"""Columns per dweight stage-2 program (fixed)."""
+"""Columns per dweight stage-2 program for weights wider than :data:`REDUCE_NARROW_COLS` (a launch
+setting: each column's partial rows are added in the same order whatever the block)."""
+REDUCE_NARROW_COLS = 256
+"""Weights of at most this many columns (the QK-norm's [D]) reduce with :data:`REDUCE_BLOCK_NARROW`
+columns per program: their stage 2 walks thousands of partial rows, and one 256-column program
+per weight left one SM to do it."""
+REDUCE_BLOCK_NARROW = 32
+"""Columns per stage-2 program of a narrow weight (:data:`REDUCE_NARROW_COLS`)."""
 REDUCE_UNROLL = 8
 """Partial rows per unrolled step of the dweight stage-2 loop (a launch setting: the rows are
 still added one at a time in increasing order)."""
@@ -519,6 +526,19 @@ def add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     return s, y
 
 
+def dw_reduce(parts: torch.Tensor, dw: torch.Tensor, block: int | None = None) -> torch.Tensor:
+    """dweight stage 2: ``dw [E]`` BF16 = the FP32 partial rows ``parts [P, E]`` of each column added
+    in increasing row order, rounded once (:func:`_dw_reduce_kernel`). ``block``: columns per
+    program (None: :data:`REDUCE_BLOCK_NARROW` for at most :data:`REDUCE_NARROW_COLS` columns, else
+    :data:`REDUCE_BLOCK`); a launch setting, tested bit for bit."""
+    n_parts, e = parts.shape
+    if block is None:
+        block = REDUCE_BLOCK_NARROW if e <= REDUCE_NARROW_COLS else REDUCE_BLOCK
+    _dw_reduce_kernel[(cdiv(e, block),)](parts, dw, n_parts, e, BLOCK=block, UNROLL=REDUCE_UNROLL,
+                                         num_warps=max(1, min(4, block // 32)), enable_fp_fusion=FP_FUSION)
+    return dw
+
+
 def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, need_dx: bool,
                  need_dw: bool, split: bool | None = None, residual_grad: torch.Tensor | None = None,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -590,14 +610,12 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
                 BLOCK=dw_block, ROWS=ROWS_PER_PROGRAM, ROPE=rp, UNROLL=DW_UNROLL, num_warps=2,
                 enable_fp_fusion=FP_FUSION,
             )
-            _dw_reduce_kernel[(cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK,
-                                                               UNROLL=REDUCE_UNROLL, enable_fp_fusion=FP_FUSION)
+            dw_reduce(parts, dw)
         return dx, dw
     _rms_bwd_kernel[(n_parts,)](
         x, weight, dy, rstd, dx, parts, res_t, cos, sin, n_rows, e, h, float(e), sxt, sxh, sdyt, sdyh, sdxt, sdxh,
         srt, sct, sst, BLOCK=block, ROWS=ROWS_PER_PROGRAM, LANES=LANES, CHUNKS=cdiv(e, LANES),
         num_warps=_warps(block), RES=res, ROPE=rp, enable_fp_fusion=FP_FUSION,
     )
-    _dw_reduce_kernel[(cdiv(e, REDUCE_BLOCK),)](parts, dw, n_parts, e, BLOCK=REDUCE_BLOCK, UNROLL=REDUCE_UNROLL,
-                                                 enable_fp_fusion=FP_FUSION)
+    dw_reduce(parts, dw)
     return dx, dw
