@@ -166,10 +166,7 @@ SCRIPT = textwrap.dedent(r'''
             "D": 128, "HALF": 64, "HF_ORDER": True, "LANES": rn.LANES, "CHUNKS": 1, "R": rows_r}
         yield "rms_dw_reduce", rn._dw_reduce_kernel, {
             "part_ptr": "*fp32", "dw_ptr": "*bf16", "n_parts": "i32", "n_cols": "i32"}, {
-            "BLOCK": rn.REDUCE_BLOCK, "UNROLL": rn.REDUCE_UNROLL}
-        yield "rms_dw_reduce[narrow]", rn._dw_reduce_kernel, {
-            "part_ptr": "*fp32", "dw_ptr": "*bf16", "n_parts": "i32", "n_cols": "i32"}, {
-            "BLOCK": rn.REDUCE_BLOCK_NARROW, "UNROLL": rn.REDUCE_UNROLL}, {"num_warps": 1}
+            "BLOCK": rn.REDUCE_BLOCK, "UNROLL": rn.REDUCE_UNROLL}, {"num_warps": 2}
         yield "qk_norm_rope", fused._qk_norm_rope_kernel, {
             **{name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr", "qo_ptr", "ko_ptr", "kc_ptr",
                                           "vc_ptr")}, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "rows_ptr": "*i64",
@@ -241,7 +238,7 @@ KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "at
            "det_gemm_persistent[forward,loop0]", "det_gemm_persistent[dw,loop4]", "rms_norm[add]",
            "rms_bwd_dx[False,False]", "rms_bwd_dx[True,False]", "rms_bwd_dx[False,True]", "rms_bwd[False,False]",
            "rms_bwd[True,False]", "rms_bwd[False,True]", "rms_bwd_dw[False]", "rms_bwd_dw[True]",
-           "rms_bwd_dx_rows[False]", "rms_bwd_dx_rows[True]", "norm_rope_train", "rms_dw_reduce", "rms_dw_reduce[narrow]", "qk_norm_rope",
+           "rms_bwd_dx_rows[False]", "rms_bwd_dx_rows[True]", "norm_rope_train", "rms_dw_reduce", "qk_norm_rope",
            "row_keys", "logp_fwd[False]", "logp_fwd[True]", "linear_logp_fwd_partial[False]",
            "linear_logp_fwd_partial[True]", "linear_logp_dlogits[False]", "linear_logp_dlogits[True]")
 

@@ -38,15 +38,13 @@ ROWS_PER_PROGRAM = 64
 backend's ``NORM_DW_ROWS``)."""
 LANES = 128
 """Lane sums of the fixed row-sum order (the CUDA backend's ``NORM_THREADS``)."""
-REDUCE_BLOCK = 256
-"""Columns per dweight stage-2 program for weights wider than :data:`REDUCE_NARROW_COLS` (a launch
-setting: each column's partial rows are added in the same order whatever the block)."""
-REDUCE_NARROW_COLS = 256
-"""Weights of at most this many columns (the QK-norm's [D]) reduce with :data:`REDUCE_BLOCK_NARROW`
-columns per program: their stage 2 walks thousands of partial rows, and one 256-column program
-per weight left one SM to do it."""
-REDUCE_BLOCK_NARROW = 32
-"""Columns per stage-2 program of a narrow weight (:data:`REDUCE_NARROW_COLS`)."""
+REDUCE_BLOCK = 64
+"""Columns per dweight stage-2 program (a launch setting: each column's partial rows are added in
+the same order whatever the block). The H200 sweep at 72f74f5 (``tools/rms_dw_reduce_sweep.py``,
+``evidence/2026-12-04-h200-issue33-72f74f5/``): 64 columns ran 8.6 us where 256 ran 11.0 us for
+64 partial rows of 4096 columns (13.1 against 16.9 us for 128 rows), and a QK-norm weight of 128
+columns and 2048 partial rows took 116 us in two programs where one 256-column program took 195;
+16 to 128 columns were within 3 % of each other, with the same bits."""
 REDUCE_UNROLL = 8
 """Partial rows per unrolled step of the dweight stage-2 loop (a launch setting: the rows are
 still added one at a time in increasing order)."""
@@ -529,11 +527,9 @@ def add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
 def dw_reduce(parts: torch.Tensor, dw: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """dweight stage 2: ``dw [E]`` BF16 = the FP32 partial rows ``parts [P, E]`` of each column added
     in increasing row order, rounded once (:func:`_dw_reduce_kernel`). ``block``: columns per
-    program (None: :data:`REDUCE_BLOCK_NARROW` for at most :data:`REDUCE_NARROW_COLS` columns, else
-    :data:`REDUCE_BLOCK`); a launch setting, tested bit for bit."""
+    program (None: :data:`REDUCE_BLOCK`); a launch setting, tested bit for bit."""
     n_parts, e = parts.shape
-    if block is None:
-        block = REDUCE_BLOCK_NARROW if e <= REDUCE_NARROW_COLS else REDUCE_BLOCK
+    block = block or REDUCE_BLOCK
     _dw_reduce_kernel[(cdiv(e, block),)](parts, dw, n_parts, e, BLOCK=block, UNROLL=REDUCE_UNROLL,
                                          num_warps=max(1, min(4, block // 32)), enable_fp_fusion=FP_FUSION)
     return dw
