@@ -122,6 +122,11 @@ SCRIPT = textwrap.dedent(r'''
                 "A_T": a_t, "B_T": b_t, "DEPTH": 2, "BM": t.bm, "BN": t.bn, "BK": bk, "GROUP_M": t.group_m,
                 "PROGRAMS": 132, "LOOP": loop, "REGS": True, "UPCAST": False}, {
                 "num_warps": t.num_warps, "num_stages": t.num_stages}
+        yield "det_gemm_swiglu", dg._det_gemm_swiglu_kernel, {
+            "a_desc": f"tensordesc<bf16[{t.bm}, {t.bk}]>", "b_desc": f"tensordesc<bf16[{t.bn}, {t.bk}]>",
+            "y_ptr": "*bf16", **{n: "i32" for n in ("M", "F", "K", "s_ym", "s_yn")}}, {
+            "A_T": False, "B_T": True, "DEPTH": 2, "BM": t.bm, "BN": t.bn, "BK": t.bk, "GROUP_M": t.group_m,
+            "PROGRAMS": 132, "UPCAST": False}, {"num_warps": t.num_warps, "num_stages": t.num_stages}
         yield "rms_norm[add]", rn._rms_fwd_kernel, {
             "x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "rstd_ptr": "*fp32", "d_ptr": "*bf16",
             "s_ptr": "*bf16", "n_cols": "i32", "n_heads": "i32", "eps": "fp32", "n_float": "fp32",
@@ -235,7 +240,7 @@ KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "at
            "attention_decode[8]", "attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq",
            "det_gemm_leaves[merge]", "det_gemm_leaves[merge,M=1]", "det_gemm_persistent[forward]",
            "det_gemm_persistent[dx]", "det_gemm_persistent[dw]", "det_gemm_persistent[forward,bk128]",
-           "det_gemm_persistent[forward,loop0]", "det_gemm_persistent[dw,loop4]", "rms_norm[add]",
+           "det_gemm_persistent[forward,loop0]", "det_gemm_persistent[dw,loop4]", "det_gemm_swiglu", "rms_norm[add]",
            "rms_bwd_dx[False,False]", "rms_bwd_dx[True,False]", "rms_bwd_dx[False,True]", "rms_bwd[False,False]",
            "rms_bwd[True,False]", "rms_bwd[False,True]", "rms_bwd_dw[False]", "rms_bwd_dw[True]",
            "rms_bwd_dx_rows[False]", "rms_bwd_dx_rows[True]", "norm_rope_train", "rms_dw_reduce", "qk_norm_rope",

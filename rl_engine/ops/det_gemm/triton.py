@@ -58,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, cdiv, gpu_facts, mma, tma_layout, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, div_ieee, exp_ieee, gpu_facts, mma, tma_layout, upcast_dots
 from rl_engine.ops.det_gemm.topology import mid_split_bounds
 
 TREE_DEPTH = 2
@@ -354,6 +354,66 @@ def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_c
 
 
 @triton.jit
+def _tree_tile(a_desc, b_desc, off_m, off_n, leaf_blocks, A_T: tl.constexpr, B_T: tl.constexpr,
+               DEPTH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
+    """The merged BF16 ``[BM, BN]`` tile at ``(off_m, off_n)``: the leaves in the order of
+    :func:`_det_gemm_persistent_kernel`'s ``LOOP`` 3 (two sibling leaves side by side, each in its
+    own FP32 accumulator over its own blocks in increasing k, rounded to BF16, then the declared
+    BF16 merges ``l0 + l1``, ``(l0 + l1) + (l2 + l3)``)."""
+    leaf_k = leaf_blocks * BK
+    acc0 = tl.zeros((BM, BN), dtype=tl.float32)
+    acc1 = tl.zeros((BM, BN), dtype=tl.float32)
+    for kb in range(leaf_blocks):
+        a, b = _load_block(a_desc, b_desc, off_m, off_n, kb * BK, A_T, B_T)
+        acc0 = mma(a, b, acc0, UPCAST)
+        if DEPTH > 0:
+            a, b = _load_block(a_desc, b_desc, off_m, off_n, leaf_k + kb * BK, A_T, B_T)
+            acc1 = mma(a, b, acc1, UPCAST)
+    if DEPTH == 0:
+        out = acc0.to(tl.bfloat16)
+    else:
+        out = _merge(acc0.to(tl.bfloat16), acc1.to(tl.bfloat16), False)
+        if DEPTH == 2:
+            acc0 = tl.zeros((BM, BN), dtype=tl.float32)
+            acc1 = tl.zeros((BM, BN), dtype=tl.float32)
+            for kb in range(leaf_blocks):
+                a, b = _load_block(a_desc, b_desc, off_m, off_n, 2 * leaf_k + kb * BK, A_T, B_T)
+                acc0 = mma(a, b, acc0, UPCAST)
+                a, b = _load_block(a_desc, b_desc, off_m, off_n, 3 * leaf_k + kb * BK, A_T, B_T)
+                acc1 = mma(a, b, acc1, UPCAST)
+            out = _merge(out, _merge(acc0.to(tl.bfloat16), acc1.to(tl.bfloat16), False), False)
+    return out
+
+
+@triton.jit
+def _det_gemm_swiglu_kernel(a_desc, b_desc, y_ptr, M, F, K, s_ym, s_yn,
+                            A_T: tl.constexpr, B_T: tl.constexpr, DEPTH: tl.constexpr,
+                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                            PROGRAMS: tl.constexpr, UPCAST: tl.constexpr):
+    """``y [M, F] = swiglu(c[:, :F], c[:, F:])`` for ``c`` the tree-reduced ``a [M, K] @ b [K, 2F]``
+    (the packed gate / up projection), persistent, with TMA loads, ``c`` never written.
+
+    Program ``p`` takes the output tiles ``p, p + PROGRAMS, ...`` of ``y`` in the grouped order; per
+    tile, the gate tile (columns ``off_n``) and the up tile (columns ``F + off_n``) of ``c`` are
+    each :func:`_tree_tile`, the same BF16 values the det_gemm writes, and ``silu(g) * u`` is then
+    computed from them exactly as :func:`rl_engine.ops.swiglu.triton._swiglu_fwd_kernel` does (FP32,
+    ``expf`` and IEEE division, one rounding), so ``y`` has the bits of det_gemm then swiglu
+    (tested). Gate columns of a partial last tile that run into the up columns are never stored."""
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(F, BN)
+    leaf_blocks = K // (BK << DEPTH)
+    for tile in range(pid, tiles_m * tiles_n, PROGRAMS):
+        off_m, off_n = _tile_offsets(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
+        # the gate tile waits in BF16 (half the registers of FP32) while the up tile accumulates
+        gate = _tree_tile(a_desc, b_desc, off_m, off_n, leaf_blocks, A_T, B_T, DEPTH, BM, BN, BK, UPCAST)
+        up = _tree_tile(a_desc, b_desc, off_m, F + off_n, leaf_blocks, A_T, B_T, DEPTH, BM, BN, BK, UPCAST)
+        g = gate.to(tl.float32)
+        y = div_ieee(g, 1.0 + exp_ieee(-g)) * up.to(tl.float32)
+        _store_tile(y.to(tl.bfloat16), y_ptr, M, F, s_ym, s_yn, off_m, off_n, BM, BN)
+
+
+@triton.jit
 def _det_gemm_leaves_kernel(a_ptr, b_ptr, w_ptr, c_ptr, cnt_ptr, M, N, K, k1, k2, k3,
                             s_am, s_ak, s_bk, s_bn, s_cm, s_cn, a_step, b_step,
                             DEPTH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -643,6 +703,55 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth:
         LOOP=t.loop, REGS=t.regs, UPCAST=upcast_dots(), num_warps=t.num_warps, num_stages=t.num_stages,
         enable_fp_fusion=FP_FUSION,
     )
+
+
+def det_gemm_swiglu_launch(a: torch.Tensor, b: torch.Tensor, depth: int, tiles: PersistentTiles | None = None,
+                           programs: int | None = None, fused: bool | None = None) -> torch.Tensor:
+    """``y [M, F]`` bf16 = ``swiglu(c[:, :F], c[:, F:])`` of ``c`` = tree-reduced ``a [M, K] @ b [K, 2F]``
+    (BF16 operands, FP32 accumulation per leaf, BF16 merges; swiglu in FP32, one rounding): the
+    packed gate / up projection of a Qwen3 MLP and its activation in one persistent kernel
+    (:func:`_det_gemm_swiglu_kernel`) that never writes the ``[M, 2F]`` projection.
+
+    ``fused`` None: the fused kernel where :func:`persistent_applies` (a CUDA GPU of compute
+    capability >= 9.0, K a multiple of the K step * 2^depth, TMA-readable operands), otherwise
+    :func:`det_gemm_launch` then :func:`rl_engine.ops.swiglu.triton.swiglu_fwd`: the same bits
+    (tested); True forces the fused kernel (the interpreter runs it too). ``tiles`` / ``programs``:
+    the persistent configuration and grid (None: :data:`PERSISTENT_TILES`, one program per SM).
+    Raises ValueError for an odd column count of ``b`` or a forced fused kernel that does not apply."""
+    from rl_engine.ops.swiglu.triton import swiglu_fwd
+
+    m, k = a.shape
+    if b.shape[1] % 2:
+        raise ValueError(f"b must hold the gate then the up columns (an even count), got {b.shape[1]}")
+    f = b.shape[1] // 2
+    t = tiles or PERSISTENT_TILES
+    applies = persistent_applies(a, b, depth, False, t.bk)
+    if fused is None:
+        fused = applies and a.device.type == "cuda" and not upcast_dots() and gpu_facts(a.device)[0] >= 9
+    if fused and not applies:
+        raise ValueError("the fused gate / up + swiglu kernel needs K a multiple of its K step * 2^depth and "
+                         "TMA-readable operands")
+    if not fused:
+        c = det_gemm_launch(a, b, depth)
+        return swiglu_fwd(c[:, :f], c[:, f:])
+    y = torch.empty((m, f), dtype=torch.bfloat16, device=a.device)
+    if m == 0 or f == 0:
+        return y
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    a_t, b_t = tma_layout(a), tma_layout(b)
+    a_desc = TensorDescriptor.from_tensor(a.t() if a_t else a, [t.bk, t.bm] if a_t else [t.bm, t.bk])
+    b_desc = TensorDescriptor.from_tensor(b.t() if b_t else b, [t.bn, t.bk] if b_t else [t.bk, t.bn])
+    count = cdiv(m, t.bm) * cdiv(f, t.bn)
+    if programs is None:
+        programs = gpu_facts(a.device)[1] if a.device.type == "cuda" else 3
+    programs = max(1, min(programs, count))
+    _det_gemm_swiglu_kernel[(programs,)](
+        a_desc, b_desc, y, m, f, k, y.stride(0), y.stride(1),
+        A_T=a_t, B_T=b_t, DEPTH=depth, BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, PROGRAMS=programs,
+        UPCAST=upcast_dots(), num_warps=t.num_warps, num_stages=t.num_stages, enable_fp_fusion=FP_FUSION,
+    )
+    return y
 
 
 LEAF_SPLIT_MAX_M = 1023
