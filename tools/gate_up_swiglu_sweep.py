@@ -1,7 +1,7 @@
 """Time the fused gate / up projection + SwiGLU kernel against det_gemm then swiglu, and against
 cuBLAS then PyTorch's SwiGLU, on a GPU (issue #33).
 
-Qwen3-8B MLP shapes: a [M, 4096] @ the packed gate / up weight [2 x 12288, 4096] read through its
+Qwen3-8B MLP shapes: a [M, 4096] @ the gate and up weights [12288, 4096] each read through its
 transpose, M tokens. The fused kernel's output must equal det_gemm then swiglu bit for bit; times
 with ``triton.testing.do_bench``. Usage::
 
@@ -32,23 +32,21 @@ def main(argv: list[str] | None = None) -> int:
     from rl_engine.ops.swiglu.triton import swiglu_fwd
 
     g = torch.Generator(device="cuda").manual_seed(3)
-    gate_up = (torch.randn((2 * args.f, args.k), generator=g, device="cuda") * args.k ** -0.5).to(torch.bfloat16)
-    b = gate_up.t()
+    w_gate, w_up = ((torch.randn((args.f, args.k), generator=g, device="cuda") * args.k ** -0.5)
+                    .to(torch.bfloat16).t() for _ in range(2))
     depth = dg.TREE_DEPTH
     rows = []
     for m in (int(x) for x in args.ms.split(",")):
         a = torch.randn((m, args.k), generator=g, device="cuda").to(torch.bfloat16)
 
         def separate():
-            c = dg.det_gemm_launch(a, b, depth)
-            return swiglu_fwd(c[:, :args.f], c[:, args.f:])
+            return swiglu_fwd(dg.det_gemm_launch(a, w_gate, depth), dg.det_gemm_launch(a, w_up, depth))
 
         def fused():
-            return dg.det_gemm_swiglu_launch(a, b, depth, fused=True)
+            return dg.det_gemm_swiglu_launch(a, w_gate, w_up, depth, fused=True)
 
         def cublas():
-            c = a @ b
-            return torch.nn.functional.silu(c[:, :args.f]) * c[:, args.f:]
+            return torch.nn.functional.silu(a @ w_gate) * (a @ w_up)
 
         same = torch.equal(fused().view(torch.int16), separate().view(torch.int16))
         ms = {name: float(do_bench(fn)) for name, fn in (("fused", fused), ("separate", separate), ("cublas", cublas))}

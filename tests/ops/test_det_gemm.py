@@ -439,35 +439,39 @@ def test_empty_shapes(device):
 
 @pytest.mark.parametrize("m,k,f", [(70, 256, 200), (130, 512, 64)], ids=["edges", "rows"])
 def test_gate_up_swiglu_kernel_equals_det_gemm_then_swiglu(device, m, k, f):
-    """The fused gate / up projection + SwiGLU kernel (``det_gemm_swiglu_launch``, the packed weight
-    ``[2F, K]`` read through its transpose as the chain does) gives the bits of det_gemm then the
-    swiglu op at every tree depth, with an M edge and an F edge whose gate tile runs into the up
-    columns (F = 200 with 128-column tiles), and several tiles per program. Controls: the gate and
-    up halves exchanged, and a one-level tree, each give other bits."""
+    """The fused gate / up projection + SwiGLU kernel (``det_gemm_swiglu_launch``) gives the bits of
+    det_gemm then the swiglu op at every tree depth, for the two weights as transposes of
+    ``[F, K]`` tensors (the chain's projections) and as column slices of the packed ``[2F, K]``
+    weight, with M and F edges and several tiles per program. Controls: the gate and up weights
+    exchanged, and a one-level tree, each give other bits; on this machine's defaults it runs the
+    unfused form (``GATE_UP_SWIGLU_ON_CUDA`` is off until the H200 has run it)."""
     from rl_engine.ops.swiglu.triton import swiglu_fwd
 
     g = spec_mod.make_generator(m * 17 + k + f)
     a = spec_mod.randn((m, k), g, device=device)
     gate_up = spec_mod.randn((2 * f, k), g, scale=k ** -0.5, device=device)
-    b = gate_up.t()
+    w_gate, w_up = gate_up[:f].clone().t(), gate_up[f:].clone().t()
     programs = 3 if device.type == "cpu" else None
     tiles = SMALL_PERSISTENT[3, True] if device.type == "cpu" else None
     for depth in (0, 1, 2):
-        c = dg_triton.det_gemm_launch(a, b, depth, False, leaf_split=False, persistent=False)
-        want = swiglu_fwd(c[:, :f], c[:, f:])
-        got = dg_triton.det_gemm_swiglu_launch(a, b, depth, tiles, programs, fused=True)
+        want = swiglu_fwd(dg_triton.det_gemm_launch(a, w_gate, depth, False, leaf_split=False, persistent=False),
+                          dg_triton.det_gemm_launch(a, w_up, depth, False, leaf_split=False, persistent=False))
+        got = dg_triton.det_gemm_swiglu_launch(a, w_gate, w_up, depth, tiles, programs, fused=True)
         assert bits_equal(got, want), depth
-        assert bits_equal(dg_triton.det_gemm_swiglu_launch(a, b, depth, fused=False), want), depth
-    swapped = torch.cat([gate_up[f:], gate_up[:f]]).t()
-    assert not bits_equal(dg_triton.det_gemm_swiglu_launch(a, swapped, 2, tiles, programs, fused=True), want)
-    assert not bits_equal(dg_triton.det_gemm_swiglu_launch(a, b, 1, tiles, programs, fused=True), want)
+        packed = gate_up.t()
+        assert bits_equal(dg_triton.det_gemm_swiglu_launch(a, packed[:, :f], packed[:, f:], depth, tiles, programs,
+                                                           fused=True), want), depth
+        assert bits_equal(dg_triton.det_gemm_swiglu_launch(a, w_gate, w_up, depth), want), depth
+    assert not bits_equal(dg_triton.det_gemm_swiglu_launch(a, w_up, w_gate, 2, tiles, programs, fused=True), want)
+    assert not bits_equal(dg_triton.det_gemm_swiglu_launch(a, w_gate, w_up, 1, tiles, programs, fused=True), want)
 
 
 def test_gate_up_swiglu_kernel_refuses_what_it_cannot_compute(device):
-    """An odd column count (no gate / up halves) and a forced fused kernel on a K that does not
-    split into whole blocks per leaf are refused before any launch."""
+    """Weights of different shapes and a forced fused kernel on a K that does not split into whole
+    blocks per leaf are refused before any launch."""
     a = torch.zeros((4, 96), dtype=torch.bfloat16, device=device)
-    with pytest.raises(ValueError, match="even count"):
-        dg_triton.det_gemm_swiglu_launch(a, torch.zeros((96, 7), dtype=torch.bfloat16, device=device), 2)
+    w = torch.zeros((96, 8), dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match="one shape and layout"):
+        dg_triton.det_gemm_swiglu_launch(a, w, w[:, :4], 2)
     with pytest.raises(ValueError, match="K step"):
-        dg_triton.det_gemm_swiglu_launch(a, torch.zeros((96, 8), dtype=torch.bfloat16, device=device), 2, fused=True)
+        dg_triton.det_gemm_swiglu_launch(a, w, w, 2, fused=True)

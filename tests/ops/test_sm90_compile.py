@@ -123,8 +123,8 @@ SCRIPT = textwrap.dedent(r'''
                 "PROGRAMS": 132, "LOOP": loop, "REGS": True, "UPCAST": False}, {
                 "num_warps": t.num_warps, "num_stages": t.num_stages}
         yield "det_gemm_swiglu", dg._det_gemm_swiglu_kernel, {
-            "a_desc": f"tensordesc<bf16[{t.bm}, {t.bk}]>", "b_desc": f"tensordesc<bf16[{t.bn}, {t.bk}]>",
-            "y_ptr": "*bf16", **{n: "i32" for n in ("M", "F", "K", "s_ym", "s_yn")}}, {
+            "a_desc": f"tensordesc<bf16[{t.bm}, {t.bk}]>", "g_desc": f"tensordesc<bf16[{t.bn}, {t.bk}]>",
+            "u_desc": f"tensordesc<bf16[{t.bn}, {t.bk}]>", "y_ptr": "*bf16", **{n: "i32" for n in ("M", "F", "K", "s_ym", "s_yn")}}, {
             "A_T": False, "B_T": True, "DEPTH": 2, "BM": t.bm, "BN": t.bn, "BK": t.bk, "GROUP_M": t.group_m,
             "PROGRAMS": 132, "UPCAST": False}, {"num_warps": t.num_warps, "num_stages": t.num_stages}
         yield "rms_norm[add]", rn._rms_fwd_kernel, {

@@ -386,19 +386,19 @@ def _tree_tile(a_desc, b_desc, off_m, off_n, leaf_blocks, A_T: tl.constexpr, B_T
 
 
 @triton.jit
-def _det_gemm_swiglu_kernel(a_desc, b_desc, y_ptr, M, F, K, s_ym, s_yn,
+def _det_gemm_swiglu_kernel(a_desc, g_desc, u_desc, y_ptr, M, F, K, s_ym, s_yn,
                             A_T: tl.constexpr, B_T: tl.constexpr, DEPTH: tl.constexpr,
                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                             PROGRAMS: tl.constexpr, UPCAST: tl.constexpr):
-    """``y [M, F] = swiglu(c[:, :F], c[:, F:])`` for ``c`` the tree-reduced ``a [M, K] @ b [K, 2F]``
-    (the packed gate / up projection), persistent, with TMA loads, ``c`` never written.
+    """``y [M, F] = swiglu(a @ w_gate, a @ w_up)``, both products tree-reduced over K (``a [M, K]``,
+    ``w_gate``, ``w_up`` ``[K, F]`` through the descriptors ``g_desc`` / ``u_desc``, the same
+    layout), persistent, with TMA loads; neither product is written.
 
     Program ``p`` takes the output tiles ``p, p + PROGRAMS, ...`` of ``y`` in the grouped order; per
-    tile, the gate tile (columns ``off_n``) and the up tile (columns ``F + off_n``) of ``c`` are
-    each :func:`_tree_tile`, the same BF16 values the det_gemm writes, and ``silu(g) * u`` is then
-    computed from them exactly as :func:`rl_engine.ops.swiglu.triton._swiglu_fwd_kernel` does (FP32,
-    ``expf`` and IEEE division, one rounding), so ``y`` has the bits of det_gemm then swiglu
-    (tested). Gate columns of a partial last tile that run into the up columns are never stored."""
+    tile, the gate and up tiles are each :func:`_tree_tile`, the same BF16 values the det_gemm
+    writes, and ``silu(g) * u`` is then computed from them exactly as
+    :func:`rl_engine.ops.swiglu.triton._swiglu_fwd_kernel` does (FP32, ``expf`` and IEEE division,
+    one rounding), so ``y`` has the bits of det_gemm then swiglu (tested)."""
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(F, BN)
@@ -406,8 +406,8 @@ def _det_gemm_swiglu_kernel(a_desc, b_desc, y_ptr, M, F, K, s_ym, s_yn,
     for tile in range(pid, tiles_m * tiles_n, PROGRAMS):
         off_m, off_n = _tile_offsets(tile, tiles_m, tiles_n, BM, BN, GROUP_M)
         # the gate tile waits in BF16 (half the registers of FP32) while the up tile accumulates
-        gate = _tree_tile(a_desc, b_desc, off_m, off_n, leaf_blocks, A_T, B_T, DEPTH, BM, BN, BK, UPCAST)
-        up = _tree_tile(a_desc, b_desc, off_m, F + off_n, leaf_blocks, A_T, B_T, DEPTH, BM, BN, BK, UPCAST)
+        gate = _tree_tile(a_desc, g_desc, off_m, off_n, leaf_blocks, A_T, B_T, DEPTH, BM, BN, BK, UPCAST)
+        up = _tree_tile(a_desc, u_desc, off_m, off_n, leaf_blocks, A_T, B_T, DEPTH, BM, BN, BK, UPCAST)
         g = gate.to(tl.float32)
         y = div_ieee(g, 1.0 + exp_ieee(-g)) * up.to(tl.float32)
         _store_tile(y.to(tl.bfloat16), y_ptr, M, F, s_ym, s_yn, off_m, off_n, BM, BN)
@@ -705,53 +705,65 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth:
     )
 
 
-def det_gemm_swiglu_launch(a: torch.Tensor, b: torch.Tensor, depth: int, tiles: PersistentTiles | None = None,
-                           programs: int | None = None, fused: bool | None = None) -> torch.Tensor:
-    """``y [M, F]`` bf16 = ``swiglu(c[:, :F], c[:, F:])`` of ``c`` = tree-reduced ``a [M, K] @ b [K, 2F]``
-    (BF16 operands, FP32 accumulation per leaf, BF16 merges; swiglu in FP32, one rounding): the
-    packed gate / up projection of a Qwen3 MLP and its activation in one persistent kernel
-    (:func:`_det_gemm_swiglu_kernel`) that never writes the ``[M, 2F]`` projection.
+def det_gemm_swiglu_launch(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, depth: int,
+                           tiles: PersistentTiles | None = None, programs: int | None = None,
+                           fused: bool | None = None) -> torch.Tensor:
+    """``y [M, F]`` bf16 = ``swiglu(a @ w_gate, a @ w_up)`` with both products tree-reduced over K
+    (``a [M, K]``, ``w_gate`` / ``w_up`` ``[K, F]`` bf16, e.g. the transposed gate / up projection
+    weights or two column slices of the packed one; FP32 accumulation per leaf, BF16 merges; swiglu
+    in FP32, one rounding): a Qwen3 MLP's gate / up projections and activation in one persistent
+    kernel (:func:`_det_gemm_swiglu_kernel`) that writes neither projection.
 
-    ``fused`` None: the fused kernel where :func:`persistent_applies` (a CUDA GPU of compute
-    capability >= 9.0, K a multiple of the K step * 2^depth, TMA-readable operands), otherwise
-    :func:`det_gemm_launch` then :func:`rl_engine.ops.swiglu.triton.swiglu_fwd`: the same bits
-    (tested); True forces the fused kernel (the interpreter runs it too). ``tiles`` / ``programs``:
-    the persistent configuration and grid (None: :data:`PERSISTENT_TILES`, one program per SM).
-    Raises ValueError for an odd column count of ``b`` or a forced fused kernel that does not apply."""
+    ``fused`` None: the fused kernel where :data:`GATE_UP_SWIGLU_ON_CUDA` and
+    :func:`persistent_applies` allow it on a CUDA GPU of compute capability >= 9.0, otherwise
+    :func:`det_gemm_launch` twice then :func:`rl_engine.ops.swiglu.triton.swiglu_fwd`: the same
+    bits (tested); True forces the fused kernel (the interpreter runs it too). ``tiles`` /
+    ``programs``: the persistent configuration and grid (None: :data:`PERSISTENT_TILES`, one
+    program per SM). Raises ValueError for weights of different shapes or layouts, or a forced
+    fused kernel that does not apply (K not a multiple of the K step * 2^depth, operands TMA
+    cannot read)."""
     from rl_engine.ops.swiglu.triton import swiglu_fwd
 
+    if w_gate.shape != w_up.shape or w_gate.stride() != w_up.stride():
+        raise ValueError(f"w_gate and w_up must have one shape and layout, got {tuple(w_gate.shape)} "
+                         f"{w_gate.stride()} and {tuple(w_up.shape)} {w_up.stride()}")
     m, k = a.shape
-    if b.shape[1] % 2:
-        raise ValueError(f"b must hold the gate then the up columns (an even count), got {b.shape[1]}")
-    f = b.shape[1] // 2
+    f = w_gate.shape[1]
     t = tiles or PERSISTENT_TILES
-    applies = persistent_applies(a, b, depth, False, t.bk)
+    applies = persistent_applies(a, w_gate, depth, False, t.bk) and persistent_applies(a, w_up, depth, False, t.bk)
     if fused is None:
-        fused = applies and a.device.type == "cuda" and not upcast_dots() and gpu_facts(a.device)[0] >= 9
+        fused = (GATE_UP_SWIGLU_ON_CUDA and applies and a.device.type == "cuda" and not upcast_dots()
+                 and gpu_facts(a.device)[0] >= 9)
     if fused and not applies:
         raise ValueError("the fused gate / up + swiglu kernel needs K a multiple of its K step * 2^depth and "
                          "TMA-readable operands")
     if not fused:
-        c = det_gemm_launch(a, b, depth)
-        return swiglu_fwd(c[:, :f], c[:, f:])
+        return swiglu_fwd(det_gemm_launch(a, w_gate, depth), det_gemm_launch(a, w_up, depth))
     y = torch.empty((m, f), dtype=torch.bfloat16, device=a.device)
     if m == 0 or f == 0:
         return y
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    a_t, b_t = tma_layout(a), tma_layout(b)
+    a_t, b_t = tma_layout(a), tma_layout(w_gate)
     a_desc = TensorDescriptor.from_tensor(a.t() if a_t else a, [t.bk, t.bm] if a_t else [t.bm, t.bk])
-    b_desc = TensorDescriptor.from_tensor(b.t() if b_t else b, [t.bn, t.bk] if b_t else [t.bk, t.bn])
+    g_desc, u_desc = (TensorDescriptor.from_tensor(w.t() if b_t else w, [t.bn, t.bk] if b_t else [t.bk, t.bn])
+                      for w in (w_gate, w_up))
     count = cdiv(m, t.bm) * cdiv(f, t.bn)
     if programs is None:
         programs = gpu_facts(a.device)[1] if a.device.type == "cuda" else 3
     programs = max(1, min(programs, count))
     _det_gemm_swiglu_kernel[(programs,)](
-        a_desc, b_desc, y, m, f, k, y.stride(0), y.stride(1),
+        a_desc, g_desc, u_desc, y, m, f, k, y.stride(0), y.stride(1),
         A_T=a_t, B_T=b_t, DEPTH=depth, BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, PROGRAMS=programs,
         UPCAST=upcast_dots(), num_warps=t.num_warps, num_stages=t.num_stages, enable_fp_fusion=FP_FUSION,
     )
     return y
+
+
+GATE_UP_SWIGLU_ON_CUDA = False
+"""Whether :func:`det_gemm_swiglu_launch` takes the fused kernel on a GPU by default. False until
+it has run on the H200 (bits against det_gemm then swiglu, and a time below theirs:
+``tools/gate_up_swiglu_sweep.py``); the interpreter tests force it."""
 
 
 LEAF_SPLIT_MAX_M = 1023
