@@ -326,6 +326,7 @@ def fake_measured(monkeypatch, tmp_path):
     monkeypatch.setattr(runner._Runner, "measure", measure)
     monkeypatch.setattr(timing, "time_fn", fake_time)
     monkeypatch.setattr(timing, "time_once", lambda fn: fake_time(fn, 0.0, 0.0))
+    monkeypatch.setattr(timing, "time_calls", lambda fn: fake_time(fn, 0.0, 0.0))
     monkeypatch.setattr(timing, "memory_fn", fake_memory)
     monkeypatch.setattr(timing, "measure_peaks", fake_peaks)
 
@@ -482,8 +483,8 @@ def test_chain_teacher_forcing_cases():
     for quick, shapes in ((False, {(8, 1024), (2, 8192)}), (True, {(8, 1024)})):
         tf = chain.cases("chain_teacher_forcing", [], quick=quick)
         train = chain.cases("chain_train_step", [], quick=quick)
-        assert {(k.variant, k.measure, k.metric) for k in tf} == {("time", "once", "tokens/s")}
-        assert {(k.variant, k.measure, k.metric) for k in train} == {("time", "once", "tokens/s"),
+        assert {(k.variant, k.measure, k.metric) for k in tf} == {("time", "calls", "tokens/s")}
+        assert {(k.variant, k.measure, k.metric) for k in train} == {("time", "calls", "tokens/s"),
                                                                     ("memory", "memory", "GiB")}
         assert len(tf) == len(shapes) and len(train) == 2 * len(shapes)
         for k in tf + train:
@@ -611,3 +612,16 @@ def test_chain_decode_hf_baseline_runs_on_the_installed_transformers():
     step, _ = chain._hf(st)
     first, second = step(), step()
     assert first.shape == (3, 1, st["weights"].config.vocab_size) and torch.equal(first, second)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events")
+def test_time_calls_times_each_call_after_one_warm_up():
+    """``measure="calls"`` (the chain rows): one untimed warm-up call, then ``reps`` timed calls whose
+    median and p20 / p80 are ordered; nothing about the speed is asserted."""
+    from rl_engine.bench import timing
+
+    calls = []
+    x = torch.ones(1024, device="cuda")
+    t = timing.time_calls(lambda: calls.append((x * 2).sum()), reps=4)
+    assert len(calls) == 5 and t.p20_ms <= t.median_ms <= t.p80_ms

@@ -32,8 +32,8 @@ logprobs ``[T]``. Baseline (where ``transformers`` is installed, on a GPU): Hugg
 position, then ``log_softmax(logits.float()).gather(targets)`` — what RL trainers run today.
 Teacher forcing runs under ``torch.no_grad()``; the train step adds ``loss = logprobs.sum()`` and
 ``loss.backward()`` into every weight (the weights are autograd leaves; their ``.grad`` is set to
-None after each call). Each call is timed once after one warm-up call (``measure="once"``: calls of
-a second or more); metric tokens/s = T / time (targets ``chain.teacher_forcing`` >= 1.1x and
+None after each call). After one warm-up call, five calls are timed and their median is reported
+(``measure="calls"``, :data:`~rl_engine.bench.timing.CALL_REPS`; p20 / p80 as the spread); metric tokens/s = T / time (targets ``chain.teacher_forcing`` >= 1.1x and
 ``chain.train_step`` >= 1.0x Hugging Face). The train step also has a ``memory`` row: peak memory
 allocated above the start during one call, minus the gradients it returns (every weight's: the
 same for both), in GiB (target ``chain.train_step_memory`` <= 0.7x Hugging Face's); the raw peak
@@ -404,7 +404,10 @@ def _tf_note(st: dict[str, Any], who: str, train: bool) -> str:
     b, n = st["B"], st["seq"]
     what = ("forward + FP32 logprobs, loss = their sum, backward into every weight (.grad cleared after each call)"
             if train else "forward + FP32 logprobs under no_grad")
-    return f"{who}: {b} x {n} tokens, all {b * n} rows scored; {what}; one call measured after one warm-up call"
+    from rl_engine.bench.timing import CALL_REPS
+
+    return (f"{who}: {b} x {n} tokens, all {b * n} rows scored; {what}; median of {CALL_REPS} calls after one "
+            "warm-up call")
 
 
 def _tf_ours(train: bool):
@@ -442,7 +445,7 @@ def _tf_hf(train: bool):
 
 def _tf_case(op: str, batch: int, length: int, variant: str) -> Case:
     train = op == "chain_train_step"
-    measure = "memory" if variant == "memory" else "once"
+    measure = "memory" if variant == "memory" else "calls"
 
     def sizes(d: Dims, t: int) -> dict[str, int]:
         b, n = (batch, length) if d.name == "qwen3-8b" else DRY_TF

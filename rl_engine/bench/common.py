@@ -94,7 +94,8 @@ class Case:
     ours: Callable[[str, dict[str, Any]], Callable[[], Any]]
     baselines: list[Baseline] = field(default_factory=list)
     measure: str = "time"
-    """``time`` (do_bench), ``once`` (one timed call after one warm-up: calls of seconds) or
+    """``time`` (do_bench), ``once`` (one timed call after one warm-up: calls of seconds), ``calls``
+    (the median of a few timed calls after one warm-up: calls of about a second) or
     ``memory`` (peak allocated bytes of one call)."""
 
     @property

@@ -185,6 +185,10 @@ class _Runner:
                 from rl_engine.bench.timing import time_once
 
                 res = Result("measured", timing=time_once(fn), note=note)
+            elif case.measure == "calls":
+                from rl_engine.bench.timing import time_calls
+
+                res = Result("measured", timing=time_calls(fn), note=note)
             elif case.measure == "memory":
                 from rl_engine.bench.timing import memory_fn
 

@@ -59,6 +59,31 @@ def time_fn(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> Timing:
     return Timing(float(med), float(p20), float(p80))
 
 
+CALL_REPS = 5
+"""Timed calls of a ``measure="calls"`` row (the chain rows: calls of a quarter second to one
+second, whose single timed call moved by a few percent between runs on the H200,
+``evidence/2026-12-04-h200-issue33-aa54b97/``)."""
+
+
+def time_calls(fn: Callable[[], Any], reps: int = CALL_REPS) -> Timing:
+    """Median and p20 / p80 of ``reps`` calls' times in ms after one untimed warm-up call, each call
+    between its own CUDA events with a synchronisation after it (no L2 flush: calls that read
+    gigabytes)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record()
+        fn()
+        t1.record()
+        torch.cuda.synchronize()
+        times.append(float(t0.elapsed_time(t1)))
+    med, p20, p80 = (float(v) for v in torch.tensor(times, dtype=torch.float64).quantile(
+        torch.tensor(QUANTILES, dtype=torch.float64)))
+    return Timing(med, p20, p80)
+
+
 def time_once(fn: Callable[[], Any]) -> Timing:
     """One call's time in ms after one untimed warm-up call, between CUDA events (for calls of
     seconds, such as a whole generation, where repetitions would cost minutes); p20 = p80 = median."""
