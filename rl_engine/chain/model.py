@@ -265,7 +265,11 @@ class Qwen3Model:
         fewer per layer forward; on ``cuda_bf16`` the same kernels as before (its norm and rope
         kernels and ``torch.add``) until it has the fused forms. The attention, MLP and sites of
         the other norms are unchanged; the ``attn_residual`` / ``mlp_residual`` sites and the
-        q / k norm and rope sites become the norms' and ``qk_norm_rope``.
+        q / k norm and rope sites become the norms' and ``qk_norm_rope``. On ``triton_cuda_bf16``,
+        calls without gradients (``torch.no_grad``: teacher forcing for scoring) run the gate / up
+        projections and SwiGLU as ``gate_up_swiglu``
+        (:func:`rl_engine.ops.det_gemm.triton.det_gemm_swiglu_launch`, the same bits; its fused
+        kernel only where ``GATE_UP_SWIGLU_ON_CUDA`` allows, otherwise the same three launches).
 
         Raises
         ------
@@ -291,8 +295,17 @@ class Qwen3Model:
             return (qk_norm_rope_kernel(q, q_weight, eps, order, cos, sin, backend=b, validate=False),
                     qk_norm_rope_kernel(k, k_weight, eps, order, cos, sin, backend=b, validate=False))
 
+        extra = {}
+        if b == "triton_cuda_bf16":
+            from rl_engine.ops.det_gemm import triton as dg
+
+            def gate_up_swiglu(a, w_gate, w_up):
+                # [T, E] @ [F, E]^T twice, then swiglu: the det_gemm op's declared tree depth
+                return dg.det_gemm_swiglu_launch(a, w_gate.t(), w_up.t(), dg.TREE_DEPTH)
+
+            extra["gate_up_swiglu"] = gate_up_swiglu
         return self.ops.replace(add_rms_norm=lambda **kw: add_rms_norm_kernel(**kw, backend=b),
-                                qk_norm_rope=qk_norm_rope)
+                                qk_norm_rope=qk_norm_rope, **extra)
 
     def decode_ops(self) -> OpTable:
         """:meth:`capture_safe_ops` plus the backend's fused launches of
@@ -493,14 +506,21 @@ class Qwen3Model:
         else:
             x = f("attn_residual", "add", a=x, b=o)
             xn = self._norm(f, "post_attention_layernorm", x, lw.post_attention_layernorm)
-        if packed is not None:
-            gu = f("gate_up_proj", "det_gemm", a=xn, b=packed.gate_up.t())
+        if f.has("gate_up_swiglu") and not torch.is_grad_enabled():
+            # no backward will want gate / up: one launch (training_ops, Triton) writes only swiglu's output
             ffn = lw.gate_proj.shape[0]
-            g, u = gu[:, :ffn], gu[:, ffn:]
+            w_gate, w_up = ((lw.gate_proj, lw.up_proj) if packed is None
+                            else (packed.gate_up[:ffn], packed.gate_up[ffn:]))
+            m = f("gate_up_swiglu", "gate_up_swiglu", a=xn, w_gate=w_gate, w_up=w_up)
         else:
-            g = f("gate_proj", "det_gemm", a=xn, b=lw.gate_proj.t())
-            u = f("up_proj", "det_gemm", a=xn, b=lw.up_proj.t())
-        m = f("swiglu", "swiglu", gate=g, up=u)
+            if packed is not None:
+                gu = f("gate_up_proj", "det_gemm", a=xn, b=packed.gate_up.t())
+                ffn = lw.gate_proj.shape[0]
+                g, u = gu[:, :ffn], gu[:, ffn:]
+            else:
+                g = f("gate_proj", "det_gemm", a=xn, b=lw.gate_proj.t())
+                u = f("up_proj", "det_gemm", a=xn, b=lw.up_proj.t())
+            m = f("swiglu", "swiglu", gate=g, up=u)
         down = f("down_proj", "det_gemm", a=m, b=lw.down_proj.t())
         if fused:
             return x, down

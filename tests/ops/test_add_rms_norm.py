@@ -208,3 +208,45 @@ def test_bad_delta_is_refused_before_any_launch(device):
         add_rms_norm_kernel(x, d[:2], w, EPS, backend=TRITON)
     with pytest.raises(InputError, match="delta"):
         add_rms_norm_kernel(x, d.float(), w, EPS, backend=TRITON)
+
+
+def test_training_table_without_gradients_fuses_gate_up_and_swiglu(device):
+    """Under ``torch.no_grad`` (teacher forcing for scoring) the Triton training table runs the gate
+    / up projections and SwiGLU as one ``gate_up_swiglu`` call: the plain table's hidden states bit
+    for bit, with the table's own launcher (the fused kernel where the GPU allows it, else the
+    unfused launches) and with the fused kernel forced (the interpreter runs it), unpacked and
+    packed. Control: a ``gate_up_swiglu`` with gate and up exchanged gives other hidden states."""
+    import dataclasses
+
+    from rl_engine.chain.config import get_config
+    from rl_engine.chain.model import Qwen3Model
+    from rl_engine.chain.weights import synthetic_weights
+    from rl_engine.ops.det_gemm import triton as dg
+
+    cfg = dataclasses.replace(get_config("tiny-smoke"), num_hidden_layers=1)
+    b, s = 2, 5
+    ids = torch.randint(0, cfg.vocab_size, (b * s,), generator=torch.Generator().manual_seed(4)).to(device)
+    pos = torch.arange(s, device=device).repeat(b)
+    cu = torch.arange(0, b * s + 1, s, dtype=torch.int32, device=device)
+    model = Qwen3Model(synthetic_weights(cfg, 0, logit_scale=2.0, device=device), TRITON)
+    calls = []
+
+    def forced(a, w_gate, w_up):
+        calls.append(a.shape)
+        return dg.det_gemm_swiglu_launch(a, w_gate.t(), w_up.t(), dg.TREE_DEPTH, fused=True)
+
+    def swapped(a, w_gate, w_up):  # NEGATIVE CONTROL
+        return dg.det_gemm_swiglu_launch(a, w_up.t(), w_gate.t(), dg.TREE_DEPTH)
+
+    with torch.no_grad():
+        base = model.forward(ids, pos, cu_seqlens=cu, ops=model.ops)
+        assert model.training_ops().has("gate_up_swiglu")
+        for packed in (False, True):
+            got = model.forward(ids, pos, cu_seqlens=cu, ops=model.training_ops(), packed=packed)
+            assert bits_equal(got, base), packed
+            got = model.forward(ids, pos, cu_seqlens=cu, ops=model.training_ops().replace(gate_up_swiglu=forced),
+                                packed=packed)
+            assert bits_equal(got, base), packed
+        assert len(calls) == 2 * cfg.num_hidden_layers
+        bad = model.forward(ids, pos, cu_seqlens=cu, ops=model.training_ops().replace(gate_up_swiglu=swapped))
+        assert not bits_equal(bad, base)
