@@ -47,7 +47,8 @@ import triton.language as tl
 from rl_engine.ops._triton_common import FP_FUSION, cdiv, gpu_facts, mma, tma_layout, upcast_dots
 
 BLOCK_M = 64
-"""Rows per logits tile of the dlogits recompute (the forward's is a launch setting, :data:`FWD_LAUNCH`)."""
+"""Rows per logits tile of the dlogits recompute (the forward's is a launch setting,
+:func:`fwd_launch_for`)."""
 BLOCK_V = 128
 """Vocabulary entries per logits tile."""
 BLOCK_E = 64
