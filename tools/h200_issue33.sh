@@ -4,7 +4,9 @@
 # Qwen3-8B teacher-forcing call and train step spend their time (tools/train_step_profile.py,
 # PROF_ARGS; PROF_OLD_ARGS, if set, runs a second profile, e.g. "--no-persistent --modes train_step"),
 # then, if ATTN_ARGS is set, the attention sweep (tools/attention_prefill_sweep.py), if LOGP_ARGS is
-# set, the linear_logp sweep (tools/linear_logp_sweep.py), and if BENCH_ARGS is set,
+# set, the linear_logp sweep (tools/linear_logp_sweep.py), if SWIGLU_ARGS is set, the fused gate / up +
+# SwiGLU sweep (tools/gate_up_swiglu_sweep.py), if REDUCE_ARGS is set, the norm dweight stage-2 sweep
+# (tools/rms_dw_reduce_sweep.py), and if BENCH_ARGS is set,
 # `rl-engine bench $BENCH_ARGS`. SKIP_TESTS=1 / SKIP_SWEEP=1 /
 # SKIP_PROF=1 skip a step. Everything lands in $OUT/issue33.tgz (the only file it leaves).
 set -u
@@ -33,6 +35,16 @@ if [ -n "${LOGP_ARGS:-}" ]; then  # e.g. LOGP_ARGS=" " for the defaults
   # shellcheck disable=SC2086
   timeout "$(left "${LOGP_TIMEOUT:-90}")" python3 tools/linear_logp_sweep.py $LOGP_ARGS --out "$R/linear_logp_sweep.json" 2>&1 \
     | tee "$R/linear_logp_sweep.log" | tail -5
+fi
+if [ -n "${SWIGLU_ARGS:-}" ]; then  # e.g. SWIGLU_ARGS=" " for the defaults
+  # shellcheck disable=SC2086
+  timeout "$(left "${SWIGLU_TIMEOUT:-90}")" python3 tools/gate_up_swiglu_sweep.py $SWIGLU_ARGS --out "$R/gate_up_swiglu_sweep.json" 2>&1 \
+    | tee "$R/gate_up_swiglu_sweep.log" | tail -5
+fi
+if [ -n "${REDUCE_ARGS:-}" ]; then  # e.g. REDUCE_ARGS=" " for the defaults
+  # shellcheck disable=SC2086
+  timeout "$(left "${REDUCE_TIMEOUT:-60}")" python3 tools/rms_dw_reduce_sweep.py $REDUCE_ARGS --out "$R/rms_dw_reduce_sweep.json" 2>&1 \
+    | tee "$R/rms_dw_reduce_sweep.log" | tail -5
 fi
 if [ -n "${BENCH_ARGS:-}" ]; then
   # shellcheck disable=SC2086
