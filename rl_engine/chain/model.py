@@ -263,13 +263,14 @@ class Qwen3Model:
         (tested). On ``triton_cuda_bf16`` the backward adds the residual gradient in the norm's dx
         store and rotates the q / k gradients back inside the norm's backward loads: 4 launches
         fewer per layer forward; on ``cuda_bf16`` the same kernels as before (its norm and rope
-        kernels and ``torch.add``) until it has the fused forms. The attention, MLP and sites of
-        the other norms are unchanged; the ``attn_residual`` / ``mlp_residual`` sites and the
-        q / k norm and rope sites become the norms' and ``qk_norm_rope``. On ``triton_cuda_bf16``,
-        calls without gradients (``torch.no_grad``: teacher forcing for scoring) run the gate / up
-        projections and SwiGLU as ``gate_up_swiglu``
+        kernels and ``torch.add``) until it has the fused forms. The attention and the sites of the
+        other norms are unchanged; the ``attn_residual`` / ``mlp_residual`` sites and the q / k norm
+        and rope sites become the norms' and ``qk_norm_rope``. On ``triton_cuda_bf16``, calls
+        without gradients (``torch.no_grad``: teacher forcing for scoring) run the gate / up
+        projections and SwiGLU as one ``gate_up_swiglu`` site
         (:func:`rl_engine.ops.det_gemm.triton.det_gemm_swiglu_launch`, the same bits; its fused
-        kernel only where ``GATE_UP_SWIGLU_ON_CUDA`` allows, otherwise the same three launches).
+        kernel only where ``GATE_UP_SWIGLU_ON_CUDA`` allows, otherwise two det_gemm launches, one
+        per weight even for packed weights, then swiglu); with gradients the MLP is unchanged.
 
         Raises
         ------
@@ -299,8 +300,12 @@ class Qwen3Model:
         if b == "triton_cuda_bf16":
             from rl_engine.ops.det_gemm import triton as dg
 
+            from rl_engine.ops.det_gemm.topology import check_contract_topology
+
             def gate_up_swiglu(a, w_gate, w_up):
-                # [T, E] @ [F, E]^T twice, then swiglu: the det_gemm op's declared tree depth
+                # [T, E] @ [F, E]^T twice, then swiglu, with the det_gemm op's declared tree (checked
+                # against the contract as the op checks it on every call)
+                check_contract_topology(dg.TREE_DEPTH, "the Triton det_gemm kernel")
                 return dg.det_gemm_swiglu_launch(a, w_gate.t(), w_up.t(), dg.TREE_DEPTH)
 
             extra["gate_up_swiglu"] = gate_up_swiglu

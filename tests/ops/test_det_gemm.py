@@ -462,16 +462,21 @@ def test_gate_up_swiglu_kernel_equals_det_gemm_then_swiglu(device, m, k, f):
         assert bits_equal(dg_triton.det_gemm_swiglu_launch(a, packed[:, :f], packed[:, f:], depth, tiles, programs,
                                                            fused=True), want), depth
         assert bits_equal(dg_triton.det_gemm_swiglu_launch(a, w_gate, w_up, depth), want), depth
+    # row-major [K, F] weights (the descriptor holds them as stored, no transposed block)
+    assert bits_equal(dg_triton.det_gemm_swiglu_launch(a, w_gate.contiguous(), w_up.contiguous(), 2, tiles, programs,
+                                                       fused=True), want)
     assert not bits_equal(dg_triton.det_gemm_swiglu_launch(a, w_up, w_gate, 2, tiles, programs, fused=True), want)
     assert not bits_equal(dg_triton.det_gemm_swiglu_launch(a, w_gate, w_up, 1, tiles, programs, fused=True), want)
 
 
 def test_gate_up_swiglu_kernel_refuses_what_it_cannot_compute(device):
-    """Weights of different shapes and a forced fused kernel on a K that does not split into whole
-    blocks per leaf are refused before any launch."""
+    """Weights of different shapes, weights whose K is not the activations', and a forced fused
+    kernel on a K that does not split into whole blocks per leaf are refused before any launch."""
     a = torch.zeros((4, 96), dtype=torch.bfloat16, device=device)
     w = torch.zeros((96, 8), dtype=torch.bfloat16, device=device)
     with pytest.raises(ValueError, match="one shape and layout"):
         dg_triton.det_gemm_swiglu_launch(a, w, w[:, :4], 2)
+    with pytest.raises(ValueError, match="must be \\[K, F\\]"):
+        dg_triton.det_gemm_swiglu_launch(a, w[:64], w[:64], 2)
     with pytest.raises(ValueError, match="K step"):
         dg_triton.det_gemm_swiglu_launch(a, w, w, 2, fused=True)

@@ -255,8 +255,9 @@ def test_forward_rows_per_tile_keep_the_bits(device):
     h, w, tg = _random_problem(t, 72, CHUNK_V + 300, 13, device)
     ref = ll.linear_logp_fwd(h, w, tg, 1.0, fwd_launch=(64, 4, 3))
     for launch in (ll.FWD_LAUNCH, ll.FWD_LAUNCH_LONG):
-        wide = ll.linear_logp_fwd(h, w, tg, 1.0, fwd_launch=launch)
-        assert all(bits_equal(a, b) for a, b in zip(wide, ref)), launch
+        for tma in (False, True):  # both loads: a layout TMA cannot read runs the pointer loads at any T
+            wide = ll.linear_logp_fwd(h, w, tg, 1.0, fwd_launch=launch, tma=tma)
+            assert all(bits_equal(a, b) for a, b in zip(wide, ref)), (launch, tma)
     assert not bits_equal(ll.linear_logp_fwd(h, w, tg, 0.5, fwd_launch=(64, 4, 3))[0], ref[0])
 
 
@@ -288,6 +289,6 @@ def test_tma_refuses_a_layout_it_cannot_read(device):
     from rl_engine.ops.linear_logp import triton as ll
 
     h, w, tg = _random_problem(5, 70, 300, 19, device)
-    assert not ll.use_tma(h, w)
+    assert ll.tma_layout(h) is None and not ll.use_tma(h, w)
     with pytest.raises(ValueError, match="TMA"):
         ll.linear_logp_fwd(h, w, tg, 1.0, tma=True)

@@ -228,3 +228,5 @@ def test_dweight_reduce_adds_rows_in_order(n_parts, cols, device):
         assert bits_equal(reduce(parts, block), seq.to(torch.bfloat16)), block
     if n_parts >= 3:
         assert not bits_equal(reduce(parts.flip(0).contiguous()), seq.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="power of two"):
+        reduce(parts, 48)

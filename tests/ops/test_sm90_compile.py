@@ -171,7 +171,7 @@ SCRIPT = textwrap.dedent(r'''
             "D": 128, "HALF": 64, "HF_ORDER": True, "LANES": rn.LANES, "CHUNKS": 1, "R": rows_r}
         yield "rms_dw_reduce", rn._dw_reduce_kernel, {
             "part_ptr": "*fp32", "dw_ptr": "*bf16", "n_parts": "i32", "n_cols": "i32"}, {
-            "BLOCK": rn.REDUCE_BLOCK, "UNROLL": rn.REDUCE_UNROLL}, {"num_warps": 2}
+            "BLOCK": rn.REDUCE_BLOCK, "UNROLL": rn.REDUCE_UNROLL}, {"num_warps": rn.reduce_warps(rn.REDUCE_BLOCK)}
         yield "qk_norm_rope", fused._qk_norm_rope_kernel, {
             **{name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "qw_ptr", "kw_ptr", "qo_ptr", "ko_ptr", "kc_ptr",
                                           "vc_ptr")}, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "rows_ptr": "*i64",
@@ -191,14 +191,17 @@ SCRIPT = textwrap.dedent(r'''
 
         scalars = {"V": "i32", "E": "i32", "stride_h": "i32", "stride_w": "i32", "stride_t": "i32",
                    "temperature": "fp32"}
-        for tma, (fwd_m, fwd_warps, fwd_stages) in ((False, ll.FWD_LAUNCH), (True, ll.FWD_LAUNCH_LONG)):
+        for tma, (fwd_m, fwd_warps, fwd_stages) in ((tma, launch) for tma in (False, True)
+                                                     for launch in (ll.FWD_LAUNCH, ll.FWD_LAUNCH_LONG)):
             h_src = f"tensordesc<bf16[{fwd_m}, {ll.BLOCK_E}]>" if tma else "*bf16"
             w_src = f"tensordesc<bf16[{ll.BLOCK_V}, {ll.BLOCK_E}]>" if tma else "*bf16"
-            yield f"linear_logp_fwd_partial[{tma}]", ll._fwd_partial_kernel, {
+            yield f"linear_logp_fwd_partial[{tma},{fwd_m}]", ll._fwd_partial_kernel, {
                 "h_ptr": h_src, "w_ptr": w_src, "tgt_ptr": "*i64", "pmax_ptr": "*fp32", "psum_ptr": "*fp32",
                 "ptgt_ptr": "*fp32", "T": "i32", "n_chunks": "i32", **scalars}, {
                 "BLOCK_M": fwd_m, "BLOCK_V": ll.BLOCK_V, "BLOCK_E": ll.BLOCK_E, "CHUNK_V": ll.CHUNK_V,
                 "UPCAST": False, "TMA": tma}, {"num_warps": fwd_warps, "num_stages": fwd_stages}
+            if fwd_m != ll.FWD_LAUNCH[0]:
+                continue
             h_src = f"tensordesc<bf16[{ll.BLOCK_M}, {ll.BLOCK_E}]>" if tma else "*bf16"
             yield f"linear_logp_dlogits[{tma}]", ll._bwd_dlogits_kernel, {
                 "h_ptr": h_src, "w_ptr": w_src, "tgt_ptr": "*i64", "g_ptr": "*fp32", "rmax_ptr": "*fp32",
@@ -244,8 +247,9 @@ KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "at
            "rms_bwd_dx[False,False]", "rms_bwd_dx[True,False]", "rms_bwd_dx[False,True]", "rms_bwd[False,False]",
            "rms_bwd[True,False]", "rms_bwd[False,True]", "rms_bwd_dw[False]", "rms_bwd_dw[True]",
            "rms_bwd_dx_rows[False]", "rms_bwd_dx_rows[True]", "norm_rope_train", "rms_dw_reduce", "qk_norm_rope",
-           "row_keys", "logp_fwd[False]", "logp_fwd[True]", "linear_logp_fwd_partial[False]",
-           "linear_logp_fwd_partial[True]", "linear_logp_dlogits[False]", "linear_logp_dlogits[True]")
+           "row_keys", "logp_fwd[False]", "logp_fwd[True]", "linear_logp_fwd_partial[False,128]",
+           "linear_logp_fwd_partial[False,256]", "linear_logp_fwd_partial[True,128]",
+           "linear_logp_fwd_partial[True,256]", "linear_logp_dlogits[False]", "linear_logp_dlogits[True]")
 
 
 def test_every_compiled_case_is_judged(compiled):

@@ -719,15 +719,17 @@ def det_gemm_swiglu_launch(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Te
     :func:`det_gemm_launch` twice then :func:`rl_engine.ops.swiglu.triton.swiglu_fwd`: the same
     bits (tested); True forces the fused kernel (the interpreter runs it too). ``tiles`` /
     ``programs``: the persistent configuration and grid (None: :data:`PERSISTENT_TILES`, one
-    program per SM). Raises ValueError for weights of different shapes or layouts, or a forced
-    fused kernel that does not apply (K not a multiple of the K step * 2^depth, operands TMA
-    cannot read)."""
+    program per SM). Raises ValueError for weights of different shapes or layouts, weights whose
+    K is not ``a``'s, or a forced fused kernel that does not apply (K not a multiple of the K step
+    * 2^depth, operands TMA cannot read)."""
     from rl_engine.ops.swiglu.triton import swiglu_fwd
 
     if w_gate.shape != w_up.shape or w_gate.stride() != w_up.stride():
         raise ValueError(f"w_gate and w_up must have one shape and layout, got {tuple(w_gate.shape)} "
                          f"{w_gate.stride()} and {tuple(w_up.shape)} {w_up.stride()}")
     m, k = a.shape
+    if w_gate.shape[0] != k:
+        raise ValueError(f"a is [M, {k}] but the weights are {tuple(w_gate.shape)}: they must be [K, F]")
     f = w_gate.shape[1]
     t = tiles or PERSISTENT_TILES
     applies = persistent_applies(a, w_gate, depth, False, t.bk) and persistent_applies(a, w_up, depth, False, t.bk)

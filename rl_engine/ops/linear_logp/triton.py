@@ -34,8 +34,10 @@ C. ``_bwd_dweight_kernel``, one program per (V tile, E tile) of the chunk: ``dwe
 for T = 8192 at Qwen3-8B shapes on the H200, 182x the unfused PyTorch path.)
 
 No atomics; every output element is written by one program. Each row's logprob and dhidden depend
-only on that row (rows are independent in the math and the tile sizes are constants), so they do
-not depend on T, neighbours or padding. Block sizes and warps are module constants.
+only on that row (rows are independent in the math, and every row is reduced by the same lanes in
+the same order whatever the launch), so they do not depend on T, neighbours or padding. Block
+sizes are module constants; the forward's rows per tile and warps are chosen by T
+(:func:`fwd_launch_for`: 16 rows per warp either way, tested bit for bit).
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ tile (tested bit for bit against ``(64, 64, 4, 3)``, the tiles before issue #33,
 NUM_WARPS = 4
 """Warps per program of the linear_logp kernels other than the forward's partial kernel."""
 FWD_LAUNCH = (128, 8, 3)
-"""Rows per logits tile, warps and pipeline stages of the forward's partial kernel: 16 rows per
+"""Rows per logits tile, warps and pipeline stages of the forward's partial kernel below
+:data:`FWD_LONG_MIN_ROWS` rows: 16 rows per
 warp, as the ``(BLOCK_M, NUM_WARPS, 3)`` launch before it, so each row's max and sum over a
 ``BLOCK_V`` tile are reduced by the same lanes in the same order. On the H200 (sweep at 7e5dac4,
 ``evidence/2026-12-03-h200-issue33-7e5dac4/``) it gave those bits at T = 4096 and 8192 and ran

@@ -527,12 +527,20 @@ def add_rms_norm_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
 def dw_reduce(parts: torch.Tensor, dw: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """dweight stage 2: ``dw [E]`` BF16 = the FP32 partial rows ``parts [P, E]`` of each column added
     in increasing row order, rounded once (:func:`_dw_reduce_kernel`). ``block``: columns per
-    program (None: :data:`REDUCE_BLOCK`); a launch setting, tested bit for bit."""
+    program (None: :data:`REDUCE_BLOCK`), a power of two; a launch setting, tested bit for bit.
+    Raises ValueError for another block."""
     n_parts, e = parts.shape
-    block = block or REDUCE_BLOCK
+    block = REDUCE_BLOCK if block is None else block
+    if block < 1 or block & (block - 1):
+        raise ValueError(f"block must be a power of two, got {block}")
     _dw_reduce_kernel[(cdiv(e, block),)](parts, dw, n_parts, e, BLOCK=block, UNROLL=REDUCE_UNROLL,
-                                         num_warps=max(1, min(4, block // 32)), enable_fp_fusion=FP_FUSION)
+                                         num_warps=reduce_warps(block), enable_fp_fusion=FP_FUSION)
     return dw
+
+
+def reduce_warps(block: int) -> int:
+    """Warps of a stage-2 program of ``block`` columns: one per 32 columns, 1 to 4."""
+    return max(1, min(4, block // 32))
 
 
 def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, need_dx: bool,
