@@ -26,26 +26,17 @@ if [ -n "${PROF_OLD_ARGS:-}" ]; then
   timeout "$(left "${PROF_TIMEOUT:-150}")" python3 tools/train_step_profile.py $PROF_OLD_ARGS --json "$R/profile-old.json" 2>&1 \
     | tee "$R/profile-old.log" | tail -30
 fi
-if [ -n "${ATTN_ARGS:-}" ]; then  # e.g. ATTN_ARGS=" " for the defaults
+# sweep ARGS TIMEOUT TOOL NAME: run tools/TOOL with ARGS (a set variable; " " for the tool's
+# defaults) into NAME.json / NAME.log; an unset or empty ARGS skips it
+sweep() {
+  [ -n "$1" ] || return 0
   # shellcheck disable=SC2086
-  timeout "$(left "${ATTN_TIMEOUT:-90}")" python3 tools/attention_prefill_sweep.py $ATTN_ARGS --out "$R/attn_sweep.json" 2>&1 \
-    | tee "$R/attn_sweep.log" | tail -5
-fi
-if [ -n "${LOGP_ARGS:-}" ]; then  # e.g. LOGP_ARGS=" " for the defaults
-  # shellcheck disable=SC2086
-  timeout "$(left "${LOGP_TIMEOUT:-90}")" python3 tools/linear_logp_sweep.py $LOGP_ARGS --out "$R/linear_logp_sweep.json" 2>&1 \
-    | tee "$R/linear_logp_sweep.log" | tail -5
-fi
-if [ -n "${SWIGLU_ARGS:-}" ]; then  # e.g. SWIGLU_ARGS=" " for the defaults
-  # shellcheck disable=SC2086
-  timeout "$(left "${SWIGLU_TIMEOUT:-90}")" python3 tools/gate_up_swiglu_sweep.py $SWIGLU_ARGS --out "$R/gate_up_swiglu_sweep.json" 2>&1 \
-    | tee "$R/gate_up_swiglu_sweep.log" | tail -5
-fi
-if [ -n "${REDUCE_ARGS:-}" ]; then  # e.g. REDUCE_ARGS=" " for the defaults
-  # shellcheck disable=SC2086
-  timeout "$(left "${REDUCE_TIMEOUT:-60}")" python3 tools/rms_dw_reduce_sweep.py $REDUCE_ARGS --out "$R/rms_dw_reduce_sweep.json" 2>&1 \
-    | tee "$R/rms_dw_reduce_sweep.log" | tail -5
-fi
+  timeout "$(left "$2")" python3 "tools/$3" $1 --out "$R/$4.json" 2>&1 | tee "$R/$4.log" | tail -5
+}
+sweep "${ATTN_ARGS:-}" "${ATTN_TIMEOUT:-90}" attention_prefill_sweep.py attn_sweep
+sweep "${LOGP_ARGS:-}" "${LOGP_TIMEOUT:-90}" linear_logp_sweep.py linear_logp_sweep
+sweep "${SWIGLU_ARGS:-}" "${SWIGLU_TIMEOUT:-90}" gate_up_swiglu_sweep.py gate_up_swiglu_sweep
+sweep "${REDUCE_ARGS:-}" "${REDUCE_TIMEOUT:-60}" rms_dw_reduce_sweep.py rms_dw_reduce_sweep
 if [ -n "${BENCH_ARGS:-}" ]; then
   # shellcheck disable=SC2086
   timeout "$(left "${BENCH_TIMEOUT:-200}")" rl-engine bench $BENCH_ARGS --out "$R/bench" >"$R/bench-stdout.txt" 2>"$R/bench-progress.log"

@@ -681,22 +681,36 @@ def use_persistent(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: boo
             and persistent_applies(a, b, depth, fp32_merge, t.bk))
 
 
-def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth: int,
-                       tiles: PersistentTiles | None, programs: int | None) -> None:
+def _tma_operands(a: torch.Tensor, bs: tuple[torch.Tensor, ...], t: PersistentTiles):
+    """(A_T, a's descriptor, B_T, the descriptors of ``bs``) of a persistent launch: each operand in
+    its stored layout (:func:`tma_layout`; the ``bs`` share one), blocks ``[bm, bk]`` / ``[bk, bn]``
+    or their transposes."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    a_t, b_t = tma_layout(a), tma_layout(bs[0])
+    a_desc = TensorDescriptor.from_tensor(a.t() if a_t else a, [t.bk, t.bm] if a_t else [t.bm, t.bk])
+    b_descs = tuple(TensorDescriptor.from_tensor(b.t() if b_t else b, [t.bn, t.bk] if b_t else [t.bk, t.bn])
+                    for b in bs)
+    return a_t, a_desc, b_t, b_descs
+
+
+def _program_count(device: torch.device, tiles: int, programs: int | None) -> int:
+    """Programs of a persistent launch over ``tiles`` output tiles: ``programs``, or one per SM (3 under
+    the interpreter), never more than the tiles."""
+    if programs is None:
+        programs = gpu_facts(device)[1] if device.type == "cuda" else 3
+    return max(1, min(programs, tiles))
+
+
+def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth: int,
+                       tiles: PersistentTiles | None, programs: int | None) -> None:
     t = tiles or PERSISTENT_TILES
     m, k = a.shape
     n = b.shape[1]
-    a_t, b_t = tma_layout(a), tma_layout(b)
-    a_desc = TensorDescriptor.from_tensor(a.t() if a_t else a, [t.bk, t.bm] if a_t else [t.bm, t.bk])
-    b_desc = TensorDescriptor.from_tensor(b.t() if b_t else b, [t.bn, t.bk] if b_t else [t.bk, t.bn])
+    a_t, a_desc, b_t, (b_desc,) = _tma_operands(a, (b,), t)
     parked = depth and not t.regs  # register parking needs no workspace
     w = torch.empty((m, n) if parked else (1, 1), dtype=torch.bfloat16, device=a.device)
-    count = cdiv(m, t.bm) * cdiv(n, t.bn)
-    if programs is None:
-        programs = gpu_facts(a.device)[1] if a.device.type == "cuda" else 3
-    programs = max(1, min(programs, count))
+    programs = _program_count(a.device, cdiv(m, t.bm) * cdiv(n, t.bn), programs)
     _det_gemm_persistent_kernel[(programs,)](
         a_desc, b_desc, c, w, m, n, k, c.stride(0), c.stride(1),
         A_T=a_t, B_T=b_t, DEPTH=depth, BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, PROGRAMS=programs,
@@ -744,16 +758,8 @@ def det_gemm_swiglu_launch(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Te
     y = torch.empty((m, f), dtype=torch.bfloat16, device=a.device)
     if m == 0 or f == 0:
         return y
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    a_t, b_t = tma_layout(a), tma_layout(w_gate)
-    a_desc = TensorDescriptor.from_tensor(a.t() if a_t else a, [t.bk, t.bm] if a_t else [t.bm, t.bk])
-    g_desc, u_desc = (TensorDescriptor.from_tensor(w.t() if b_t else w, [t.bn, t.bk] if b_t else [t.bk, t.bn])
-                      for w in (w_gate, w_up))
-    count = cdiv(m, t.bm) * cdiv(f, t.bn)
-    if programs is None:
-        programs = gpu_facts(a.device)[1] if a.device.type == "cuda" else 3
-    programs = max(1, min(programs, count))
+    a_t, a_desc, b_t, (g_desc, u_desc) = _tma_operands(a, (w_gate, w_up), t)
+    programs = _program_count(a.device, cdiv(m, t.bm) * cdiv(f, t.bn), programs)
     _det_gemm_swiglu_kernel[(programs,)](
         a_desc, g_desc, u_desc, y, m, f, k, y.stride(0), y.stride(1),
         A_T=a_t, B_T=b_t, DEPTH=depth, BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, PROGRAMS=programs,
