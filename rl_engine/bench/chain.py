@@ -33,8 +33,9 @@ position, then ``log_softmax(logits.float()).gather(targets)`` — what RL train
 Teacher forcing runs under ``torch.no_grad()``; the train step adds ``loss = logprobs.sum()`` and
 ``loss.backward()`` into every weight (the weights are autograd leaves; their ``.grad`` is set to
 None after each call). After one warm-up call, five calls are timed and their median is reported
-(``measure="calls"``, :data:`~rl_engine.bench.timing.CALL_REPS`; p20 / p80 as the spread); metric tokens/s = T / time (targets ``chain.teacher_forcing`` >= 1.1x and
-``chain.train_step`` >= 1.0x Hugging Face). The train step also has a ``memory`` row: peak memory
+(``measure="calls"``, :data:`~rl_engine.bench.timing.CALL_REPS`; p20 / p80 as the spread); metric
+tokens/s = T / time (targets ``chain.teacher_forcing`` >= 1.1x and ``chain.train_step`` >= 1.0x
+Hugging Face). The train step also has a ``memory`` row: peak memory
 allocated above the start during one call, minus the gradients it returns (every weight's: the
 same for both), in GiB (target ``chain.train_step_memory`` <= 0.7x Hugging Face's); the raw peak
 stays in the row's ``memory`` field. A row that runs out of memory (expected of Hugging Face's train
@@ -52,6 +53,7 @@ import torch
 
 from rl_engine.bench import counts
 from rl_engine.bench.common import QWEN3_8B, Baseline, Case, Dims, leaf, no_grad
+from rl_engine.bench.timing import CALL_REPS
 
 OPS = ("chain_decode", "chain_generate", "chain_teacher_forcing", "chain_train_step")
 BATCHES = (1, 16, 64)
@@ -404,8 +406,6 @@ def _tf_note(st: dict[str, Any], who: str, train: bool) -> str:
     b, n = st["B"], st["seq"]
     what = ("forward + FP32 logprobs, loss = their sum, backward into every weight (.grad cleared after each call)"
             if train else "forward + FP32 logprobs under no_grad")
-    from rl_engine.bench.timing import CALL_REPS
-
     return (f"{who}: {b} x {n} tokens, all {b * n} rows scored; {what}; median of {CALL_REPS} calls after one "
             "warm-up call")
 

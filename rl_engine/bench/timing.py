@@ -87,15 +87,7 @@ def time_calls(fn: Callable[[], Any], reps: int = CALL_REPS) -> Timing:
 def time_once(fn: Callable[[], Any]) -> Timing:
     """One call's time in ms after one untimed warm-up call, between CUDA events (for calls of
     seconds, such as a whole generation, where repetitions would cost minutes); p20 = p80 = median."""
-    fn()
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0.record()
-    fn()
-    t1.record()
-    torch.cuda.synchronize()
-    ms = float(t0.elapsed_time(t1))
-    return Timing(ms, ms, ms)
+    return time_calls(fn, reps=1)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:

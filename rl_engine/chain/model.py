@@ -299,7 +299,6 @@ class Qwen3Model:
         extra = {}
         if b == "triton_cuda_bf16":
             from rl_engine.ops.det_gemm import triton as dg
-
             from rl_engine.ops.det_gemm.topology import check_contract_topology
 
             def gate_up_swiglu(a, w_gate, w_up):
@@ -511,20 +510,18 @@ class Qwen3Model:
         else:
             x = f("attn_residual", "add", a=x, b=o)
             xn = self._norm(f, "post_attention_layernorm", x, lw.post_attention_layernorm)
+        ffn = lw.gate_proj.shape[0]
         if f.has("gate_up_swiglu") and not torch.is_grad_enabled():
             # no backward will want gate / up: one launch (training_ops, Triton) writes only swiglu's output
-            ffn = lw.gate_proj.shape[0]
             w_gate, w_up = ((lw.gate_proj, lw.up_proj) if packed is None
                             else (packed.gate_up[:ffn], packed.gate_up[ffn:]))
             m = f("gate_up_swiglu", "gate_up_swiglu", a=xn, w_gate=w_gate, w_up=w_up)
+        elif packed is not None:
+            gu = f("gate_up_proj", "det_gemm", a=xn, b=packed.gate_up.t())
+            m = f("swiglu", "swiglu", gate=gu[:, :ffn], up=gu[:, ffn:])
         else:
-            if packed is not None:
-                gu = f("gate_up_proj", "det_gemm", a=xn, b=packed.gate_up.t())
-                ffn = lw.gate_proj.shape[0]
-                g, u = gu[:, :ffn], gu[:, ffn:]
-            else:
-                g = f("gate_proj", "det_gemm", a=xn, b=lw.gate_proj.t())
-                u = f("up_proj", "det_gemm", a=xn, b=lw.up_proj.t())
+            g = f("gate_proj", "det_gemm", a=xn, b=lw.gate_proj.t())
+            u = f("up_proj", "det_gemm", a=xn, b=lw.up_proj.t())
             m = f("swiglu", "swiglu", gate=g, up=u)
         down = f("down_proj", "det_gemm", a=m, b=lw.down_proj.t())
         if fused:
