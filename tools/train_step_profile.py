@@ -162,11 +162,14 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu
             g[1] += 1
         busy_until = max(busy_until, end)
     idle_ranked = sorted(idle.items(), key=lambda kv: -kv[1][0])
+    # first kernel start to last kernel end of the profiled call: what the wall time has beyond it
+    # is GPU idle outside the kernels (host work before the first launch or after a sync at the end)
+    span = (max(e for _s, e, _n in spans) - spans[0][0]) / 1000.0 if spans else 0.0
     cpu = [(e.key, e.self_cpu_time_total / 1000.0, e.count) for e in prof.key_averages()]
     cpu.sort(key=lambda r: -r[1])
     return {"wall_ms": wall, "host_ms": host, "cpu_self_ms": sum(r[1] for r in cpu),
             "cpu_top": [{"event": k[:120], "self_ms": ms, "calls": n} for k, ms, n in cpu[:cpu_top]],
-            "gpu_idle_ms": sum(v[0] for v in idle.values()),
+            "gpu_idle_ms": sum(v[0] for v in idle.values()), "kernel_span_ms": span,
             "idle_before": [{"kernel": n, "ms": v[0], "gaps": v[1]} for n, v in idle_ranked[:top]],
             "kernel_ms": sum(v[0] for v in kernels.values()),
             "launches": sum(v[1] for v in kernels.values()), "scratch_peak_gib": peak,
@@ -203,7 +206,8 @@ def report(label: str, r: dict, tokens: int) -> None:
     print(f"   host: {r['host_ms']:.1f} ms to enqueue a call; profiled host self time {r['cpu_self_ms']:.1f} ms")
     for t in r["cpu_top"]:
         print(f"   host {t['self_ms']:8.2f} ms {t['calls']:5d}x  {t['event']}")
-    print(f"   GPU idle between kernels (profiled call): {r['gpu_idle_ms']:.1f} ms")
+    print(f"   GPU idle between kernels (profiled call): {r['gpu_idle_ms']:.1f} ms; first kernel start to last "
+          f"kernel end {r['kernel_span_ms']:.1f} ms")
     for t in r["idle_before"]:
         print(f"   idle {t['ms']:8.2f} ms {t['gaps']:5d} gaps before  {t['kernel']}")
     for t in r["top"]:

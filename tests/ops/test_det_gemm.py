@@ -189,9 +189,9 @@ def test_decode_tiles_equal_the_prefill_path_at_qwen3_8b_shapes(k, n):
 
 
 SMALL_PERSISTENT = {(loop, regs): dg_triton.PersistentTiles(32, 32, 4, 2, 2, loop, regs)
-                    for loop in (0, 1, 2, 3, 4) for regs in (False, True) if regs or loop < 3}
+                    for loop in (0, 1, 2, 3, 4, 5) for regs in (False, True) if regs or loop < 3}
 """Small tiles for the interpreter, per loop structure and parking: several tiles per program,
-edges in M and N (loops 3 and 4, sibling leaves side by side, park in registers only)."""
+edges in M and N (loops 3-5, sibling leaves side by side, park in registers only)."""
 
 
 def _operand(shape, transposed, g, device, scale=1.0):
@@ -260,9 +260,12 @@ def test_persistent_form_refuses_what_it_cannot_compute(device):
     """K not a whole number of BK blocks per leaf, a row pitch TMA cannot read, or FP32 merges:
     the persistent form does not apply, and forcing it is an error, not a silent other tree. A
     configuration the kernel has no loop for is refused when it is made."""
-    for loop, regs in ((5, True), (3, False), (4, False)):
+    for loop, regs in ((6, True), (3, False), (4, False), (5, False)):
         with pytest.raises(ValueError, match="loop"):
             dg_triton.PersistentTiles(128, 128, 8, 3, 8, loop, regs)
+    for loop in (0, 2, 4):  # the warp-specialised item loop exists in loops 3 and 5 only
+        with pytest.raises(ValueError, match="ws needs loop"):
+            dg_triton.PersistentTiles(128, 128, 8, 3, 8, loop, True, ws=True)
     g = spec_mod.make_generator(5)
     b = spec_mod.randn((512, 64), g, device=device)
     assert dg_triton.persistent_applies(spec_mod.randn((8, 512), g, device=device), b, 2)

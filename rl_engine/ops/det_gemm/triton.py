@@ -256,14 +256,19 @@ def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_c
                                 A_T: tl.constexpr, B_T: tl.constexpr, DEPTH: tl.constexpr,
                                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                                 PROGRAMS: tl.constexpr, LOOP: tl.constexpr, REGS: tl.constexpr,
-                                UPCAST: tl.constexpr):
+                                UPCAST: tl.constexpr, WS: tl.constexpr = False):
     """The same tree as :func:`_det_gemm_kernel`, persistent, with TMA loads (Hopper).
 
     ``PROGRAMS`` programs walk the output tiles in the grouped order (program ``p`` takes tiles
     ``p, p + PROGRAMS, ...``) and each tile's ``2^DEPTH`` leaves in order. ``LOOP`` = 4: one block
     loop per tile advances all ``2^DEPTH`` leaves together, each in its own FP32 accumulator (the
     pipeline fills once per tile, not once per leaf; four accumulators live); 3: the same for two
-    sibling leaves at a time (``l0, l1`` then ``l2, l3``); at ``DEPTH`` = 0 both run the nest. ``LOOP`` = 2: one loop
+    sibling leaves at a time (``l0, l1`` then ``l2, l3``); at ``DEPTH`` = 0 both run the nest. ``LOOP`` = 5:
+    one loop item per tile, the tile's leaves in :func:`_tree_tile` (the ``LOOP`` 3 order, both
+    sibling pairs in one item, so nothing is carried from one item to the next). ``WS`` (``LOOP`` 3
+    and 5): the item loop is warp-specialised by the compiler (``tl.range(warp_specialize=True)``:
+    producer warps issue the TMA loads, consumer warps the MMAs); the same MMAs in the same order
+    into the same accumulators. ``LOOP`` = 2: one loop
     over every ``BK`` block of the program's tiles, the leaf's rounding and parking in a branch at
     its last block, so the software pipeline keeps loading the next leaf's (and the next tile's)
     blocks across leaf boundaries; 1: a loop over (tile, leaf) items around the block loop, fused
@@ -309,7 +314,7 @@ def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_c
         SIDE: tl.constexpr = 2 if LOOP == 3 else (1 << DEPTH)
         GROUPS: tl.constexpr = (1 << DEPTH) // SIDE
         leaf_k = leaf_blocks * BK
-        for item in range(0, my_tiles * GROUPS):
+        for item in tl.range(0, my_tiles * GROUPS, warp_specialize=WS):
             grp = item % GROUPS
             off_m, off_n = _tile_offsets(pid + (item // GROUPS) * PROGRAMS, tiles_m, tiles_n, BM, BN, GROUP_M)
             k0 = grp * SIDE * leaf_k
@@ -337,6 +342,11 @@ def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_c
                 pair = sib
             else:
                 _store_tile(_merge(pair, sib, False), c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM, BN)
+    elif LOOP == 5:
+        for item in tl.range(0, my_tiles, warp_specialize=WS):
+            off_m, off_n = _tile_offsets(pid + item * PROGRAMS, tiles_m, tiles_n, BM, BN, GROUP_M)
+            out = _tree_tile(a_desc, b_desc, off_m, off_n, leaf_blocks, A_T, B_T, DEPTH, BM, BN, BK, UPCAST)
+            _store_tile(out, c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM, BN)
     else:
         for item in tl.range(0, my_tiles << DEPTH, flatten=LOOP == 1):
             leaf = item % (1 << DEPTH)
@@ -598,11 +608,12 @@ class PersistentTiles:
     num_stages: int
     group_m: int
     loop: int
-    """The kernel's ``LOOP``: 4 every leaf of a tile in one block loop (an accumulator each), 3 two
-    sibling leaves per block loop, 2 one loop over every block (leaf ends in a branch), 1 the
-    compiler's flattening of (tile, leaf) x block, 0 the nest as written."""
+    """The kernel's ``LOOP``: 5 one item per tile (:func:`_tree_tile`), 4 every leaf of a tile in one
+    block loop (an accumulator each), 3 two sibling leaves per block loop, 2 one loop over every
+    block (leaf ends in a branch), 1 the compiler's flattening of (tile, leaf) x block, 0 the nest as
+    written."""
     regs: bool
-    """The kernel's ``REGS``: pending leaves in registers (else parked in memory); loops 3 and 4
+    """The kernel's ``REGS``: pending leaves in registers (else parked in memory); loops 3, 4 and 5
     always keep them in registers (``regs`` must be True)."""
     bk: int = BK
     """K per loaded block. The default is the other forms' ``BK``; a multiple of it (a sweep option:
@@ -610,10 +621,15 @@ class PersistentTiles:
     same accumulator, which should keep the bits on the GPU (the sweep checks; the CPU interpreter
     sums a block in another order, so there only exact sums compare)."""
 
+    ws: bool = False
+    """The kernel's ``WS``: the compiler warp-specialises the item loop (loops 3 and 5 only)."""
+
     def __post_init__(self) -> None:
-        if self.loop not in (0, 1, 2, 3, 4) or (self.loop >= 3 and not self.regs):
-            raise ValueError(f"PersistentTiles.loop must be 0-4, and loops 3 and 4 park in registers; got loop "
+        if self.loop not in (0, 1, 2, 3, 4, 5) or (self.loop >= 3 and not self.regs):
+            raise ValueError(f"PersistentTiles.loop must be 0-5, and loops 3-5 park in registers; got loop "
                              f"{self.loop}, regs {self.regs}")
+        if self.ws and self.loop not in (3, 5):
+            raise ValueError(f"PersistentTiles.ws needs loop 3 or 5, got loop {self.loop}")
         if self.bk < BK or self.bk % BK or self.bk & (self.bk - 1):
             raise ValueError(f"PersistentTiles.bk must be a power of two multiple of {BK}, got {self.bk}")
 
@@ -714,7 +730,7 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth:
     _det_gemm_persistent_kernel[(programs,)](
         a_desc, b_desc, c, w, m, n, k, c.stride(0), c.stride(1),
         A_T=a_t, B_T=b_t, DEPTH=depth, BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, PROGRAMS=programs,
-        LOOP=t.loop, REGS=t.regs, UPCAST=upcast_dots(), num_warps=t.num_warps, num_stages=t.num_stages,
+        LOOP=t.loop, REGS=t.regs, UPCAST=upcast_dots(), WS=t.ws, num_warps=t.num_warps, num_stages=t.num_stages,
         enable_fp_fusion=FP_FUSION,
     )
 
