@@ -165,17 +165,56 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu
     # first kernel start to last kernel end of the profiled call: what the wall time has beyond it
     # is GPU idle outside the kernels (host work before the first launch or after a sync at the end)
     span = (max(e for _s, e, _n in spans) - spans[0][0]) / 1000.0 if spans else 0.0
+    # the longest single gaps, with the kernels on either side and where in the call they fall
+    gaps, end, prev = [], spans[0][1] if spans else 0.0, spans[0][2] if spans else ""
+    for start, stop, name in spans[1:]:
+        if start > end:
+            gaps.append(((start - end) / 1000.0, (end - spans[0][0]) / 1000.0, prev[:60], name[:60]))
+        if stop > end:
+            end, prev = stop, name
+    gaps.sort(reverse=True)
     cpu = [(e.key, e.self_cpu_time_total / 1000.0, e.count) for e in prof.key_averages()]
     cpu.sort(key=lambda r: -r[1])
     return {"wall_ms": wall, "host_ms": host, "cpu_self_ms": sum(r[1] for r in cpu),
             "cpu_top": [{"event": k[:120], "self_ms": ms, "calls": n} for k, ms, n in cpu[:cpu_top]],
             "gpu_idle_ms": sum(v[0] for v in idle.values()), "kernel_span_ms": span,
+            "longest_gaps": [{"ms": g, "at_ms": at, "after": a, "before": b} for g, at, a, b in gaps[:top]],
             "idle_before": [{"kernel": n, "ms": v[0], "gaps": v[1]} for n, v in idle_ranked[:top]],
             "kernel_ms": sum(v[0] for v in kernels.values()),
             "launches": sum(v[1] for v in kernels.values()), "scratch_peak_gib": peak,
             "scratch_less_gradients_gib": peak - gradient_bytes / 2**30,
             "families_ms": dict(sorted(fams.items(), key=lambda kv: -kv[1])), "host_syncs": dict(syncs),
             "top": [{"kernel": n[:160], "ms": v[0], "calls": v[1]} for n, v in ranked[:top]]}
+
+
+def sync_sites(call, label: str) -> None:
+    """One call under ``torch.cuda.set_sync_debug_mode("warn")``: every operation that makes the host
+    wait for the GPU (a read of a device value, a synchronising copy or allocation), counted by the
+    Python line that issued it. After such a wait the launch queue is empty and the GPU idles
+    until the host has launched the next kernel."""
+    import traceback
+    import warnings
+
+    torch.cuda.synchronize()
+    sites: dict[str, int] = defaultdict(int)
+
+    def note(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename]
+        where = " < ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in frames[-3:][::-1])
+        sites[f"{str(message).splitlines()[0][:60]} @ {where}"] += 1
+
+    with warnings.catch_warnings():  # restores showwarning on exit
+        warnings.simplefilter("always")
+        warnings.showwarning = note
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    print(f"== {label}: host waits for the GPU in one call (sync debug mode), by site")
+    for site, n in sorted(sites.items(), key=lambda kv: -kv[1]):
+        print(f"   {n:4d}x  {site}")
 
 
 def python_profile(call, top: int, label: str) -> None:
@@ -210,6 +249,8 @@ def report(label: str, r: dict, tokens: int) -> None:
           f"kernel end {r['kernel_span_ms']:.1f} ms")
     for t in r["idle_before"]:
         print(f"   idle {t['ms']:8.2f} ms {t['gaps']:5d} gaps before  {t['kernel']}")
+    for t in r["longest_gaps"][:10]:
+        print(f"   gap {t['ms']:8.3f} ms at {t['at_ms']:7.1f} ms: after {t['after']} / before {t['before']}")
     for t in r["top"]:
         print(f"   {t['ms']:8.2f} ms {t['calls']:5d}x  {t['kernel']}")
 
@@ -226,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-top", type=int, default=0, help="also list this many host events by self time")
     ap.add_argument("--cprofile", type=int, default=0,
                     help="also run one call of ours under cProfile and list this many Python functions by own time")
+    ap.add_argument("--sync-sites", action="store_true",
+                    help="also run one call of ours in sync debug mode and list where the host waits for the GPU")
     ap.add_argument("--hf", action="store_true", help="also Hugging Face Qwen3ForCausalLM (sdpa), same weights")
     ap.add_argument("--plain", action="store_true",
                     help="also the model's own op table (separate residual adds, norms and rotations) beside training_ops "
@@ -263,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                 grads = sum(t.numel() * 2 for _, t in weights.named_tensors()) if train else 0
                 call = make()
                 r = measure(call, args.warmup, args.reps, args.top, grads, args.cpu_top)
+                if args.sync_sites and label == args.backend:
+                    sync_sites(call, f"{mode}/{label}")
                 if args.cprofile and label == args.backend:
                     python_profile(call, args.cprofile, f"{mode}/{label}")
             except torch.cuda.OutOfMemoryError as exc:
