@@ -106,7 +106,8 @@ def hf(weights, ids, targets, train: bool):
     return call
 
 
-def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu_top: int = 0) -> dict:
+def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu_top: int = 0,
+            profiled_calls: int = 1) -> dict:
     """Wall time per call, kernel time by name and family, and the scratch peak (allocated above the
     start); ``gradient_bytes`` (the train step's BF16 gradients, held at the peak) is also
     subtracted in ``scratch_less_gradients_gib``, the quantity of the bench's memory target.
@@ -114,7 +115,9 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu
     queue fills and the host waits for the GPU, so ``idle_before`` is the measure of a launch-bound
     call: GPU idle time between kernels, with no host sync inside);
     ``cpu_top``: the host events with the most self time in the profiled call (under the profiler,
-    which slows the host)."""
+    which slows the host); ``profiled_calls``: calls back to back under the profiler (kernel and
+    idle times are per call; the gaps and the span cover them all, so a second call shows the GPU
+    idle between two calls)."""
     for _ in range(warmup):
         call()
     torch.cuda.synchronize()
@@ -133,7 +136,8 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        call()
+        for _ in range(profiled_calls):
+            call()
         torch.cuda.synchronize()
     kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     syncs: dict[str, int] = defaultdict(int)  # host reads of device values: each stalls the launch queue
@@ -141,7 +145,7 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             k = kernels[ev.name]
-            k[0] += ev.device_time_total / 1000.0
+            k[0] += ev.device_time_total / 1000.0 / profiled_calls
             k[1] += 1
             spans.append((ev.time_range.start, ev.time_range.end, ev.name))
         elif ev.name in HOST_SYNC_EVENTS:
@@ -158,13 +162,13 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu
     for start, end, name in spans[1:]:
         if start > busy_until:
             g = idle[name[:80]]
-            g[0] += (start - busy_until) / 1000.0
+            g[0] += (start - busy_until) / 1000.0 / profiled_calls
             g[1] += 1
         busy_until = max(busy_until, end)
     idle_ranked = sorted(idle.items(), key=lambda kv: -kv[1][0])
-    # first kernel start to last kernel end of the profiled call: what the wall time has beyond it
+    # first kernel start to last kernel end (per profiled call): what the wall time has beyond it
     # is GPU idle outside the kernels (host work before the first launch or after a sync at the end)
-    span = (max(e for _s, e, _n in spans) - spans[0][0]) / 1000.0 if spans else 0.0
+    span = (max(e for _s, e, _n in spans) - spans[0][0]) / 1000.0 / profiled_calls if spans else 0.0
     # the longest single gaps, with the kernels on either side and where in the call they fall
     gaps, end, prev = [], spans[0][1] if spans else 0.0, spans[0][2] if spans else ""
     for start, stop, name in spans[1:]:
@@ -179,12 +183,14 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu
             "cpu_top": [{"event": k[:120], "self_ms": ms, "calls": n} for k, ms, n in cpu[:cpu_top]],
             "gpu_idle_ms": sum(v[0] for v in idle.values()), "kernel_span_ms": span,
             "longest_gaps": [{"ms": g, "at_ms": at, "after": a, "before": b} for g, at, a, b in gaps[:top]],
-            "idle_before": [{"kernel": n, "ms": v[0], "gaps": v[1]} for n, v in idle_ranked[:top]],
+            "idle_before": [{"kernel": n, "ms": v[0], "gaps": round(v[1] / profiled_calls)}
+                            for n, v in idle_ranked[:top]],
             "kernel_ms": sum(v[0] for v in kernels.values()),
-            "launches": sum(v[1] for v in kernels.values()), "scratch_peak_gib": peak,
+            "launches": round(sum(v[1] for v in kernels.values()) / profiled_calls), "scratch_peak_gib": peak,
             "scratch_less_gradients_gib": peak - gradient_bytes / 2**30,
-            "families_ms": dict(sorted(fams.items(), key=lambda kv: -kv[1])), "host_syncs": dict(syncs),
-            "top": [{"kernel": n[:160], "ms": v[0], "calls": v[1]} for n, v in ranked[:top]]}
+            "families_ms": dict(sorted(fams.items(), key=lambda kv: -kv[1])),
+            "host_syncs": {k: round(v / profiled_calls) for k, v in syncs.items()},
+            "top": [{"kernel": n[:160], "ms": v[0], "calls": round(v[1] / profiled_calls)} for n, v in ranked[:top]]}
 
 
 def sync_sites(call, label: str) -> None:
@@ -192,26 +198,20 @@ def sync_sites(call, label: str) -> None:
     wait for the GPU (a read of a device value, a synchronising copy or allocation), counted by the
     Python line that issued it. After such a wait the launch queue is empty and the GPU idles
     until the host has launched the next kernel."""
-    import traceback
     import warnings
 
     torch.cuda.synchronize()
     sites: dict[str, int] = defaultdict(int)
-
-    def note(message, category, filename, lineno, file=None, line=None):
-        frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename]
-        where = " < ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in frames[-3:][::-1])
-        sites[f"{str(message).splitlines()[0][:60]} @ {where}"] += 1
-
-    with warnings.catch_warnings():  # restores showwarning on exit
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        warnings.showwarning = note
         torch.cuda.set_sync_debug_mode("warn")
         try:
             call()
         finally:
             torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+    for w in caught:  # a warning raised in C++ points at the Python line that called the operation
+        sites[f"{str(w.message).splitlines()[0][:60]} @ {w.filename.rsplit('/', 2)[-1]}:{w.lineno}"] += 1
     print(f"== {label}: host waits for the GPU in one call (sync debug mode), by site")
     for site, n in sorted(sites.items(), key=lambda kv: -kv[1]):
         print(f"   {n:4d}x  {site}")
@@ -267,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-top", type=int, default=0, help="also list this many host events by self time")
     ap.add_argument("--cprofile", type=int, default=0,
                     help="also run one call of ours under cProfile and list this many Python functions by own time")
+    ap.add_argument("--profiled-calls", type=int, default=1,
+                    help="calls back to back under the profiler (2 shows the GPU idle between calls)")
     ap.add_argument("--sync-sites", action="store_true",
                     help="also run one call of ours in sync debug mode and list where the host waits for the GPU")
     ap.add_argument("--hf", action="store_true", help="also Hugging Face Qwen3ForCausalLM (sdpa), same weights")
@@ -305,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 grads = sum(t.numel() * 2 for _, t in weights.named_tensors()) if train else 0
                 call = make()
-                r = measure(call, args.warmup, args.reps, args.top, grads, args.cpu_top)
+                r = measure(call, args.warmup, args.reps, args.top, grads, args.cpu_top, args.profiled_calls)
                 if args.sync_sites and label == args.backend:
                     sync_sites(call, f"{mode}/{label}")
                 if args.cprofile and label == args.backend:
