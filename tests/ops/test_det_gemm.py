@@ -188,10 +188,12 @@ def test_decode_tiles_equal_the_prefill_path_at_qwen3_8b_shapes(k, n):
         assert bits_equal(out, prefill[:m]), (m, k, n)
 
 
-SMALL_PERSISTENT = {(loop, regs): dg_triton.PersistentTiles(32, 32, 4, 2, 2, loop, regs)
-                    for loop in (0, 1, 2, 3, 4, 5) for regs in (False, True) if regs or loop < 3}
-"""Small tiles for the interpreter, per loop structure and parking: several tiles per program,
-edges in M and N (loops 3-5, sibling leaves side by side, park in registers only)."""
+SMALL_PERSISTENT = {(loop, regs, split): dg_triton.PersistentTiles(32, 32, 4, 2, 2, loop, regs, c_split=split)
+                    for loop in (0, 1, 2, 3, 4) for regs in (False, True) for split in (0, 1, 2)
+                    if (regs or loop < 3) and (split == 0 or loop == 3)}
+"""Small tiles for the interpreter, per loop structure, parking and store: several tiles per
+program, edges in M and N (loops 3 and 4, sibling leaves side by side, park in registers only;
+loop 3 also with the TMA store of whole tiles and of column halves)."""
 
 
 def _operand(shape, transposed, g, device, scale=1.0):
@@ -214,7 +216,7 @@ def test_persistent_form_equals_fused_form(device, m, k, n, a_t, b_t):
     b = _operand((k, n), b_t, g, device, scale=k ** -0.5)
     programs = 3 if device.type == "cpu" else None
     default = dg_triton.PERSISTENT_TILES
-    tiles = SMALL_PERSISTENT[default.loop, default.regs] if device.type == "cpu" else None
+    tiles = SMALL_PERSISTENT[default.loop, default.regs, default.c_split] if device.type == "cpu" else None
     for depth in (0, 1, 2):
         fused = dg_triton.det_gemm_launch(a, b, depth, False, leaf_split=False, persistent=False)
         out = dg_triton.det_gemm_launch(a, b, depth, False, persistent=True, persistent_tiles=tiles, programs=programs)
@@ -260,12 +262,16 @@ def test_persistent_form_refuses_what_it_cannot_compute(device):
     """K not a whole number of BK blocks per leaf, a row pitch TMA cannot read, or FP32 merges:
     the persistent form does not apply, and forcing it is an error, not a silent other tree. A
     configuration the kernel has no loop for is refused when it is made."""
-    for loop, regs in ((6, True), (3, False), (4, False), (5, False)):
+    for loop, regs in ((5, True), (3, False), (4, False)):
         with pytest.raises(ValueError, match="loop"):
             dg_triton.PersistentTiles(128, 128, 8, 3, 8, loop, regs)
-    for loop in (0, 2, 4):  # the warp-specialised item loop exists in loops 3 and 5 only
+    for loop in (0, 2, 4):  # the warp-specialised item loop and the TMA store exist in loop 3 only
         with pytest.raises(ValueError, match="ws needs loop"):
             dg_triton.PersistentTiles(128, 128, 8, 3, 8, loop, True, ws=True)
+        with pytest.raises(ValueError, match="c_split"):
+            dg_triton.PersistentTiles(128, 128, 8, 3, 8, loop, True, c_split=2)
+    with pytest.raises(ValueError, match="c_split"):
+        dg_triton.PersistentTiles(128, 128, 8, 3, 8, 3, True, c_split=4)
     g = spec_mod.make_generator(5)
     b = spec_mod.randn((512, 64), g, device=device)
     assert dg_triton.persistent_applies(spec_mod.randn((8, 512), g, device=device), b, 2)
@@ -455,7 +461,7 @@ def test_gate_up_swiglu_kernel_equals_det_gemm_then_swiglu(device, m, k, f):
     gate_up = spec_mod.randn((2 * f, k), g, scale=k ** -0.5, device=device)
     w_gate, w_up = gate_up[:f].clone().t(), gate_up[f:].clone().t()
     programs = 3 if device.type == "cpu" else None
-    tiles = SMALL_PERSISTENT[3, True] if device.type == "cpu" else None
+    tiles = SMALL_PERSISTENT[3, True, 0] if device.type == "cpu" else None
     for depth in (0, 1, 2):
         want = swiglu_fwd(dg_triton.det_gemm_launch(a, w_gate, depth, False, leaf_split=False, persistent=False),
                           dg_triton.det_gemm_launch(a, w_up, depth, False, leaf_split=False, persistent=False))

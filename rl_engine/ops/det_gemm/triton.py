@@ -203,6 +203,23 @@ def _store_tile(out, c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM: tl.constexpr, BN
 
 
 @triton.jit
+def _emit_tile(out, c_ptr, c_desc, M, N, s_cm, s_cn, off_m, off_n, BM: tl.constexpr, BN: tl.constexpr,
+               C_TMA: tl.constexpr, C_SPLIT: tl.constexpr):
+    """Store a finished ``[BM, BN]`` tile: through the TMA descriptor ``c_desc`` in ``C_SPLIT``
+    column slices of ``BN // C_SPLIT`` (``C_TMA``), or by :func:`_store_tile`. The same values."""
+    if C_TMA:
+        if C_SPLIT == 2:
+            left, right = out.reshape(BM, 2, BN // 2).permute(0, 2, 1).split()
+            c_desc.store([off_m, off_n], left)
+            c_desc.store([off_m, off_n + BN // 2], right)
+        else:
+            tl.static_assert(C_SPLIT == 1, "the tile leaves whole or in two column halves")
+            c_desc.store([off_m, off_n], out)
+    else:
+        _store_tile(out, c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM, BN)
+
+
+@triton.jit
 def _park_in_memory(acc, leaf, c_ptr, w_ptr, M, N, s_cm, s_cn, off_m, off_n,
                     DEPTH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """Round a finished leaf to BF16 and park it or merge it in memory, as :func:`_det_gemm_kernel`
@@ -256,19 +273,21 @@ def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_c
                                 A_T: tl.constexpr, B_T: tl.constexpr, DEPTH: tl.constexpr,
                                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                                 PROGRAMS: tl.constexpr, LOOP: tl.constexpr, REGS: tl.constexpr,
-                                UPCAST: tl.constexpr, WS: tl.constexpr = False):
+                                UPCAST: tl.constexpr, WS: tl.constexpr = False, c_desc=None,
+                                C_TMA: tl.constexpr = False, C_SPLIT: tl.constexpr = 1):
     """The same tree as :func:`_det_gemm_kernel`, persistent, with TMA loads (Hopper).
 
     ``PROGRAMS`` programs walk the output tiles in the grouped order (program ``p`` takes tiles
     ``p, p + PROGRAMS, ...``) and each tile's ``2^DEPTH`` leaves in order. ``LOOP`` = 4: one block
     loop per tile advances all ``2^DEPTH`` leaves together, each in its own FP32 accumulator (the
     pipeline fills once per tile, not once per leaf; four accumulators live); 3: the same for two
-    sibling leaves at a time (``l0, l1`` then ``l2, l3``); at ``DEPTH`` = 0 both run the nest. ``LOOP`` = 5:
-    one loop item per tile, the tile's leaves in :func:`_tree_tile` (the ``LOOP`` 3 order, both
-    sibling pairs in one item, so nothing is carried from one item to the next). ``WS`` (``LOOP`` 3
-    and 5): the item loop is warp-specialised by the compiler (``tl.range(warp_specialize=True)``:
+    sibling leaves at a time (``l0, l1`` then ``l2, l3``); at ``DEPTH`` = 0 both run the nest. ``WS``
+    (``LOOP`` 3): the item loop is warp-specialised by the compiler (``tl.range(warp_specialize=True)``:
     producer warps issue the TMA loads, consumer warps the MMAs); the same MMAs in the same order
-    into the same accumulators. ``LOOP`` = 2: one loop
+    into the same accumulators. ``C_TMA`` (``LOOP`` 3): finished tiles leave through ``c_desc``, a TMA
+    descriptor of ``c`` with ``[BM, BN // C_SPLIT]`` blocks (the tile stored in ``C_SPLIT`` column
+    slices, so the staging buffer in shared memory is that much smaller), instead of a masked store
+    from registers; the TMA unit drops what lies past M / N. The same values. ``LOOP`` = 2: one loop
     over every ``BK`` block of the program's tiles, the leaf's rounding and parking in a branch at
     its last block, so the software pipeline keeps loading the next leaf's (and the next tile's)
     blocks across leaf boundaries; 1: a loop over (tile, leaf) items around the block loop, fused
@@ -334,19 +353,15 @@ def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_c
                     acc3 = mma(a, b, acc3, UPCAST)
             sib = _merge(acc0.to(tl.bfloat16), acc1.to(tl.bfloat16), False)
             if SIDE == 4:
-                _store_tile(_merge(sib, _merge(acc2.to(tl.bfloat16), acc3.to(tl.bfloat16), False), False),
-                            c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM, BN)
+                _emit_tile(_merge(sib, _merge(acc2.to(tl.bfloat16), acc3.to(tl.bfloat16), False), False),
+                           c_ptr, c_desc, M, N, s_cm, s_cn, off_m, off_n, BM, BN, C_TMA, C_SPLIT)
             elif DEPTH == 1:
-                _store_tile(sib, c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM, BN)
+                _emit_tile(sib, c_ptr, c_desc, M, N, s_cm, s_cn, off_m, off_n, BM, BN, C_TMA, C_SPLIT)
             elif grp == 0:
                 pair = sib
             else:
-                _store_tile(_merge(pair, sib, False), c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM, BN)
-    elif LOOP == 5:
-        for item in tl.range(0, my_tiles, warp_specialize=WS):
-            off_m, off_n = _tile_offsets(pid + item * PROGRAMS, tiles_m, tiles_n, BM, BN, GROUP_M)
-            out = _tree_tile(a_desc, b_desc, off_m, off_n, leaf_blocks, A_T, B_T, DEPTH, BM, BN, BK, UPCAST)
-            _store_tile(out, c_ptr, M, N, s_cm, s_cn, off_m, off_n, BM, BN)
+                _emit_tile(_merge(pair, sib, False), c_ptr, c_desc, M, N, s_cm, s_cn, off_m, off_n, BM, BN, C_TMA,
+                           C_SPLIT)
     else:
         for item in tl.range(0, my_tiles << DEPTH, flatten=LOOP == 1):
             leaf = item % (1 << DEPTH)
@@ -608,12 +623,11 @@ class PersistentTiles:
     num_stages: int
     group_m: int
     loop: int
-    """The kernel's ``LOOP``: 5 one item per tile (:func:`_tree_tile`), 4 every leaf of a tile in one
-    block loop (an accumulator each), 3 two sibling leaves per block loop, 2 one loop over every
-    block (leaf ends in a branch), 1 the compiler's flattening of (tile, leaf) x block, 0 the nest as
-    written."""
+    """The kernel's ``LOOP``: 4 every leaf of a tile in one block loop (an accumulator each), 3 two
+    sibling leaves per block loop, 2 one loop over every block (leaf ends in a branch), 1 the
+    compiler's flattening of (tile, leaf) x block, 0 the nest as written."""
     regs: bool
-    """The kernel's ``REGS``: pending leaves in registers (else parked in memory); loops 3, 4 and 5
+    """The kernel's ``REGS``: pending leaves in registers (else parked in memory); loops 3 and 4
     always keep them in registers (``regs`` must be True)."""
     bk: int = BK
     """K per loaded block. The default is the other forms' ``BK``; a multiple of it (a sweep option:
@@ -622,21 +636,30 @@ class PersistentTiles:
     sums a block in another order, so there only exact sums compare)."""
 
     ws: bool = False
-    """The kernel's ``WS``: the compiler warp-specialises the item loop (loops 3 and 5 only)."""
+    """The kernel's ``WS``: the compiler warp-specialises the item loop (loop 3 only)."""
+    c_split: int = 0
+    """0: finished tiles are stored from registers (masked); 1 or 2: through a TMA descriptor of
+    the output in that many column slices (the kernel's ``C_TMA`` / ``C_SPLIT``; loop 3 only, and
+    only where the output is TMA-writable, else the masked store)."""
 
     def __post_init__(self) -> None:
-        if self.loop not in (0, 1, 2, 3, 4, 5) or (self.loop >= 3 and not self.regs):
-            raise ValueError(f"PersistentTiles.loop must be 0-5, and loops 3-5 park in registers; got loop "
+        if self.loop not in (0, 1, 2, 3, 4) or (self.loop >= 3 and not self.regs):
+            raise ValueError(f"PersistentTiles.loop must be 0-4, and loops 3 and 4 park in registers; got loop "
                              f"{self.loop}, regs {self.regs}")
-        if self.ws and self.loop not in (3, 5):
-            raise ValueError(f"PersistentTiles.ws needs loop 3 or 5, got loop {self.loop}")
+        if self.ws and self.loop != 3:
+            raise ValueError(f"PersistentTiles.ws needs loop 3, got loop {self.loop}")
+        if self.c_split not in (0, 1, 2) or (self.c_split and self.loop != 3):
+            raise ValueError(f"PersistentTiles.c_split must be 0, 1 or 2, and a TMA store needs loop 3; got "
+                             f"c_split {self.c_split}, loop {self.loop}")
         if self.bk < BK or self.bk % BK or self.bk & (self.bk - 1):
             raise ValueError(f"PersistentTiles.bk must be a power of two multiple of {BK}, got {self.bk}")
 
 
-PERSISTENT_TILES = PersistentTiles(128, 128, 8, 3, 8, 3, True)
+PERSISTENT_TILES = PersistentTiles(128, 128, 8, 3, 8, 3, True, c_split=2)
 """The persistent form's configuration, the same for every shape (never derived from M, N or K):
-two sibling leaves side by side (``loop = 3``), 3 stages. Chosen by
+two sibling leaves side by side (``loop = 3``), 3 stages, tiles stored through a TMA descriptor in
+two column halves (``c_split = 2``: 213 KB of shared memory on sm_90 against 197 KB with the
+masked store, 229 KB with whole-tile stores; the H200 allows 227 KB). Loop structure chosen by
 ``tools/det_gemm_prefill_sweep.py`` on the H200 (evidence ``2026-12-03-h200-issue33-9f2ce15``: 24
 products x 5 configurations at M = 1024 and 4096, every one with the fused form's bits): at M = 4096
 it ran 0.64-0.82x cuBLAS where the nest one leaf at a time (``loop = 0``, 4 stages, the earlier
@@ -727,10 +750,16 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth:
     parked = depth and not t.regs  # register parking needs no workspace
     w = torch.empty((m, n) if parked else (1, 1), dtype=torch.bfloat16, device=a.device)
     programs = _program_count(a.device, cdiv(m, t.bm) * cdiv(n, t.bn), programs)
+    c_desc = None
+    if t.c_split and tma_layout(c) is False:  # c row-major with a TMA-aligned pitch
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        c_desc = TensorDescriptor.from_tensor(c, [t.bm, t.bn // t.c_split])
     _det_gemm_persistent_kernel[(programs,)](
         a_desc, b_desc, c, w, m, n, k, c.stride(0), c.stride(1),
         A_T=a_t, B_T=b_t, DEPTH=depth, BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, PROGRAMS=programs,
-        LOOP=t.loop, REGS=t.regs, UPCAST=upcast_dots(), WS=t.ws, num_warps=t.num_warps, num_stages=t.num_stages,
+        LOOP=t.loop, REGS=t.regs, UPCAST=upcast_dots(), WS=t.ws, c_desc=c_desc, C_TMA=c_desc is not None,
+        C_SPLIT=max(t.c_split, 1), num_warps=t.num_warps, num_stages=t.num_stages,
         enable_fp_fusion=FP_FUSION,
     )
 
