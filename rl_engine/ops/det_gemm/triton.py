@@ -655,7 +655,7 @@ class PersistentTiles:
             raise ValueError(f"PersistentTiles.bk must be a power of two multiple of {BK}, got {self.bk}")
 
 
-PERSISTENT_TILES = PersistentTiles(128, 128, 8, 3, 8, 3, True, c_split=2)
+PERSISTENT_TILES = PersistentTiles(128, 128, 8, 3, 8, 3, True)
 """The persistent form's configuration, the same for every shape (never derived from M, N or K):
 two sibling leaves side by side (``loop = 3``), 3 stages, tiles stored through a TMA descriptor in
 two column halves (``c_split = 2``: 213 KB of shared memory on sm_90 against 197 KB with the
