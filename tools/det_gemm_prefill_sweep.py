@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--products", default="forward,dx,dw")
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS))
     p.add_argument("--rep-ms", type=float, default=60.0)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="times each implementation this many times, round-robin, and reports the median")
     p.add_argument("--out", default="det_gemm_prefill_sweep.json")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -106,23 +109,35 @@ def main(argv: list[str] | None = None) -> int:
                 flops = 2 * mm * nn * kk
                 ref = dg.det_gemm_launch(a, b, 2, False, leaf_split=False, persistent=False)
                 base = {"M": m, "shape": shape, "product": prod, "dims": [mm, kk, nn], "flops": flops}
-                cublas_ms = timed(lambda: a @ b)
-                rows.append({**base, "impl": "cublas", "ms": cublas_ms, "bits_equal": None})
-                fused_ms = timed(lambda: dg.det_gemm_launch(a, b, 2, False, leaf_split=False, persistent=False))
-                rows.append({**base, "impl": "fused", "ms": fused_ms, "bits_equal": True})
-                default_out = dg.det_gemm_launch(a, b, 2, False)
-                rows.append({**base, "impl": "default", "ms": timed(lambda: dg.det_gemm_launch(a, b, 2, False)),
-                             "bits_equal": bool(torch.equal(default_out.view(torch.int16), ref.view(torch.int16)))})
+                # every implementation is run and checked once, then timed round-robin: each round
+                # times each of them once, so a slow drift of the clocks reaches all of them alike
+                impls = {"cublas": (lambda: a @ b, None),
+                         "fused": (lambda: dg.det_gemm_launch(a, b, 2, False, leaf_split=False, persistent=False), True),
+                         "default": (lambda: dg.det_gemm_launch(a, b, 2, False), None)}
                 for name, cfg in configs.items():
+                    impls[name] = (lambda cfg=cfg: dg.det_gemm_launch(a, b, 2, False, persistent=True,
+                                                                      persistent_tiles=cfg), None)
+                errors, bits = {}, {}
+                for name, (fn, known) in impls.items():
                     try:
-                        out = dg.det_gemm_launch(a, b, 2, False, persistent=True, persistent_tiles=cfg)
-                        same = bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
-                        ms = timed(lambda cfg=cfg: dg.det_gemm_launch(a, b, 2, False, persistent=True,
-                                                                      persistent_tiles=cfg))
-                        rows.append({**base, "impl": name, "ms": ms, "bits_equal": same})
+                        out = fn()
+                        bits[name] = None if name == "cublas" else (
+                            known if known is not None else bool(torch.equal(out.view(torch.int16), ref.view(torch.int16))))
                     except Exception as exc:  # a configuration that does not compile (shared memory)
-                        rows.append({**base, "impl": name, "ms": None, "bits_equal": None,
-                                     "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+                        errors[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                times: dict[str, list[float]] = {name: [] for name in impls if name not in errors}
+                for _ in range(args.rounds):
+                    for name in times:
+                        times[name].append(timed(impls[name][0]))
+                for name in impls:
+                    if name in errors:
+                        rows.append({**base, "impl": name, "ms": None, "bits_equal": None, "error": errors[name]})
+                    else:
+                        ts = sorted(times[name])
+                        rows.append({**base, "impl": name, "ms": statistics.median(ts), "ms_min": ts[0], "ms_max": ts[-1],
+                                     "rounds": len(ts), "bits_equal": bits[name]})
+                cublas_ms = next(r["ms"] for r in rows if r["impl"] == "cublas" and
+                                 (r["M"], r["shape"], r["product"]) == (m, shape, prod))
                 line = [f"M{m:5d} {shape:8s} {prod:8s} cuBLAS {flops / cublas_ms / 1e9:6.1f} TF/s"]
                 for r in rows:
                     if (r["M"], r["shape"], r["product"]) == (m, shape, prod) and r["impl"] != "cublas":

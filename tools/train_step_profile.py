@@ -255,6 +255,31 @@ def report(label: str, r: dict, tokens: int) -> None:
         print(f"   {t['ms']:8.2f} ms {t['calls']:5d}x  {t['kernel']}")
 
 
+def with_persistent_tiles(text: str, make):
+    """``make`` whose calls run the persistent det_gemm in configuration ``text`` (the sweep's
+    syntax): the module's configuration is swapped around each call and restored after it."""
+    from det_gemm_prefill_sweep import parse_config  # tools/ is the script's directory
+
+    from rl_engine.ops.det_gemm import triton as det_gemm_triton
+
+    tiles = parse_config(text)
+
+    def configured():
+        call = make()
+
+        def run():
+            default = det_gemm_triton.PERSISTENT_TILES
+            det_gemm_triton.PERSISTENT_TILES = tiles
+            try:
+                return call()
+            finally:
+                det_gemm_triton.PERSISTENT_TILES = default
+
+        return run
+
+    return configured
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="triton_cuda_bf16")
@@ -275,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plain", action="store_true",
                     help="also the model's own op table (separate residual adds, norms and rotations) beside training_ops "
                          "(label <backend>/plain)")
+    ap.add_argument("--persistent-configs", default="",
+                    help="also ours with the persistent det_gemm in each of these configurations (comma-separated, "
+                         "tools/det_gemm_prefill_sweep.py's syntax; label <backend>@<config>), in the same process")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-persistent", action="store_true",
                     help="Triton det_gemm without its persistent TMA form (the fused form, as before issue #33)")
@@ -301,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         impls = {args.backend: lambda: ours(weights, args.backend, ids, targets, train)}
         if args.plain:
             impls[f"{args.backend}/plain"] = lambda: ours(weights, args.backend, ids, targets, train, plain=True)
+        for text in filter(None, args.persistent_configs.split(",")):
+            impls[f"{args.backend}@{text}"] = with_persistent_tiles(
+                text, lambda: ours(weights, args.backend, ids, targets, train))
         if args.hf:
             impls["hf_sdpa"] = lambda: hf(weights, ids, targets, train)
         for label, make in impls.items():
