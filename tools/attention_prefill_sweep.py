@@ -25,16 +25,19 @@ import torch
 DEFAULT_CONFIGS = ("64x4x2", "128x4x2", "128x8x2", "128x8x3", "64x4x3", "128x4x3")
 
 
-def _launch(text: str) -> tuple[int, int, int]:
-    rows, warps, stages = (int(x) for x in text.split("x"))
-    return rows, warps, stages
+def _launch(text: str) -> tuple[int, ...]:
+    """``ROWSxWARPSxSTAGES[xSTEP]`` -> the launch tuple (STEP: the backward's reduction step)."""
+    fields = tuple(int(x) for x in text.split("x"))
+    if len(fields) not in (3, 4):
+        raise SystemExit(f"launch {text!r}: expected ROWSxWARPSxSTAGES[xSTEP]")
+    return fields
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="4x1024,8x1024,2x8192", help="BxL, comma-separated")
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="BLOCK_MxWARPSxSTAGES")
-    p.add_argument("--bwd-configs", default="", help="KVROWSxWARPSxSTAGES/QROWSxWARPSxSTAGES, comma-separated")
+    p.add_argument("--bwd-configs", default="", help="KVROWSxWARPSxSTAGES[xQSTEP]/QROWSxWARPSxSTAGES[xKVSTEP], comma-separated")
     p.add_argument("--out", default="attention_prefill_sweep.json")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

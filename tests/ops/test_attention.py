@@ -405,10 +405,11 @@ def test_chunk_invariance_across_kv_blocks(device):
 
 
 def test_backward_launch_settings_keep_the_bits(device):
-    """The dK/dV kernel's KV rows per program and the dQ kernel's query rows per program are launch
-    settings for the sweep (``tools/attention_prefill_sweep.py --backward``): on a varlen batch
-    whose sequences end inside blocks, 128-row programs give the default 64-row programs' dq, dk,
-    dv bits. Control: another scale changes every gradient, so the comparison can fail."""
+    """The dK/dV kernel's KV rows per program and the dQ kernel's query rows per program, and the
+    reduction steps of both, are launch settings for the sweep (``tools/attention_prefill_sweep.py
+    --backward``): on a varlen batch whose sequences end inside blocks, 128-row programs and
+    32-row steps give the default launch's dq, dk, dv bits; a step that is not a positive multiple
+    of 16 is refused. Control: another scale changes every gradient, so the comparison can fail."""
     from rl_engine.ops.attention._checks import LaunchPlan
 
     g = make_generator(91)
@@ -425,5 +426,13 @@ def test_backward_launch_settings_keep_the_bits(device):
     wide = attn_triton.attention_bwd(q, k, v, out, lse, do, cu, cu, 0.25, plan, dkdv_launch=(128, 8, 2),
                                      dq_launch=(128, 8, 2))
     assert all(bits_equal(x, y) for x, y in zip(wide, ref))
+    # 32-row reduction steps (query rows per dK/dV step, keys per dQ step): the same accumulators
+    # fed in the same order (on the GPU, the same 16-wide tensor-core chunks)
+    for dkdv, dq in (((64, 4, 2, 32), (64, 4, 2, 32)), ((128, 8, 2, 32), (128, 8, 2, 32))):
+        steps = attn_triton.attention_bwd(q, k, v, out, lse, do, cu, cu, 0.25, plan, dkdv_launch=dkdv, dq_launch=dq)
+        assert all(bits_equal(x, y) for x, y in zip(steps, ref)), (dkdv, dq)
+    for bad in ((64, 4, 2, 24), (64, 4, 2, 0), (64, 4)):
+        with pytest.raises(ValueError, match="multiple of 16"):
+            attn_triton.attention_bwd(q, k, v, out, lse, do, cu, cu, 0.25, plan, dkdv_launch=bad)
     other = attn_triton.attention_bwd(q, k, v, out, lse, do, cu, cu, 0.5, plan)
     assert not any(bits_equal(x, y) for x, y in zip(other, ref))

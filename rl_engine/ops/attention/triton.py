@@ -517,18 +517,36 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, bl
     return out
 
 
+def _launch_with_step(launch: tuple[int, ...] | None, default: tuple[int, int, int],
+                      step: int) -> tuple[int, int, int, int]:
+    """A backward launch ``(rows, warps, stages[, step])`` with its step filled in (``default`` and
+    ``step`` when ``launch`` is None); the step must be a multiple of 16 (the tensor cores' chunk)."""
+    out = tuple(launch or default)
+    if len(out) == 3:
+        out = (*out, step)
+    if len(out) != 4 or out[3] % 16 or out[3] <= 0:
+        raise ValueError(f"a backward launch is (rows, warps, stages[, step]) with a step that is a positive "
+                         f"multiple of 16, got {launch!r}")
+    return out
+
+
 def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchPlan, *,
-                  dkdv_launch: tuple[int, int, int] | None = None,
-                  dq_launch: tuple[int, int, int] | None = None):
+                  dkdv_launch: tuple[int, ...] | None = None,
+                  dq_launch: tuple[int, ...] | None = None):
     """Launch the deterministic backward; returns (dq, dk, dv) bf16 (do bf16, unit stride on D).
 
-    ``dkdv_launch`` = (KV rows per program, warps, stages) of the dK/dV kernel and ``dq_launch`` =
-    (query rows per program, warps, stages) of the dQ kernel are parameters only so the sweep
-    (``tools/attention_prefill_sweep.py --backward``) can vary them; None is the module's
-    ``(BLOCK_N_BWD, NUM_WARPS, NUM_STAGES)`` / ``(BLOCK_M, NUM_WARPS, NUM_STAGES)``, what the op
-    always runs. The reduction steps (query rows per dK/dV step, KV block of dQ) never vary."""
-    kv_rows, kv_warps, kv_stages = dkdv_launch or (BLOCK_N_BWD, NUM_WARPS, NUM_STAGES)
-    q_rows, q_warps, q_stages = dq_launch or (BLOCK_M, NUM_WARPS, NUM_STAGES)
+    ``dkdv_launch`` = (KV rows per program, warps, stages[, query rows per step]) of the dK/dV
+    kernel and ``dq_launch`` = (query rows per program, warps, stages[, KV rows per step]) of the
+    dQ kernel are parameters only so the sweep (``tools/attention_prefill_sweep.py --backward``)
+    can vary them; None is the module's ``(BLOCK_N_BWD, NUM_WARPS, NUM_STAGES, BLOCK_M_BWD)`` /
+    ``(BLOCK_M, NUM_WARPS, NUM_STAGES, BLOCK_N_BWD)``, what the op always runs. A step is the
+    reduction's block (query rows for dK / dV, keys for dQ): each gradient element is still one FP32
+    accumulator fed in increasing order, and a step that is a multiple of 16 keeps the tensor
+    cores' 16-wide chunks where they were, so the sweep checks the bits of other steps (the CPU
+    interpreter, which adds one product at a time, gives the same bits for any step; tested)."""
+    kv_rows, kv_warps, kv_stages, m_step = _launch_with_step(dkdv_launch, (BLOCK_N_BWD, NUM_WARPS, NUM_STAGES),
+                                                             BLOCK_M_BWD)
+    q_rows, q_warps, q_stages, n_step = _launch_with_step(dq_launch, (BLOCK_M, NUM_WARPS, NUM_STAGES), BLOCK_N_BWD)
     tq, h, d = q.shape
     tk, hkv, _ = k.shape
     group = h // hkv
@@ -551,7 +569,7 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
         q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, n_nblocks, hkv,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1), lse.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        float(scale), GROUP=group, D=d, BLOCK_M=BLOCK_M_BWD, BLOCK_N=kv_rows, UPCAST=up,
+        float(scale), GROUP=group, D=d, BLOCK_M=m_step, BLOCK_N=kv_rows, UPCAST=up,
         num_warps=kv_warps, num_stages=kv_stages,
         enable_fp_fusion=FP_FUSION,
     )
@@ -561,7 +579,7 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
             q, k, v, do, lse, delta, dq, cu_q, cu_k, n_mblocks, h,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             do.stride(0), do.stride(1), lse.stride(0), dq.stride(0), dq.stride(1), float(scale),
-            GROUP=group, D=d, BLOCK_M=q_rows, BLOCK_N=BLOCK_N_BWD, UPCAST=up,
+            GROUP=group, D=d, BLOCK_M=q_rows, BLOCK_N=n_step, UPCAST=up,
             num_warps=q_warps, num_stages=q_stages,
             enable_fp_fusion=FP_FUSION,
         )
