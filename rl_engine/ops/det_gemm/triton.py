@@ -636,11 +636,16 @@ class PersistentTiles:
     sums a block in another order, so there only exact sums compare)."""
 
     ws: bool = False
-    """The kernel's ``WS``: the compiler warp-specialises the item loop (loop 3 only)."""
+    """The kernel's ``WS``: the compiler warp-specialises the item loop (loop 3 only). On the H200
+    with Triton 3.6 it gained nothing (``evidence/2026-12-04-h200-issue33-7be11ee``: 0.47-0.97x
+    cuBLAS against 0.63-0.94x without, same bits)."""
     c_split: int = 0
     """0: finished tiles are stored from registers (masked); 1 or 2: through a TMA descriptor of
     the output in that many column slices (the kernel's ``C_TMA`` / ``C_SPLIT``; loop 3 only, and
-    only where the output is TMA-writable, else the masked store)."""
+    only where the output is TMA-writable, else the masked store). Shared memory on sm_90 at the
+    default tiles: 197 KB masked, 213 KB in halves, 229 KB whole (the H200 allows 227 KB). Same bits
+    on the H200; not yet ranked against the masked store (``evidence/2026-12-04-h200-issue33-d6b8107``:
+    the sweep's noise exceeded the difference)."""
 
     def __post_init__(self) -> None:
         if self.loop not in (0, 1, 2, 3, 4) or (self.loop >= 3 and not self.regs):
@@ -657,9 +662,8 @@ class PersistentTiles:
 
 PERSISTENT_TILES = PersistentTiles(128, 128, 8, 3, 8, 3, True)
 """The persistent form's configuration, the same for every shape (never derived from M, N or K):
-two sibling leaves side by side (``loop = 3``), 3 stages, tiles stored through a TMA descriptor in
-two column halves (``c_split = 2``: 213 KB of shared memory on sm_90 against 197 KB with the
-masked store, 229 KB with whole-tile stores; the H200 allows 227 KB). Loop structure chosen by
+two sibling leaves side by side (``loop = 3``), 3 stages, tiles stored from registers (masked).
+Loop structure chosen by
 ``tools/det_gemm_prefill_sweep.py`` on the H200 (evidence ``2026-12-03-h200-issue33-9f2ce15``: 24
 products x 5 configurations at M = 1024 and 4096, every one with the fused form's bits): at M = 4096
 it ran 0.64-0.82x cuBLAS where the nest one leaf at a time (``loop = 0``, 4 stages, the earlier
