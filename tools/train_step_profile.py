@@ -115,9 +115,9 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu
     queue fills and the host waits for the GPU, so ``idle_before`` is the measure of a launch-bound
     call: GPU idle time between kernels, with no host sync inside);
     ``cpu_top``: the host events with the most self time in the profiled call (under the profiler,
-    which slows the host); ``profiled_calls``: calls back to back under the profiler (kernel and
-    idle times are per call; the gaps and the span cover them all, so a second call shows the GPU
-    idle between two calls)."""
+    which slows the host); ``profiled_calls``: calls back to back under the profiler (kernel, host
+    and idle times and counts are per call; the longest gaps cover them all, so a second call
+    shows the GPU idle between two calls)."""
     for _ in range(warmup):
         call()
     torch.cuda.synchronize()
@@ -177,7 +177,8 @@ def measure(call, warmup: int, reps: int, top: int, gradient_bytes: int = 0, cpu
         if stop > end:
             end, prev = stop, name
     gaps.sort(reverse=True)
-    cpu = [(e.key, e.self_cpu_time_total / 1000.0, e.count) for e in prof.key_averages()]
+    cpu = [(e.key, e.self_cpu_time_total / 1000.0 / profiled_calls, round(e.count / profiled_calls))
+           for e in prof.key_averages()]
     cpu.sort(key=lambda r: -r[1])
     return {"wall_ms": wall, "host_ms": host, "cpu_self_ms": sum(r[1] for r in cpu),
             "cpu_top": [{"event": k[:120], "self_ms": ms, "calls": n} for k, ms, n in cpu[:cpu_top]],
