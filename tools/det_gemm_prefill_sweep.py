@@ -19,7 +19,8 @@ ratios to cuBLAS. Usage on the H200::
 A configuration is ``BMxBNxWARPSxSTAGESxGROUPx<LOOP><PARK>[xBK]`` (LOOP: the kernel's loop
 structure, 4 all leaves of a tile side by side, 3 two sibling leaves side by side, 2 one loop over
 every block, 1 the compiler's flattening, 0 the nest; PARK: ``r`` pending leaves in registers,
-``m`` in memory, ``w`` in registers with the item loop warp-specialised; then optionally ``t`` /
+``m`` in memory, ``w`` in registers with the item loop warp-specialised, ``f`` in registers with
+the item and block loops fused into one pipelined loop; then optionally ``t`` /
 ``s``: tiles stored through a TMA descriptor whole / in two column halves (loop 3); BK: the K step,
 default 64; ``PersistentTiles``), e.g. ``128x128x8x3x8x0rx128``, ``128x128x8x3x8x3rs``.
 """
@@ -48,13 +49,13 @@ def parse_config(text: str):
     if len(fields) not in (6, 7):
         raise SystemExit(f"config {text!r}: expected BMxBNxWARPSxSTAGESxGROUPx<LOOP><PARK>[xBK]")
     bm, bn, warps, stages, group, last = fields[:6]
-    if len(last) not in (2, 3) or last[0] not in "01234" or last[1] not in "rmw" or last[2:] not in ("", "t", "s"):
-        raise SystemExit(f"config {text!r}: the sixth field is LOOP (0-4), then r, m or w (parking), then "
+    if len(last) not in (2, 3) or last[0] not in "01234" or last[1] not in "rmwf" or last[2:] not in ("", "t", "s"):
+        raise SystemExit(f"config {text!r}: the sixth field is LOOP (0-4), then r, m, w or f (parking), then "
                          f"optionally t or s (TMA store)")
     bk = int(fields[6]) if len(fields) == 7 else PersistentTiles.bk
     try:
         return PersistentTiles(int(bm), int(bn), int(warps), int(stages), int(group), int(last[0]), last[1] != "m", bk,
-                               ws=last[1] == "w", c_split={"": 0, "t": 1, "s": 2}[last[2:]])
+                               ws=last[1] == "w", flat=last[1] == "f", c_split={"": 0, "t": 1, "s": 2}[last[2:]])
     except ValueError as exc:
         raise SystemExit(f"config {text!r}: {exc}") from exc
 

@@ -188,12 +188,13 @@ def test_decode_tiles_equal_the_prefill_path_at_qwen3_8b_shapes(k, n):
         assert bits_equal(out, prefill[:m]), (m, k, n)
 
 
-SMALL_PERSISTENT = {(loop, regs, split): dg_triton.PersistentTiles(32, 32, 4, 2, 2, loop, regs, c_split=split)
-                    for loop in (0, 1, 2, 3, 4) for regs in (False, True) for split in (0, 1, 2)
-                    if (regs or loop < 3) and (split == 0 or loop == 3)}
-"""Small tiles for the interpreter, per loop structure, parking and store: several tiles per
-program, edges in M and N (loops 3 and 4, sibling leaves side by side, park in registers only;
-loop 3 also with the TMA store of whole tiles and of column halves)."""
+SMALL_PERSISTENT = {(loop, regs, split, flat): dg_triton.PersistentTiles(32, 32, 4, 2, 2, loop, regs, c_split=split,
+                                                                          flat=flat)
+                    for loop in (0, 1, 2, 3, 4) for regs in (False, True) for split in (0, 1, 2) for flat in (False, True)
+                    if (regs or loop < 3) and ((split == 0 and not flat) or loop == 3)}
+"""Small tiles for the interpreter, per loop structure, parking, store and loop fusion: several
+tiles per program, edges in M and N (loops 3 and 4, sibling leaves side by side, park in registers
+only; loop 3 also with the TMA store of whole tiles and of column halves, and fused)."""
 
 
 def _operand(shape, transposed, g, device, scale=1.0):
@@ -216,7 +217,7 @@ def test_persistent_form_equals_fused_form(device, m, k, n, a_t, b_t):
     b = _operand((k, n), b_t, g, device, scale=k ** -0.5)
     programs = 3 if device.type == "cpu" else None
     default = dg_triton.PERSISTENT_TILES
-    tiles = SMALL_PERSISTENT[default.loop, default.regs, default.c_split] if device.type == "cpu" else None
+    tiles = SMALL_PERSISTENT[default.loop, default.regs, default.c_split, default.flat] if device.type == "cpu" else None
     for depth in (0, 1, 2):
         fused = dg_triton.det_gemm_launch(a, b, depth, False, leaf_split=False, persistent=False)
         out = dg_triton.det_gemm_launch(a, b, depth, False, persistent=True, persistent_tiles=tiles, programs=programs)
@@ -265,9 +266,11 @@ def test_persistent_form_refuses_what_it_cannot_compute(device):
     for loop, regs in ((5, True), (3, False), (4, False)):
         with pytest.raises(ValueError, match="loop"):
             dg_triton.PersistentTiles(128, 128, 8, 3, 8, loop, regs)
-    for loop in (0, 2, 4):  # the warp-specialised item loop and the TMA store exist in loop 3 only
-        with pytest.raises(ValueError, match="ws needs loop"):
+    for loop in (0, 2, 4):  # the warp-specialised and the fused item loop and the TMA store: loop 3 only
+        with pytest.raises(ValueError, match="need loop 3"):
             dg_triton.PersistentTiles(128, 128, 8, 3, 8, loop, True, ws=True)
+        with pytest.raises(ValueError, match="need loop 3"):
+            dg_triton.PersistentTiles(128, 128, 8, 3, 8, loop, True, flat=True)
         with pytest.raises(ValueError, match="c_split"):
             dg_triton.PersistentTiles(128, 128, 8, 3, 8, loop, True, c_split=2)
     with pytest.raises(ValueError, match="c_split"):
@@ -461,7 +464,7 @@ def test_gate_up_swiglu_kernel_equals_det_gemm_then_swiglu(device, m, k, f):
     gate_up = spec_mod.randn((2 * f, k), g, scale=k ** -0.5, device=device)
     w_gate, w_up = gate_up[:f].clone().t(), gate_up[f:].clone().t()
     programs = 3 if device.type == "cpu" else None
-    tiles = SMALL_PERSISTENT[3, True, 0] if device.type == "cpu" else None
+    tiles = SMALL_PERSISTENT[3, True, 0, False] if device.type == "cpu" else None
     for depth in (0, 1, 2):
         want = swiglu_fwd(dg_triton.det_gemm_launch(a, w_gate, depth, False, leaf_split=False, persistent=False),
                           dg_triton.det_gemm_launch(a, w_up, depth, False, leaf_split=False, persistent=False))

@@ -111,14 +111,18 @@ SCRIPT = textwrap.dedent(r'''
                                         "s_cn", "a_step", "b_step")}}, {
             "M": 1, "DEPTH": 2, "BM": 16, "BN": 128, "BK": dg.BK, "UPCAST": False, "MERGE": True}
         t = dg.PERSISTENT_TILES
-        for name, a_t, b_t, bk, loop, ws, split in (
-                ("forward", False, True, t.bk, t.loop, t.ws, t.c_split),
-                ("dx", False, False, t.bk, t.loop, t.ws, t.c_split),
-                ("dw", True, False, t.bk, t.loop, t.ws, t.c_split),
-                ("forward,bk128", False, True, 128, t.loop, t.ws, t.c_split),
-                ("forward,loop0", False, True, t.bk, 0, False, 0), ("dw,loop4", True, False, t.bk, 4, False, 0),
-                ("forward,loop3,ws", False, True, t.bk, 3, True, 0), ("dx,tma_store", False, False, t.bk, 3, False, 1),
-                ("dw,tma_store_halves", True, False, t.bk, 3, False, 2)):
+        for name, a_t, b_t, bk, loop, ws, split, flat in (
+                ("forward", False, True, t.bk, t.loop, t.ws, t.c_split, t.flat),
+                ("dx", False, False, t.bk, t.loop, t.ws, t.c_split, t.flat),
+                ("dw", True, False, t.bk, t.loop, t.ws, t.c_split, t.flat),
+                ("forward,bk128", False, True, 128, t.loop, t.ws, t.c_split, t.flat),
+                ("forward,loop0", False, True, t.bk, 0, False, 0, False),
+                ("dw,loop4", True, False, t.bk, 4, False, 0, False),
+                ("forward,loop3,ws", False, True, t.bk, 3, True, 0, False),
+                ("dx,tma_store", False, False, t.bk, 3, False, 1, False),
+                ("dw,tma_store_halves", True, False, t.bk, 3, False, 2, False),
+                ("forward,flat", False, True, t.bk, 3, False, 0, True),
+                ("dw,flat", True, False, t.bk, 3, False, 0, True)):
             a_block = [bk, t.bm] if a_t else [t.bm, bk]
             b_block = [t.bn, bk] if b_t else [bk, t.bn]
             yield f"det_gemm_persistent[{name}]", dg._det_gemm_persistent_kernel, {
@@ -127,7 +131,7 @@ SCRIPT = textwrap.dedent(r'''
                 **({"c_desc": f"tensordesc<bf16[{t.bm}, {t.bn // split}]>"} if split else {})}, {
                 "A_T": a_t, "B_T": b_t, "DEPTH": 2, "BM": t.bm, "BN": t.bn, "BK": bk, "GROUP_M": t.group_m,
                 "PROGRAMS": 132, "LOOP": loop, "REGS": True, "UPCAST": False, "WS": ws,
-                **({} if split else {"c_desc": None}), "C_TMA": bool(split), "C_SPLIT": max(split, 1)}, {
+                **({} if split else {"c_desc": None}), "C_TMA": bool(split), "C_SPLIT": max(split, 1), "FLAT": flat}, {
                 "num_warps": t.num_warps, "num_stages": t.num_stages}
         yield "det_gemm_swiglu", dg._det_gemm_swiglu_kernel, {
             "a_desc": f"tensordesc<bf16[{t.bm}, {t.bk}]>", "g_desc": f"tensordesc<bf16[{t.bn}, {t.bk}]>",
@@ -252,7 +256,7 @@ KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "at
            "det_gemm_persistent[dx]", "det_gemm_persistent[dw]", "det_gemm_persistent[forward,bk128]",
            "det_gemm_persistent[forward,loop0]", "det_gemm_persistent[dw,loop4]",
            "det_gemm_persistent[forward,loop3,ws]", "det_gemm_persistent[dx,tma_store]",
-           "det_gemm_persistent[dw,tma_store_halves]", "det_gemm_swiglu", "rms_norm[add]",
+           "det_gemm_persistent[dw,tma_store_halves]", "det_gemm_persistent[forward,flat]", "det_gemm_persistent[dw,flat]", "det_gemm_swiglu", "rms_norm[add]",
            "rms_bwd_dx[False,False]", "rms_bwd_dx[True,False]", "rms_bwd_dx[False,True]", "rms_bwd[False,False]",
            "rms_bwd[True,False]", "rms_bwd[False,True]", "rms_bwd_dw[False]", "rms_bwd_dw[True]",
            "rms_bwd_dx_rows[False]", "rms_bwd_dx_rows[True]", "norm_rope_train", "rms_dw_reduce", "qk_norm_rope",

@@ -274,7 +274,7 @@ def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_c
                                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                                 PROGRAMS: tl.constexpr, LOOP: tl.constexpr, REGS: tl.constexpr,
                                 UPCAST: tl.constexpr, WS: tl.constexpr = False, c_desc=None,
-                                C_TMA: tl.constexpr = False, C_SPLIT: tl.constexpr = 1):
+                                C_TMA: tl.constexpr = False, C_SPLIT: tl.constexpr = 1, FLAT: tl.constexpr = False):
     """The same tree as :func:`_det_gemm_kernel`, persistent, with TMA loads (Hopper).
 
     ``PROGRAMS`` programs walk the output tiles in the grouped order (program ``p`` takes tiles
@@ -284,7 +284,12 @@ def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_c
     sibling leaves at a time (``l0, l1`` then ``l2, l3``); at ``DEPTH`` = 0 both run the nest. ``WS``
     (``LOOP`` 3): the item loop is warp-specialised by the compiler (``tl.range(warp_specialize=True)``:
     producer warps issue the TMA loads, consumer warps the MMAs); the same MMAs in the same order
-    into the same accumulators. ``C_TMA`` (``LOOP`` 3): finished tiles leave through ``c_desc``, a TMA
+    into the same accumulators. ``FLAT`` (``LOOP`` 3): the item loop and its block loop are fused
+    into one loop by the compiler (``tl.range(flatten=True)``), so the software pipeline loads the
+    next item's first blocks while the current item finishes instead of refilling at every item
+    (per item: ``K / 2^DEPTH`` of the reduction, 4 blocks for K = 1024); the same blocks into the
+    same accumulators in the same order, the merges and stores in a branch at each item's last
+    block. ``C_TMA`` (``LOOP`` 3): finished tiles leave through ``c_desc``, a TMA
     descriptor of ``c`` with ``[BM, BN // C_SPLIT]`` blocks (the tile stored in ``C_SPLIT`` column
     slices, so the staging buffer in shared memory is that much smaller), instead of a masked store
     from registers; the TMA unit drops what lies past M / N. The same values. ``LOOP`` = 2: one loop
@@ -333,7 +338,7 @@ def _det_gemm_persistent_kernel(a_desc, b_desc, c_ptr, w_ptr, M, N, K, s_cm, s_c
         SIDE: tl.constexpr = 2 if LOOP == 3 else (1 << DEPTH)
         GROUPS: tl.constexpr = (1 << DEPTH) // SIDE
         leaf_k = leaf_blocks * BK
-        for item in tl.range(0, my_tiles * GROUPS, warp_specialize=WS):
+        for item in tl.range(0, my_tiles * GROUPS, warp_specialize=WS, flatten=FLAT):
             grp = item % GROUPS
             off_m, off_n = _tile_offsets(pid + (item // GROUPS) * PROGRAMS, tiles_m, tiles_n, BM, BN, GROUP_M)
             k0 = grp * SIDE * leaf_k
@@ -636,9 +641,14 @@ class PersistentTiles:
     sums a block in another order, so there only exact sums compare)."""
 
     ws: bool = False
-    """The kernel's ``WS``: the compiler warp-specialises the item loop (loop 3 only). On the H200
-    with Triton 3.6 it gained nothing (``evidence/2026-12-04-h200-issue33-7be11ee``: 0.47-0.97x
-    cuBLAS against 0.63-0.94x without, same bits)."""
+    """The kernel's ``WS``: asks the compiler to warp-specialise the item loop (loop 3 only). Triton
+    3.9's Hopper pass leaves this kernel unchanged (no ``ttg.warp_specialize`` in its TTGIR, the
+    same shared memory), so the H200 sweep's differences between ``w`` and ``r``
+    (``evidence/2026-12-04-h200-issue33-7be11ee``: 0.47-0.97x cuBLAS against 0.63-0.94x) measure
+    the sweep's own noise."""
+    flat: bool = False
+    """The kernel's ``FLAT``: the item loop and its block loop fused into one pipelined loop (loop 3
+    only; 229 KB of shared memory on sm_90 against 197 KB, the H200 allows 227 KB)."""
     c_split: int = 0
     """0: finished tiles are stored from registers (masked); 1 or 2: through a TMA descriptor of
     the output in that many column slices (the kernel's ``C_TMA`` / ``C_SPLIT``; loop 3 only, and
@@ -651,8 +661,8 @@ class PersistentTiles:
         if self.loop not in (0, 1, 2, 3, 4) or (self.loop >= 3 and not self.regs):
             raise ValueError(f"PersistentTiles.loop must be 0-4, and loops 3 and 4 park in registers; got loop "
                              f"{self.loop}, regs {self.regs}")
-        if self.ws and self.loop != 3:
-            raise ValueError(f"PersistentTiles.ws needs loop 3, got loop {self.loop}")
+        if (self.ws or self.flat) and self.loop != 3:
+            raise ValueError(f"PersistentTiles.ws and .flat need loop 3, got loop {self.loop}")
         if self.c_split not in (0, 1, 2) or (self.c_split and self.loop != 3):
             raise ValueError(f"PersistentTiles.c_split must be 0, 1 or 2, and a TMA store needs loop 3; got "
                              f"c_split {self.c_split}, loop {self.loop}")
@@ -763,7 +773,7 @@ def _persistent_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, depth:
         a_desc, b_desc, c, w, m, n, k, c.stride(0), c.stride(1),
         A_T=a_t, B_T=b_t, DEPTH=depth, BM=t.bm, BN=t.bn, BK=t.bk, GROUP_M=t.group_m, PROGRAMS=programs,
         LOOP=t.loop, REGS=t.regs, UPCAST=upcast_dots(), WS=t.ws, c_desc=c_desc, C_TMA=c_desc is not None,
-        C_SPLIT=max(t.c_split, 1), num_warps=t.num_warps, num_stages=t.num_stages,
+        C_SPLIT=max(t.c_split, 1), FLAT=t.flat, num_warps=t.num_warps, num_stages=t.num_stages,
         enable_fp_fusion=FP_FUSION,
     )
 
