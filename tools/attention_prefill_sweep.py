@@ -6,12 +6,14 @@ block and never varies) this checks the output and lse bits against the module's
 times it with ``triton.testing.do_bench``, beside ``torch.nn.functional.scaled_dot_product_attention``
 (flash backend, ``[B, H, L, D]``, ``enable_gqa``) on the same values. A configuration with other bits
 is reported and must never be chosen. With ``--bwd-configs`` it also sweeps the backward's launch
-settings (``KVROWSxWARPSxSTAGES/QROWSxWARPSxSTAGES`` of the dK/dV and dQ kernels; their reduction
-steps never vary): dq, dk, dv bits against the defaults, time against SDPA flash's backward
-(``torch.autograd.grad`` of its output on the same values). Usage on the H200::
+settings (``KVROWSxWARPSxSTAGES[xSTEP][t]/QROWSxWARPSxSTAGES[xSTEP]`` of the dK/dV and dQ kernels:
+STEP the reduction step, query rows per dK/dV step and keys per dQ step, a multiple of 16; ``t``
+the dK/dV kernel's complete query blocks through TMA): dq, dk, dv bits against the defaults, time
+against SDPA flash's backward (``torch.autograd.grad`` of its output on the same values). Usage on
+the H200::
 
     python tools/attention_prefill_sweep.py --shapes 4x1024,2x8192 --out attn_sweep.json
-    python tools/attention_prefill_sweep.py --configs 64x4x2 --bwd-configs 64x4x2/64x4x2,128x8x2/64x4x2
+    python tools/attention_prefill_sweep.py --configs 64x4x2 --bwd-configs 64x4x2/64x4x2,128x8x3x32t/64x4x2
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="4x1024,8x1024,2x8192", help="BxL, comma-separated")
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="BLOCK_MxWARPSxSTAGES")
-    p.add_argument("--bwd-configs", default="", help="KVROWSxWARPSxSTAGES[xQSTEP]/QROWSxWARPSxSTAGES[xKVSTEP], comma-separated")
+    p.add_argument("--bwd-configs", default="", help="KVROWSxWARPSxSTAGES[xQSTEP][t]/QROWSxWARPSxSTAGES[xKVSTEP], comma-separated (t: the dK/dV "
+                        "kernel's complete query blocks through TMA)")
     p.add_argument("--out", default="attention_prefill_sweep.json")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -96,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             line = [f"B{b} L{n} backward: sdpa flash {2.5 * flops / sdpa_bwd_ms / 1e9:6.1f} TF/s"]
             for cfg in args.bwd_configs.split(","):
                 kv_cfg, q_cfg = cfg.split("/")
-                kw = {"dkdv_launch": _launch(kv_cfg), "dq_launch": _launch(q_cfg)}
+                tma = kv_cfg.endswith("t")  # the dK/dV kernel's complete query blocks through TMA
+                kw = {"dkdv_launch": _launch(kv_cfg.removesuffix("t")), "dq_launch": _launch(q_cfg), "dkdv_tma": tma}
                 try:
                     grads = at.attention_bwd(q, k, v, ref_out, ref_lse, do, cu, cu, scale, plan, **kw)
                     same = all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(grads, ref))

@@ -408,8 +408,10 @@ def test_backward_launch_settings_keep_the_bits(device):
     """The dK/dV kernel's KV rows per program and the dQ kernel's query rows per program, and the
     reduction steps of both, are launch settings for the sweep (``tools/attention_prefill_sweep.py
     --backward``): on a varlen batch whose sequences end inside blocks, 128-row programs and
-    32-row steps give the default launch's dq, dk, dv bits; a step that is not a positive multiple
-    of 16 is refused. Control: another scale changes every gradient, so the comparison can fail."""
+    32-row steps give the default launch's dq, dk, dv bits, and so do the dK/dV kernel's TMA loads
+    of its complete query blocks; a step that is not a positive multiple of 16, or TMA loads of a
+    q whose heads are not adjacent, are refused. Control: another scale changes every gradient, so
+    the comparison can fail."""
     from rl_engine.ops.attention._checks import LaunchPlan
 
     g = make_generator(91)
@@ -434,5 +436,14 @@ def test_backward_launch_settings_keep_the_bits(device):
     for bad in ((64, 4, 2, 24), (64, 4, 2, 0), (64, 4)):
         with pytest.raises(ValueError, match="multiple of 16"):
             attn_triton.attention_bwd(q, k, v, out, lse, do, cu, cu, 0.25, plan, dkdv_launch=bad)
+    # the dK/dV kernel's complete query blocks through TMA descriptors (the 150-token sequence has
+    # complete and partial blocks at both steps; the 1-token one only a partial block)
+    for dkdv in ((64, 4, 2), (64, 4, 2, 32)):
+        tma = attn_triton.attention_bwd(q, k, v, out, lse, do, cu, cu, 0.25, plan, dkdv_launch=dkdv, dkdv_tma=True)
+        assert all(bits_equal(x, y) for x, y in zip(tma, ref)), dkdv
+    apart = torch.empty((4, t, 16), dtype=q.dtype, device=device).transpose(0, 1)  # heads not adjacent
+    apart.copy_(q)
+    with pytest.raises(ValueError, match="TMA loads need q and do"):
+        attn_triton.attention_bwd(apart, k, v, out, lse, do, cu, cu, 0.25, plan, dkdv_tma=True)
     other = attn_triton.attention_bwd(q, k, v, out, lse, do, cu, cu, 0.5, plan)
     assert not any(bits_equal(x, y) for x, y in zip(other, ref))

@@ -88,12 +88,16 @@ SCRIPT = textwrap.dedent(r'''
             **{n: "i32" for n in (*prefill, "stride_ot", "stride_oh", "stride_lh")}, "scale": "fp32"}, {
             **consts, "BLOCK_M": at.BLOCK_M, "BLOCK_N": at.BLOCK_N}
         grads = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "do_ptr")}
-        yield "attention_bwd_dkdv", at._attn_bwd_dkdv_kernel, {
-            **grads, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16",
-            "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "n_nblocks": "i32", "n_kv_heads": "i32",
-            **{n: "i32" for n in (*prefill, "stride_dot", "stride_doh", "stride_lh", "stride_dkt", "stride_dkh",
-                                  "stride_dvt", "stride_dvh")}, "scale": "fp32"}, {
-            **consts, "BLOCK_M": at.BLOCK_M_BWD, "BLOCK_N": at.BLOCK_N_BWD}
+        dkdv = {**grads, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16",
+                "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "n_nblocks": "i32", "n_kv_heads": "i32",
+                **{n: "i32" for n in (*prefill, "stride_dot", "stride_doh", "stride_lh", "stride_dkt", "stride_dkh",
+                                      "stride_dvt", "stride_dvh")}, "scale": "fp32"}
+        yield "attention_bwd_dkdv", at._attn_bwd_dkdv_kernel, dkdv, {
+            **consts, "BLOCK_M": at.BLOCK_M_BWD, "BLOCK_N": at.BLOCK_N_BWD, "q_desc": None, "do_desc": None,
+            "TMA": False}
+        rows = f"tensordesc<bf16[32, {consts['D']}]>"
+        yield "attention_bwd_dkdv[tma,step32]", at._attn_bwd_dkdv_kernel, {
+            **dkdv, "q_desc": rows, "do_desc": rows}, {**consts, "BLOCK_M": 32, "BLOCK_N": at.BLOCK_N_BWD, "TMA": True}
         yield "attention_bwd_dq", at._attn_bwd_dq_kernel, {
             **grads, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32",
             "cu_k_ptr": "*i32", "n_mblocks": "i32", "n_heads": "i32",
@@ -256,7 +260,8 @@ KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "at
            "det_gemm_persistent[dx]", "det_gemm_persistent[dw]", "det_gemm_persistent[forward,bk128]",
            "det_gemm_persistent[forward,loop0]", "det_gemm_persistent[dw,loop4]",
            "det_gemm_persistent[forward,loop3,ws]", "det_gemm_persistent[dx,tma_store]",
-           "det_gemm_persistent[dw,tma_store_halves]", "det_gemm_persistent[forward,flat]", "det_gemm_persistent[dw,flat]", "det_gemm_swiglu", "rms_norm[add]",
+           "det_gemm_persistent[dw,tma_store_halves]", "det_gemm_persistent[forward,flat]", "det_gemm_persistent[dw,flat]",
+           "attention_bwd_dkdv[tma,step32]", "det_gemm_swiglu", "rms_norm[add]",
            "rms_bwd_dx[False,False]", "rms_bwd_dx[True,False]", "rms_bwd_dx[False,True]", "rms_bwd[False,False]",
            "rms_bwd[True,False]", "rms_bwd[False,True]", "rms_bwd_dw[False]", "rms_bwd_dw[True]",
            "rms_bwd_dx_rows[False]", "rms_bwd_dx_rows[True]", "norm_rope_train", "rms_dw_reduce", "qk_norm_rope",

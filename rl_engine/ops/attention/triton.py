@@ -65,7 +65,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, cdiv, mma, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, gpu_facts, mma, upcast_dots
 from rl_engine.ops.attention._checks import LaunchPlan
 
 BLOCK_M = 64
@@ -289,11 +289,61 @@ def _attn_bwd_delta_kernel(o_ptr, do_ptr, delta_ptr, T, stride_ot, stride_oh, st
 
 
 @triton.jit
+def _dkdv_step(k, v, q, do, lse, delta, offs_n, offs_m, n_ok, m_ok, offset, scale, dk, dv,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ABSENT: tl.constexpr, UPCAST: tl.constexpr):
+    """One query step of the dK/dV kernel: ``dv += P^T dO`` and ``dk += dS^T Q`` for the
+    ``[BLOCK_N, D]`` keys ``k`` / values ``v`` against the ``[BLOCK_M, D]`` query rows ``q`` / ``do``
+    (FP32 ``lse`` / ``delta`` per row). ``ABSENT``: the step holds masked terms (the causal
+    diagonal), which are made absent (:func:`_absent_mma`); else every row sees every key but rows
+    past the sequence (``m_ok`` False, loaded as zeros) count zero."""
+    st = mma(k, tl.trans(q), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), UPCAST) * scale
+    visible = (offs_n[:, None] <= (offset + offs_m)[None, :]) & m_ok[None, :] & n_ok[:, None]
+    pt = tl.where(visible, tl.exp(st - lse[None, :]), 0.0)
+    if ABSENT:
+        dv = _absent_mma(pt.to(tl.bfloat16), do, dv, visible, UPCAST)
+    else:
+        dv = mma(pt.to(tl.bfloat16), do, dv, UPCAST)
+    dpt = mma(v, tl.trans(do), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), UPCAST)
+    if ABSENT:
+        dst = tl.where(visible, pt * (dpt - delta[None, :]), 0.0)
+        dk = _absent_mma(dst.to(tl.bfloat16), q, dk, visible, UPCAST)
+    else:
+        dst = pt * (dpt - delta[None, :])
+        dk = mma(dst.to(tl.bfloat16), q, dk, UPCAST)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, q_start, q_len, m0, h, stride_qt, stride_qh, stride_dot,
+               stride_doh, stride_lh, BLOCK_M: tl.constexpr, D: tl.constexpr):
+    """The query rows ``[m0, m0 + BLOCK_M)`` of head ``h`` (pointer loads; rows past ``q_len`` are
+    zeros): ``(offs_m, m_ok, q, do, lse, delta)``."""
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    m_ok = offs_m < q_len
+    qrows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + qrows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=m_ok[:, None], other=0.0)
+    do = tl.load(do_ptr + qrows[:, None] * stride_dot + h * stride_doh + offs_d[None, :],
+                 mask=m_ok[:, None], other=0.0)
+    lse = tl.load(lse_ptr + h * stride_lh + qrows, mask=m_ok, other=0.0)
+    delta = tl.load(delta_ptr + h * stride_lh + qrows, mask=m_ok, other=0.0)
+    return offs_m, m_ok, q, do, lse, delta
+
+
+@triton.jit
 def _attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr,
                           n_nblocks, n_kv_heads, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                           stride_dot, stride_doh, stride_lh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
                           scale, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+                          BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, q_desc=None, do_desc=None,
+                          TMA: tl.constexpr = False):
+    """dK, dV of one ``[BLOCK_N]`` block of keys of one KV head: the ``GROUP`` query heads in turn,
+    each over its query blocks in increasing order (the causal diagonal's blocks first, with the
+    masked terms absent, then the blocks every row of which sees every key). ``TMA``: the complete
+    query blocks of the second loop load ``q`` / ``dO`` through the descriptors ``q_desc`` /
+    ``do_desc`` (``[T, H * D]`` views, ``[BLOCK_M, D]`` blocks), which the compiler pipelines; a
+    last partial block still loads by pointer with the rows past the sequence as zeros. The same
+    blocks in the same order with the same arithmetic, so the same bits."""
     b, kvh, n_block = _heavy_first(n_nblocks, n_kv_heads, False)
     n0 = n_block * BLOCK_N
     k_start = tl.load(cu_k_ptr + b)
@@ -319,42 +369,32 @@ def _attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_pt
         # query block sees every key of the block: the plain FlashAttention-2 step.
         first_full = tl.maximum(n0 + BLOCK_N - 1 - offset, 0)  # first query that sees the whole block
         m_full = tl.minimum(tl.maximum(((first_full + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, m_begin), q_len)
+        # with TMA, [m_full, m_whole) are the complete blocks; a partial last block follows by pointer
+        m_whole = m_full + ((q_len - m_full) // BLOCK_M) * BLOCK_M if TMA else m_full
         for g in range(GROUP):
             h = kvh * GROUP + g
             for m0 in range(m_begin, m_full, BLOCK_M):
-                offs_m = m0 + tl.arange(0, BLOCK_M)
-                m_ok = offs_m < q_len
-                qrows = (q_start + offs_m).to(tl.int64)
-                q = tl.load(q_ptr + qrows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                            mask=m_ok[:, None], other=0.0)
-                do = tl.load(do_ptr + qrows[:, None] * stride_dot + h * stride_doh + offs_d[None, :],
-                             mask=m_ok[:, None], other=0.0)
-                lse = tl.load(lse_ptr + h * stride_lh + qrows, mask=m_ok, other=0.0)
-                delta = tl.load(delta_ptr + h * stride_lh + qrows, mask=m_ok, other=0.0)
-                st = mma(k, tl.trans(q), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), UPCAST) * scale
-                visible = (offs_n[:, None] <= (offset + offs_m)[None, :]) & m_ok[None, :] & n_ok[:, None]
-                pt = tl.where(visible, tl.exp(st - lse[None, :]), 0.0)
-                dv = _absent_mma(pt.to(tl.bfloat16), do, dv, visible, UPCAST)
-                dpt = mma(v, tl.trans(do), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), UPCAST)
-                dst = tl.where(visible, pt * (dpt - delta[None, :]), 0.0)
-                dk = _absent_mma(dst.to(tl.bfloat16), q, dk, visible, UPCAST)
-            for m0 in range(m_full, q_len, BLOCK_M):
-                offs_m = m0 + tl.arange(0, BLOCK_M)
-                m_ok = offs_m < q_len
-                qrows = (q_start + offs_m).to(tl.int64)
-                q = tl.load(q_ptr + qrows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                            mask=m_ok[:, None], other=0.0)
-                do = tl.load(do_ptr + qrows[:, None] * stride_dot + h * stride_doh + offs_d[None, :],
-                             mask=m_ok[:, None], other=0.0)
-                lse = tl.load(lse_ptr + h * stride_lh + qrows, mask=m_ok, other=0.0)
-                delta = tl.load(delta_ptr + h * stride_lh + qrows, mask=m_ok, other=0.0)
-                st = mma(k, tl.trans(q), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), UPCAST) * scale
-                visible = (offs_n[:, None] <= (offset + offs_m)[None, :]) & m_ok[None, :] & n_ok[:, None]
-                pt = tl.where(visible, tl.exp(st - lse[None, :]), 0.0)
-                dv = mma(pt.to(tl.bfloat16), do, dv, UPCAST)
-                dpt = mma(v, tl.trans(do), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), UPCAST)
-                dst = pt * (dpt - delta[None, :])
-                dk = mma(dst.to(tl.bfloat16), q, dk, UPCAST)
+                offs_m, m_ok, q, do, lse, delta = _dkdv_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, q_start, q_len, m0, h,
+                                                             stride_qt, stride_qh, stride_dot, stride_doh, stride_lh,
+                                                             BLOCK_M, D)
+                dk, dv = _dkdv_step(k, v, q, do, lse, delta, offs_n, offs_m, n_ok, m_ok, offset, scale, dk, dv,
+                                    BLOCK_M, BLOCK_N, True, UPCAST)
+            if TMA:
+                for m0 in range(m_full, m_whole, BLOCK_M):
+                    offs_m = m0 + tl.arange(0, BLOCK_M)
+                    qrows = (q_start + offs_m).to(tl.int64)
+                    q = q_desc.load([q_start + m0, h * D])
+                    do = do_desc.load([q_start + m0, h * D])
+                    lse = tl.load(lse_ptr + h * stride_lh + qrows)
+                    delta = tl.load(delta_ptr + h * stride_lh + qrows)
+                    dk, dv = _dkdv_step(k, v, q, do, lse, delta, offs_n, offs_m, n_ok, offs_m < q_len, offset, scale,
+                                        dk, dv, BLOCK_M, BLOCK_N, False, UPCAST)
+            for m0 in range(m_whole, q_len, BLOCK_M):
+                offs_m, m_ok, q, do, lse, delta = _dkdv_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, q_start, q_len, m0, h,
+                                                             stride_qt, stride_qh, stride_dot, stride_doh, stride_lh,
+                                                             BLOCK_M, D)
+                dk, dv = _dkdv_step(k, v, q, do, lse, delta, offs_n, offs_m, n_ok, m_ok, offset, scale, dk, dv,
+                                    BLOCK_M, BLOCK_N, False, UPCAST)
         dk = dk * scale
         tl.store(dk_ptr + krows[:, None] * stride_dkt + kvh * stride_dkh + offs_d[None, :], dk.to(tl.bfloat16),
                  mask=n_ok[:, None])
@@ -530,9 +570,40 @@ def _launch_with_step(launch: tuple[int, ...] | None, default: tuple[int, int, i
     return out
 
 
+DKDV_TMA_ON_CUDA = False
+"""Whether the dK/dV kernel loads its complete query blocks through TMA descriptors on a GPU of
+compute capability >= 9.0 where :func:`use_dkdv_tma` allows: the same blocks and arithmetic as the
+pointer loads (tested bit for bit in the interpreter), so a launch setting. Off until the H200
+sweep (``tools/attention_prefill_sweep.py``, a ``t`` after the dK/dV launch) has timed it."""
+
+
+def _rows_desc_ok(x: torch.Tensor) -> bool:
+    """Whether ``x [T, H, D]`` bf16 can be read as a ``[T, H * D]`` TMA view: heads adjacent
+    (``stride(1) == D``), unit stride on D, a 16-byte aligned base and row pitch."""
+    t, h, d = x.shape
+    return (t > 0 and x.stride(2) == 1 and (h == 1 or x.stride(1) == d) and x.data_ptr() % 16 == 0
+            and (x.stride(0) * x.element_size()) % 16 == 0 and x.stride(0) >= h * d)
+
+
+def use_dkdv_tma(q: torch.Tensor, do: torch.Tensor) -> bool:
+    """Whether the dK/dV kernel's complete query blocks load through TMA: :data:`DKDV_TMA_ON_CUDA`,
+    a GPU of compute capability >= 9.0 (never the interpreter) and ``q``, ``do`` readable as
+    ``[T, H * D]`` views (:func:`_rows_desc_ok`). Depends on the device and layouts only."""
+    return (DKDV_TMA_ON_CUDA and q.device.type == "cuda" and not upcast_dots() and gpu_facts(q.device)[0] >= 9
+            and _rows_desc_ok(q) and _rows_desc_ok(do))
+
+
+def _rows_desc(x: torch.Tensor, block_m: int):
+    """The ``[T, H * D]`` TMA view of ``x [T, H, D]`` with ``[block_m, D]`` blocks."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t, h, d = x.shape
+    return TensorDescriptor(x, [t, h * d], [x.stride(0), 1], [block_m, d])
+
+
 def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchPlan, *,
                   dkdv_launch: tuple[int, ...] | None = None,
-                  dq_launch: tuple[int, ...] | None = None):
+                  dq_launch: tuple[int, ...] | None = None, dkdv_tma: bool | None = None):
     """Launch the deterministic backward; returns (dq, dk, dv) bf16 (do bf16, unit stride on D).
 
     ``dkdv_launch`` = (KV rows per program, warps, stages[, query rows per step]) of the dK/dV
@@ -543,10 +614,17 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
     reduction's block (query rows for dK / dV, keys for dQ): each gradient element is still one FP32
     accumulator fed in increasing order, and a step that is a multiple of 16 keeps the tensor
     cores' 16-wide chunks where they were, so the sweep checks the bits of other steps (the CPU
-    interpreter, which adds one product at a time, gives the same bits for any step; tested)."""
+    interpreter, which adds one product at a time, gives the same bits for any step; tested).
+    ``dkdv_tma``: the dK/dV kernel's complete query blocks through TMA descriptors (None:
+    :func:`use_dkdv_tma`); True where ``q`` / ``do`` cannot be read so raises ``ValueError``."""
     kv_rows, kv_warps, kv_stages, m_step = _launch_with_step(dkdv_launch, (BLOCK_N_BWD, NUM_WARPS, NUM_STAGES),
                                                              BLOCK_M_BWD)
     q_rows, q_warps, q_stages, n_step = _launch_with_step(dq_launch, (BLOCK_M, NUM_WARPS, NUM_STAGES), BLOCK_N_BWD)
+    if dkdv_tma is None:
+        dkdv_tma = use_dkdv_tma(q, do)
+    elif dkdv_tma and not (_rows_desc_ok(q) and _rows_desc_ok(do)):
+        raise ValueError("the dK/dV kernel's TMA loads need q and do readable as [T, H * D] views (heads adjacent, "
+                         "unit stride on D, 16-byte aligned base and row pitch)")
     tq, h, d = q.shape
     tk, hkv, _ = k.shape
     group = h // hkv
@@ -565,12 +643,15 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
             enable_fp_fusion=FP_FUSION,
         )
     n_nblocks = cdiv(plan.max_lk, kv_rows)
+    q_desc = do_desc = None
+    if dkdv_tma and tq:
+        q_desc, do_desc = _rows_desc(q, m_step), _rows_desc(do, m_step)
     _attn_bwd_dkdv_kernel[(n_nblocks * plan.batch * hkv,)](
         q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, n_nblocks, hkv,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1), lse.stride(0), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        float(scale), GROUP=group, D=d, BLOCK_M=m_step, BLOCK_N=kv_rows, UPCAST=up,
-        num_warps=kv_warps, num_stages=kv_stages,
+        float(scale), GROUP=group, D=d, BLOCK_M=m_step, BLOCK_N=kv_rows, UPCAST=up, q_desc=q_desc, do_desc=do_desc,
+        TMA=q_desc is not None, num_warps=kv_warps, num_stages=kv_stages,
         enable_fp_fusion=FP_FUSION,
     )
     if tq:
