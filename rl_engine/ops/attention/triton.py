@@ -370,7 +370,9 @@ def _attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_pt
         first_full = tl.maximum(n0 + BLOCK_N - 1 - offset, 0)  # first query that sees the whole block
         m_full = tl.minimum(tl.maximum(((first_full + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, m_begin), q_len)
         # with TMA, [m_full, m_whole) are the complete blocks; a partial last block follows by pointer
-        m_whole = m_full + ((q_len - m_full) // BLOCK_M) * BLOCK_M if TMA else m_full
+        m_whole = m_full
+        if TMA:
+            m_whole = m_full + ((q_len - m_full) // BLOCK_M) * BLOCK_M
         for g in range(GROUP):
             h = kvh * GROUP + g
             for m0 in range(m_begin, m_full, BLOCK_M):
