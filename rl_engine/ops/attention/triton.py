@@ -575,8 +575,10 @@ def _launch_with_step(launch: tuple[int, ...] | None, default: tuple[int, int, i
 DKDV_TMA_ON_CUDA = False
 """Whether the dK/dV kernel loads its complete query blocks through TMA descriptors on a GPU of
 compute capability >= 9.0 where :func:`use_dkdv_tma` allows: the same blocks and arithmetic as the
-pointer loads (tested bit for bit in the interpreter), so a launch setting. Off until the H200
-sweep (``tools/attention_prefill_sweep.py``, a ``t`` after the dK/dV launch) has timed it."""
+pointer loads (tested bit for bit in the interpreter), so a launch setting. Both forms are
+software-pipelined on sm_90 (TMA copies, or cp.async for the pointer loads); TMA spares the
+address arithmetic of every step. Off until the H200 sweep (``tools/attention_prefill_sweep.py``,
+a ``t`` after the dK/dV launch) has timed it."""
 
 
 def _rows_desc_ok(x: torch.Tensor) -> bool:
