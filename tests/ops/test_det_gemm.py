@@ -223,7 +223,9 @@ def test_persistent_form_equals_fused_form(device, m, k, n, a_t, b_t):
         out = dg_triton.det_gemm_launch(a, b, depth, False, persistent=True, persistent_tiles=tiles, programs=programs)
         assert bits_equal(out, fused), depth
         if device.type == "cpu":  # every loop structure walks the same blocks
-            for cfg in SMALL_PERSISTENT.values():
+            # the stores and the fused loop change no arithmetic: their variants run at depth 2 only
+            # (the pending pair carried between items, the last item's store), to keep CI short
+            for cfg in (c for c in SMALL_PERSISTENT.values() if depth == 2 or not (c.c_split or c.flat)):
                 assert bits_equal(dg_triton.det_gemm_launch(a, b, depth, False, persistent=True, persistent_tiles=cfg,
                                                             programs=programs), fused), (depth, cfg)
     assert not bits_equal(dg_triton.det_gemm_launch(a, b, 1, False, persistent=True, persistent_tiles=tiles,
