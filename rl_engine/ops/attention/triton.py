@@ -331,6 +331,21 @@ def _dkdv_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, q_start, q_len, m0, h, stride_
 
 
 @triton.jit
+def _dkdv_steps(q_ptr, do_ptr, lse_ptr, delta_ptr, k, v, dk, dv, m_lo, m_hi, q_start, q_len, h, offs_n, n_ok, offset,
+                scale, stride_qt, stride_qh, stride_dot, stride_doh, stride_lh, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, D: tl.constexpr, ABSENT: tl.constexpr, UPCAST: tl.constexpr):
+    """:func:`_dkdv_step` over the query blocks ``[m_lo, m_hi)`` of head ``h`` in increasing order,
+    loaded by pointer (:func:`_dkdv_rows`)."""
+    for m0 in range(m_lo, m_hi, BLOCK_M):
+        offs_m, m_ok, q, do, lse, delta = _dkdv_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, q_start, q_len, m0, h,
+                                                     stride_qt, stride_qh, stride_dot, stride_doh, stride_lh,
+                                                     BLOCK_M, D)
+        dk, dv = _dkdv_step(k, v, q, do, lse, delta, offs_n, offs_m, n_ok, m_ok, offset, scale, dk, dv,
+                            BLOCK_M, BLOCK_N, ABSENT, UPCAST)
+    return dk, dv
+
+
+@triton.jit
 def _attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr,
                           n_nblocks, n_kv_heads, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                           stride_dot, stride_doh, stride_lh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
@@ -375,12 +390,9 @@ def _attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_pt
             m_whole = m_full + ((q_len - m_full) // BLOCK_M) * BLOCK_M
         for g in range(GROUP):
             h = kvh * GROUP + g
-            for m0 in range(m_begin, m_full, BLOCK_M):
-                offs_m, m_ok, q, do, lse, delta = _dkdv_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, q_start, q_len, m0, h,
-                                                             stride_qt, stride_qh, stride_dot, stride_doh, stride_lh,
-                                                             BLOCK_M, D)
-                dk, dv = _dkdv_step(k, v, q, do, lse, delta, offs_n, offs_m, n_ok, m_ok, offset, scale, dk, dv,
-                                    BLOCK_M, BLOCK_N, True, UPCAST)
+            dk, dv = _dkdv_steps(q_ptr, do_ptr, lse_ptr, delta_ptr, k, v, dk, dv, m_begin, m_full, q_start, q_len, h,
+                                 offs_n, n_ok, offset, scale, stride_qt, stride_qh, stride_dot, stride_doh, stride_lh,
+                                 BLOCK_M, BLOCK_N, D, True, UPCAST)
             if TMA:
                 for m0 in range(m_full, m_whole, BLOCK_M):
                     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -391,12 +403,9 @@ def _attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_pt
                     delta = tl.load(delta_ptr + h * stride_lh + qrows)
                     dk, dv = _dkdv_step(k, v, q, do, lse, delta, offs_n, offs_m, n_ok, offs_m < q_len, offset, scale,
                                         dk, dv, BLOCK_M, BLOCK_N, False, UPCAST)
-            for m0 in range(m_whole, q_len, BLOCK_M):
-                offs_m, m_ok, q, do, lse, delta = _dkdv_rows(q_ptr, do_ptr, lse_ptr, delta_ptr, q_start, q_len, m0, h,
-                                                             stride_qt, stride_qh, stride_dot, stride_doh, stride_lh,
-                                                             BLOCK_M, D)
-                dk, dv = _dkdv_step(k, v, q, do, lse, delta, offs_n, offs_m, n_ok, m_ok, offset, scale, dk, dv,
-                                    BLOCK_M, BLOCK_N, False, UPCAST)
+            dk, dv = _dkdv_steps(q_ptr, do_ptr, lse_ptr, delta_ptr, k, v, dk, dv, m_whole, q_len, q_start, q_len, h,
+                                 offs_n, n_ok, offset, scale, stride_qt, stride_qh, stride_dot, stride_doh, stride_lh,
+                                 BLOCK_M, BLOCK_N, D, False, UPCAST)
         dk = dk * scale
         tl.store(dk_ptr + krows[:, None] * stride_dkt + kvh * stride_dkh + offs_d[None, :], dk.to(tl.bfloat16),
                  mask=n_ok[:, None])
