@@ -16,6 +16,11 @@ ratios to cuBLAS. Usage on the H200::
     python tools/det_gemm_prefill_sweep.py --out sweep.json
     python tools/det_gemm_prefill_sweep.py --ms 1024,8192 --configs 128x128x8x4x8x2r,128x256x8x3x8x2r
 
+``--cuda-forms 0,1`` adds the ``cuda_bf16`` det_gemm in those forms of its training-size GEMMs
+(:data:`rl_engine.ops.det_gemm.cuda.TREE_GEMM_FORMS`: 0 the WMMA kernel, 1 the pipelined mma.sync
+kernel) as ``cuda0`` / ``cuda1``, with their bits against the Triton fused form (the two backends
+give the same det_gemm bits).
+
 A configuration is ``BMxBNxWARPSxSTAGESxGROUPx<LOOP><PARK>[xBK]`` (LOOP: the kernel's loop
 structure, 4 all leaves of a tile side by side, 3 two sibling leaves side by side, 2 one loop over
 every block, 1 the compiler's flattening, 0 the nest; PARK: ``r`` pending leaves in registers,
@@ -67,6 +72,23 @@ def products(m: int, k: int, n: int, g: torch.Generator):
     return {"forward": (x, w.t()), "dx": (dy, w), "dw": (dy.t(), x)}
 
 
+class CudaForms:
+    """The cuda_bf16 det_gemm in a given training-size form; the library's process-wide form is only
+    switched when it changes, so a timed call is one launch."""
+
+    def __init__(self) -> None:
+        from rl_engine.ops.det_gemm import cuda as dg_cuda
+
+        self.dg = dg_cuda
+        self.form: int | None = None
+
+    def call(self, form: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if form != self.form:
+            self.dg.set_tree_gemm_form(form)
+            self.form = form
+        return self.dg.det_gemm_launch(a, b, 2, leaf_split=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ms", default="1024,4096,8192", help="token counts M (comma-separated)")
@@ -76,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rep-ms", type=float, default=60.0)
     p.add_argument("--rounds", type=int, default=1,
                    help="times each implementation this many times, round-robin, and reports the median")
+    p.add_argument("--cuda-forms", default="",
+                   help="also the cuda_bf16 det_gemm in these forms of TREE_GEMM_FORMS (comma-separated, e.g. 0,1)")
     p.add_argument("--out", default="det_gemm_prefill_sweep.json")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -85,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     from rl_engine.ops.det_gemm import triton as dg
 
     configs = {c: parse_config(c) for c in args.configs.split(",") if c}
+    cuda_forms = [int(f) for f in args.cuda_forms.split(",") if f]
+    cuda = CudaForms() if cuda_forms else None
     rows = []
     t_start = time.time()
 
@@ -118,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name, cfg in configs.items():
                     impls[name] = (lambda cfg=cfg: dg.det_gemm_launch(a, b, 2, False, persistent=True,
                                                                       persistent_tiles=cfg), None)
+                for form in cuda_forms:
+                    impls[f"cuda{form}"] = (lambda form=form: cuda.call(form, a, b), None)
                 errors, bits = {}, {}
                 for name, (fn, known) in impls.items():
                     try:

@@ -78,6 +78,22 @@ inline void ldsm_x4(uint32_t (&r)[4], const void* row) {
     emu_sync_warp();
 }
 
+// ldmatrix .x4 .trans (common.cuh): lane 4g + t reads element g of rows 2t and 2t + 1 of each matrix.
+inline void ldsm_x4_t(uint32_t (&r)[4], const void* row) {
+    const void** p = emu_warp_ptrs();
+    const int lane = static_cast<int>(emu_threadIdx.x % 32);
+    p[lane] = row;
+    emu_sync_warp();
+    const int g = lane >> 2, t = lane & 3;
+    for (int q = 0; q < 4; ++q) {
+        uint16_t lo, hi;
+        std::memcpy(&lo, static_cast<const unsigned char*>(p[8 * q + 2 * t]) + 2 * g, 2);
+        std::memcpy(&hi, static_cast<const unsigned char*>(p[8 * q + 2 * t + 1]) + 2 * g, 2);
+        r[q] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+    emu_sync_warp();
+}
+
 // mma.sync m16n8k16 (common.cuh) with the PTX ISA's fragment layout, each output an FP32 FMA chain
 // over k = 0 .. 15 in order (like the WMMA emulation below: what it checks is which products meet
 // in which order, not the tensor core's rounding).

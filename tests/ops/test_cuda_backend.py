@@ -248,6 +248,90 @@ def test_det_gemm_leaf_parallel_form_equals_fused_form(cuda_device, m, k, n, tra
     assert dg_cuda.use_leaf_split(1, 4096, 2) and not dg_cuda.use_leaf_split(4096, 4096, 2)
 
 
+@contextlib.contextmanager
+def _tree_gemm_form(form: int):
+    """Training-size GEMMs in ``form`` (det_gemm.cuda.TREE_GEMM_FORMS) inside the block."""
+    from rl_engine.ops.det_gemm import cuda as dg_cuda
+
+    old = dg_cuda.set_tree_gemm_form(form)
+    try:
+        yield
+    finally:
+        assert dg_cuda.set_tree_gemm_form(old) == form
+
+
+def _pipe_layouts(device, m, k, n):
+    """``{name: (a [m, k], b [k, n])}`` in the layouts training multiplies: the forward's ``x @ w^T``
+    (both K-contiguous), ``dy @ w`` (b N-contiguous), ``x^T @ dy`` (both M- / N-contiguous) and the
+    remaining mix; the M- / N-contiguous ones are column slices of wider tensors, so a row of 16-byte
+    copies ends in a part-filled copy at M or N. Every depth-2 leaf holds a cancelling pair of 2^24
+    products (k = lo + 3 and lo + 20, one in each MMA of the first step): the terms between them are
+    absorbed, so a change in which products meet in which order changes the BF16 results too."""
+    from rl_engine.ops.det_gemm.api import mid_split_bounds
+
+    x = _bf16((m, k), m + k, device)
+    w = _bf16((n, k), n, device, scale=k ** -0.5)
+    xt = _bf16((k, (m // 8 + 1) * 8), k, device)  # rows a multiple of 8 elements long
+    wt = _bf16((k, (n // 8 + 1) * 8), k + 1, device, scale=k ** -0.5)
+    for lo in mid_split_bounds(0, k, 2)[:-1]:
+        for kk, big in ((lo + 3, 2.0 ** 24), (lo + 20, -(2.0 ** 24))):
+            x[:, kk] = big
+            xt[kk, :] = big
+            w[:, kk] = 1.0
+            wt[kk, :] = 1.0
+    xt, wt = xt[:, :m], wt[:, :n]
+    return {"k-k": (x, w.t()), "k-n": (x, wt), "m-n": (xt.t(), wt), "m-k": (xt.t(), w.t())}
+
+
+@pytest.mark.parametrize("m,k,n", [(130, 256, 136), (66, 1056, 75), (1024, 4096, 4096)])
+def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n):
+    """Form 1 of the training-size GEMMs (tree_pipe_kernel: cp.async ring, ldmatrix / ldmatrix.trans,
+    mma.sync) gives the WMMA kernels' bits for each operand layout, tree depth 0-2, the leaf-parallel
+    form and the FP32-output GEMM, at partial tiles along M and N, part-filled 16-byte copies at M / N
+    and leaves that end inside a 32-wide step (1056: leaves of 264; 75 and 66 columns); the tests
+    first check that form 1 can run each case (tree_pipe_ok), and a misaligned view falls back to form
+    0 with the same bits. Control: a depth-1 tree in form 1 differs from the depth-2 one."""
+    from rl_engine.ops.det_gemm import cuda as dg_cuda
+
+    if cuda_device.type == "cpu" and m * k * n > 130 * 256 * 136 * 2:
+        pytest.skip("the Qwen3-8B-sized case runs on the GPU only (the host emulation runs one fiber per CUDA thread)")
+    for name, (a, b) in _pipe_layouts(cuda_device, m, k, n).items():
+        for depth in (0, 1, 2):
+            assert dg_cuda.tree_pipe_ok(a, b, depth), f"{name} depth {depth}: form 1 cannot run it"
+            with _tree_gemm_form(0):
+                wmma = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
+                wmma_leaves = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True) if depth else None
+            with _tree_gemm_form(1):
+                pipe = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
+                assert _bits_equal(pipe, wmma), f"{name} depth {depth}"
+                if depth:
+                    assert _bits_equal(dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True), wmma_leaves), \
+                        f"{name} depth {depth} leaf-parallel"
+                if depth == 1:
+                    one = pipe
+        with _tree_gemm_form(0):
+            f32 = gemm_f32_out(a, b)
+        with _tree_gemm_form(1):
+            assert torch.equal(gemm_f32_out(a, b).view(torch.int32), f32.view(torch.int32)), f"{name} FP32 output"
+            assert not _bits_equal(one, pipe), f"{name}: depth 1 and 2 agree, the comparison cannot fail"
+    # A K-contiguous operand 2 bytes off a 16-byte boundary: form 1 cannot run it, form 0 does.
+    x, wt = _pipe_layouts(cuda_device, m, k, n)["k-k"]
+    wide = torch.zeros((m, k + 8), dtype=torch.bfloat16, device=cuda_device)
+    wide[:, 1:k + 1] = x
+    assert not dg_cuda.tree_pipe_ok(wide[:, 1:k + 1], wt, 2)
+    with _tree_gemm_form(1):
+        assert _bits_equal(dg_cuda.det_gemm_launch(wide[:, 1:k + 1], wt, 2, leaf_split=False),
+                           dg_cuda.det_gemm_launch(x, wt, 2, leaf_split=False))
+
+
+def test_tree_gemm_form_is_checked(cuda_device):
+    from rl_engine.ops.det_gemm import cuda as dg_cuda
+
+    for bad in (-1, dg_cuda.TREE_GEMM_FORMS, True, 1.0):
+        with pytest.raises(InputError, match="tree gemm form"):
+            dg_cuda.set_tree_gemm_form(bad)
+
+
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (1056, 72)])
 def test_det_gemm_decode_form_equals_fused_form(cuda_device, k, n):
     """At decode-sized M (<= 64) with a contiguous weight, the leaf-parallel form runs a streamed

@@ -89,6 +89,16 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row) {
                  : "r"(a)
                  : "memory");  // reads shared memory that plain stores and cp.async wrote: keep it in order
 }
+// ldmatrix .x4 .trans: the same four 8 x 8 matrices, each transposed on the way: r[q] of lane 4g + t
+// = matrix q, rows 2t and 2t + 1 (low half: row 2t), element g. From a [k][m] layout this gives
+// the fragments ldsm_x4 gives from [m][k].
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* row) {
+    const unsigned a = smem_u32(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
 #endif
 
 // Programmatic dependent launch (PDL, sm_90; CUDA Programming Guide, "Programmatic Dependent

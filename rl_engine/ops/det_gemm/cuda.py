@@ -22,6 +22,9 @@ second kernel applies the same merges; same bits, ``2^depth`` times the blocks. 
 (``gemv_leaf_kernel``) when that is off, and the tile form (``gemv_tile_kernel``) for M > 16
 (:data:`GEMV_VARIANTS`).
 
+Pipelined form (:data:`TREE_GEMM_FORMS`, :func:`set_tree_gemm_form`): ``tree_pipe_kernel`` runs the
+same leaves, steps and MMAs from a 4-slot cp.async ring with ldmatrix + mma.sync (same bits; off by
+default until the H200 has run it).
 Batch invariance: output ``(m, n)`` is computed from row m of ``a`` and column n of ``b`` by the
 same MMA sequence whatever M, the row's position in its tile, or the operand strides.
 
@@ -150,6 +153,43 @@ def set_warp_gemv_variant(variant: int) -> int:
         ``variant`` not in ``[0, WARP_GEMV_VARIANTS)``.
     """
     return _set_variant("warp gemv variant", "rl_gemv_warp_variant", variant, WARP_GEMV_VARIANTS)
+
+
+TREE_GEMM_FORMS = 2
+"""Forms of the GEMMs at training sizes (the fused tree, the leaf-parallel form's leaves where the decode
+GEMVs do not run, and the FP32-output GEMM): 0, the library's default, = the WMMA kernels
+(``tree_gemm_kernel`` / ``tree_leaf_kernel``: one 32-wide K step at a time through shared memory,
+no pipeline); 1 = ``tree_pipe_kernel``: the operands stream through a 4-slot cp.async ring and are
+multiplied with ldmatrix + mma.sync m16n8k16, K-contiguous or M- / N-contiguous operands alike (the
+forward's ``x @ w^T`` and both backward GEMMs' transposed views), where :func:`tree_pipe_ok` holds
+(else form 0 runs). Same leaves, steps, MMA instruction and roundings per output element, so the same
+bits (tested against form 0 in the host emulation). Form 1 becomes the default once the H200 has
+run it."""
+
+
+def set_tree_gemm_form(form: int) -> int:
+    """Make every later training-size GEMM of this process use ``form`` (:data:`TREE_GEMM_FORMS`);
+    returns the previous one. For the tests and ``tools/cuda_gemm_compare.py``: the bits do not
+    depend on the form.
+
+    Raises
+    ------
+    InputError
+        ``form`` not in ``[0, TREE_GEMM_FORMS)``.
+    """
+    return _set_variant("tree gemm form", "rl_tree_gemm_form", form, TREE_GEMM_FORMS)
+
+
+def tree_pipe_ok(a: torch.Tensor, b: torch.Tensor, depth: int) -> bool:
+    """Whether form 1 of :data:`TREE_GEMM_FORMS` can run ``a [M, K] @ b [K, N]`` with a depth-``depth``
+    tree: 16-byte aligned data, each operand unit-stride along K (then its other stride a multiple of
+    8 and every leaf start a multiple of 8) or along M / N (then its K stride a multiple of 8)."""
+    from rl_engine.backends.cuda_launch import query
+
+    bounds = mid_split_bounds(0, a.shape[1], depth)
+    bounds = bounds + [a.shape[1]] * (5 - len(bounds))
+    return bool(query("rl_tree_pipe_ok", a.data_ptr(), b.data_ptr(), a.stride(0), a.stride(1), b.stride(0),
+                      b.stride(1), depth, *bounds[:4]))
 
 
 def use_leaf_split(m: int, n: int, depth: int) -> bool:
