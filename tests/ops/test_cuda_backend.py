@@ -285,34 +285,37 @@ def _pipe_layouts(device, m, k, n):
 
 @pytest.mark.parametrize("m,k,n", [(130, 256, 136), (66, 1056, 75), (1024, 4096, 4096)])
 def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n):
-    """Form 1 of the training-size GEMMs (tree_pipe_kernel: cp.async ring, ldmatrix / ldmatrix.trans,
-    mma.sync) gives the WMMA kernels' bits for each operand layout, tree depth 0-2, the leaf-parallel
-    form and the FP32-output GEMM, at partial tiles along M and N, part-filled 16-byte copies at M / N
-    and leaves that end inside a 32-wide step (1056: leaves of 264; 75 and 66 columns); the tests
-    first check that form 1 can run each case (tree_pipe_ok), and a misaligned view falls back to form
-    0 with the same bits. Control: a depth-1 tree in form 1 differs from the depth-2 one."""
+    """Forms 1 and 2 of the training-size GEMMs (tree_pipe_kernel: cp.async ring, ldmatrix /
+    ldmatrix.trans, mma.sync; 128 x 128 tiles with the held leaf sums in registers, 128 x 256 tiles
+    with them in shared memory) give the WMMA kernels' bits for each operand layout at tree depths 0
+    and 2 (depth 1's merge is depth 2's first), the leaf-parallel form and the FP32-output GEMM, at
+    partial tiles along M and N, part-filled 16-byte copies at M / N and leaves that end inside a
+    32-wide step (1056: leaves of 264; 75 and 66 columns); the test first checks that the pipelined
+    kernel can run each case (tree_pipe_ok), and a misaligned view falls back to form 0 with the same
+    bits. Control: a depth-1 tree in form 2 differs from the depth-2 one."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
     if cuda_device.type == "cpu" and m * k * n > 130 * 256 * 136 * 2:
         pytest.skip("the Qwen3-8B-sized case runs on the GPU only (the host emulation runs one fiber per CUDA thread)")
     for name, (a, b) in _pipe_layouts(cuda_device, m, k, n).items():
-        for depth in (0, 1, 2):
+        for depth in (0, 2):  # (depth 1's merge is depth 2's first one)
             assert dg_cuda.tree_pipe_ok(a, b, depth), f"{name} depth {depth}: form 1 cannot run it"
             with _tree_gemm_form(0):
                 wmma = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
                 wmma_leaves = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True) if depth else None
-            with _tree_gemm_form(1):
-                pipe = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
-                assert _bits_equal(pipe, wmma), f"{name} depth {depth}"
-                if depth:
-                    assert _bits_equal(dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True), wmma_leaves), \
-                        f"{name} depth {depth} leaf-parallel"
-                if depth == 1:
-                    one = pipe
+            for form in (1, 2):
+                with _tree_gemm_form(form):
+                    pipe = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
+                    assert _bits_equal(pipe, wmma), f"{name} depth {depth} form {form}"
+                    if depth and form == 1:  # (form 2 runs the leaf-parallel leaves as form 1 does)
+                        assert _bits_equal(dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True), wmma_leaves), \
+                            f"{name} depth {depth} leaf-parallel"
         with _tree_gemm_form(0):
             f32 = gemm_f32_out(a, b)
         with _tree_gemm_form(1):
             assert torch.equal(gemm_f32_out(a, b).view(torch.int32), f32.view(torch.int32)), f"{name} FP32 output"
+        with _tree_gemm_form(2):
+            one = dg_cuda.det_gemm_launch(a, b, 1, leaf_split=False)
             assert not _bits_equal(one, pipe), f"{name}: depth 1 and 2 agree, the comparison cannot fail"
     # A K-contiguous operand 2 bytes off a 16-byte boundary: form 1 cannot run it, form 0 does.
     x, wt = _pipe_layouts(cuda_device, m, k, n)["k-k"]

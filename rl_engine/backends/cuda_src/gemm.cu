@@ -17,7 +17,7 @@
 //    Leaf-parallel form (rl_det_gemm_leaves, for decode-sized outputs): one block per tile and
 //    leaf runs the same leaf loop, the leaves go through a BF16 workspace, and a second kernel
 //    applies the same merges: the same bits with 2^DEPTH times the blocks.
-//    Pipelined form (tree_pipe_kernel, form 1 of rl_tree_gemm_form; the WMMA kernels are form 0, the
+//    Pipelined forms (tree_pipe_kernel, forms 1 and 2 of rl_tree_gemm_form; the WMMA kernels are form 0, the
 //    default until it has run on the H200): the same tree with the operands streamed through a
 //    cp.async ring and multiplied with ldmatrix + mma.sync, for the fused tree, the leaf-parallel
 //    leaves and the FP32-output GEMM; the same bits.
@@ -1293,76 +1293,98 @@ int launch_gemv_warp(const TreeArgs& g, void* out, int64_t s_om, int64_t s_on, c
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pipelined tensor-core tree GEMM (tree_pipe_kernel, form 1 of rl_tree_gemm_form)
+// Pipelined tensor-core tree GEMM (tree_pipe_kernel, forms 1 and 2 of rl_tree_gemm_form)
 // ---------------------------------------------------------------------------------------------
-// tree_gemm_kernel's tree with the operands streamed through a ring of TP_STAGES shared-memory
-// slots by cp.async and multiplied with ldmatrix + mma.sync m16n8k16 (the HMMA instruction WMMA's
-// 16x16x16 BF16 tiles are made of; the tile GEMV uses it too). Per output element the steps, their
-// order and the roundings are tree_gemm_kernel's: each leaf [lo, hi) accumulated in FP32 over
-// 32-wide K steps from lo in increasing k (a step is two MMAs, k 0..15 then 16..31, zero-filled
-// past hi), rounded once to BF16, merged bf16(fp32(l) + fp32(r)) as ((l0 + l1) + (l2 + l3)). The
-// leaves follow one another through the same ring, so the copies of a leaf's first steps are in
-// flight while the leaf before it finishes.
-// Block: a 128 x 128 output tile, 8 warps (2 along M x 4 along N), each a 64 x 32 sub-tile of
-// 4 x 4 accumulator fragments (16 rows x 8 columns). Each operand is either K-contiguous (its slot
-// holds 128 rows of 32 k, read by ldmatrix) or M- / N-contiguous (its slot holds 32 rows of 128
-// elements, read by ldmatrix.trans): A_MN / B_MN; both layouts hand the MMA the same fragments.
-// Needs (tree_pipe_ok, host side): 16-byte aligned bases, the non-unit stride a multiple of 8
-// elements and, for a K-contiguous operand, leaf starts that are multiples of 8, so every 16-byte
-// copy starts inside its row at an aligned address; a copy that crosses hi, M or N reads only the
-// bytes before it and zero-fills the rest (cp.async's source size).
+// tree_gemm_kernel's tree with the operands streamed through a ring of shared-memory slots by
+// cp.async and multiplied with ldmatrix + mma.sync m16n8k16 (the HMMA instruction WMMA's 16x16x16
+// BF16 tiles are made of; the tile GEMV uses it too). Per output element the steps, their order and
+// the roundings are tree_gemm_kernel's: each leaf [lo, hi) accumulated in FP32 over 32-wide K steps
+// from lo in increasing k (a step is two MMAs, k 0..15 then 16..31, zero-filled past hi), rounded
+// once to BF16, merged bf16(fp32(l) + fp32(r)) as ((l0 + l1) + (l2 + l3)). The leaves follow one
+// another through the same ring, so the copies of a leaf's first steps are in flight while the leaf
+// before it finishes.
+// Geometry (TpGeo): a BM x BN output tile per block of 8 warps (2 along M x 4 along N), each warp a
+// (BM / 2) x (BN / 4) sub-tile of 16 x 8 accumulator fragments; STAGES ring slots; the rounded leaf
+// sums a leaf must keep for a later merge held in registers (HELD_SMEM false) or in shared memory
+// (true: each thread stores and reloads only its own values, so no barrier is needed).
+//   form 1: 128 x 128, 4 slots, held in registers (64 x 32 per warp);
+//   form 2: 128 x 256, 3 slots, held in shared memory (64 x 64 per warp: half the ldmatrix traffic
+//           per MMA; 220 KB of shared memory), the fused bf16 tree only (the leaf-parallel leaves and
+//           the FP32-output GEMM run form 1).
+// Each operand is either K-contiguous (its slot holds R rows of 32 k, read by ldmatrix) or M- / N-
+// contiguous (its slot holds 32 rows of R elements, read by ldmatrix.trans): A_MN / B_MN; both
+// layouts hand the MMA the same fragments. Needs (tree_pipe_ok, host side): 16-byte aligned bases,
+// the non-unit stride a multiple of 8 elements and, for a K-contiguous operand, leaf starts that are
+// multiples of 8, so every 16-byte copy starts inside its row at an aligned address; a copy that
+// crosses hi, M or N reads only the bytes before it and zero-fills the rest (cp.async's source size).
 // Tiles run TP_GROUP_M tile rows at a time down the tile columns, so neighbouring blocks share B.
-constexpr int TP_M = 128;  // output tile rows and columns (one operand geometry for A and B)
 constexpr int TP_K = TB_K;
-constexpr int TP_STAGES = 4;
 constexpr int TP_THREADS = 256;
 constexpr int TP_GROUP_M = 8;
-constexpr int TP_LDK = TP_K + 8;   // K-contiguous slot rows: 40 elements (80 bytes: the 8 rows of an
-                                   // ldmatrix matrix fall on distinct banks)
-constexpr int TP_LDMN = TP_M + 8;  // M- / N-contiguous slot rows: 136 elements (272 bytes: the same)
-constexpr int TP_MI = 4;           // fragments per warp along M (16 rows each)
-constexpr int TP_NI = 4;           // fragments per warp along N (8 columns each)
+constexpr int TP_LDK = TP_K + 8;  // K-contiguous slot rows: 40 elements (80 bytes: the 8 rows of an
+                                  // ldmatrix matrix fall on distinct banks)
 
-template <bool MN>
+template <int BM_, int BN_, int STAGES_, bool HELD_SMEM_>
+struct TpGeo {
+    static constexpr int BM = BM_, BN = BN_, STAGES = STAGES_;
+    static constexpr bool HELD_SMEM = HELD_SMEM_;
+    static constexpr int MI = BM / 2 / 16;  // fragments per warp along M (16 rows each)
+    static constexpr int NI = BN / 4 / 8;   // fragments per warp along N (8 columns each)
+    static_assert(BM % 32 == 0 && BN % 32 == 0, "whole fragments per warp; B fragments loaded in pairs of k halves");
+};
+typedef TpGeo<128, 128, 4, false> TpForm1;
+typedef TpGeo<128, 256, 3, true> TpForm2;
+
+// One operand's slot: R rows (M or N) x 32 k.
+template <bool MN, int R>
 struct TpOperand {
-    static constexpr int ELEMS = MN ? TP_K * TP_LDMN : TP_M * TP_LDK;  // elements per slot
-    static constexpr int CHUNKS = TP_M * TP_K / 8;                     // 16-byte copies per slot
-    static constexpr int NCOPY = CHUNKS / TP_THREADS;                  // per thread
+    static constexpr int LD = MN ? R + 8 : TP_LDK;  // slot row stride (elements); R + 8: rows 16 bytes
+                                                    // apart in banks, as for the K-contiguous rows
+    static constexpr int ELEMS = MN ? TP_K * LD : R * LD;  // elements per slot
+    static constexpr int CHUNKS = R * TP_K / 8;            // 16-byte copies per slot
+    static constexpr int NCOPY = CHUNKS / TP_THREADS;      // per thread
     static_assert(CHUNKS % TP_THREADS == 0, "every thread copies the same number of chunks");
 };
 
-template <bool A_MN, bool B_MN>
-constexpr size_t tp_smem() {
-    return static_cast<size_t>(TP_STAGES) * (TpOperand<A_MN>::ELEMS + TpOperand<B_MN>::ELEMS) * sizeof(bf16);
-}
+template <class G, bool A_MN, bool B_MN>
+struct TpSmem {
+    typedef TpOperand<A_MN, G::BM> OA;
+    typedef TpOperand<B_MN, G::BN> OB;
+    static constexpr int SLOT = OA::ELEMS + OB::ELEMS;
+    static constexpr size_t RING = static_cast<size_t>(G::STAGES) * SLOT * sizeof(bf16);
+    static constexpr size_t HELD = G::HELD_SMEM ? static_cast<size_t>(2) * G::BM * G::BN * sizeof(bf16) : 0;
+    static constexpr size_t BYTES = RING + HELD;
+    static_assert(RING % 16 == 0, "the held sums start 16-byte aligned");
+};
 
 // One thread's copies of one operand: chunk i is copy tid + TP_THREADS i of the slot.
-template <bool MN>
+template <bool MN, int R>
 struct TpCopies {
-    const bf16* src[TpOperand<MN>::NCOPY];  // the chunk's address at k = 0 (nullptr: row past the edge)
-    int dst[TpOperand<MN>::NCOPY];          // its place in the slot (elements)
-    int koff[TpOperand<MN>::NCOPY];         // K-contiguous: its first k in the step; MN: its k row
-    int bytes[TpOperand<MN>::NCOPY];        // MN: bytes before the M / N edge (16 inside)
+    typedef TpOperand<MN, R> O;
+    const bf16* src[O::NCOPY];  // the chunk's address at k = 0 (nullptr: row past the edge)
+    int dst[O::NCOPY];          // its place in the slot (elements)
+    int koff[O::NCOPY];         // K-contiguous: its first k in the step; MN: its k row
+    int bytes[O::NCOPY];        // MN: bytes before the M / N edge (16 inside)
 
-    // Operand rows r0 .. r0 + 127 (M or N) below r_lim, addressed as x[r * s_r + k * s_k].
+    // Operand rows r0 .. r0 + R - 1 (M or N) below r_lim, addressed as x[r * s_r + k * s_k].
     __device__ __forceinline__ void init(const bf16* x, int64_t s_r, int64_t s_k, int64_t r0, int64_t r_lim) {
 #pragma unroll
-        for (int i = 0; i < TpOperand<MN>::NCOPY; ++i) {
+        for (int i = 0; i < O::NCOPY; ++i) {
             const int c = static_cast<int>(threadIdx.x) + TP_THREADS * i;
             if (MN) {
-                const int kr = c / (TP_M / 8);
-                const int rc = (c % (TP_M / 8)) * 8;
+                const int kr = c / (R / 8);
+                const int rc = (c % (R / 8)) * 8;
                 const int64_t left = r_lim - (r0 + rc);
                 src[i] = left > 0 ? x + (r0 + rc) + kr * s_k : nullptr;
                 bytes[i] = left >= 8 ? 16 : (left > 0 ? static_cast<int>(2 * left) : 0);
-                dst[i] = kr * TP_LDMN + rc;
+                dst[i] = kr * O::LD + rc;
                 koff[i] = kr;
             } else {
                 const int r = c / (TP_K / 8);
                 const int kc = (c % (TP_K / 8)) * 8;
                 src[i] = r0 + r < r_lim ? x + (r0 + r) * s_r + kc : nullptr;
                 bytes[i] = 16;
-                dst[i] = r * TP_LDK + kc;
+                dst[i] = r * O::LD + kc;
                 koff[i] = kc;
             }
         }
@@ -1371,7 +1393,7 @@ struct TpCopies {
     // The copies of the 32-wide step at k0 of a leaf ending at hi into slot (elements at slot).
     __device__ __forceinline__ void issue(bf16* slot, int64_t k0, int64_t hi, int64_t s_k, const bf16* dummy) const {
 #pragma unroll
-        for (int i = 0; i < TpOperand<MN>::NCOPY; ++i) {
+        for (int i = 0; i < O::NCOPY; ++i) {
             const int64_t k = k0 + koff[i];
             int n = 0;
             const bf16* p = dummy;
@@ -1394,7 +1416,7 @@ __device__ __forceinline__ int64_t tp_bound(const TreeArgs& g, int i) {
     return i == 0 ? g.bounds[0] : i == 1 ? g.bounds[1] : i == 2 ? g.bounds[2] : i == 3 ? g.bounds[3] : g.bounds[4];
 }
 
-// Two BF16 values in one register (low half: the first), and back to FP32 (exact).
+// Two BF16 values in one register (low half: the first), and back (exact).
 __device__ __forceinline__ uint32_t tp_pack(bf16 lo, bf16 hi) {
     return static_cast<uint32_t>(static_cast<__nv_bfloat16_raw>(lo).x) |
            (static_cast<uint32_t>(static_cast<__nv_bfloat16_raw>(hi).x) << 16);
@@ -1409,49 +1431,46 @@ __device__ __forceinline__ bf16 tp_hi(uint32_t v) {
     r.x = static_cast<unsigned short>(v >> 16);
     return bf16(r);
 }
-
-// A leaf's FP32 sums rounded to BF16 (round_leaf), or rounded and merged into a held BF16 sum
-// (merge_into: held = bf16(fp32(held) + fp32(bf16(sum)))), or two held sums merged.
-typedef uint32_t TpHeld[TP_MI][TP_NI][2];
-__device__ __forceinline__ void tp_round(TpHeld& h, const float (&acc)[TP_MI][TP_NI][4]) {
-#pragma unroll
-    for (int i = 0; i < TP_MI; ++i)
-#pragma unroll
-        for (int j = 0; j < TP_NI; ++j)
-#pragma unroll
-            for (int p = 0; p < 2; ++p) h[i][j][p] = tp_pack(to_bf16(acc[i][j][2 * p]), to_bf16(acc[i][j][2 * p + 1]));
-}
+// round_leaf of two neighbouring sums, and merge_into of two packed pairs.
+__device__ __forceinline__ uint32_t tp_round2(float lo, float hi) { return tp_pack(to_bf16(lo), to_bf16(hi)); }
 __device__ __forceinline__ uint32_t tp_merge2(uint32_t l, uint32_t r) {
     return tp_pack(to_bf16(f32(tp_lo(l)) + f32(tp_lo(r))), to_bf16(f32(tp_hi(l)) + f32(tp_hi(r))));
 }
-__device__ __forceinline__ void tp_merge_acc(TpHeld& h, const float (&acc)[TP_MI][TP_NI][4]) {
-#pragma unroll
-    for (int i = 0; i < TP_MI; ++i)
-#pragma unroll
-        for (int j = 0; j < TP_NI; ++j)
-#pragma unroll
-            for (int p = 0; p < 2; ++p)
-                h[i][j][p] = tp_merge2(h[i][j][p], tp_pack(to_bf16(acc[i][j][2 * p]), to_bf16(acc[i][j][2 * p + 1])));
-}
-__device__ __forceinline__ void tp_merge(TpHeld& left, const TpHeld& right) {
-#pragma unroll
-    for (int i = 0; i < TP_MI; ++i)
-#pragma unroll
-        for (int j = 0; j < TP_NI; ++j)
-#pragma unroll
-            for (int p = 0; p < 2; ++p) left[i][j][p] = tp_merge2(left[i][j][p], right[i][j][p]);
-}
+
+// The rounded leaf sums a block keeps for later merges: two sets (h0: l0, then l0 + l1, then the
+// result; h1: l2, then l2 + l3) of this thread's MI x NI x 2 packed pairs, in registers or in this
+// thread's own places of shared memory (word (set, pair) of lane l at [set][pair][warp][lane]:
+// consecutive lanes, consecutive banks).
+template <class G>
+struct TpHeld {
+    static constexpr int PAIRS = G::MI * G::NI * 2;
+    uint32_t reg[G::HELD_SMEM ? 1 : 2][G::HELD_SMEM ? 1 : PAIRS];
+    uint32_t* mem;
+
+    __device__ __forceinline__ void init(unsigned char* base) {
+        mem = reinterpret_cast<uint32_t*>(base) + threadIdx.x;
+    }
+    __device__ __forceinline__ uint32_t get(int set, int q) const {
+        if (G::HELD_SMEM) return mem[(set * PAIRS + q) * TP_THREADS];
+        return reg[G::HELD_SMEM ? 0 : set][G::HELD_SMEM ? 0 : q];
+    }
+    __device__ __forceinline__ void put(int set, int q, uint32_t v) {
+        if (G::HELD_SMEM) mem[(set * PAIRS + q) * TP_THREADS] = v;
+        else reg[G::HELD_SMEM ? 0 : set][G::HELD_SMEM ? 0 : q] = v;
+    }
+};
 
 // DEPTH: the tree (2^DEPTH leaves, merged in the block); LEAVES: one leaf per blockIdx.z instead,
 // rounded to BF16 and stored at out + leaf M N (the leaf-parallel form's workspace; DEPTH 0);
 // OUT_F32: the FP32 sums themselves (DEPTH 0). pairs: the host found two neighbouring columns one
 // 4-byte (BF16) or 8-byte (FP32) aligned store apart.
-template <int DEPTH, bool OUT_F32, bool LEAVES, bool A_MN, bool B_MN>
+template <class G, int DEPTH, bool OUT_F32, bool LEAVES, bool A_MN, bool B_MN>
 __global__ void __launch_bounds__(TP_THREADS, 1)
     tree_pipe_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on, int pairs) {
     static_assert(!(OUT_F32 || LEAVES) || DEPTH == 0, "FP32 output and the leaf workspace are single leaves");
+    typedef TpSmem<G, A_MN, B_MN> S;
     constexpr int NL = 1 << DEPTH;
-    constexpr int SLOT = TpOperand<A_MN>::ELEMS + TpOperand<B_MN>::ELEMS;
+    constexpr int MI = G::MI, NI = G::NI;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16* ring = reinterpret_cast<bf16*>(smem_raw);
     const int warp = threadIdx.x >> 5;
@@ -1460,18 +1479,18 @@ __global__ void __launch_bounds__(TP_THREADS, 1)
     const int wn = warp % 4;
 
     // Grouped tile order.
-    const int64_t tiles_m = cdiv(g.M, TP_M);
-    const int64_t tiles_n = cdiv(g.N, TP_M);
+    const int64_t tiles_m = cdiv(g.M, G::BM);
+    const int64_t tiles_n = cdiv(g.N, G::BN);
     const int64_t pid = blockIdx.x;
     const int64_t group = static_cast<int64_t>(TP_GROUP_M) * tiles_n;
     const int64_t first_m = (pid / group) * TP_GROUP_M;
     const int64_t rows_here = tiles_m - first_m < TP_GROUP_M ? tiles_m - first_m : TP_GROUP_M;
-    const int64_t m0 = (first_m + (pid % group) % rows_here) * TP_M;
-    const int64_t n0 = ((pid % group) / rows_here) * TP_M;
+    const int64_t m0 = (first_m + (pid % group) % rows_here) * G::BM;
+    const int64_t n0 = ((pid % group) / rows_here) * G::BN;
     const int first = LEAVES ? static_cast<int>(blockIdx.z) : 0;
 
-    TpCopies<A_MN> ca;
-    TpCopies<B_MN> cb;
+    TpCopies<A_MN, G::BM> ca;
+    TpCopies<B_MN, G::BN> cb;
     ca.init(g.a, g.s_am, g.s_ak, m0, g.M);
     cb.init(g.b, g.s_bn, g.s_bk, n0, g.N);
 
@@ -1488,10 +1507,10 @@ __global__ void __launch_bounds__(TP_THREADS, 1)
     int64_t issued = 0;
     auto issue_next = [&]() {
         if (lf < first + NL) {
-            bf16* slot = ring + (issued % TP_STAGES) * SLOT;
+            bf16* slot = ring + (issued % G::STAGES) * S::SLOT;
             const int64_t hi = tp_bound(g, lf + 1);
             ca.issue(slot, k0, hi, g.s_ak, g.a);
-            cb.issue(slot + TpOperand<A_MN>::ELEMS, k0, hi, g.s_bk, g.a);
+            cb.issue(slot + S::OA::ELEMS, k0, hi, g.s_bk, g.a);
             k0 += TP_K;
             skip_empty();
         }
@@ -1499,72 +1518,78 @@ __global__ void __launch_bounds__(TP_THREADS, 1)
         ++issued;
     };
 #pragma unroll
-    for (int s = 0; s < TP_STAGES - 1; ++s) issue_next();
+    for (int s = 0; s < G::STAGES - 1; ++s) issue_next();
 
     // ldmatrix row addresses (elements from the operand's slot base, without the step's k or slot).
     // A, K-contiguous: lanes 0..15 rows 0..15 at k 0, lanes 16..31 the same rows at k 8 (+16 for the
     // second MMA). A, M-contiguous: lane 8q + r, k row 8 (q >> 1) + r, columns 8 (q & 1) on (+16 rows).
     // B, K-contiguous: lane 8q + r, column row r of the fragment at k 8q (one x4: both MMAs' halves).
     // B, N-contiguous: lane l, k row l, the fragment's 8 columns.
-    const int a_off = A_MN ? ((lane >> 4) * 8 + (lane & 7)) * TP_LDMN + wm * 64 + ((lane >> 3) & 1) * 8
-                           : (wm * 64 + (lane & 15)) * TP_LDK + (lane >> 4) * 8;
-    const int b_off = B_MN ? lane * TP_LDMN + wn * 32 : (wn * 32 + (lane & 7)) * TP_LDK + (lane >> 3) * 8;
-    constexpr int A_FRAG = A_MN ? 16 : 16 * TP_LDK;  // to the next 16 rows
-    constexpr int A_HALF = A_MN ? 16 * TP_LDMN : 16; // to k 16
-    constexpr int B_FRAG = B_MN ? 8 : 8 * TP_LDK;    // to the next 8 columns
+    constexpr int LDA = S::OA::LD, LDB = S::OB::LD;
+    const int a_off = A_MN ? ((lane >> 4) * 8 + (lane & 7)) * LDA + wm * (16 * MI) + ((lane >> 3) & 1) * 8
+                           : (wm * (16 * MI) + (lane & 15)) * LDA + (lane >> 4) * 8;
+    const int b_off = B_MN ? lane * LDB + wn * (8 * NI) : (wn * (8 * NI) + (lane & 7)) * LDB + (lane >> 3) * 8;
+    constexpr int A_FRAG = A_MN ? 16 : 16 * LDA;  // to the next 16 rows
+    constexpr int A_HALF = A_MN ? 16 * LDA : 16;  // to k 16
+    constexpr int B_FRAG = B_MN ? 8 : 8 * LDB;    // to the next 8 columns
 
-    float acc[TP_MI][TP_NI][4];
-    TpHeld h0, h1;
+    float acc[MI][NI][4];
+    TpHeld<G> held;
+    held.init(smem_raw + S::RING);
     int64_t step = 0;
 #pragma unroll
     for (int l = 0; l < NL; ++l) {
         const int leaf = first + l;
         const int64_t steps = cdiv(tp_bound(g, leaf + 1) - tp_bound(g, leaf), static_cast<int64_t>(TP_K));
 #pragma unroll
-        for (int i = 0; i < TP_MI; ++i)
+        for (int i = 0; i < MI; ++i)
 #pragma unroll
-            for (int j = 0; j < TP_NI; ++j)
+            for (int j = 0; j < NI; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
         for (int64_t s = 0; s < steps; ++s, ++step) {
-            cp_async_wait<TP_STAGES - 2>();
+            cp_async_wait<G::STAGES - 2>();
             __syncthreads();  // this step's slot has landed for every thread; the last one's is free
             issue_next();
-            const bf16* sa = ring + (step % TP_STAGES) * SLOT;
-            const bf16* sb = sa + TpOperand<A_MN>::ELEMS;
-            uint32_t bq[TP_NI][4];
+            const bf16* sa = ring + (step % G::STAGES) * S::SLOT;
+            const bf16* sb = sa + S::OA::ELEMS;
+            uint32_t bq[NI][4];
 #pragma unroll
-            for (int j = 0; j < TP_NI; ++j) {
+            for (int j = 0; j < NI; ++j) {
                 if (B_MN) ldsm_x4_t(bq[j], sb + b_off + j * B_FRAG);
                 else ldsm_x4(bq[j], sb + b_off + j * B_FRAG);
             }
 #pragma unroll
             for (int c = 0; c < 2; ++c) {  // k 0..15, then 16..31
-                uint32_t a[TP_MI][4];
+                uint32_t a[MI][4];
 #pragma unroll
-                for (int i = 0; i < TP_MI; ++i) {
+                for (int i = 0; i < MI; ++i) {
                     if (A_MN) ldsm_x4_t(a[i], sa + a_off + i * A_FRAG + c * A_HALF);
                     else ldsm_x4(a[i], sa + a_off + i * A_FRAG + c * A_HALF);
                 }
 #pragma unroll
-                for (int j = 0; j < TP_NI; ++j) {
+                for (int j = 0; j < NI; ++j) {
                     const uint32_t b[2] = {bq[j][2 * c], bq[j][2 * c + 1]};
 #pragma unroll
-                    for (int i = 0; i < TP_MI; ++i) mma_bf16_16816(acc[i][j], a[i], b);
+                    for (int i = 0; i < MI; ++i) mma_bf16_16816(acc[i][j], a[i], b);
                 }
             }
         }
         if (!OUT_F32) {
-            if (l == 0) {
-                tp_round(h0, acc);  // l0
-            } else if (l == 1) {
-                tp_merge_acc(h0, acc);  // l0 + l1
-            } else if (l == 2) {
-                tp_round(h1, acc);  // l2
-            } else {
-                tp_merge_acc(h1, acc);  // l2 + l3
-                tp_merge(h0, h1);       // (l0 + l1) + (l2 + l3)
-            }
+            // l0 into h0; l0 + l1 into h0; l2 into h1; l2 + l3 into h1, then (l0 + l1) + (l2 + l3) into h0.
+            const int set = l < 2 ? 0 : 1;
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NI; ++j)
+#pragma unroll
+                    for (int p = 0; p < 2; ++p) {
+                        const int q = (i * NI + j) * 2 + p;
+                        uint32_t v = tp_round2(acc[i][j][2 * p], acc[i][j][2 * p + 1]);
+                        if (l & 1) v = tp_merge2(held.get(set, q), v);
+                        if (l == 3) v = tp_merge2(held.get(0, q), v);
+                        held.put(l == 3 ? 0 : set, q, v);
+                    }
         }
     }
     cp_async_wait<0>();
@@ -1573,13 +1598,13 @@ __global__ void __launch_bounds__(TP_THREADS, 1)
     const int t = lane & 3;
     const int64_t leaf_off = LEAVES ? static_cast<int64_t>(first) * g.M * g.N : 0;
 #pragma unroll
-    for (int i = 0; i < TP_MI; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int j = 0; j < TP_NI; ++j)
+        for (int j = 0; j < NI; ++j)
 #pragma unroll
             for (int p = 0; p < 2; ++p) {
-                const int64_t r = m0 + wm * 64 + 16 * i + gq + 8 * p;
-                const int64_t c = n0 + wn * 32 + 8 * j + 2 * t;
+                const int64_t r = m0 + wm * (16 * MI) + 16 * i + gq + 8 * p;
+                const int64_t c = n0 + wn * (8 * NI) + 8 * j + 2 * t;
                 if (r >= g.M || c >= g.N) continue;
                 const int64_t off = leaf_off + r * s_om + c * s_on;
                 const bool two = c + 1 < g.N;
@@ -1592,12 +1617,13 @@ __global__ void __launch_bounds__(TP_THREADS, 1)
                         if (two) o[s_on] = acc[i][j][2 * p + 1];
                     }
                 } else {
+                    const uint32_t v = held.get(0, (i * NI + j) * 2 + p);
                     bf16* o = static_cast<bf16*>(out) + off;
                     if (two && pairs) {
-                        *reinterpret_cast<uint32_t*>(o) = h0[i][j][p];
+                        *reinterpret_cast<uint32_t*>(o) = v;
                     } else {
-                        o[0] = tp_lo(h0[i][j][p]);
-                        if (two) o[s_on] = tp_hi(h0[i][j][p]);
+                        o[0] = tp_lo(v);
+                        if (two) o[s_on] = tp_hi(v);
                     }
                 }
             }
@@ -1614,20 +1640,22 @@ bool tree_pipe_ok(const TreeArgs& g, int leaves) {
     if (a_k || b_k)
         for (int i = 0; i < leaves; ++i)
             if (g.bounds[i] & 7) return false;
-    return cdiv(g.M, TP_M) * cdiv(g.N, TP_M) < 2147483647LL;
+    return cdiv(g.M, 128) * cdiv(g.N, 128) < 2147483647LL;
 }
 
 // The form of the fused and leaf-parallel GEMMs at training sizes (rl_tree_gemm_form): 0 = the WMMA
-// kernels (tree_gemm_kernel / tree_leaf_kernel), 1 = tree_pipe_kernel where tree_pipe_ok holds.
+// kernels (tree_gemm_kernel / tree_leaf_kernel); 1 = tree_pipe_kernel in TpForm1 and 2 = the fused tree
+// in TpForm2 (the rest in TpForm1), where tree_pipe_ok holds.
 int g_tree_form = 0;
+constexpr int TREE_FORMS = 3;
 
-template <int DEPTH, bool OUT_F32, bool LEAVES, bool A_MN, bool B_MN>
+template <class G, int DEPTH, bool OUT_F32, bool LEAVES, bool A_MN, bool B_MN>
 int launch_tree_pipe_as(const TreeArgs& g, int z, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
-    auto kernel = tree_pipe_kernel<DEPTH, OUT_F32, LEAVES, A_MN, B_MN>;
-    constexpr size_t smem = tp_smem<A_MN, B_MN>();
+    auto kernel = tree_pipe_kernel<G, DEPTH, OUT_F32, LEAVES, A_MN, B_MN>;
+    constexpr size_t smem = TpSmem<G, A_MN, B_MN>::BYTES;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)))
         return static_cast<int>(e);
-    const int64_t tiles = cdiv(g.M, TP_M) * cdiv(g.N, TP_M);
+    const int64_t tiles = cdiv(g.M, G::BM) * cdiv(g.N, G::BN);
     const uintptr_t align = OUT_F32 ? 7u : 3u;
     const int pairs = s_on == 1 && (s_om % 2) == 0 && (reinterpret_cast<uintptr_t>(out) & align) == 0;
     dim3 grid(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(z));
@@ -1635,16 +1663,24 @@ int launch_tree_pipe_as(const TreeArgs& g, int z, void* out, int64_t s_om, int64
     return launch_status();
 }
 
-template <int DEPTH, bool OUT_F32, bool LEAVES>
+template <class G, int DEPTH, bool OUT_F32, bool LEAVES>
 int launch_tree_pipe(const TreeArgs& g, int z, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
     const bool a_mn = g.s_ak != 1;
     const bool b_mn = g.s_bk != 1;
     if (a_mn) {
-        return b_mn ? launch_tree_pipe_as<DEPTH, OUT_F32, LEAVES, true, true>(g, z, out, s_om, s_on, st)
-                    : launch_tree_pipe_as<DEPTH, OUT_F32, LEAVES, true, false>(g, z, out, s_om, s_on, st);
+        return b_mn ? launch_tree_pipe_as<G, DEPTH, OUT_F32, LEAVES, true, true>(g, z, out, s_om, s_on, st)
+                    : launch_tree_pipe_as<G, DEPTH, OUT_F32, LEAVES, true, false>(g, z, out, s_om, s_on, st);
     }
-    return b_mn ? launch_tree_pipe_as<DEPTH, OUT_F32, LEAVES, false, true>(g, z, out, s_om, s_on, st)
-                : launch_tree_pipe_as<DEPTH, OUT_F32, LEAVES, false, false>(g, z, out, s_om, s_on, st);
+    return b_mn ? launch_tree_pipe_as<G, DEPTH, OUT_F32, LEAVES, false, true>(g, z, out, s_om, s_on, st)
+                : launch_tree_pipe_as<G, DEPTH, OUT_F32, LEAVES, false, false>(g, z, out, s_om, s_on, st);
+}
+
+// The fused bf16 tree of depth 0 .. 2 in the process's pipelined form.
+template <class G>
+int launch_tree_pipe_fused(const TreeArgs& g, int depth, cudaStream_t st) {
+    if (depth == 0) return launch_tree_pipe<G, 0, false, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
+    if (depth == 1) return launch_tree_pipe<G, 1, false, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
+    return launch_tree_pipe<G, 2, false, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
 }
 
 // Whether the decode form can run this product (host side; depends on M, layout and bounds only).
@@ -1690,8 +1726,8 @@ int launch_tree_leaves(const TreeArgs& g, int depth, bf16* w, bool warp_gemv, cu
         bool merged = false;
         if (int e = launch_gemv<false>(g, leaves, w, g.N, 1, st, &merged)) return e;
         if (merged) return 0;
-    } else if (g_tree_form == 1 && tree_pipe_ok(g, leaves)) {
-        if (int e = launch_tree_pipe<0, false, true>(g, leaves, w, g.N, 1, st)) return e;
+    } else if (g_tree_form >= 1 && tree_pipe_ok(g, leaves)) {
+        if (int e = launch_tree_pipe<TpForm1, 0, false, true>(g, leaves, w, g.N, 1, st)) return e;
     } else {
         dim3 grid(static_cast<unsigned>(gm), static_cast<unsigned>(gn), static_cast<unsigned>(leaves));
         tree_leaf_kernel<<<grid, TB_THREADS, 0, st>>>(g, w);
@@ -1722,12 +1758,10 @@ int launch_tree(const TreeArgs& g, int depth, bool out_f32, bool warp_gemv, cuda
         if (warp_gemv && g.M <= GW_M && g.M < g_gemv_tile_min_m && gemv_ok(g, 1))
             return launch_gemv_warp<1, true>(g, g.c, g.s_cm, g.s_cn, st);
         if (gemv_ok(g, 1)) return launch_gemv<true>(g, 1, g.c, g.s_cm, g.s_cn, st);  // decode-sized logits
-        if (g_tree_form == 1 && tree_pipe_ok(g, 1)) return launch_tree_pipe<0, true, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
+        if (g_tree_form >= 1 && tree_pipe_ok(g, 1)) return launch_tree_pipe<TpForm1, 0, true, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
         tree_gemm_kernel<0, true><<<grid, TB_THREADS, 0, st>>>(g);
-    } else if (g_tree_form == 1 && depth >= 0 && depth <= 2 && tree_pipe_ok(g, leaves)) {
-        if (depth == 0) return launch_tree_pipe<0, false, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
-        if (depth == 1) return launch_tree_pipe<1, false, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
-        return launch_tree_pipe<2, false, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
+    } else if (g_tree_form >= 1 && depth >= 0 && depth <= 2 && tree_pipe_ok(g, leaves)) {
+        return g_tree_form == 2 ? launch_tree_pipe_fused<TpForm2>(g, depth, st) : launch_tree_pipe_fused<TpForm1>(g, depth, st);
     } else if (depth == 0) {
         tree_gemm_kernel<0, false><<<grid, TB_THREADS, 0, st>>>(g);
     } else if (depth == 1) {
@@ -1882,11 +1916,11 @@ RL_EXPORT int64_t rl_gemv_tile_min_m(int64_t m) {
 
 // Pick the form of the GEMMs at training sizes (the fused tree, its leaf-parallel form and the FP32-output
 // GEMM, wherever the decode GEMVs do not run) for every later launch of this process: 0 = the WMMA
-// kernels, 1 = the pipelined kernel (tree_pipe_kernel) wherever its layout needs hold, else the WMMA
-// kernels. Returns the previous form, or -1 (and changes nothing) for another number. The bits do not
+// kernels, 1 and 2 = the pipelined kernel (tree_pipe_kernel) in TpForm1, or TpForm2 for the fused tree,
+// wherever its layout needs hold, else the WMMA kernels. Returns the previous form, or -1 (and changes nothing) for another number. The bits do not
 // depend on the form (tested).
 RL_EXPORT int64_t rl_tree_gemm_form(int64_t form) {
-    if (form < 0 || form > 1) return -1;
+    if (form < 0 || form >= TREE_FORMS) return -1;
     const int64_t old = g_tree_form;
     g_tree_form = static_cast<int>(form);
     return old;

@@ -22,9 +22,9 @@ second kernel applies the same merges; same bits, ``2^depth`` times the blocks. 
 (``gemv_leaf_kernel``) when that is off, and the tile form (``gemv_tile_kernel``) for M > 16
 (:data:`GEMV_VARIANTS`).
 
-Pipelined form (:data:`TREE_GEMM_FORMS`, :func:`set_tree_gemm_form`): ``tree_pipe_kernel`` runs the
-same leaves, steps and MMAs from a 4-slot cp.async ring with ldmatrix + mma.sync (same bits; off by
-default until the H200 has run it).
+Pipelined forms (:data:`TREE_GEMM_FORMS`, :func:`set_tree_gemm_form`): ``tree_pipe_kernel`` runs the
+same leaves, steps and MMAs from a cp.async ring with ldmatrix + mma.sync (same bits; off by default
+until the H200 has run them).
 Batch invariance: output ``(m, n)`` is computed from row m of ``a`` and column n of ``b`` by the
 same MMA sequence whatever M, the row's position in its tile, or the operand strides.
 
@@ -155,16 +155,19 @@ def set_warp_gemv_variant(variant: int) -> int:
     return _set_variant("warp gemv variant", "rl_gemv_warp_variant", variant, WARP_GEMV_VARIANTS)
 
 
-TREE_GEMM_FORMS = 2
+TREE_GEMM_FORMS = 3
 """Forms of the GEMMs at training sizes (the fused tree, the leaf-parallel form's leaves where the decode
 GEMVs do not run, and the FP32-output GEMM): 0, the library's default, = the WMMA kernels
 (``tree_gemm_kernel`` / ``tree_leaf_kernel``: one 32-wide K step at a time through shared memory,
-no pipeline); 1 = ``tree_pipe_kernel``: the operands stream through a 4-slot cp.async ring and are
+no pipeline); 1 and 2 = ``tree_pipe_kernel``: the operands stream through a cp.async ring and are
 multiplied with ldmatrix + mma.sync m16n8k16, K-contiguous or M- / N-contiguous operands alike (the
 forward's ``x @ w^T`` and both backward GEMMs' transposed views), where :func:`tree_pipe_ok` holds
-(else form 0 runs). Same leaves, steps, MMA instruction and roundings per output element, so the same
-bits (tested against form 0 in the host emulation). Form 1 becomes the default once the H200 has
-run it."""
+(else form 0 runs). Form 1: 128 x 128 tiles, 4 ring slots, the leaf sums held for the merges in
+registers. Form 2: the fused tree in 128 x 256 tiles (64 x 64 per warp: half the shared-memory reads
+per MMA), 3 slots, the held sums in shared memory; its leaf-parallel leaves and FP32 outputs run as
+form 1. Same leaves, steps, MMA instruction and roundings per output element, so the same bits
+(tested against form 0 in the host emulation). A pipelined form becomes the default once the H200
+has run and timed them."""
 
 
 def set_tree_gemm_form(form: int) -> int:
@@ -181,7 +184,7 @@ def set_tree_gemm_form(form: int) -> int:
 
 
 def tree_pipe_ok(a: torch.Tensor, b: torch.Tensor, depth: int) -> bool:
-    """Whether form 1 of :data:`TREE_GEMM_FORMS` can run ``a [M, K] @ b [K, N]`` with a depth-``depth``
+    """Whether forms 1 and 2 of :data:`TREE_GEMM_FORMS` can run ``a [M, K] @ b [K, N]`` with a depth-``depth``
     tree: 16-byte aligned data, each operand unit-stride along K (then its other stride a multiple of
     8 and every leaf start a multiple of 8) or along M / N (then its K stride a multiple of 8)."""
     from rl_engine.backends.cuda_launch import query
