@@ -829,6 +829,112 @@ def test_linear_logp_multi_chunk_accuracy_and_rows(cuda_device):
             assert _bits_equal(linear_logp_cuda(h[r:r + 1], w, t[r:r + 1]), out.detach()[r:r + 1])
 
 
+@pytest.fixture
+def tensor_core_logp_bwd(monkeypatch):
+    """linear_logp's backward on tensor cores (the hi / lo GEMMs) for the test."""
+    from rl_engine.ops.linear_logp import cuda as ll_cuda
+
+    monkeypatch.setattr(ll_cuda, "TENSOR_CORE_BWD_ON_CUDA", True)
+
+
+def test_linear_logp_tensor_core_backward_accuracy_and_invariance(cuda_device, tensor_core_logp_bwd):
+    """The hi / lo tensor-core backward (TENSOR_CORE_BWD_ON_CUDA) meets the contract's gradient
+    tolerances on the smoke cases and a three-chunk vocabulary (the FP32 dhidden accumulator carried
+    across chunks), and keeps the batch and layout transforms bitwise (the layout one reaches the
+    operand copies the hi / lo GEMM needs), each with its planted control (the others take 10 s each in
+    the host emulation; the gate runs them all)."""
+    spec = get_spec("linear_logp")
+    contract = load_contract()
+    prepared = [prepare_gradient(spec, c) for c in spec.build_grad_cases(SMOKE, GRAD_SEED, cuda_device)]
+    status, reason, details = gradient_accuracy(spec, CUDA_IMPLS["linear_logp"], prepared, contract)
+    _assert_green("linear_logp", "gradient", status, reason, details)
+    case = spec.build_grad_cases(SMOKE, GRAD_SEED, cuda_device)[0]
+    for name in ("batch", "layout"):
+        fn = spec.transforms[name]
+        pairs = fn(CUDA_IMPLS["linear_logp"], case, "gradient", False)
+        assert pairs and all(_bits_equal(p.canonical, p.transformed) for p in pairs), name
+        planted = fn(CUDA_IMPLS["linear_logp"], case, "gradient", True)
+        assert any(not _bits_equal(p.canonical, p.transformed) for p in planted), f"{name}: control not caught"
+    v, e, rows = 8200, 16, 9
+    h = _bf16((rows, e), 31, cuda_device)
+    w = _bf16((v, e), 32, cuda_device, scale=0.5)
+    t = torch.randint(0, v, (rows,), generator=torch.Generator().manual_seed(3)).to(cuda_device)
+    g = torch.randn(rows, generator=torch.Generator().manual_seed(4)).to(cuda_device)
+    hl, wl = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    linear_logp_cuda(hl, wl, t).backward(g)
+    hr, wr = h.float().requires_grad_(True), w.float().requires_grad_(True)
+    get_spec("linear_logp").impls["reference_fp32"](hidden=hr, weight=wr, targets=t, temperature=1.0).backward(g)
+    tg = contract.tolerance("gradient", "logprob")
+    torch.testing.assert_close(hl.grad.float(), hr.grad, atol=tg.atol, rtol=tg.rtol)
+    torch.testing.assert_close(wl.grad.float(), wr.grad, atol=tg.atol, rtol=tg.rtol)
+
+
+def test_gemm_hilo_equals_the_triton_backward_kernels(cuda_device):
+    """rl_split_hilo + rl_gemm_hilo run the products of the Triton backend's _bwd_dhidden_kernel and
+    _bwd_dweight_kernel in the same order: in the CPU emulations (the CUDA host emulation's mma and
+    the Triton interpreter's dot both add the exact products one at a time) dhidden's FP32
+    accumulator after a first chunk, the BF16 dhidden after a second and each chunk's dweight are bit
+    for bit the Triton kernels', with T, E and the chunk width off the tile and block sizes.
+    Control: the lo parts left out change the bits."""
+    if cuda_device.type != "cpu":
+        pytest.skip("the bitwise comparison is of the two CPU emulations (on the GPU: the cross-backend gate)")
+    from rl_engine.ops.linear_logp import cuda as ll_cuda
+    from rl_engine.ops.linear_logp import triton as ll_triton
+
+    t, e, n0, n1 = 70, 136, 200, 77  # T and E past one 128 tile, chunks not multiples of 64
+    cv = ll_triton.CHUNK_V
+    gen = torch.Generator().manual_seed(11)
+    hidden = _bf16((t, e), 12, cuda_device)
+    weight = _bf16((n0 + n1, e), 13, cuda_device, scale=0.3)
+    d = [torch.randn((t, n), generator=gen) * 1e-3 for n in (n0, n1)]
+    # Triton (interpreter): the chunk buffers the launcher fills, then its two kernels per chunk.
+    tm, tn, tw, ts = ll_triton.GRAD_TILE
+    acc_t = torch.empty((t, e), dtype=torch.float32)
+    dh_t = torch.empty((t, e), dtype=torch.bfloat16)
+    dw_t = torch.empty((n0 + n1, e), dtype=torch.bfloat16)
+    acc_after_first = None
+    for c, (v_base, dc) in enumerate(((0, d[0]), (n0, d[1]))):
+        n_local = dc.shape[1]
+        hi_t = torch.zeros((t, cv), dtype=torch.bfloat16)
+        lo_t = torch.zeros((t, cv), dtype=torch.bfloat16)
+        hi_t[:, :n_local] = dc.to(torch.bfloat16)
+        lo_t[:, :n_local] = (dc - hi_t[:, :n_local].float()).to(torch.bfloat16)
+        ll_triton._bwd_dhidden_kernel[(-(-t // tm), -(-e // tn))](
+            hi_t, lo_t, weight, acc_t, dh_t, t, e, v_base, n_local, weight.stride(0), FIRST=c == 0, LAST=c == 1,
+            CHUNK_V=cv, BLOCK=ll_triton.GRAD_BLOCK, UPCAST=True, TILE_M=tm, TILE_N=tn, num_warps=tw, num_stages=ts)
+        if c == 0:
+            acc_after_first = acc_t.clone()
+        ll_triton._bwd_dweight_kernel[(-(-n_local // tm), -(-e // tn))](
+            hi_t, lo_t, hidden, dw_t, t, e, v_base, n_local, hidden.stride(0), CHUNK_V=cv,
+            BLOCK=ll_triton.GRAD_BLOCK, UPCAST=True, TILE_M=tm, TILE_N=tn, num_warps=tw, num_stages=ts)
+    # CUDA (host emulation): the same chunks through rl_split_hilo and rl_gemm_hilo.
+    from rl_engine.backends.cuda_launch import launch
+
+    assert ll_cuda.GRAD_BLOCK == ll_triton.GRAD_BLOCK
+    acc_c = torch.empty((t, e), dtype=torch.float32)
+    dh_c = torch.empty((t, e), dtype=torch.bfloat16)
+    dw_c = torch.empty((n0 + n1, e), dtype=torch.bfloat16)
+    hi = torch.empty((t, 256), dtype=torch.bfloat16)
+    lo = torch.empty_like(hi)
+    for c, (v_base, dc) in enumerate(((0, d[0]), (n0, d[1]))):
+        n_local = dc.shape[1]
+        launch(cuda_device, "rl_split_hilo", dc, dc.stride(0), hi, lo, hi.stride(0), t, n_local)
+        h_c, l_c = hi[:, :n_local], lo[:, :n_local]
+        assert torch.equal(h_c, dc.to(torch.bfloat16))
+        w_c = weight[v_base:v_base + n_local]
+        ll_cuda._gemm_hilo(h_c, l_c, w_c, dh_c if c == 1 else acc_c, None if c == 0 else acc_c)
+        if c == 0:
+            assert torch.equal(acc_c.view(torch.int32), acc_after_first.view(torch.int32)), "FP32 dhidden accumulator"
+        ll_cuda._gemm_hilo(h_c.t(), l_c.t(), hidden, dw_c[v_base:v_base + n_local], None)
+    assert _bits_equal(dh_c, dh_t), "dhidden"
+    assert _bits_equal(dw_c, dw_t), "dweight"
+    zero = torch.zeros_like(hi)
+    no_lo = torch.empty((n0, e), dtype=torch.bfloat16)
+    launch(cuda_device, "rl_split_hilo", d[0], d[0].stride(0), hi, lo, hi.stride(0), t, n0)
+    ll_cuda._gemm_hilo(hi[:, :n0].t(), zero[:, :n0].t(), hidden, no_lo, None)
+    assert not _bits_equal(no_lo, dw_t[:n0])
+
+
 def test_logp_pitfalls_p4_p11(cuda_device):
     tol = load_contract().tolerance("forward", "logprob", "float32")
     v = 151936

@@ -1390,8 +1390,10 @@ struct TpCopies {
         }
     }
 
-    // The copies of the 32-wide step at k0 of a leaf ending at hi into slot (elements at slot).
-    __device__ __forceinline__ void issue(bf16* slot, int64_t k0, int64_t hi, int64_t s_k, const bf16* dummy) const {
+    // The copies of the 32-wide step at k0 of a leaf ending at hi into slot (elements at slot), from
+    // the operand part `part` elements on (the lo part of a hi / lo pair; else 0).
+    __device__ __forceinline__ void issue(bf16* slot, int64_t k0, int64_t hi, int64_t s_k, const bf16* dummy,
+                                          int64_t part = 0) const {
 #pragma unroll
         for (int i = 0; i < O::NCOPY; ++i) {
             const int64_t k = k0 + koff[i];
@@ -1400,10 +1402,10 @@ struct TpCopies {
             if (src[i] != nullptr && k < hi) {
                 if (MN) {
                     n = bytes[i];
-                    p = src[i] + k0 * s_k;
+                    p = src[i] + k0 * s_k + part;
                 } else {
                     n = hi - k >= 8 ? 16 : static_cast<int>(2 * (hi - k));
-                    p = src[i] + k0;
+                    p = src[i] + k0 + part;
                 }
             }
             cp_async16(slot + dst[i], p, n);
@@ -1464,10 +1466,18 @@ struct TpHeld {
 // rounded to BF16 and stored at out + leaf M N (the leaf-parallel form's workspace; DEPTH 0);
 // OUT_F32: the FP32 sums themselves (DEPTH 0). pairs: the host found two neighbouring columns one
 // 4-byte (BF16) or 8-byte (FP32) aligned store apart.
-template <class G, int DEPTH, bool OUT_F32, bool LEAVES, bool A_MN, bool B_MN>
+// HILO (DEPTH 0, rl_gemm_hilo): A is a pair of BF16 parts of one FP32 operand, g.a (hi) and a_lo (lo,
+// same strides), and one FP32 accumulator runs over K in blocks of HILO_BLOCK: the block's hi part
+// (two 32-wide steps), then its lo part against the same B rows, zero-filled past K; it starts from
+// acc_in [M, N] (row stride s_acc) when given, else from 0, and is stored as FP32 or rounded once.
+constexpr int HILO_BLOCK = 64;
+template <class G, int DEPTH, bool OUT_F32, bool LEAVES, bool A_MN, bool B_MN, bool HILO = false>
 __global__ void __launch_bounds__(TP_THREADS, 1)
-    tree_pipe_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on, int pairs) {
-    static_assert(!(OUT_F32 || LEAVES) || DEPTH == 0, "FP32 output and the leaf workspace are single leaves");
+    tree_pipe_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on, int pairs, const bf16* a_lo,
+                     const float* acc_in, int64_t s_acc) {
+    static_assert(!(OUT_F32 || LEAVES || HILO) || DEPTH == 0, "FP32 output, the leaf workspace and hi / lo are single leaves");
+    static_assert(!(HILO && LEAVES), "hi / lo products have no leaf workspace");
+    static_assert(HILO_BLOCK == 2 * TP_K, "a hi / lo block is two steps of each part");
     typedef TpSmem<G, A_MN, B_MN> S;
     constexpr int NL = 1 << DEPTH;
     constexpr int MI = G::MI, NI = G::NI;
@@ -1494,7 +1504,8 @@ __global__ void __launch_bounds__(TP_THREADS, 1)
     ca.init(g.a, g.s_am, g.s_ak, m0, g.M);
     cb.init(g.b, g.s_bn, g.s_bk, n0, g.N);
 
-    // The copy cursor: leaf lf, step at k0 (lf == first + NL: every step issued).
+    // The copy cursor: leaf lf, step at k0 (lf == first + NL: every step issued). hi / lo: step `issued`
+    // of hilo_steps is part (issued >> 1) & 1 of block issued >> 2, its half issued & 1.
     int lf = first;
     int64_t k0 = tp_bound(g, first);
     auto skip_empty = [&]() {
@@ -1503,10 +1514,19 @@ __global__ void __launch_bounds__(TP_THREADS, 1)
             if (lf < first + NL) k0 = tp_bound(g, lf);
         }
     };
-    skip_empty();
+    if (!HILO) skip_empty();
+    const int64_t hilo_steps = HILO ? 4 * cdiv(g.K, static_cast<int64_t>(HILO_BLOCK)) : 0;
+    const int64_t lo_part = HILO ? a_lo - g.a : 0;
     int64_t issued = 0;
     auto issue_next = [&]() {
-        if (lf < first + NL) {
+        if (HILO) {
+            if (issued < hilo_steps) {
+                bf16* slot = ring + (issued % G::STAGES) * S::SLOT;
+                const int64_t kk = (issued >> 2) * HILO_BLOCK + (issued & 1) * TP_K;
+                ca.issue(slot, kk, g.K, g.s_ak, g.a, ((issued >> 1) & 1) ? lo_part : 0);
+                cb.issue(slot + S::OA::ELEMS, kk, g.K, g.s_bk, g.a);
+            }
+        } else if (lf < first + NL) {
             bf16* slot = ring + (issued % G::STAGES) * S::SLOT;
             const int64_t hi = tp_bound(g, lf + 1);
             ca.issue(slot, k0, hi, g.s_ak, g.a);
@@ -1540,13 +1560,22 @@ __global__ void __launch_bounds__(TP_THREADS, 1)
 #pragma unroll
     for (int l = 0; l < NL; ++l) {
         const int leaf = first + l;
-        const int64_t steps = cdiv(tp_bound(g, leaf + 1) - tp_bound(g, leaf), static_cast<int64_t>(TP_K));
+        const int64_t steps =
+            HILO ? hilo_steps : cdiv(tp_bound(g, leaf + 1) - tp_bound(g, leaf), static_cast<int64_t>(TP_K));
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
             for (int j = 0; j < NI; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+                for (int e = 0; e < 4; ++e) {
+                    float v = 0.0f;
+                    if (HILO && acc_in != nullptr) {
+                        const int64_t r = m0 + wm * (16 * MI) + 16 * i + (lane >> 2) + 8 * (e >> 1);
+                        const int64_t c = n0 + wn * (8 * NI) + 8 * j + 2 * (lane & 3) + (e & 1);
+                        if (r < g.M && c < g.N) v = acc_in[r * s_acc + c];
+                    }
+                    acc[i][j][e] = v;
+                }
         for (int64_t s = 0; s < steps; ++s, ++step) {
             cp_async_wait<G::STAGES - 2>();
             __syncthreads();  // this step's slot has landed for every thread; the last one's is free
@@ -1659,7 +1688,7 @@ int launch_tree_pipe_as(const TreeArgs& g, int z, void* out, int64_t s_om, int64
     const uintptr_t align = OUT_F32 ? 7u : 3u;
     const int pairs = s_on == 1 && (s_om % 2) == 0 && (reinterpret_cast<uintptr_t>(out) & align) == 0;
     dim3 grid(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(z));
-    kernel<<<grid, TP_THREADS, smem, st>>>(g, out, s_om, s_on, pairs);
+    kernel<<<grid, TP_THREADS, smem, st>>>(g, out, s_om, s_on, pairs, nullptr, nullptr, 0);
     return launch_status();
 }
 
@@ -1673,6 +1702,19 @@ int launch_tree_pipe(const TreeArgs& g, int z, void* out, int64_t s_om, int64_t 
     }
     return b_mn ? launch_tree_pipe_as<G, DEPTH, OUT_F32, LEAVES, false, true>(g, z, out, s_om, s_on, st)
                 : launch_tree_pipe_as<G, DEPTH, OUT_F32, LEAVES, false, false>(g, z, out, s_om, s_on, st);
+}
+
+template <bool OUT_F32, bool A_MN, bool B_MN>
+int launch_hilo_as(const TreeArgs& g, const bf16* lo, const float* acc_in, int64_t s_acc, cudaStream_t st) {
+    auto kernel = tree_pipe_kernel<TpForm1, 0, OUT_F32, false, A_MN, B_MN, true>;
+    constexpr size_t smem = TpSmem<TpForm1, A_MN, B_MN>::BYTES;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)))
+        return static_cast<int>(e);
+    const int64_t tiles = cdiv(g.M, TpForm1::BM) * cdiv(g.N, TpForm1::BN);
+    const uintptr_t align = OUT_F32 ? 7u : 3u;
+    const int pairs = g.s_cn == 1 && (g.s_cm % 2) == 0 && (reinterpret_cast<uintptr_t>(g.c) & align) == 0;
+    kernel<<<static_cast<unsigned>(tiles), TP_THREADS, smem, st>>>(g, g.c, g.s_cm, g.s_cn, pairs, lo, acc_in, s_acc);
+    return launch_status();
 }
 
 // The fused bf16 tree of depth 0 .. 2 in the process's pipelined form.
@@ -1893,6 +1935,31 @@ RL_EXPORT int rl_gemm_bf16_f32out(const void* a, const void* b, void* c, int64_t
 // CUDA-core FP32 GEMM. a_f32 / b_f32 / c_f32: 1 when that operand is FP32, 0 when BF16.
 // Supported: A fp32 with B bf16 (C bf16, C fp32, or C fp32 with accumulate=1), and A bf16 with B fp32
 // into C bf16 / fp32.
+// hi / lo GEMM (the tensor-core form of linear_logp's backward GEMMs, mirroring the Triton backend's
+// _bwd_dhidden_kernel / _bwd_dweight_kernel): C [M, N] = acc_in + sum over 64-wide K blocks in increasing
+// order of (hi_blk @ B_blk, then lo_blk @ B_blk), hi and lo [M, K] BF16 with the same strides, B [K, N]
+// BF16, one FP32 accumulator per output element (tree_pipe_kernel, HILO); acc_in [M, N] FP32 with row
+// stride s_acc and unit column stride, or null for 0; C FP32 (out_f32 = 1; may be acc_in itself) or BF16
+// rounded once. Needs tree_pipe_ok's layout for (hi, B) with B N-contiguous (the weight chunk of
+// dhidden, the hidden states of dweight) and lo with hi's alignment; else cudaErrorInvalidValue
+// before any launch.
+RL_EXPORT int rl_gemm_hilo(const void* hi, const void* lo, const void* b, void* c, const void* acc_in, int64_t M, int64_t N, int64_t K, int64_t s_am, int64_t s_ak, int64_t s_bk, int64_t s_bn, int64_t s_cm, int64_t s_cn, int64_t s_acc, int64_t out_f32, void* stream) {
+    if (M == 0 || N == 0) return 0;
+    TreeArgs g{static_cast<const bf16*>(hi), static_cast<const bf16*>(b), c, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
+               {0, K, K, K, K}};
+    if (!tree_pipe_ok(g, 1) || (reinterpret_cast<uintptr_t>(lo) & 15u)) return static_cast<int>(cudaErrorInvalidValue);
+    const bf16* l = static_cast<const bf16*>(lo);
+    const float* in = static_cast<const float*>(acc_in);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    if (s_bk == 1) return static_cast<int>(cudaErrorInvalidValue);  // B is N-contiguous in both products
+    if (s_ak != 1) {
+        return out_f32 ? launch_hilo_as<true, true, true>(g, l, in, s_acc, st)
+                       : launch_hilo_as<false, true, true>(g, l, in, s_acc, st);
+    }
+    return out_f32 ? launch_hilo_as<true, false, true>(g, l, in, s_acc, st)
+                   : launch_hilo_as<false, false, true>(g, l, in, s_acc, st);
+}
+
 // Pick the decode GEMV's ring variant (0 .. GV_VARIANTS - 1) for every later launch of this process;
 // returns the previous one, or -1 (and changes nothing) for a number outside the range. For the sweep
 // tool: the bits do not depend on the variant.

@@ -151,9 +151,36 @@ lp_bwd_kernel(const float* src, RowIndex si, float* dst, RowIndex di, int64_t co
     }
 }
 
+// FP32 -> a BF16 pair: hi = bf16(x), lo = bf16(x - fp32(hi)) (x - hi is exact in FP32, so hi + lo keeps
+// 16 significant bits of x). Rows of `cols` elements, row strides in elements.
+constexpr int SPLIT_THREADS = 256;
+__global__ void __launch_bounds__(SPLIT_THREADS)
+split_hilo_kernel(const float* __restrict__ x, int64_t s_x, bf16* __restrict__ hi, bf16* __restrict__ lo, int64_t s_o,
+                  int64_t cols) {
+    const int64_t row = blockIdx.x;
+    const int64_t c = static_cast<int64_t>(blockIdx.y) * SPLIT_THREADS + threadIdx.x;
+    if (c >= cols) return;
+    const float v = x[row * s_x + c];
+    const bf16 h = to_bf16(v);
+    hi[row * s_o + c] = h;
+    lo[row * s_o + c] = to_bf16(v - f32(h));
+}
+
 }  // namespace
 
 RL_EXPORT int64_t rl_logp_chunk_v(void) { return LP_CHUNK_V; }
+
+// hi / lo split of an FP32 [rows, cols] matrix (row stride s_x) into two BF16 [rows, cols] matrices
+// with row stride s_o (the operands of rl_gemm_hilo).
+RL_EXPORT int rl_split_hilo(const void* x, int64_t s_x, void* hi, void* lo, int64_t s_o, int64_t rows, int64_t cols, void* stream) {
+    if (rows == 0 || cols == 0) return 0;
+    const int64_t blocks = cdiv(cols, SPLIT_THREADS);
+    if (rows >= 2147483647LL || blocks > 65535) return static_cast<int>(cudaErrorInvalidValue);
+    split_hilo_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(blocks)), SPLIT_THREADS, 0,
+                        static_cast<cudaStream_t>(stream)>>>(static_cast<const float*>(x), s_x, static_cast<bf16*>(hi),
+                                                             static_cast<bf16*>(lo), s_o, cols);
+    return launch_status();
+}
 
 // Partial (max, sum-exp, target z) of V chunks [chunk0, chunk0 + chunks_here) for every row.
 // buf row r starts at buf + (r / n_inner) * s_bo + (r % n_inner) * s_bi and holds global column
