@@ -281,6 +281,34 @@ def with_persistent_tiles(text: str, make):
     return configured
 
 
+def with_cuda_forms(text: str, make):
+    """``make`` whose calls run the cuda_bf16 backend's training-size GEMMs in form ``text``'s number
+    (``rl_engine.ops.det_gemm.cuda.TREE_GEMM_FORMS``) and, with a ``t`` suffix, linear_logp's
+    tensor-core backward (``TENSOR_CORE_BWD_ON_CUDA``); both are set around each call and restored
+    after it."""
+    from rl_engine.ops.det_gemm import cuda as det_gemm_cuda
+    from rl_engine.ops.linear_logp import cuda as linear_logp_cuda
+
+    form, tc = int(text.rstrip("t")), text.endswith("t")
+
+    def configured():
+        call = make()
+
+        def run():
+            old_form = det_gemm_cuda.set_tree_gemm_form(form)
+            old_tc = linear_logp_cuda.TENSOR_CORE_BWD_ON_CUDA
+            linear_logp_cuda.TENSOR_CORE_BWD_ON_CUDA = tc
+            try:
+                return call()
+            finally:
+                det_gemm_cuda.set_tree_gemm_form(old_form)
+                linear_logp_cuda.TENSOR_CORE_BWD_ON_CUDA = old_tc
+
+        return run
+
+    return configured
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="triton_cuda_bf16")
@@ -304,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--persistent-configs", default="",
                     help="also ours with the persistent det_gemm in each of these configurations (comma-separated, "
                          "tools/det_gemm_prefill_sweep.py's syntax; label <backend>@<config>), in the same process")
+    ap.add_argument("--cuda-forms", default="",
+                    help="also ours with the cuda_bf16 GEMM form N of det_gemm.cuda.TREE_GEMM_FORMS (N t: and "
+                         "linear_logp's tensor-core backward), comma-separated, e.g. 1t,2t (label <backend>#<form>); "
+                         "for --backend cuda_bf16")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-persistent", action="store_true",
                     help="Triton det_gemm without its persistent TMA form (the fused form, as before issue #33)")
@@ -333,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         for text in filter(None, args.persistent_configs.split(",")):
             impls[f"{args.backend}@{text}"] = with_persistent_tiles(
                 text, lambda: ours(weights, args.backend, ids, targets, train))
+        for text in filter(None, args.cuda_forms.split(",")):
+            impls[f"{args.backend}#{text}"] = with_cuda_forms(text, lambda: ours(weights, args.backend, ids, targets, train))
         if args.hf:
             impls["hf_sdpa"] = lambda: hf(weights, ids, targets, train)
         for label, make in impls.items():
