@@ -16,9 +16,10 @@ ratios to cuBLAS. Usage on the H200::
     python tools/det_gemm_prefill_sweep.py --out sweep.json
     python tools/det_gemm_prefill_sweep.py --ms 1024,8192 --configs 128x128x8x4x8x2r,128x256x8x3x8x2r
 
-``--cuda-forms 0,1,2`` adds the ``cuda_bf16`` det_gemm in those forms of its training-size GEMMs
+``--cuda-forms 0,1,2,3`` adds the ``cuda_bf16`` det_gemm in those forms of its training-size GEMMs
 (:data:`rl_engine.ops.det_gemm.cuda.TREE_GEMM_FORMS`: 0 the WMMA kernel, 1 and 2 the pipelined
-mma.sync kernel in 128 x 128 and 128 x 256 tiles) as ``cuda0`` / ``cuda1`` / ``cuda2``, with their bits against the Triton fused form (the two backends
+mma.sync kernel in 128 x 128 and 128 x 256 tiles, 3 wgmma for the forward products) as ``cuda0`` ..
+``cuda3``, with their bits against the Triton fused form (the two backends
 give the same det_gemm bits).
 
 A configuration is ``BMxBNxWARPSxSTAGESxGROUPx<LOOP><PARK>[xBK]`` (LOOP: the kernel's loop

@@ -18,9 +18,10 @@
 //    leaf runs the same leaf loop, the leaves go through a BF16 workspace, and a second kernel
 //    applies the same merges: the same bits with 2^DEPTH times the blocks.
 //    Pipelined forms (tree_pipe_kernel, forms 1 and 2 of rl_tree_gemm_form; the WMMA kernels are form 0, the
-//    default until it has run on the H200): the same tree with the operands streamed through a
+//    default until they have run on the H200): the same tree with the operands streamed through a
 //    cp.async ring and multiplied with ldmatrix + mma.sync, for the fused tree, the leaf-parallel
-//    leaves and the FP32-output GEMM; the same bits.
+//    leaves and the FP32-output GEMM; the same bits. Form 3 (tree_wgmma_kernel): the fused tree and
+//    the FP32 output of K-contiguous operands with the warpgroup MMA (m64n128k16).
 //    Batch invariance: output (m, n) is produced from row m of A and column n of B by the same
 //    sequence of MMA instructions whatever M, the tile position of the row, or the strides (the
 //    loaders only change how values reach shared memory, never which values or in which order
@@ -1674,9 +1675,10 @@ bool tree_pipe_ok(const TreeArgs& g, int leaves) {
 
 // The form of the fused and leaf-parallel GEMMs at training sizes (rl_tree_gemm_form): 0 = the WMMA
 // kernels (tree_gemm_kernel / tree_leaf_kernel); 1 = tree_pipe_kernel in TpForm1 and 2 = the fused tree
-// in TpForm2 (the rest in TpForm1), where tree_pipe_ok holds.
+// in TpForm2 (the rest in TpForm1), where tree_pipe_ok holds; 3 = the fused tree and the FP32 output
+// by tree_wgmma_kernel where tree_wgmma_ok holds (the GPU only), the rest as form 1.
 int g_tree_form = 0;
-constexpr int TREE_FORMS = 3;
+constexpr int TREE_FORMS = 4;
 
 template <class G, int DEPTH, bool OUT_F32, bool LEAVES, bool A_MN, bool B_MN>
 int launch_tree_pipe_as(const TreeArgs& g, int z, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
@@ -1715,6 +1717,229 @@ int launch_hilo_as(const TreeArgs& g, const bf16* lo, const float* acc_in, int64
     const int pairs = g.s_cn == 1 && (g.s_cm % 2) == 0 && (reinterpret_cast<uintptr_t>(g.c) & align) == 0;
     kernel<<<static_cast<unsigned>(tiles), TP_THREADS, smem, st>>>(g, g.c, g.s_cm, g.s_cn, pairs, lo, acc_in, s_acc);
     return launch_status();
+}
+
+// Warpgroup form of the fused tree (tree_wgmma_kernel, form 3 of rl_tree_gemm_form; the GPU only):
+// tree_pipe_kernel's leaves and merges with the Hopper warpgroup MMA. A block of two warpgroups owns a
+// 128 x 128 output tile, warpgroup w rows 64 w .. 64 w + 63, and multiplies with wgmma.mma_async
+// m64n128k16 from the 128-byte-swizzle K-major ring slots of gemv_wgmma_kernel (64 k of 128 A rows and
+// 128 B rows per slot, 32 KB; TW_STAGES slots). The K loop of each leaf is the fused kernel's: 32-wide
+// steps from the leaf's first index in increasing k, each two k16 products, zero-filled past the leaf's
+// end (a slot's second step is left out when the leaf ends inside its first), one FP32 accumulator per
+// output element that takes one k16 product per instruction in increasing k, as the HMMA of mma.sync
+// does (the warpgroup GEMV's bits equal the WMMA kernel's on the H200). At a leaf's end the warpgroup
+// waits for its MMAs, rounds the leaf to BF16 and merges it as tree_pipe_kernel does (held sums in
+// registers). Needs K-contiguous operands (the forward's x @ w^T, the FP32 logits), 16-byte aligned
+// rows and every leaf bound a multiple of 8 (tree_wgmma_ok); other products run form 1.
+constexpr int TW_BM = 128;
+constexpr int TW_BN = 128;
+constexpr int TW_SK = 2 * TB_K;                     // k per ring slot
+constexpr int TW_HALF = TW_BM * TW_SK * 2;          // bytes of one operand in a slot
+constexpr int TW_SLOT = 2 * TW_HALF;                // A rows, then B rows
+constexpr int TW_STAGES = 4;
+constexpr int TW_THREADS = 256;
+
+#ifndef RL_HOST_EMU
+// d[64] += A (64 x 16, descriptor da) @ B (16 x 128, K-major descriptor db), FP32 accumulation;
+// fragment as wgmma_n64's, with 16 column groups of 8.
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(1));
+}
+
+template <int DEPTH, bool OUT_F32>
+__global__ void __launch_bounds__(TW_THREADS, 1) tree_wgmma_kernel(TreeArgs g, int pairs) {
+    static_assert(!OUT_F32 || DEPTH == 0, "FP32 output is a single leaf");
+    constexpr int NL = 1 << DEPTH;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];  // the swizzle needs 1024-byte slots
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;            // warpgroup: rows 64 wg .. 64 wg + 63 of the tile
+    const int warp = (tid >> 5) & 3;    // warp in the warpgroup: 16 of those rows
+    const int lane = tid & 31;
+
+    const int64_t tiles_m = cdiv(g.M, TW_BM);
+    const int64_t tiles_n = cdiv(g.N, TW_BN);
+    const int64_t pid = blockIdx.x;
+    const int64_t group = static_cast<int64_t>(TP_GROUP_M) * tiles_n;
+    const int64_t first_m = (pid / group) * TP_GROUP_M;
+    const int64_t rows_here = tiles_m - first_m < TP_GROUP_M ? tiles_m - first_m : TP_GROUP_M;
+    const int64_t m0 = (first_m + (pid % group) % rows_here) * TW_BM;
+    const int64_t n0 = ((pid % group) / rows_here) * TW_BN;
+
+    // This thread's copies: chunk kc = tid % 8 of rows r0 + 32 i (i < 4: A rows, i >= 4: B rows).
+    const int kc = tid & 7;
+    const int r0 = tid >> 3;
+    const uint32_t ring = smem_u32(smem_raw);
+    if (ring & 1023u) __trap();  // dynamic shared memory starts 1024-byte aligned
+    const uint32_t dst0 = ring + r0 * 128 + ((kc ^ (r0 & 7)) << 4);  // + 4096 i (32 rows), + TW_HALF for B
+    const bf16* src[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = r0 + 32 * (i & 3);
+        const bf16* p = nullptr;
+        if (i < 4) {
+            if (m0 + r < g.M) p = g.a + (m0 + r) * g.s_am + 8 * kc;
+        } else if (n0 + r < g.N) {
+            p = g.b + (n0 + r) * g.s_bn + 8 * kc;
+        }
+        src[i] = p;
+    }
+
+    // The copy cursor: leaf lf, slot at k0 (64 k); lf == NL: every slot issued.
+    int lf = 0;
+    int64_t k0 = tp_bound(g, 0);
+    auto skip_empty = [&]() {
+        while (lf < NL && k0 >= tp_bound(g, lf + 1)) {
+            ++lf;
+            if (lf < NL) k0 = tp_bound(g, lf);
+        }
+    };
+    skip_empty();
+    int issued = 0;
+    auto issue_next = [&]() {
+        if (lf < NL) {
+            const uint32_t d = dst0 + (issued % TW_STAGES) * TW_SLOT;
+            const bool in = k0 + 8 * kc < tp_bound(g, lf + 1);  // bounds are multiples of 8
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const bool ok = in && src[i] != nullptr;
+                cp_async16_s(d + (i >= 4 ? TW_HALF : 0) + 4096 * (i & 3), ok ? src[i] + k0 : g.a, ok ? 16 : 0);
+            }
+            k0 += TW_SK;
+            skip_empty();
+        }
+        cp_async_commit();
+        ++issued;
+    };
+#pragma unroll
+    for (int s = 0; s < TW_STAGES - 1; ++s) issue_next();
+
+    const uint64_t desc0 = wg_desc_sw128(ring + wg * (64 * 128));  // this warpgroup's 64 A rows
+    const uint64_t descb0 = wg_desc_sw128(ring + TW_HALF);
+    float acc[64];
+    uint32_t h0[32], h1[32];
+    int consumed = 0;
+#pragma unroll
+    for (int l = 0; l < NL; ++l) {
+        const int64_t width = tp_bound(g, l + 1) - tp_bound(g, l);
+        const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
+        const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
+        for (int64_t i = 0; i < slots; ++i, ++consumed) {
+            cp_async_wait<TW_STAGES - 2>();
+            __syncthreads();      // this slot has landed for every thread
+            fence_proxy_async();  // ... and is visible to the warpgroup MMA's reads
+            const uint64_t off = static_cast<uint64_t>(((consumed % TW_STAGES) * TW_SLOT) >> 4);
+            const uint64_t da = desc0 + off;
+            const uint64_t db = descb0 + off;
+            wg_fence();
+            wgmma_n128(acc, da, db);          // step 2 i: k 0..15
+            wgmma_n128(acc, da + 2, db + 2);  //           k 16..31
+            if (2 * i + 1 < steps) {          // uniform: no step past the leaf's last
+                wgmma_n128(acc, da + 4, db + 4);
+                wgmma_n128(acc, da + 6, db + 6);
+            }
+            wg_commit();
+            wg_wait1();       // this warp's MMAs of the slot before have completed
+            __syncthreads();  // ... every warp's: its ring place takes the next slot
+            issue_next();
+        }
+        wg_wait0();  // the leaf's sums are in acc
+        if (!OUT_F32) {
+#pragma unroll
+            for (int q = 0; q < 32; ++q) {
+                uint32_t v = tp_round2(acc[2 * q], acc[2 * q + 1]);
+                if (l == 0) {
+                    h0[q] = v;
+                } else if (l == 1) {
+                    h0[q] = tp_merge2(h0[q], v);
+                } else if (l == 2) {
+                    h1[q] = v;
+                } else {
+                    h0[q] = tp_merge2(h0[q], tp_merge2(h1[q], v));
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    const int gq = lane >> 2;
+    const int t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < TW_BN / 8; ++j)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int q = 2 * j + p;  // acc[2 q], acc[2 q + 1] = d[4 j + 2 p], d[4 j + 2 p + 1]
+            const int64_t r = m0 + 64 * wg + 16 * warp + gq + 8 * p;
+            const int64_t c = n0 + 8 * j + 2 * t;
+            if (r >= g.M || c >= g.N) continue;
+            const int64_t off = r * g.s_cm + c * g.s_cn;
+            const bool two = c + 1 < g.N;
+            if (OUT_F32) {
+                float* o = static_cast<float*>(g.c) + off;
+                if (two && pairs) {
+                    *reinterpret_cast<float2*>(o) = make_float2(acc[2 * q], acc[2 * q + 1]);
+                } else {
+                    o[0] = acc[2 * q];
+                    if (two) o[g.s_cn] = acc[2 * q + 1];
+                }
+            } else {
+                bf16* o = static_cast<bf16*>(g.c) + off;
+                if (two && pairs) {
+                    *reinterpret_cast<uint32_t*>(o) = h0[q];
+                } else {
+                    o[0] = tp_lo(h0[q]);
+                    if (two) o[g.s_cn] = tp_hi(h0[q]);
+                }
+            }
+        }
+}
+#endif
+
+// Whether tree_wgmma_kernel can run this product with leaves [0, leaves) (host side).
+bool tree_wgmma_ok(const TreeArgs& g, int leaves) {
+    if (g.s_ak != 1 || g.s_bk != 1 || (g.s_am & 7) || (g.s_bn & 7)) return false;
+    if ((reinterpret_cast<uintptr_t>(g.a) & 15u) || (reinterpret_cast<uintptr_t>(g.b) & 15u)) return false;
+    for (int i = 0; i <= leaves; ++i)
+        if (g.bounds[i] & 7) return false;
+    return cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN) < 2147483647LL;
+}
+
+template <int DEPTH, bool OUT_F32>
+int launch_tree_wgmma(const TreeArgs& g, cudaStream_t st) {
+#ifdef RL_HOST_EMU
+    (void)g, (void)st;
+    return static_cast<int>(cudaErrorNotSupported);  // the host emulation has no warpgroup MMA
+#else
+    auto kernel = tree_wgmma_kernel<DEPTH, OUT_F32>;
+    constexpr int smem = TW_STAGES * TW_SLOT;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
+        return static_cast<int>(e);
+    const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
+    const uintptr_t align = OUT_F32 ? 7u : 3u;
+    const int pairs = g.s_cn == 1 && (g.s_cm % 2) == 0 && (reinterpret_cast<uintptr_t>(g.c) & align) == 0;
+    kernel<<<static_cast<unsigned>(tiles), TW_THREADS, smem, st>>>(g, pairs);
+    return launch_status();
+#endif
 }
 
 // The fused bf16 tree of depth 0 .. 2 in the process's pipelined form.
@@ -1800,8 +2025,13 @@ int launch_tree(const TreeArgs& g, int depth, bool out_f32, bool warp_gemv, cuda
         if (warp_gemv && g.M <= GW_M && g.M < g_gemv_tile_min_m && gemv_ok(g, 1))
             return launch_gemv_warp<1, true>(g, g.c, g.s_cm, g.s_cn, st);
         if (gemv_ok(g, 1)) return launch_gemv<true>(g, 1, g.c, g.s_cm, g.s_cn, st);  // decode-sized logits
+        if (g_tree_form == 3 && tree_wgmma_ok(g, 1)) return launch_tree_wgmma<0, true>(g, st);
         if (g_tree_form >= 1 && tree_pipe_ok(g, 1)) return launch_tree_pipe<TpForm1, 0, true, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
         tree_gemm_kernel<0, true><<<grid, TB_THREADS, 0, st>>>(g);
+    } else if (g_tree_form == 3 && depth >= 0 && depth <= 2 && tree_wgmma_ok(g, leaves)) {
+        if (depth == 0) return launch_tree_wgmma<0, false>(g, st);
+        if (depth == 1) return launch_tree_wgmma<1, false>(g, st);
+        return launch_tree_wgmma<2, false>(g, st);
     } else if (g_tree_form >= 1 && depth >= 0 && depth <= 2 && tree_pipe_ok(g, leaves)) {
         return g_tree_form == 2 ? launch_tree_pipe_fused<TpForm2>(g, depth, st) : launch_tree_pipe_fused<TpForm1>(g, depth, st);
     } else if (depth == 0) {
@@ -1984,7 +2214,9 @@ RL_EXPORT int64_t rl_gemv_tile_min_m(int64_t m) {
 // Pick the form of the GEMMs at training sizes (the fused tree, its leaf-parallel form and the FP32-output
 // GEMM, wherever the decode GEMVs do not run) for every later launch of this process: 0 = the WMMA
 // kernels, 1 and 2 = the pipelined kernel (tree_pipe_kernel) in TpForm1, or TpForm2 for the fused tree,
-// wherever its layout needs hold, else the WMMA kernels. Returns the previous form, or -1 (and changes nothing) for another number. The bits do not
+// wherever its layout needs hold, else the WMMA kernels; 3 = the warpgroup kernel (tree_wgmma_kernel)
+// for the fused tree and the FP32 output with K-contiguous operands, the rest as 1 (the GPU only: the
+// host emulation answers cudaErrorNotSupported). Returns the previous form, or -1 (and changes nothing) for another number. The bits do not
 // depend on the form (tested).
 RL_EXPORT int64_t rl_tree_gemm_form(int64_t form) {
     if (form < 0 || form >= TREE_FORMS) return -1;

@@ -155,7 +155,7 @@ def set_warp_gemv_variant(variant: int) -> int:
     return _set_variant("warp gemv variant", "rl_gemv_warp_variant", variant, WARP_GEMV_VARIANTS)
 
 
-TREE_GEMM_FORMS = 3
+TREE_GEMM_FORMS = 4
 """Forms of the GEMMs at training sizes (the fused tree, the leaf-parallel form's leaves where the decode
 GEMVs do not run, and the FP32-output GEMM): 0, the library's default, = the WMMA kernels
 (``tree_gemm_kernel`` / ``tree_leaf_kernel``: one 32-wide K step at a time through shared memory,
@@ -165,9 +165,13 @@ forward's ``x @ w^T`` and both backward GEMMs' transposed views), where :func:`t
 (else form 0 runs). Form 1: 128 x 128 tiles, 4 ring slots, the leaf sums held for the merges in
 registers. Form 2: the fused tree in 128 x 256 tiles (64 x 64 per warp: half the shared-memory reads
 per MMA), 3 slots, the held sums in shared memory; its leaf-parallel leaves and FP32 outputs run as
-form 1. Same leaves, steps, MMA instruction and roundings per output element, so the same bits
-(tested against form 0 in the host emulation). A pipelined form becomes the default once the H200
-has run and timed them."""
+form 1. Form 3 (the GPU only; the host emulation raises CudaKernelError, cudaErrorNotSupported):
+the fused tree and the FP32 output of K-contiguous operands (the forward products, the logits) by
+``tree_wgmma_kernel``, two warpgroups per 128 x 128 tile with wgmma m64n128k16 from 128-byte-swizzle
+ring slots of 64 k (the warpgroup GEMV's layout), every leaf bound a multiple of 8; the rest as form
+1. Same leaves, steps, k16 products in the same order and roundings per output element, so the same
+bits (forms 1 and 2 tested against form 0 in the host emulation; form 3 on the GPU only). A pipelined
+form becomes the default once the H200 has run and timed them."""
 
 
 def set_tree_gemm_form(form: int) -> int:
