@@ -1,0 +1,738 @@
+// Pipelined tensor-core tree GEMM of the cuda_bf16 backend: tree_pipe_kernel (cp.async ring, ldmatrix +
+// mma.sync; forms 1 and 2 of rl_tree_gemm_form), tree_wgmma_kernel (the warpgroup MMA; form 3) and the
+// hi / lo GEMM of linear_logp's tensor-core backward (rl_gemm_hilo). gemm.cu's launchers call the
+// entry points declared in gemm.cuh; the tree itself (leaves, steps, merges) is described there
+// and in gemm.cu's header.
+#include <cstdint>
+
+#include "common.cuh"
+#include "gemm.cuh"
+
+using namespace rl;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Pipelined tensor-core tree GEMM (tree_pipe_kernel, forms 1 and 2 of rl_tree_gemm_form)
+// ---------------------------------------------------------------------------------------------
+// tree_gemm_kernel's tree with the operands streamed through a ring of shared-memory slots by
+// cp.async and multiplied with ldmatrix + mma.sync m16n8k16 (the HMMA instruction WMMA's 16x16x16
+// BF16 tiles are made of; the tile GEMV uses it too). Per output element the steps, their order and
+// the roundings are tree_gemm_kernel's: each leaf [lo, hi) accumulated in FP32 over 32-wide K steps
+// from lo in increasing k (a step is two MMAs, k 0..15 then 16..31, zero-filled past hi), rounded
+// once to BF16, merged bf16(fp32(l) + fp32(r)) as ((l0 + l1) + (l2 + l3)). The leaves follow one
+// another through the same ring, so the copies of a leaf's first steps are in flight while the leaf
+// before it finishes.
+// Geometry (TpGeo): a BM x BN output tile per block of 8 warps (2 along M x 4 along N), each warp a
+// (BM / 2) x (BN / 4) sub-tile of 16 x 8 accumulator fragments; STAGES ring slots; the rounded leaf
+// sums a leaf must keep for a later merge held in registers (HELD_SMEM false) or in shared memory
+// (true: each thread stores and reloads only its own values, so no barrier is needed).
+//   form 1: 128 x 128, 4 slots, held in registers (64 x 32 per warp);
+//   form 2: 128 x 256, 3 slots, held in shared memory (64 x 64 per warp: half the ldmatrix traffic
+//           per MMA; 220 KB of shared memory), the fused bf16 tree only (the leaf-parallel leaves and
+//           the FP32-output GEMM run form 1).
+// Each operand is either K-contiguous (its slot holds R rows of 32 k, read by ldmatrix) or M- / N-
+// contiguous (its slot holds 32 rows of R elements, read by ldmatrix.trans): A_MN / B_MN; both
+// layouts hand the MMA the same fragments. Needs (tree_pipe_ok, host side): 16-byte aligned bases,
+// the non-unit stride a multiple of 8 elements and, for a K-contiguous operand, leaf starts that are
+// multiples of 8, so every 16-byte copy starts inside its row at an aligned address; a copy that
+// crosses hi, M or N reads only the bytes before it and zero-fills the rest (cp.async's source size).
+// Tiles run TP_GROUP_M tile rows at a time down the tile columns, so neighbouring blocks share B.
+constexpr int TP_K = TB_K;
+constexpr int TP_THREADS = 256;
+constexpr int TP_GROUP_M = 8;
+constexpr int TP_LDK = TP_K + 8;  // K-contiguous slot rows: 40 elements (80 bytes: the 8 rows of an
+                                  // ldmatrix matrix fall on distinct banks)
+
+template <int BM_, int BN_, int STAGES_, bool HELD_SMEM_>
+struct TpGeo {
+    static constexpr int BM = BM_, BN = BN_, STAGES = STAGES_;
+    static constexpr bool HELD_SMEM = HELD_SMEM_;
+    static constexpr int MI = BM / 2 / 16;  // fragments per warp along M (16 rows each)
+    static constexpr int NI = BN / 4 / 8;   // fragments per warp along N (8 columns each)
+    static_assert(BM % 32 == 0 && BN % 32 == 0, "whole fragments per warp; B fragments loaded in pairs of k halves");
+};
+typedef TpGeo<128, 128, 4, false> TpForm1;
+typedef TpGeo<128, 256, 3, true> TpForm2;
+
+// One operand's slot: R rows (M or N) x 32 k.
+template <bool MN, int R>
+struct TpOperand {
+    static constexpr int LD = MN ? R + 8 : TP_LDK;  // slot row stride (elements); R + 8: rows 16 bytes
+                                                    // apart in banks, as for the K-contiguous rows
+    static constexpr int ELEMS = MN ? TP_K * LD : R * LD;  // elements per slot
+    static constexpr int CHUNKS = R * TP_K / 8;            // 16-byte copies per slot
+    static constexpr int NCOPY = CHUNKS / TP_THREADS;      // per thread
+    static_assert(CHUNKS % TP_THREADS == 0, "every thread copies the same number of chunks");
+};
+
+template <class G, bool A_MN, bool B_MN>
+struct TpSmem {
+    typedef TpOperand<A_MN, G::BM> OA;
+    typedef TpOperand<B_MN, G::BN> OB;
+    static constexpr int SLOT = OA::ELEMS + OB::ELEMS;
+    static constexpr size_t RING = static_cast<size_t>(G::STAGES) * SLOT * sizeof(bf16);
+    static constexpr size_t HELD = G::HELD_SMEM ? static_cast<size_t>(2) * G::BM * G::BN * sizeof(bf16) : 0;
+    static constexpr size_t BYTES = RING + HELD;
+    static_assert(RING % 16 == 0, "the held sums start 16-byte aligned");
+};
+
+// One thread's copies of one operand: chunk i is copy tid + TP_THREADS i of the slot.
+template <bool MN, int R>
+struct TpCopies {
+    typedef TpOperand<MN, R> O;
+    const bf16* src[O::NCOPY];  // the chunk's address at k = 0 (nullptr: row past the edge)
+    int dst[O::NCOPY];          // its place in the slot (elements)
+    int koff[O::NCOPY];         // K-contiguous: its first k in the step; MN: its k row
+    int bytes[O::NCOPY];        // MN: bytes before the M / N edge (16 inside)
+
+    // Operand rows r0 .. r0 + R - 1 (M or N) below r_lim, addressed as x[r * s_r + k * s_k].
+    __device__ __forceinline__ void init(const bf16* x, int64_t s_r, int64_t s_k, int64_t r0, int64_t r_lim) {
+#pragma unroll
+        for (int i = 0; i < O::NCOPY; ++i) {
+            const int c = static_cast<int>(threadIdx.x) + TP_THREADS * i;
+            if (MN) {
+                const int kr = c / (R / 8);
+                const int rc = (c % (R / 8)) * 8;
+                const int64_t left = r_lim - (r0 + rc);
+                src[i] = left > 0 ? x + (r0 + rc) + kr * s_k : nullptr;
+                bytes[i] = left >= 8 ? 16 : (left > 0 ? static_cast<int>(2 * left) : 0);
+                dst[i] = kr * O::LD + rc;
+                koff[i] = kr;
+            } else {
+                const int r = c / (TP_K / 8);
+                const int kc = (c % (TP_K / 8)) * 8;
+                src[i] = r0 + r < r_lim ? x + (r0 + r) * s_r + kc : nullptr;
+                bytes[i] = 16;
+                dst[i] = r * O::LD + kc;
+                koff[i] = kc;
+            }
+        }
+    }
+
+    // The copies of the 32-wide step at k0 of a leaf ending at hi into slot (elements at slot), from
+    // the operand part `part` elements on (the lo part of a hi / lo pair; else 0).
+    __device__ __forceinline__ void issue(bf16* slot, int64_t k0, int64_t hi, int64_t s_k, const bf16* dummy,
+                                          int64_t part = 0) const {
+#pragma unroll
+        for (int i = 0; i < O::NCOPY; ++i) {
+            const int64_t k = k0 + koff[i];
+            int n = 0;
+            const bf16* p = dummy;
+            if (src[i] != nullptr && k < hi) {
+                if (MN) {
+                    n = bytes[i];
+                    p = src[i] + k0 * s_k + part;
+                } else {
+                    n = hi - k >= 8 ? 16 : static_cast<int>(2 * (hi - k));
+                    p = src[i] + k0 + part;
+                }
+            }
+            cp_async16(slot + dst[i], p, n);
+        }
+    }
+};
+
+// The bound of leaf edge i (0 .. 4) without indexing a parameter array at run time.
+__device__ __forceinline__ int64_t tp_bound(const TreeArgs& g, int i) {
+    return i == 0 ? g.bounds[0] : i == 1 ? g.bounds[1] : i == 2 ? g.bounds[2] : i == 3 ? g.bounds[3] : g.bounds[4];
+}
+
+// Two BF16 values in one register (low half: the first), and back (exact).
+__device__ __forceinline__ uint32_t tp_pack(bf16 lo, bf16 hi) {
+    return static_cast<uint32_t>(static_cast<__nv_bfloat16_raw>(lo).x) |
+           (static_cast<uint32_t>(static_cast<__nv_bfloat16_raw>(hi).x) << 16);
+}
+__device__ __forceinline__ bf16 tp_lo(uint32_t v) {
+    __nv_bfloat16_raw r;
+    r.x = static_cast<unsigned short>(v & 0xffffu);
+    return bf16(r);
+}
+__device__ __forceinline__ bf16 tp_hi(uint32_t v) {
+    __nv_bfloat16_raw r;
+    r.x = static_cast<unsigned short>(v >> 16);
+    return bf16(r);
+}
+// round_leaf of two neighbouring sums, and merge_into of two packed pairs.
+__device__ __forceinline__ uint32_t tp_round2(float lo, float hi) { return tp_pack(to_bf16(lo), to_bf16(hi)); }
+__device__ __forceinline__ uint32_t tp_merge2(uint32_t l, uint32_t r) {
+    return tp_pack(to_bf16(f32(tp_lo(l)) + f32(tp_lo(r))), to_bf16(f32(tp_hi(l)) + f32(tp_hi(r))));
+}
+
+// The rounded leaf sums a block keeps for later merges: two sets (h0: l0, then l0 + l1, then the
+// result; h1: l2, then l2 + l3) of this thread's MI x NI x 2 packed pairs, in registers or in this
+// thread's own places of shared memory (word (set, pair) of lane l at [set][pair][warp][lane]:
+// consecutive lanes, consecutive banks).
+template <class G>
+struct TpHeld {
+    static constexpr int PAIRS = G::MI * G::NI * 2;
+    uint32_t reg[G::HELD_SMEM ? 1 : 2][G::HELD_SMEM ? 1 : PAIRS];
+    uint32_t* mem;
+
+    __device__ __forceinline__ void init(unsigned char* base) {
+        mem = reinterpret_cast<uint32_t*>(base) + threadIdx.x;
+    }
+    __device__ __forceinline__ uint32_t get(int set, int q) const {
+        if (G::HELD_SMEM) return mem[(set * PAIRS + q) * TP_THREADS];
+        return reg[G::HELD_SMEM ? 0 : set][G::HELD_SMEM ? 0 : q];
+    }
+    __device__ __forceinline__ void put(int set, int q, uint32_t v) {
+        if (G::HELD_SMEM) mem[(set * PAIRS + q) * TP_THREADS] = v;
+        else reg[G::HELD_SMEM ? 0 : set][G::HELD_SMEM ? 0 : q] = v;
+    }
+};
+
+// DEPTH: the tree (2^DEPTH leaves, merged in the block); LEAVES: one leaf per blockIdx.z instead,
+// rounded to BF16 and stored at out + leaf M N (the leaf-parallel form's workspace; DEPTH 0);
+// OUT_F32: the FP32 sums themselves (DEPTH 0). pairs: the host found two neighbouring columns one
+// 4-byte (BF16) or 8-byte (FP32) aligned store apart.
+// HILO (DEPTH 0, rl_gemm_hilo): A is a pair of BF16 parts of one FP32 operand, g.a (hi) and a_lo (lo,
+// same strides), and one FP32 accumulator runs over K in blocks of HILO_BLOCK: the block's hi part
+// (two 32-wide steps), then its lo part against the same B rows, zero-filled past K; it starts from
+// acc_in [M, N] (row stride s_acc) when given, else from 0, and is stored as FP32 or rounded once.
+constexpr int HILO_BLOCK = 64;
+template <class G, int DEPTH, bool OUT_F32, bool LEAVES, bool A_MN, bool B_MN, bool HILO = false>
+__global__ void __launch_bounds__(TP_THREADS, 1)
+    tree_pipe_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on, int pairs, const bf16* a_lo,
+                     const float* acc_in, int64_t s_acc) {
+    static_assert(!(OUT_F32 || LEAVES || HILO) || DEPTH == 0, "FP32 output, the leaf workspace and hi / lo are single leaves");
+    static_assert(!(HILO && LEAVES), "hi / lo products have no leaf workspace");
+    static_assert(HILO_BLOCK == 2 * TP_K, "a hi / lo block is two steps of each part");
+    typedef TpSmem<G, A_MN, B_MN> S;
+    constexpr int NL = 1 << DEPTH;
+    constexpr int MI = G::MI, NI = G::NI;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16* ring = reinterpret_cast<bf16*>(smem_raw);
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int wm = warp / 4;
+    const int wn = warp % 4;
+
+    // Grouped tile order.
+    const int64_t tiles_m = cdiv(g.M, G::BM);
+    const int64_t tiles_n = cdiv(g.N, G::BN);
+    const int64_t pid = blockIdx.x;
+    const int64_t group = static_cast<int64_t>(TP_GROUP_M) * tiles_n;
+    const int64_t first_m = (pid / group) * TP_GROUP_M;
+    const int64_t rows_here = tiles_m - first_m < TP_GROUP_M ? tiles_m - first_m : TP_GROUP_M;
+    const int64_t m0 = (first_m + (pid % group) % rows_here) * G::BM;
+    const int64_t n0 = ((pid % group) / rows_here) * G::BN;
+    const int first = LEAVES ? static_cast<int>(blockIdx.z) : 0;
+
+    TpCopies<A_MN, G::BM> ca;
+    TpCopies<B_MN, G::BN> cb;
+    ca.init(g.a, g.s_am, g.s_ak, m0, g.M);
+    cb.init(g.b, g.s_bn, g.s_bk, n0, g.N);
+
+    // The copy cursor: leaf lf, step at k0 (lf == first + NL: every step issued). hi / lo: step `issued`
+    // of hilo_steps is part (issued >> 1) & 1 of block issued >> 2, its half issued & 1.
+    int lf = first;
+    int64_t k0 = tp_bound(g, first);
+    auto skip_empty = [&]() {
+        while (lf < first + NL && k0 >= tp_bound(g, lf + 1)) {
+            ++lf;
+            if (lf < first + NL) k0 = tp_bound(g, lf);
+        }
+    };
+    if (!HILO) skip_empty();
+    const int64_t hilo_steps = HILO ? 4 * cdiv(g.K, static_cast<int64_t>(HILO_BLOCK)) : 0;
+    const int64_t lo_part = HILO ? a_lo - g.a : 0;
+    int64_t issued = 0;
+    auto issue_next = [&]() {
+        if (HILO) {
+            if (issued < hilo_steps) {
+                bf16* slot = ring + (issued % G::STAGES) * S::SLOT;
+                const int64_t kk = (issued >> 2) * HILO_BLOCK + (issued & 1) * TP_K;
+                ca.issue(slot, kk, g.K, g.s_ak, g.a, ((issued >> 1) & 1) ? lo_part : 0);
+                cb.issue(slot + S::OA::ELEMS, kk, g.K, g.s_bk, g.a);
+            }
+        } else if (lf < first + NL) {
+            bf16* slot = ring + (issued % G::STAGES) * S::SLOT;
+            const int64_t hi = tp_bound(g, lf + 1);
+            ca.issue(slot, k0, hi, g.s_ak, g.a);
+            cb.issue(slot + S::OA::ELEMS, k0, hi, g.s_bk, g.a);
+            k0 += TP_K;
+            skip_empty();
+        }
+        cp_async_commit();
+        ++issued;
+    };
+#pragma unroll
+    for (int s = 0; s < G::STAGES - 1; ++s) issue_next();
+
+    // ldmatrix row addresses (elements from the operand's slot base, without the step's k or slot).
+    // A, K-contiguous: lanes 0..15 rows 0..15 at k 0, lanes 16..31 the same rows at k 8 (+16 for the
+    // second MMA). A, M-contiguous: lane 8q + r, k row 8 (q >> 1) + r, columns 8 (q & 1) on (+16 rows).
+    // B, K-contiguous: lane 8q + r, column row r of the fragment at k 8q (one x4: both MMAs' halves).
+    // B, N-contiguous: lane l, k row l, the fragment's 8 columns.
+    constexpr int LDA = S::OA::LD, LDB = S::OB::LD;
+    const int a_off = A_MN ? ((lane >> 4) * 8 + (lane & 7)) * LDA + wm * (16 * MI) + ((lane >> 3) & 1) * 8
+                           : (wm * (16 * MI) + (lane & 15)) * LDA + (lane >> 4) * 8;
+    const int b_off = B_MN ? lane * LDB + wn * (8 * NI) : (wn * (8 * NI) + (lane & 7)) * LDB + (lane >> 3) * 8;
+    constexpr int A_FRAG = A_MN ? 16 : 16 * LDA;  // to the next 16 rows
+    constexpr int A_HALF = A_MN ? 16 * LDA : 16;  // to k 16
+    constexpr int B_FRAG = B_MN ? 8 : 8 * LDB;    // to the next 8 columns
+
+    float acc[MI][NI][4];
+    TpHeld<G> held;
+    held.init(smem_raw + S::RING);
+    int64_t step = 0;
+#pragma unroll
+    for (int l = 0; l < NL; ++l) {
+        const int leaf = first + l;
+        const int64_t steps =
+            HILO ? hilo_steps : cdiv(tp_bound(g, leaf + 1) - tp_bound(g, leaf), static_cast<int64_t>(TP_K));
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float v = 0.0f;
+                    if (HILO && acc_in != nullptr) {
+                        const int64_t r = m0 + wm * (16 * MI) + 16 * i + (lane >> 2) + 8 * (e >> 1);
+                        const int64_t c = n0 + wn * (8 * NI) + 8 * j + 2 * (lane & 3) + (e & 1);
+                        if (r < g.M && c < g.N) v = acc_in[r * s_acc + c];
+                    }
+                    acc[i][j][e] = v;
+                }
+        for (int64_t s = 0; s < steps; ++s, ++step) {
+            cp_async_wait<G::STAGES - 2>();
+            __syncthreads();  // this step's slot has landed for every thread; the last one's is free
+            issue_next();
+            const bf16* sa = ring + (step % G::STAGES) * S::SLOT;
+            const bf16* sb = sa + S::OA::ELEMS;
+            uint32_t bq[NI][4];
+#pragma unroll
+            for (int j = 0; j < NI; ++j) {
+                if (B_MN) ldsm_x4_t(bq[j], sb + b_off + j * B_FRAG);
+                else ldsm_x4(bq[j], sb + b_off + j * B_FRAG);
+            }
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {  // k 0..15, then 16..31
+                uint32_t a[MI][4];
+#pragma unroll
+                for (int i = 0; i < MI; ++i) {
+                    if (A_MN) ldsm_x4_t(a[i], sa + a_off + i * A_FRAG + c * A_HALF);
+                    else ldsm_x4(a[i], sa + a_off + i * A_FRAG + c * A_HALF);
+                }
+#pragma unroll
+                for (int j = 0; j < NI; ++j) {
+                    const uint32_t b[2] = {bq[j][2 * c], bq[j][2 * c + 1]};
+#pragma unroll
+                    for (int i = 0; i < MI; ++i) mma_bf16_16816(acc[i][j], a[i], b);
+                }
+            }
+        }
+        if (!OUT_F32) {
+            // l0 into h0; l0 + l1 into h0; l2 into h1; l2 + l3 into h1, then (l0 + l1) + (l2 + l3) into h0.
+            const int set = l < 2 ? 0 : 1;
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NI; ++j)
+#pragma unroll
+                    for (int p = 0; p < 2; ++p) {
+                        const int q = (i * NI + j) * 2 + p;
+                        uint32_t v = tp_round2(acc[i][j][2 * p], acc[i][j][2 * p + 1]);
+                        if (l & 1) v = tp_merge2(held.get(set, q), v);
+                        if (l == 3) v = tp_merge2(held.get(0, q), v);
+                        held.put(l == 3 ? 0 : set, q, v);
+                    }
+        }
+    }
+    cp_async_wait<0>();
+
+    const int gq = lane >> 2;
+    const int t = lane & 3;
+    const int64_t leaf_off = LEAVES ? static_cast<int64_t>(first) * g.M * g.N : 0;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+                const int64_t r = m0 + wm * (16 * MI) + 16 * i + gq + 8 * p;
+                const int64_t c = n0 + wn * (8 * NI) + 8 * j + 2 * t;
+                if (r >= g.M || c >= g.N) continue;
+                const int64_t off = leaf_off + r * s_om + c * s_on;
+                const bool two = c + 1 < g.N;
+                if (OUT_F32) {
+                    float* o = static_cast<float*>(out) + off;
+                    if (two && pairs) {
+                        *reinterpret_cast<float2*>(o) = make_float2(acc[i][j][2 * p], acc[i][j][2 * p + 1]);
+                    } else {
+                        o[0] = acc[i][j][2 * p];
+                        if (two) o[s_on] = acc[i][j][2 * p + 1];
+                    }
+                } else {
+                    const uint32_t v = held.get(0, (i * NI + j) * 2 + p);
+                    bf16* o = static_cast<bf16*>(out) + off;
+                    if (two && pairs) {
+                        *reinterpret_cast<uint32_t*>(o) = v;
+                    } else {
+                        o[0] = tp_lo(v);
+                        if (two) o[s_on] = tp_hi(v);
+                    }
+                }
+            }
+}
+
+}  // namespace
+
+// Whether tree_pipe_kernel can run this product with leaves [0, leaves) (host side; layout, alignment
+// and bounds only, never M).
+bool rl::tree_pipe_ok(const TreeArgs& g, int leaves) {
+    if ((reinterpret_cast<uintptr_t>(g.a) & 15u) || (reinterpret_cast<uintptr_t>(g.b) & 15u)) return false;
+    const bool a_k = g.s_ak == 1;
+    const bool b_k = g.s_bk == 1;
+    if (a_k ? (g.s_am & 7) != 0 : (g.s_am != 1 || (g.s_ak & 7) != 0)) return false;
+    if (b_k ? (g.s_bn & 7) != 0 : (g.s_bn != 1 || (g.s_bk & 7) != 0)) return false;
+    if (a_k || b_k)
+        for (int i = 0; i < leaves; ++i)
+            if (g.bounds[i] & 7) return false;
+    return cdiv(g.M, 128) * cdiv(g.N, 128) < 2147483647LL;
+}
+
+int rl::g_tree_form = 0;
+
+namespace {
+
+template <class G, int DEPTH, bool OUT_F32, bool LEAVES, bool A_MN, bool B_MN>
+int launch_tree_pipe_as(const TreeArgs& g, int z, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    auto kernel = tree_pipe_kernel<G, DEPTH, OUT_F32, LEAVES, A_MN, B_MN>;
+    constexpr size_t smem = TpSmem<G, A_MN, B_MN>::BYTES;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)))
+        return static_cast<int>(e);
+    const int64_t tiles = cdiv(g.M, G::BM) * cdiv(g.N, G::BN);
+    const uintptr_t align = OUT_F32 ? 7u : 3u;
+    const int pairs = s_on == 1 && (s_om % 2) == 0 && (reinterpret_cast<uintptr_t>(out) & align) == 0;
+    dim3 grid(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(z));
+    kernel<<<grid, TP_THREADS, smem, st>>>(g, out, s_om, s_on, pairs, nullptr, nullptr, 0);
+    return launch_status();
+}
+
+template <class G, int DEPTH, bool OUT_F32, bool LEAVES>
+int launch_tree_pipe(const TreeArgs& g, int z, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
+    const bool a_mn = g.s_ak != 1;
+    const bool b_mn = g.s_bk != 1;
+    if (a_mn) {
+        return b_mn ? launch_tree_pipe_as<G, DEPTH, OUT_F32, LEAVES, true, true>(g, z, out, s_om, s_on, st)
+                    : launch_tree_pipe_as<G, DEPTH, OUT_F32, LEAVES, true, false>(g, z, out, s_om, s_on, st);
+    }
+    return b_mn ? launch_tree_pipe_as<G, DEPTH, OUT_F32, LEAVES, false, true>(g, z, out, s_om, s_on, st)
+                : launch_tree_pipe_as<G, DEPTH, OUT_F32, LEAVES, false, false>(g, z, out, s_om, s_on, st);
+}
+
+template <bool OUT_F32, bool A_MN, bool B_MN>
+int launch_hilo_as(const TreeArgs& g, const bf16* lo, const float* acc_in, int64_t s_acc, cudaStream_t st) {
+    auto kernel = tree_pipe_kernel<TpForm1, 0, OUT_F32, false, A_MN, B_MN, true>;
+    constexpr size_t smem = TpSmem<TpForm1, A_MN, B_MN>::BYTES;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)))
+        return static_cast<int>(e);
+    const int64_t tiles = cdiv(g.M, TpForm1::BM) * cdiv(g.N, TpForm1::BN);
+    const uintptr_t align = OUT_F32 ? 7u : 3u;
+    const int pairs = g.s_cn == 1 && (g.s_cm % 2) == 0 && (reinterpret_cast<uintptr_t>(g.c) & align) == 0;
+    kernel<<<static_cast<unsigned>(tiles), TP_THREADS, smem, st>>>(g, g.c, g.s_cm, g.s_cn, pairs, lo, acc_in, s_acc);
+    return launch_status();
+}
+
+// Warpgroup form of the fused tree (tree_wgmma_kernel, form 3 of rl_tree_gemm_form; the GPU only):
+// tree_pipe_kernel's leaves and merges with the Hopper warpgroup MMA. A block of two warpgroups owns a
+// 128 x 128 output tile, warpgroup w rows 64 w .. 64 w + 63, and multiplies with wgmma.mma_async
+// m64n128k16 from the 128-byte-swizzle K-major ring slots of gemv_wgmma_kernel (64 k of 128 A rows and
+// 128 B rows per slot, 32 KB; TW_STAGES slots). The K loop of each leaf is the fused kernel's: 32-wide
+// steps from the leaf's first index in increasing k, each two k16 products, zero-filled past the leaf's
+// end (a slot's second step is left out when the leaf ends inside its first), one FP32 accumulator per
+// output element that takes one k16 product per instruction in increasing k, as the HMMA of mma.sync
+// does (the warpgroup GEMV's bits equal the WMMA kernel's on the H200). At a leaf's end the warpgroup
+// waits for its MMAs, rounds the leaf to BF16 and merges it as tree_pipe_kernel does (held sums in
+// registers). Needs K-contiguous operands (the forward's x @ w^T, the FP32 logits), 16-byte aligned
+// rows and every leaf bound a multiple of 8 (tree_wgmma_ok); other products run form 1.
+constexpr int TW_BM = 128;
+constexpr int TW_BN = 128;
+constexpr int TW_SK = 2 * TB_K;                     // k per ring slot
+constexpr int TW_HALF = TW_BM * TW_SK * 2;          // bytes of one operand in a slot
+constexpr int TW_SLOT = 2 * TW_HALF;                // A rows, then B rows
+constexpr int TW_STAGES = 4;
+constexpr int TW_THREADS = 256;
+
+#ifndef RL_HOST_EMU
+// d[64] += A (64 x 16, descriptor da) @ B (16 x 128, K-major descriptor db), FP32 accumulation;
+// fragment as wgmma_n64's, with 16 column groups of 8.
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(1));
+}
+
+template <int DEPTH, bool OUT_F32>
+__global__ void __launch_bounds__(TW_THREADS, 1) tree_wgmma_kernel(TreeArgs g, int pairs) {
+    static_assert(!OUT_F32 || DEPTH == 0, "FP32 output is a single leaf");
+    constexpr int NL = 1 << DEPTH;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];  // the swizzle needs 1024-byte slots
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;            // warpgroup: rows 64 wg .. 64 wg + 63 of the tile
+    const int warp = (tid >> 5) & 3;    // warp in the warpgroup: 16 of those rows
+    const int lane = tid & 31;
+
+    const int64_t tiles_m = cdiv(g.M, TW_BM);
+    const int64_t tiles_n = cdiv(g.N, TW_BN);
+    const int64_t pid = blockIdx.x;
+    const int64_t group = static_cast<int64_t>(TP_GROUP_M) * tiles_n;
+    const int64_t first_m = (pid / group) * TP_GROUP_M;
+    const int64_t rows_here = tiles_m - first_m < TP_GROUP_M ? tiles_m - first_m : TP_GROUP_M;
+    const int64_t m0 = (first_m + (pid % group) % rows_here) * TW_BM;
+    const int64_t n0 = ((pid % group) / rows_here) * TW_BN;
+
+    // This thread's copies: chunk kc = tid % 8 of rows r0 + 32 i (i < 4: A rows, i >= 4: B rows).
+    const int kc = tid & 7;
+    const int r0 = tid >> 3;
+    const uint32_t ring = smem_u32(smem_raw);
+    if (ring & 1023u) __trap();  // dynamic shared memory starts 1024-byte aligned
+    const uint32_t dst0 = ring + r0 * 128 + ((kc ^ (r0 & 7)) << 4);  // + 4096 i (32 rows), + TW_HALF for B
+    const bf16* src[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = r0 + 32 * (i & 3);
+        const bf16* p = nullptr;
+        if (i < 4) {
+            if (m0 + r < g.M) p = g.a + (m0 + r) * g.s_am + 8 * kc;
+        } else if (n0 + r < g.N) {
+            p = g.b + (n0 + r) * g.s_bn + 8 * kc;
+        }
+        src[i] = p;
+    }
+
+    // The copy cursor: leaf lf, slot at k0 (64 k); lf == NL: every slot issued.
+    int lf = 0;
+    int64_t k0 = tp_bound(g, 0);
+    auto skip_empty = [&]() {
+        while (lf < NL && k0 >= tp_bound(g, lf + 1)) {
+            ++lf;
+            if (lf < NL) k0 = tp_bound(g, lf);
+        }
+    };
+    skip_empty();
+    int issued = 0;
+    auto issue_next = [&]() {
+        if (lf < NL) {
+            const uint32_t d = dst0 + (issued % TW_STAGES) * TW_SLOT;
+            const bool in = k0 + 8 * kc < tp_bound(g, lf + 1);  // bounds are multiples of 8
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const bool ok = in && src[i] != nullptr;
+                cp_async16_s(d + (i >= 4 ? TW_HALF : 0) + 4096 * (i & 3), ok ? src[i] + k0 : g.a, ok ? 16 : 0);
+            }
+            k0 += TW_SK;
+            skip_empty();
+        }
+        cp_async_commit();
+        ++issued;
+    };
+#pragma unroll
+    for (int s = 0; s < TW_STAGES - 1; ++s) issue_next();
+
+    const uint64_t desc0 = wg_desc_sw128(ring + wg * (64 * 128));  // this warpgroup's 64 A rows
+    const uint64_t descb0 = wg_desc_sw128(ring + TW_HALF);
+    float acc[64];
+    uint32_t h0[32], h1[32];
+    int consumed = 0;
+#pragma unroll
+    for (int l = 0; l < NL; ++l) {
+        const int64_t width = tp_bound(g, l + 1) - tp_bound(g, l);
+        const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
+        const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
+        for (int64_t i = 0; i < slots; ++i, ++consumed) {
+            cp_async_wait<TW_STAGES - 2>();
+            __syncthreads();      // this slot has landed for every thread
+            fence_proxy_async();  // ... and is visible to the warpgroup MMA's reads
+            const uint64_t off = static_cast<uint64_t>(((consumed % TW_STAGES) * TW_SLOT) >> 4);
+            const uint64_t da = desc0 + off;
+            const uint64_t db = descb0 + off;
+            wg_fence();
+            wgmma_n128(acc, da, db);          // step 2 i: k 0..15
+            wgmma_n128(acc, da + 2, db + 2);  //           k 16..31
+            if (2 * i + 1 < steps) {          // uniform: no step past the leaf's last
+                wgmma_n128(acc, da + 4, db + 4);
+                wgmma_n128(acc, da + 6, db + 6);
+            }
+            wg_commit();
+            wg_wait1();       // this warp's MMAs of the slot before have completed
+            __syncthreads();  // ... every warp's: its ring place takes the next slot
+            issue_next();
+        }
+        wg_wait0();  // the leaf's sums are in acc
+        if (!OUT_F32) {
+#pragma unroll
+            for (int q = 0; q < 32; ++q) {
+                uint32_t v = tp_round2(acc[2 * q], acc[2 * q + 1]);
+                if (l == 0) {
+                    h0[q] = v;
+                } else if (l == 1) {
+                    h0[q] = tp_merge2(h0[q], v);
+                } else if (l == 2) {
+                    h1[q] = v;
+                } else {
+                    h0[q] = tp_merge2(h0[q], tp_merge2(h1[q], v));
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    const int gq = lane >> 2;
+    const int t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < TW_BN / 8; ++j)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int q = 2 * j + p;  // acc[2 q], acc[2 q + 1] = d[4 j + 2 p], d[4 j + 2 p + 1]
+            const int64_t r = m0 + 64 * wg + 16 * warp + gq + 8 * p;
+            const int64_t c = n0 + 8 * j + 2 * t;
+            if (r >= g.M || c >= g.N) continue;
+            const int64_t off = r * g.s_cm + c * g.s_cn;
+            const bool two = c + 1 < g.N;
+            if (OUT_F32) {
+                float* o = static_cast<float*>(g.c) + off;
+                if (two && pairs) {
+                    *reinterpret_cast<float2*>(o) = make_float2(acc[2 * q], acc[2 * q + 1]);
+                } else {
+                    o[0] = acc[2 * q];
+                    if (two) o[g.s_cn] = acc[2 * q + 1];
+                }
+            } else {
+                bf16* o = static_cast<bf16*>(g.c) + off;
+                if (two && pairs) {
+                    *reinterpret_cast<uint32_t*>(o) = h0[q];
+                } else {
+                    o[0] = tp_lo(h0[q]);
+                    if (two) o[g.s_cn] = tp_hi(h0[q]);
+                }
+            }
+        }
+}
+#endif
+
+// Whether tree_wgmma_kernel can run this product with leaves [0, leaves) (host side).
+bool tree_wgmma_ok(const TreeArgs& g, int leaves) {
+    if (g.s_ak != 1 || g.s_bk != 1 || (g.s_am & 7) || (g.s_bn & 7)) return false;
+    if ((reinterpret_cast<uintptr_t>(g.a) & 15u) || (reinterpret_cast<uintptr_t>(g.b) & 15u)) return false;
+    for (int i = 0; i <= leaves; ++i)
+        if (g.bounds[i] & 7) return false;
+    return cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN) < 2147483647LL;
+}
+
+template <int DEPTH, bool OUT_F32>
+int launch_tree_wgmma(const TreeArgs& g, cudaStream_t st) {
+#ifdef RL_HOST_EMU
+    (void)g, (void)st;
+    return static_cast<int>(cudaErrorNotSupported);  // the host emulation has no warpgroup MMA
+#else
+    auto kernel = tree_wgmma_kernel<DEPTH, OUT_F32>;
+    constexpr int smem = TW_STAGES * TW_SLOT;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
+        return static_cast<int>(e);
+    const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
+    const uintptr_t align = OUT_F32 ? 7u : 3u;
+    const int pairs = g.s_cn == 1 && (g.s_cm % 2) == 0 && (reinterpret_cast<uintptr_t>(g.c) & align) == 0;
+    kernel<<<static_cast<unsigned>(tiles), TW_THREADS, smem, st>>>(g, pairs);
+    return launch_status();
+#endif
+}
+
+// The fused bf16 tree of depth 0 .. 2 in tree_pipe_kernel's geometry G.
+template <class G>
+int launch_tree_pipe_fused(const TreeArgs& g, int depth, cudaStream_t st) {
+    if (depth == 0) return launch_tree_pipe<G, 0, false, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
+    if (depth == 1) return launch_tree_pipe<G, 1, false, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
+    return launch_tree_pipe<G, 2, false, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
+}
+
+}  // namespace
+
+int rl::launch_pipe_fused(const TreeArgs& g, int depth, cudaStream_t st) {
+    if (g_tree_form == 3 && tree_wgmma_ok(g, 1 << depth)) {
+        if (depth == 0) return launch_tree_wgmma<0, false>(g, st);
+        if (depth == 1) return launch_tree_wgmma<1, false>(g, st);
+        return launch_tree_wgmma<2, false>(g, st);
+    }
+    return g_tree_form == 2 ? launch_tree_pipe_fused<TpForm2>(g, depth, st) : launch_tree_pipe_fused<TpForm1>(g, depth, st);
+}
+
+int rl::launch_pipe_f32(const TreeArgs& g, cudaStream_t st) {
+    if (g_tree_form == 3 && tree_wgmma_ok(g, 1)) return launch_tree_wgmma<0, true>(g, st);
+    return launch_tree_pipe<TpForm1, 0, true, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
+}
+
+int rl::launch_pipe_leaves(const TreeArgs& g, int leaves, bf16* w, cudaStream_t st) {
+    return launch_tree_pipe<TpForm1, 0, false, true>(g, leaves, w, g.N, 1, st);
+}
+
+// hi / lo GEMM (the tensor-core form of linear_logp's backward GEMMs, mirroring the Triton backend's
+// _bwd_dhidden_kernel / _bwd_dweight_kernel): C [M, N] = acc_in + sum over 64-wide K blocks in increasing
+// order of (hi_blk @ B_blk, then lo_blk @ B_blk), hi and lo [M, K] BF16 with the same strides, B [K, N]
+// BF16, one FP32 accumulator per output element (tree_pipe_kernel, HILO); acc_in [M, N] FP32 with row
+// stride s_acc and unit column stride, or null for 0; C FP32 (out_f32 = 1; may be acc_in itself) or BF16
+// rounded once. Needs tree_pipe_ok's layout for (hi, B) with B N-contiguous (the weight chunk of
+// dhidden, the hidden states of dweight) and lo with hi's alignment; else cudaErrorInvalidValue
+// before any launch.
+RL_EXPORT int rl_gemm_hilo(const void* hi, const void* lo, const void* b, void* c, const void* acc_in, int64_t M, int64_t N, int64_t K, int64_t s_am, int64_t s_ak, int64_t s_bk, int64_t s_bn, int64_t s_cm, int64_t s_cn, int64_t s_acc, int64_t out_f32, void* stream) {
+    if (M == 0 || N == 0) return 0;
+    TreeArgs g{static_cast<const bf16*>(hi), static_cast<const bf16*>(b), c, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
+               {0, K, K, K, K}};
+    if (!tree_pipe_ok(g, 1) || (reinterpret_cast<uintptr_t>(lo) & 15u)) return static_cast<int>(cudaErrorInvalidValue);
+    const bf16* l = static_cast<const bf16*>(lo);
+    const float* in = static_cast<const float*>(acc_in);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    if (s_bk == 1) return static_cast<int>(cudaErrorInvalidValue);  // B is N-contiguous in both products
+    if (s_ak != 1) {
+        return out_f32 ? launch_hilo_as<true, true, true>(g, l, in, s_acc, st)
+                       : launch_hilo_as<false, true, true>(g, l, in, s_acc, st);
+    }
+    return out_f32 ? launch_hilo_as<true, false, true>(g, l, in, s_acc, st)
+                   : launch_hilo_as<false, false, true>(g, l, in, s_acc, st);
+}
+
+// Pick the form of the GEMMs at training sizes (the fused tree, its leaf-parallel form and the FP32-output
+// GEMM, wherever the decode GEMVs do not run) for every later launch of this process: 0 = the WMMA
+// kernels, 1 and 2 = the pipelined kernel (tree_pipe_kernel) in TpForm1, or TpForm2 for the fused tree,
+// wherever its layout needs hold, else the WMMA kernels; 3 = the warpgroup kernel (tree_wgmma_kernel)
+// for the fused tree and the FP32 output with K-contiguous operands, the rest as 1 (the GPU only: the
+// host emulation answers cudaErrorNotSupported). Returns the previous form, or -1 (and changes nothing) for another number. The bits do not
+// depend on the form (tested).
+RL_EXPORT int64_t rl_tree_gemm_form(int64_t form) {
+    if (form < 0 || form >= TREE_GEMM_FORMS) return -1;
+    const int64_t old = g_tree_form;
+    g_tree_form = static_cast<int>(form);
+    return old;
+}
+
+// 1 if the pipelined kernel can run rl_det_gemm with these arguments (leaves 0 .. 2^depth - 1; for the
+// tests, which must know that the form they compare did run), else 0.
+RL_EXPORT int64_t rl_tree_pipe_ok(const void* a, const void* b, int64_t s_am, int64_t s_ak, int64_t s_bk, int64_t s_bn, int64_t depth, int64_t b0, int64_t b1, int64_t b2, int64_t b3) {
+    if (depth < 0 || depth > 2) return 0;
+    TreeArgs g{static_cast<const bf16*>(a), static_cast<const bf16*>(b), nullptr, 1, 1, 1, s_am, s_ak, s_bk, s_bn, 1, 1,
+               {b0, b1, b2, b3, 0}};
+    return tree_pipe_ok(g, 1 << depth) ? 1 : 0;
+}
+
