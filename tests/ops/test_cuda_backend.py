@@ -287,8 +287,8 @@ def _pipe_layouts(device, m, k, n):
 def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n):
     """Forms 1 and 2 of the training-size GEMMs (tree_pipe_kernel: cp.async ring, ldmatrix /
     ldmatrix.trans, mma.sync; 128 x 128 tiles with the held leaf sums in registers, 128 x 256 tiles
-    with them in shared memory; on the GPU also form 3, wgmma for the K-contiguous products, form 1
-    for the rest) give the WMMA kernels' bits for each operand layout at tree depths 0
+    with them in shared memory; on the GPU also form 3, wgmma for the training step's three layouts,
+    form 1 for the remaining m-k) give the WMMA kernels' bits for each operand layout at tree depths 0
     and 2 (depth 1's merge is depth 2's first), the leaf-parallel form and the FP32-output GEMM, at
     partial tiles along M and N, part-filled 16-byte copies at M / N and leaves that end inside a
     32-wide step (1056: leaves of 264; 75 and 66 columns); the test first checks that the pipelined

@@ -447,8 +447,14 @@ int launch_hilo_as(const TreeArgs& g, const bf16* lo, const float* acc_in, int64
 // output element that takes one k16 product per instruction in increasing k, as the HMMA of mma.sync
 // does (the warpgroup GEMV's bits equal the WMMA kernel's on the H200). At a leaf's end the warpgroup
 // waits for its MMAs, rounds the leaf to BF16 and merges it as tree_pipe_kernel does (held sums in
-// registers). Needs K-contiguous operands (the forward's x @ w^T, the FP32 logits), 16-byte aligned
-// rows and every leaf bound a multiple of 8 (tree_wgmma_ok); other products run form 1.
+// registers). Operands: K-contiguous (the forward's x @ w^T, the FP32 logits: a slot holds 128 rows of
+// 128 bytes, K-major) or M- / N-contiguous (the backward's dy @ w and x^T @ dy: a slot holds two
+// 64-element-wide swizzle atoms of 64 k rows, MN-major, read with the instruction's transpose flag;
+// the descriptor's leading byte offset is the stride between the two atoms, its stride byte offset
+// the 1024 bytes between groups of 8 k rows, a k16 product 2048 bytes on): A_MN / B_MN, the
+// combinations (K, K), (K, MN) and (MN, MN). Needs 16-byte aligned data, the non-unit stride a multiple
+// of 8 and, with a K-contiguous operand, every leaf bound a multiple of 8 (tree_wgmma_ok); other
+// products run form 1.
 constexpr int TW_BM = 128;
 constexpr int TW_BN = 128;
 constexpr int TW_SK = 2 * TB_K;                     // k per ring slot
@@ -458,8 +464,66 @@ constexpr int TW_STAGES = 4;
 constexpr int TW_THREADS = 256;
 
 #ifndef RL_HOST_EMU
-// d[64] += A (64 x 16, descriptor da) @ B (16 x 128, K-major descriptor db), FP32 accumulation;
-// fragment as wgmma_n64's, with 16 column groups of 8.
+// One thread's four 16-byte copies of one operand per slot (1024 per operand: 256 threads x 4).
+// K-major (MN false): rows r0 + 32 i (r0 = tid / 8) of the tile's 128 rows, chunk kc = tid % 8 of the
+// slot's 64 k, at row r, chunk kc ^ (r % 8) (the 128-byte swizzle). MN-major: k rows r0 + 32 (i & 1)
+// of the slot, chunk j = tid % 8 of atom i / 2 (elements 64 (i / 2) + 8 j .. + 7 of the tile's rows),
+// at atom (i / 2), row r, chunk j ^ (r % 8).
+template <bool MN>
+struct TwCopies {
+    const bf16* src[4];  // the chunk's address at k = 0 (nullptr: past M / N)
+    int bytes[4];        // MN-major: bytes before the M / N edge
+    uint32_t dst[4];     // offset in the operand's part of the slot
+    int krow[4];         // K-major: the chunk's first k in the slot; MN-major: its k row
+
+    __device__ __forceinline__ void init(const bf16* x, int64_t s_r, int64_t s_k, int64_t row0, int64_t lim) {
+        const int t = threadIdx.x;
+        const int r0 = t >> 3;
+        const int c = t & 7;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if (MN) {
+                const int atom = i >> 1;
+                const int r = r0 + 32 * (i & 1);
+                const int64_t left = lim - (row0 + 64 * atom + 8 * c);
+                src[i] = left > 0 ? x + row0 + 64 * atom + 8 * c + r * s_k : nullptr;
+                bytes[i] = left >= 8 ? 16 : (left > 0 ? static_cast<int>(2 * left) : 0);
+                dst[i] = atom * 8192 + r * 128 + ((c ^ (r & 7)) << 4);
+                krow[i] = r;
+            } else {
+                const int r = r0 + 32 * i;
+                src[i] = row0 + r < lim ? x + (row0 + r) * s_r + 8 * c : nullptr;
+                bytes[i] = 16;
+                dst[i] = r * 128 + ((c ^ (r & 7)) << 4);
+                krow[i] = 8 * c;
+            }
+        }
+    }
+
+    // The copies of the slot at k0 of a leaf ending at hi (K-major: bounds are multiples of 8).
+    __device__ __forceinline__ void issue(uint32_t base, int64_t k0, int64_t hi, int64_t s_k, const bf16* dummy) const {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const bool ok = src[i] != nullptr && k0 + krow[i] < hi;
+            const bf16* p = dummy;
+            if (ok) p = MN ? src[i] + k0 * s_k : src[i] + k0;
+            cp_async16_s(base + dst[i], p, ok ? bytes[i] : 0);
+        }
+    }
+};
+
+// Matrix descriptor of an MN-major operand in the 128-byte swizzle layout (PTX ISA, "Matrix
+// Descriptor Format"; wg_desc_sw128 is the K-major one): leading byte offset = the stride between
+// 64-element swizzle atoms along M / N, stride byte offset 1024 (between groups of 8 k rows).
+__device__ __forceinline__ uint64_t wg_desc_sw128_mn(uint32_t addr, uint32_t atom_stride) {
+    return static_cast<uint64_t>((addr >> 4) & 0x3FFFu) | (static_cast<uint64_t>((atom_stride >> 4) & 0x3FFFu) << 16) |
+           (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+// d[64] += A (64 x 16, descriptor da) @ B (16 x 128, descriptor db), FP32 accumulation; TA / TB: the
+// operand is MN-major (the instruction's transpose flags). Fragment as wgmma_n64's, with 16 column
+// groups of 8.
+template <int TA, int TB>
 __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
     asm volatile(
         "{\n"
@@ -470,7 +534,7 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1, 0, 0;\n"
+        "%64, %65, p, 1, 1, %67, %68;\n"
         "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -480,10 +544,10 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(1));
+        : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
 }
 
-template <int DEPTH, bool OUT_F32>
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN>
 __global__ void __launch_bounds__(TW_THREADS, 1) tree_wgmma_kernel(TreeArgs g, int pairs) {
     static_assert(!OUT_F32 || DEPTH == 0, "FP32 output is a single leaf");
     constexpr int NL = 1 << DEPTH;
@@ -502,24 +566,12 @@ __global__ void __launch_bounds__(TW_THREADS, 1) tree_wgmma_kernel(TreeArgs g, i
     const int64_t m0 = (first_m + (pid % group) % rows_here) * TW_BM;
     const int64_t n0 = ((pid % group) / rows_here) * TW_BN;
 
-    // This thread's copies: chunk kc = tid % 8 of rows r0 + 32 i (i < 4: A rows, i >= 4: B rows).
-    const int kc = tid & 7;
-    const int r0 = tid >> 3;
     const uint32_t ring = smem_u32(smem_raw);
     if (ring & 1023u) __trap();  // dynamic shared memory starts 1024-byte aligned
-    const uint32_t dst0 = ring + r0 * 128 + ((kc ^ (r0 & 7)) << 4);  // + 4096 i (32 rows), + TW_HALF for B
-    const bf16* src[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int r = r0 + 32 * (i & 3);
-        const bf16* p = nullptr;
-        if (i < 4) {
-            if (m0 + r < g.M) p = g.a + (m0 + r) * g.s_am + 8 * kc;
-        } else if (n0 + r < g.N) {
-            p = g.b + (n0 + r) * g.s_bn + 8 * kc;
-        }
-        src[i] = p;
-    }
+    TwCopies<A_MN> ca;
+    TwCopies<B_MN> cb;
+    ca.init(g.a, g.s_am, g.s_ak, m0, g.M);
+    cb.init(g.b, g.s_bn, g.s_bk, n0, g.N);
 
     // The copy cursor: leaf lf, slot at k0 (64 k); lf == NL: every slot issued.
     int lf = 0;
@@ -534,13 +586,10 @@ __global__ void __launch_bounds__(TW_THREADS, 1) tree_wgmma_kernel(TreeArgs g, i
     int issued = 0;
     auto issue_next = [&]() {
         if (lf < NL) {
-            const uint32_t d = dst0 + (issued % TW_STAGES) * TW_SLOT;
-            const bool in = k0 + 8 * kc < tp_bound(g, lf + 1);  // bounds are multiples of 8
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const bool ok = in && src[i] != nullptr;
-                cp_async16_s(d + (i >= 4 ? TW_HALF : 0) + 4096 * (i & 3), ok ? src[i] + k0 : g.a, ok ? 16 : 0);
-            }
+            const uint32_t d = ring + (issued % TW_STAGES) * TW_SLOT;
+            const int64_t hi = tp_bound(g, lf + 1);
+            ca.issue(d, k0, hi, g.s_ak, g.a);
+            cb.issue(d + TW_HALF, k0, hi, g.s_bk, g.a);
             k0 += TW_SK;
             skip_empty();
         }
@@ -550,8 +599,14 @@ __global__ void __launch_bounds__(TW_THREADS, 1) tree_wgmma_kernel(TreeArgs g, i
 #pragma unroll
     for (int s = 0; s < TW_STAGES - 1; ++s) issue_next();
 
-    const uint64_t desc0 = wg_desc_sw128(ring + wg * (64 * 128));  // this warpgroup's 64 A rows
-    const uint64_t descb0 = wg_desc_sw128(ring + TW_HALF);
+    // This warpgroup's 64 A rows (K-major: 64 rows of 128 bytes; MN-major: atom wg), all 128 B rows; a
+    // k16 product starts 32 bytes (K-major) or 16 k rows = 2048 bytes (MN-major) further on.
+    const uint64_t desc0 = A_MN ? wg_desc_sw128_mn(ring + wg * 8192, 8192) : wg_desc_sw128(ring + wg * (64 * 128));
+    const uint64_t descb0 = B_MN ? wg_desc_sw128_mn(ring + TW_HALF, 8192) : wg_desc_sw128(ring + TW_HALF);
+    constexpr uint64_t A_K16 = A_MN ? 2048 >> 4 : 32 >> 4;
+    constexpr uint64_t B_K16 = B_MN ? 2048 >> 4 : 32 >> 4;
+    constexpr int TA = A_MN ? 1 : 0;
+    constexpr int TB = B_MN ? 1 : 0;
     float acc[64];
     uint32_t h0[32], h1[32];
     int consumed = 0;
@@ -570,11 +625,11 @@ __global__ void __launch_bounds__(TW_THREADS, 1) tree_wgmma_kernel(TreeArgs g, i
             const uint64_t da = desc0 + off;
             const uint64_t db = descb0 + off;
             wg_fence();
-            wgmma_n128(acc, da, db);          // step 2 i: k 0..15
-            wgmma_n128(acc, da + 2, db + 2);  //           k 16..31
-            if (2 * i + 1 < steps) {          // uniform: no step past the leaf's last
-                wgmma_n128(acc, da + 4, db + 4);
-                wgmma_n128(acc, da + 6, db + 6);
+            wgmma_n128<TA, TB>(acc, da, db);                  // step 2 i: k 0..15
+            wgmma_n128<TA, TB>(acc, da + A_K16, db + B_K16);  //           k 16..31
+            if (2 * i + 1 < steps) {                          // uniform: no step past the leaf's last
+                wgmma_n128<TA, TB>(acc, da + 2 * A_K16, db + 2 * B_K16);
+                wgmma_n128<TA, TB>(acc, da + 3 * A_K16, db + 3 * B_K16);
             }
             wg_commit();
             wg_wait1();       // this warp's MMAs of the slot before have completed
@@ -633,22 +688,29 @@ __global__ void __launch_bounds__(TW_THREADS, 1) tree_wgmma_kernel(TreeArgs g, i
 }
 #endif
 
-// Whether tree_wgmma_kernel can run this product with leaves [0, leaves) (host side).
+// Whether tree_wgmma_kernel can run this product with leaves [0, leaves) (host side): the layouts
+// (K, K), (K, MN) and (MN, MN) (A, B), 16-byte aligned data, the other stride a multiple of 8, and with
+// a K-contiguous operand every leaf bound a multiple of 8.
 bool tree_wgmma_ok(const TreeArgs& g, int leaves) {
-    if (g.s_ak != 1 || g.s_bk != 1 || (g.s_am & 7) || (g.s_bn & 7)) return false;
+    const bool a_k = g.s_ak == 1;
+    const bool b_k = g.s_bk == 1;
+    if (a_k ? (g.s_am & 7) != 0 : (g.s_am != 1 || (g.s_ak & 7) != 0)) return false;
+    if (b_k ? (g.s_bn & 7) != 0 : (g.s_bn != 1 || (g.s_bk & 7) != 0)) return false;
+    if (!a_k && b_k) return false;  // (MN, K) is not a product of the training step
     if ((reinterpret_cast<uintptr_t>(g.a) & 15u) || (reinterpret_cast<uintptr_t>(g.b) & 15u)) return false;
-    for (int i = 0; i <= leaves; ++i)
-        if (g.bounds[i] & 7) return false;
+    if (a_k || b_k)
+        for (int i = 0; i <= leaves; ++i)
+            if (g.bounds[i] & 7) return false;
     return cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN) < 2147483647LL;
 }
 
-template <int DEPTH, bool OUT_F32>
-int launch_tree_wgmma(const TreeArgs& g, cudaStream_t st) {
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN>
+int launch_tree_wgmma_as(const TreeArgs& g, cudaStream_t st) {
 #ifdef RL_HOST_EMU
     (void)g, (void)st;
     return static_cast<int>(cudaErrorNotSupported);  // the host emulation has no warpgroup MMA
 #else
-    auto kernel = tree_wgmma_kernel<DEPTH, OUT_F32>;
+    auto kernel = tree_wgmma_kernel<DEPTH, OUT_F32, A_MN, B_MN>;
     constexpr int smem = TW_STAGES * TW_SLOT;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
         return static_cast<int>(e);
@@ -658,6 +720,16 @@ int launch_tree_wgmma(const TreeArgs& g, cudaStream_t st) {
     kernel<<<static_cast<unsigned>(tiles), TW_THREADS, smem, st>>>(g, pairs);
     return launch_status();
 #endif
+}
+
+// The fused bf16 tree in its layout's instance (tree_wgmma_ok has been checked).
+template <int DEPTH>
+int launch_tree_wgmma(const TreeArgs& g, cudaStream_t st) {
+    if (g.s_ak == 1) {
+        if (g.s_bk == 1) return launch_tree_wgmma_as<DEPTH, false, false, false>(g, st);
+        return launch_tree_wgmma_as<DEPTH, false, false, true>(g, st);
+    }
+    return launch_tree_wgmma_as<DEPTH, false, true, true>(g, st);
 }
 
 // The fused bf16 tree of depth 0 .. 2 in tree_pipe_kernel's geometry G.
@@ -672,15 +744,16 @@ int launch_tree_pipe_fused(const TreeArgs& g, int depth, cudaStream_t st) {
 
 int rl::launch_pipe_fused(const TreeArgs& g, int depth, cudaStream_t st) {
     if (g_tree_form == 3 && tree_wgmma_ok(g, 1 << depth)) {
-        if (depth == 0) return launch_tree_wgmma<0, false>(g, st);
-        if (depth == 1) return launch_tree_wgmma<1, false>(g, st);
-        return launch_tree_wgmma<2, false>(g, st);
+        if (depth == 0) return launch_tree_wgmma<0>(g, st);
+        if (depth == 1) return launch_tree_wgmma<1>(g, st);
+        return launch_tree_wgmma<2>(g, st);
     }
     return g_tree_form == 2 ? launch_tree_pipe_fused<TpForm2>(g, depth, st) : launch_tree_pipe_fused<TpForm1>(g, depth, st);
 }
 
 int rl::launch_pipe_f32(const TreeArgs& g, cudaStream_t st) {
-    if (g_tree_form == 3 && tree_wgmma_ok(g, 1)) return launch_tree_wgmma<0, true>(g, st);
+    if (g_tree_form == 3 && g.s_ak == 1 && g.s_bk == 1 && tree_wgmma_ok(g, 1))  // the logits: (K, K) only
+        return launch_tree_wgmma_as<0, true, false, false>(g, st);
     return launch_tree_pipe<TpForm1, 0, true, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
 }
 
@@ -717,7 +790,7 @@ RL_EXPORT int rl_gemm_hilo(const void* hi, const void* lo, const void* b, void* 
 // GEMM, wherever the decode GEMVs do not run) for every later launch of this process: 0 = the WMMA
 // kernels, 1 and 2 = the pipelined kernel (tree_pipe_kernel) in TpForm1, or TpForm2 for the fused tree,
 // wherever its layout needs hold, else the WMMA kernels; 3 = the warpgroup kernel (tree_wgmma_kernel)
-// for the fused tree and the FP32 output with K-contiguous operands, the rest as 1 (the GPU only: the
+// for the fused tree (layouts (K, K), (K, MN), (MN, MN)) and the (K, K) FP32 output, the rest as 1 (the GPU only: the
 // host emulation answers cudaErrorNotSupported). Returns the previous form, or -1 (and changes nothing) for another number. The bits do not
 // depend on the form (tested).
 RL_EXPORT int64_t rl_tree_gemm_form(int64_t form) {
