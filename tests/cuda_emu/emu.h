@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -166,6 +167,54 @@ inline void cp_async16(void* dst, const void* src, int src_bytes) {
     std::memset(static_cast<unsigned char*>(dst) + src_bytes, 0, static_cast<size_t>(16 - src_bytes));
 }
 inline void cp_async_commit() {}
+// Shared-window addresses (common.cuh smem_u32 / cp_async16_s): here the byte offset into the launch's
+// dynamic shared memory (every kernel that takes such addresses addresses only that), so address bits
+// and the 128-byte swizzle behave as on the GPU, where dynamic shared memory starts 1024-byte aligned.
+inline uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(static_cast<const unsigned char*>(p) - emu_dynamic_smem());
+}
+inline void cp_async16_s(uint32_t dst, const void* src, int src_bytes) { cp_async16(emu_dynamic_smem() + dst, src, src_bytes); }
+inline void __trap() { std::abort(); }
+
+// Warpgroup MMA (gemm_pipe.cu's wgmma_n128): each thread computes its own 64 accumulator entries of
+// the m64n128k16 fragment (warp w of the warpgroup: rows 16 w + g and + 8; column group j: columns
+// 8 j + 2 t, + 1; d[4 j + e]) as an FP32 FMA chain over k = 0 .. 15 in order, reading A (64 x 16) and
+// B (16 x 128) through their matrix descriptors, decoded here from the PTX ISA's canonical 128-byte
+// swizzle layouts (as CUTLASS's make_gmma_desc writes them): K-major, element (row, k) at
+// start + (row % 8) 128 + (row / 8) SBO + (k / 8) 16 + (k % 8) 2; MN-major (the transpose flag),
+// element (mn, k) at start + (mn % 64) 2 + (mn / 64) LBO + (k % 8) 128 + (k / 8) SBO; then bits 4-6 of
+// the address XORed with bits 7-9. The asynchronous issue, fences and waits need nothing here.
+inline float emu_desc_elem(uint64_t desc, bool mn_major, int mn, int k) {
+    if ((desc >> 62) != 1u) std::abort();  // only the 128-byte swizzle is emulated
+    const uint32_t start = static_cast<uint32_t>(desc & 0x3FFFu) << 4;
+    const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3FFFu) << 4;
+    const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFFu) << 4;
+    uint32_t a = mn_major ? start + (mn % 64) * 2 + (mn / 64) * lbo + (k % 8) * 128 + (k / 8) * sbo
+                          : start + (mn % 8) * 128 + (mn / 8) * sbo + (k / 8) * 16 + (k % 8) * 2;
+    a ^= ((a >> 7) & 7u) << 4;
+    uint16_t bits;
+    std::memcpy(&bits, emu_dynamic_smem() + a, 2);
+    return emu_bf16_lo(bits);
+}
+template <int TA, int TB>
+inline void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
+    const int tid = static_cast<int>(emu_threadIdx.x);
+    const int w = (tid >> 5) & 3, g = (tid & 31) >> 2, t = tid & 3;
+    for (int j = 0; j < 16; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int row = 16 * w + g + 8 * (e >> 1);
+            const int col = 8 * j + 2 * t + (e & 1);
+            float acc = d[4 * j + e];
+            for (int k = 0; k < 16; ++k)
+                acc = std::fma(emu_desc_elem(da, TA != 0, row, k), emu_desc_elem(db, TB != 0, col, k), acc);
+            d[4 * j + e] = acc;
+        }
+}
+inline void wg_fence() {}
+inline void wg_commit() {}
+inline void wg_wait0() {}
+inline void wg_wait1() {}
+inline void fence_proxy_async() {}
 // Programmatic dependent launch (common.cuh): launches run one after another here, so the wait has
 // nothing to wait for and there is no early start to allow.
 inline void pdl_wait() {}

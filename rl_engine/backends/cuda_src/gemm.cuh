@@ -18,7 +18,6 @@ struct TreeArgs {
     int64_t bounds[5];  // leaf bounds: 2^DEPTH + 1 entries used
 };
 
-#ifndef RL_HOST_EMU
 // Matrix descriptor (PTX ISA, "Matrix Descriptor Format") of a K-major operand in the 128-byte
 // swizzle layout: start address in 16-byte units (14 bits), leading byte offset 16 (unused by this
 // layout), stride byte offset 1024 (between 8-row groups), base offset 0, layout type 1 (128-byte
@@ -28,6 +27,7 @@ __device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t addr) {
     return static_cast<uint64_t>((addr >> 4) & 0x3FFFu) | (static_cast<uint64_t>(1) << 16) |
            (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
+#ifndef RL_HOST_EMU  // (the host emulator, tests/cuda_emu/emu.h, has its own)
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }

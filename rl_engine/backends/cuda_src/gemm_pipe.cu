@@ -437,7 +437,8 @@ int launch_hilo_as(const TreeArgs& g, const bf16* lo, const float* acc_in, int64
     return launch_status();
 }
 
-// Warpgroup form of the fused tree (tree_wgmma_kernel, form 3 of rl_tree_gemm_form; the GPU only):
+// Warpgroup form of the fused tree (tree_wgmma_kernel, form 3 of rl_tree_gemm_form; the host emulation
+// runs it through its own descriptor decoder, tests/cuda_emu/emu.h):
 // tree_pipe_kernel's leaves and merges with the Hopper warpgroup MMA. A block of two warpgroups owns a
 // 128 x 128 output tile, warpgroup w rows 64 w .. 64 w + 63, and multiplies with wgmma.mma_async
 // m64n128k16 from the 128-byte-swizzle K-major ring slots of gemv_wgmma_kernel (64 k of 128 A rows and
@@ -463,7 +464,6 @@ constexpr int TW_SLOT = 2 * TW_HALF;                // A rows, then B rows
 constexpr int TW_STAGES = 4;
 constexpr int TW_THREADS = 256;
 
-#ifndef RL_HOST_EMU
 // One thread's four 16-byte copies of one operand per slot (1024 per operand: 256 threads x 4).
 // K-major (MN false): rows r0 + 32 i (r0 = tid / 8) of the tile's 128 rows, chunk kc = tid % 8 of the
 // slot's 64 k, at row r, chunk kc ^ (r % 8) (the 128-byte swizzle). MN-major: k rows r0 + 32 (i & 1)
@@ -520,6 +520,7 @@ __device__ __forceinline__ uint64_t wg_desc_sw128_mn(uint32_t addr, uint32_t ato
            (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
+#ifndef RL_HOST_EMU  // (the host emulator, tests/cuda_emu/emu.h, has its own)
 // d[64] += A (64 x 16, descriptor da) @ B (16 x 128, descriptor db), FP32 accumulation; TA / TB: the
 // operand is MN-major (the instruction's transpose flags). Fragment as wgmma_n64's, with 16 column
 // groups of 8.
@@ -546,6 +547,7 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
 }
+#endif
 
 template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN>
 __global__ void __launch_bounds__(TW_THREADS, 1) tree_wgmma_kernel(TreeArgs g, int pairs) {
@@ -686,7 +688,6 @@ __global__ void __launch_bounds__(TW_THREADS, 1) tree_wgmma_kernel(TreeArgs g, i
             }
         }
 }
-#endif
 
 // Whether tree_wgmma_kernel can run this product with leaves [0, leaves) (host side): the layouts
 // (K, K), (K, MN) and (MN, MN) (A, B), 16-byte aligned data, the other stride a multiple of 8, and with
@@ -706,10 +707,6 @@ bool tree_wgmma_ok(const TreeArgs& g, int leaves) {
 
 template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN>
 int launch_tree_wgmma_as(const TreeArgs& g, cudaStream_t st) {
-#ifdef RL_HOST_EMU
-    (void)g, (void)st;
-    return static_cast<int>(cudaErrorNotSupported);  // the host emulation has no warpgroup MMA
-#else
     auto kernel = tree_wgmma_kernel<DEPTH, OUT_F32, A_MN, B_MN>;
     constexpr int smem = TW_STAGES * TW_SLOT;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
@@ -719,7 +716,6 @@ int launch_tree_wgmma_as(const TreeArgs& g, cudaStream_t st) {
     const int pairs = g.s_cn == 1 && (g.s_cm % 2) == 0 && (reinterpret_cast<uintptr_t>(g.c) & align) == 0;
     kernel<<<static_cast<unsigned>(tiles), TW_THREADS, smem, st>>>(g, pairs);
     return launch_status();
-#endif
 }
 
 // The fused bf16 tree in its layout's instance (tree_wgmma_ok has been checked).
@@ -790,8 +786,8 @@ RL_EXPORT int rl_gemm_hilo(const void* hi, const void* lo, const void* b, void* 
 // GEMM, wherever the decode GEMVs do not run) for every later launch of this process: 0 = the WMMA
 // kernels, 1 and 2 = the pipelined kernel (tree_pipe_kernel) in TpForm1, or TpForm2 for the fused tree,
 // wherever its layout needs hold, else the WMMA kernels; 3 = the warpgroup kernel (tree_wgmma_kernel)
-// for the fused tree (layouts (K, K), (K, MN), (MN, MN)) and the (K, K) FP32 output, the rest as 1 (the GPU only: the
-// host emulation answers cudaErrorNotSupported). Returns the previous form, or -1 (and changes nothing) for another number. The bits do not
+// for the fused tree (layouts (K, K), (K, MN), (MN, MN)) and the (K, K) FP32 output, the rest as 1.
+// Returns the previous form, or -1 (and changes nothing) for another number. The bits do not
 // depend on the form (tested).
 RL_EXPORT int64_t rl_tree_gemm_form(int64_t form) {
     if (form < 0 || form >= TREE_GEMM_FORMS) return -1;

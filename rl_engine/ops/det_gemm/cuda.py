@@ -165,15 +165,16 @@ forward's ``x @ w^T`` and both backward GEMMs' transposed views), where :func:`t
 (else form 0 runs). Form 1: 128 x 128 tiles, 4 ring slots, the leaf sums held for the merges in
 registers. Form 2: the fused tree in 128 x 256 tiles (64 x 64 per warp: half the shared-memory reads
 per MMA), 3 slots, the held sums in shared memory; its leaf-parallel leaves and FP32 outputs run as
-form 1. Form 3 (the GPU only; the host emulation raises CudaKernelError, cudaErrorNotSupported):
-the fused tree by ``tree_wgmma_kernel``, two warpgroups per 128 x 128 tile with wgmma m64n128k16 from
+form 1. Form 3: the fused tree by ``tree_wgmma_kernel``, two warpgroups per 128 x 128 tile with wgmma m64n128k16 from
 128-byte-swizzle ring slots of 64 k: K-major slots (the warpgroup GEMV's layout) for K-contiguous
 operands, MN-major slots read with the instruction's transpose flag for the backward's M- / N-
 contiguous ones (the layouts (K, K), (K, MN), (MN, MN) of ``x @ w^T``, ``dy @ w``, ``x^T @ dy``),
 with a K-contiguous operand every leaf bound a multiple of 8; the FP32 logits (K, K) too; the rest as
 form 1. Same leaves, steps, k16 products in the same order and roundings per output element, so the same
-bits (forms 1 and 2 tested against form 0 in the host emulation; form 3 on the GPU only). A pipelined
-form becomes the default once the H200 has run and timed them."""
+bits (forms 1 to 3 tested against form 0 in the host emulation, whose warpgroup MMA reads the
+operands through a decoder of the PTX ISA's canonical descriptor layouts: whether the hardware reads
+them the same way only the GPU shows). A pipelined form becomes the default once the H200 has run
+and timed them."""
 
 
 def set_tree_gemm_form(form: int) -> int:
