@@ -74,8 +74,9 @@ def products(m: int, k: int, n: int, g: torch.Generator):
 
 
 class CudaForms:
-    """The cuda_bf16 det_gemm in a given training-size form; the library's process-wide form is only
-    switched when it changes, so a timed call is one launch."""
+    """The cuda_bf16 det_gemm in a given training-size form, fused or leaf-parallel as the op itself
+    chooses for the output's size (what the chain runs); the library's process-wide form is only
+    switched when it changes, so a timed call is the op's launches only."""
 
     def __init__(self) -> None:
         from rl_engine.ops.det_gemm import cuda as dg_cuda
@@ -87,7 +88,7 @@ class CudaForms:
         if form != self.form:
             self.dg.set_tree_gemm_form(form)
             self.form = form
-        return self.dg.det_gemm_launch(a, b, 2, leaf_split=False)
+        return self.dg.det_gemm_launch(a, b, 2)
 
 
 def main(argv: list[str] | None = None) -> int:
