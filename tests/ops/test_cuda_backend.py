@@ -873,6 +873,11 @@ def test_linear_logp_tensor_core_backward_accuracy_and_invariance(cuda_device, t
     tg = contract.tolerance("gradient", "logprob")
     torch.testing.assert_close(hl.grad.float(), hr.grad, atol=tg.atol, rtol=tg.rtol)
     torch.testing.assert_close(wl.grad.float(), wr.grad, atol=tg.atol, rtol=tg.rtol)
+    if cuda_device.type == "cuda":  # the warpgroup hi / lo GEMM (form 3) against mma.sync's, on the hardware
+        with _tree_gemm_form(3):
+            h3, w3 = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+            linear_logp_cuda(h3, w3, t).backward(g)
+        assert _bits_equal(h3.grad, hl.grad) and _bits_equal(w3.grad, wl.grad), "form 3's hi / lo GEMMs"
 
 
 def test_gemm_hilo_equals_the_triton_backward_kernels(cuda_device):
@@ -880,8 +885,8 @@ def test_gemm_hilo_equals_the_triton_backward_kernels(cuda_device):
     _bwd_dweight_kernel in the same order: in the CPU emulations (the CUDA host emulation's mma and
     the Triton interpreter's dot both add the exact products one at a time) dhidden's FP32
     accumulator after a first chunk, the BF16 dhidden after a second and each chunk's dweight are bit
-    for bit the Triton kernels', with T, E and the chunk width off the tile and block sizes.
-    Control: the lo parts left out change the bits."""
+    for bit the Triton kernels', with T, E and the chunk width off the tile and block sizes, from the
+    pipelined kernel and (form 3) the warpgroup one. Control: the lo parts left out change the bits."""
     if cuda_device.type != "cpu":
         pytest.skip("the bitwise comparison is of the two CPU emulations (on the GPU: the cross-backend gate)")
     from rl_engine.ops.linear_logp import cuda as ll_cuda
@@ -917,23 +922,26 @@ def test_gemm_hilo_equals_the_triton_backward_kernels(cuda_device):
     from rl_engine.backends.cuda_launch import launch
 
     assert ll_cuda.GRAD_BLOCK == ll_triton.GRAD_BLOCK
-    acc_c = torch.empty((t, e), dtype=torch.float32)
-    dh_c = torch.empty((t, e), dtype=torch.bfloat16)
-    dw_c = torch.empty((n0 + n1, e), dtype=torch.bfloat16)
     hi = torch.empty((t, 256), dtype=torch.bfloat16)
     lo = torch.empty_like(hi)
-    for c, (v_base, dc) in enumerate(((0, d[0]), (n0, d[1]))):
-        n_local = dc.shape[1]
-        launch(cuda_device, "rl_split_hilo", dc, dc.stride(0), hi, lo, hi.stride(0), t, n_local)
-        h_c, l_c = hi[:, :n_local], lo[:, :n_local]
-        assert torch.equal(h_c, dc.to(torch.bfloat16))
-        w_c = weight[v_base:v_base + n_local]
-        ll_cuda._gemm_hilo(h_c, l_c, w_c, dh_c if c == 1 else acc_c, None if c == 0 else acc_c)
-        if c == 0:
-            assert torch.equal(acc_c.view(torch.int32), acc_after_first.view(torch.int32)), "FP32 dhidden accumulator"
-        ll_cuda._gemm_hilo(h_c.t(), l_c.t(), hidden, dw_c[v_base:v_base + n_local], None)
-    assert _bits_equal(dh_c, dh_t), "dhidden"
-    assert _bits_equal(dw_c, dw_t), "dweight"
+    for form in (0, 3):
+        acc_c = torch.empty((t, e), dtype=torch.float32)
+        dh_c = torch.empty((t, e), dtype=torch.bfloat16)
+        dw_c = torch.empty((n0 + n1, e), dtype=torch.bfloat16)
+        with _tree_gemm_form(form):
+            for c, (v_base, dc) in enumerate(((0, d[0]), (n0, d[1]))):
+                n_local = dc.shape[1]
+                launch(cuda_device, "rl_split_hilo", dc, dc.stride(0), hi, lo, hi.stride(0), t, n_local)
+                h_c, l_c = hi[:, :n_local], lo[:, :n_local]
+                assert torch.equal(h_c, dc.to(torch.bfloat16))
+                w_c = weight[v_base:v_base + n_local]
+                ll_cuda._gemm_hilo(h_c, l_c, w_c, dh_c if c == 1 else acc_c, None if c == 0 else acc_c)
+                if c == 0:
+                    assert torch.equal(acc_c.view(torch.int32), acc_after_first.view(torch.int32)), \
+                        f"FP32 dhidden accumulator, form {form}"
+                ll_cuda._gemm_hilo(h_c.t(), l_c.t(), hidden, dw_c[v_base:v_base + n_local], None)
+        assert _bits_equal(dh_c, dh_t), f"dhidden, form {form}"
+        assert _bits_equal(dw_c, dw_t), f"dweight, form {form}"
     zero = torch.zeros_like(hi)
     no_lo = torch.empty((n0, e), dtype=torch.bfloat16)
     launch(cuda_device, "rl_split_hilo", d[0], d[0].stride(0), hi, lo, hi.stride(0), t, n0)

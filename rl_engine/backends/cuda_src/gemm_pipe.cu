@@ -500,13 +500,15 @@ struct TwCopies {
         }
     }
 
-    // The copies of the slot at k0 of a leaf ending at hi (K-major: bounds are multiples of 8).
-    __device__ __forceinline__ void issue(uint32_t base, int64_t k0, int64_t hi, int64_t s_k, const bf16* dummy) const {
+    // The copies of the slot at k0 of a leaf ending at hi (K-major: bounds are multiples of 8), from the
+    // operand part `part` elements on (the lo part of a hi / lo pair; else 0).
+    __device__ __forceinline__ void issue(uint32_t base, int64_t k0, int64_t hi, int64_t s_k, const bf16* dummy,
+                                          int64_t part = 0) const {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const bool ok = src[i] != nullptr && k0 + krow[i] < hi;
             const bf16* p = dummy;
-            if (ok) p = MN ? src[i] + k0 * s_k : src[i] + k0;
+            if (ok) p = (MN ? src[i] + k0 * s_k : src[i] + k0) + part;
             cp_async16_s(base + dst[i], p, ok ? bytes[i] : 0);
         }
     }
@@ -549,9 +551,13 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t
 }
 #endif
 
-template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN>
-__global__ void __launch_bounds__(TW_THREADS, 1) tree_wgmma_kernel(TreeArgs g, int pairs) {
-    static_assert(!OUT_F32 || DEPTH == 0, "FP32 output is a single leaf");
+// HILO (DEPTH 0): the hi / lo GEMM of rl_gemm_hilo (tree_pipe_kernel's HILO) with the warpgroup MMA:
+// slot s holds 64 k of part s % 2 (hi, then lo at a_lo) of block s / 2, all four k16 products issued
+// (zero-filled past K), one accumulator from acc_in (or 0) over every slot.
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool HILO = false>
+__global__ void __launch_bounds__(TW_THREADS, 1)
+    tree_wgmma_kernel(TreeArgs g, int pairs, const bf16* a_lo, const float* acc_in, int64_t s_acc) {
+    static_assert(!(OUT_F32 || HILO) || DEPTH == 0, "FP32 output and hi / lo are single leaves");
     constexpr int NL = 1 << DEPTH;
     extern __shared__ __align__(1024) unsigned char smem_raw[];  // the swizzle needs 1024-byte slots
     const int tid = threadIdx.x;
@@ -584,11 +590,19 @@ __global__ void __launch_bounds__(TW_THREADS, 1) tree_wgmma_kernel(TreeArgs g, i
             if (lf < NL) k0 = tp_bound(g, lf);
         }
     };
-    skip_empty();
+    if (!HILO) skip_empty();
+    const int64_t hilo_slots = HILO ? 2 * cdiv(g.K, static_cast<int64_t>(HILO_BLOCK)) : 0;
+    const int64_t lo_part = HILO ? a_lo - g.a : 0;
     int issued = 0;
     auto issue_next = [&]() {
-        if (lf < NL) {
-            const uint32_t d = ring + (issued % TW_STAGES) * TW_SLOT;
+        const uint32_t d = ring + (issued % TW_STAGES) * TW_SLOT;
+        if (HILO) {
+            if (issued < hilo_slots) {
+                const int64_t kk = (issued >> 1) * HILO_BLOCK;
+                ca.issue(d, kk, g.K, g.s_ak, g.a, (issued & 1) ? lo_part : 0);
+                cb.issue(d + TW_HALF, kk, g.K, g.s_bk, g.a);
+            }
+        } else if (lf < NL) {
             const int64_t hi = tp_bound(g, lf + 1);
             ca.issue(d, k0, hi, g.s_ak, g.a);
             cb.issue(d + TW_HALF, k0, hi, g.s_bk, g.a);
@@ -615,10 +629,18 @@ __global__ void __launch_bounds__(TW_THREADS, 1) tree_wgmma_kernel(TreeArgs g, i
 #pragma unroll
     for (int l = 0; l < NL; ++l) {
         const int64_t width = tp_bound(g, l + 1) - tp_bound(g, l);
-        const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
-        const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));
+        const int64_t steps = HILO ? 2 * hilo_slots : cdiv(width, static_cast<int64_t>(TB_K));
+        const int64_t slots = HILO ? hilo_slots : cdiv(width, static_cast<int64_t>(TW_SK));
 #pragma unroll
-        for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
+        for (int e = 0; e < 64; ++e) {
+            float v = 0.0f;
+            if (HILO && acc_in != nullptr) {  // d[e]: row 16 warp + g (+ 8), column 8 (e / 4) + 2 t (+ 1)
+                const int64_t r = m0 + 64 * wg + 16 * warp + (lane >> 2) + 8 * ((e >> 1) & 1);
+                const int64_t c = n0 + 8 * (e >> 2) + 2 * (lane & 3) + (e & 1);
+                if (r < g.M && c < g.N) v = acc_in[r * s_acc + c];
+            }
+            acc[e] = v;
+        }
         for (int64_t i = 0; i < slots; ++i, ++consumed) {
             cp_async_wait<TW_STAGES - 2>();
             __syncthreads();      // this slot has landed for every thread
@@ -714,7 +736,20 @@ int launch_tree_wgmma_as(const TreeArgs& g, cudaStream_t st) {
     const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
     const uintptr_t align = OUT_F32 ? 7u : 3u;
     const int pairs = g.s_cn == 1 && (g.s_cm % 2) == 0 && (reinterpret_cast<uintptr_t>(g.c) & align) == 0;
-    kernel<<<static_cast<unsigned>(tiles), TW_THREADS, smem, st>>>(g, pairs);
+    kernel<<<static_cast<unsigned>(tiles), TW_THREADS, smem, st>>>(g, pairs, nullptr, nullptr, 0);
+    return launch_status();
+}
+
+template <bool OUT_F32, bool A_MN>
+int launch_hilo_wgmma_as(const TreeArgs& g, const bf16* lo, const float* acc_in, int64_t s_acc, cudaStream_t st) {
+    auto kernel = tree_wgmma_kernel<0, OUT_F32, A_MN, true, true>;
+    constexpr int smem = TW_STAGES * TW_SLOT;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
+        return static_cast<int>(e);
+    const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
+    const uintptr_t align = OUT_F32 ? 7u : 3u;
+    const int pairs = g.s_cn == 1 && (g.s_cm % 2) == 0 && (reinterpret_cast<uintptr_t>(g.c) & align) == 0;
+    kernel<<<static_cast<unsigned>(tiles), TW_THREADS, smem, st>>>(g, pairs, lo, acc_in, s_acc);
     return launch_status();
 }
 
@@ -760,7 +795,8 @@ int rl::launch_pipe_leaves(const TreeArgs& g, int leaves, bf16* w, cudaStream_t 
 // hi / lo GEMM (the tensor-core form of linear_logp's backward GEMMs, mirroring the Triton backend's
 // _bwd_dhidden_kernel / _bwd_dweight_kernel): C [M, N] = acc_in + sum over 64-wide K blocks in increasing
 // order of (hi_blk @ B_blk, then lo_blk @ B_blk), hi and lo [M, K] BF16 with the same strides, B [K, N]
-// BF16, one FP32 accumulator per output element (tree_pipe_kernel, HILO); acc_in [M, N] FP32 with row
+// BF16, one FP32 accumulator per output element (tree_pipe_kernel, HILO; in form 3 tree_wgmma_kernel,
+// HILO, where tree_wgmma_ok holds); acc_in [M, N] FP32 with row
 // stride s_acc and unit column stride, or null for 0; C FP32 (out_f32 = 1; may be acc_in itself) or BF16
 // rounded once. Needs tree_pipe_ok's layout for (hi, B) with B N-contiguous (the weight chunk of
 // dhidden, the hidden states of dweight) and lo with hi's alignment; else cudaErrorInvalidValue
@@ -774,6 +810,14 @@ RL_EXPORT int rl_gemm_hilo(const void* hi, const void* lo, const void* b, void* 
     const float* in = static_cast<const float*>(acc_in);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (s_bk == 1) return static_cast<int>(cudaErrorInvalidValue);  // B is N-contiguous in both products
+    if (g_tree_form == 3 && tree_wgmma_ok(g, 1)) {  // the same products on the warpgroup MMA
+        if (s_ak != 1) {
+            return out_f32 ? launch_hilo_wgmma_as<true, true>(g, l, in, s_acc, st)
+                           : launch_hilo_wgmma_as<false, true>(g, l, in, s_acc, st);
+        }
+        return out_f32 ? launch_hilo_wgmma_as<true, false>(g, l, in, s_acc, st)
+                       : launch_hilo_wgmma_as<false, false>(g, l, in, s_acc, st);
+    }
     if (s_ak != 1) {
         return out_f32 ? launch_hilo_as<true, true, true>(g, l, in, s_acc, st)
                        : launch_hilo_as<false, true, true>(g, l, in, s_acc, st);

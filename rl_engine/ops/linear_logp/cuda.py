@@ -23,7 +23,8 @@ Tensor-core backward (:data:`TENSOR_CORE_BWD_ON_CUDA`, the ``tensor_cores`` argu
 backend's scheme (``rl_engine/ops/linear_logp/triton.py``, kernels B and C) in CUDA. Each chunk's FP32
 dlogits become a BF16 pair ``hi = bf16(d)``, ``lo = bf16(d - hi)`` (``rl_split_hilo``; 16 significant
 bits, about 2^-17 relative), and ``rl_gemm_hilo`` (the pipelined tensor-core GEMM,
-``tree_pipe_kernel``) runs ``dhidden += hi @ w_chunk + lo @ w_chunk`` and ``dweight_chunk = hi^T @ hidden
+``tree_pipe_kernel``; with ``det_gemm.cuda`` form 3 the warpgroup one, ``tree_wgmma_kernel``, where its
+layout holds) runs ``dhidden += hi @ w_chunk + lo @ w_chunk`` and ``dweight_chunk = hi^T @ hidden
 + lo^T @ hidden`` with one FP32 accumulator per element over :data:`GRAD_BLOCK`-wide reduction blocks
 in increasing order, each block's hi product before its lo product (dhidden's accumulator carried
 across chunks in an FP32 [T, E] buffer, rounded once after the last). The same sequence of products
