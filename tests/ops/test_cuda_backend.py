@@ -283,53 +283,53 @@ def _pipe_layouts(device, m, k, n):
     return {"k-k": (x, w.t()), "k-n": (x, wt), "m-n": (xt.t(), wt), "m-k": (xt.t(), w.t())}
 
 
-@pytest.mark.parametrize("m,k,n", [(130, 256, 136), (66, 1056, 75), (1024, 4096, 4096)])
-def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n):
-    """Forms 1 and 2 of the training-size GEMMs (tree_pipe_kernel: cp.async ring, ldmatrix /
-    ldmatrix.trans, mma.sync; 128 x 128 tiles with the held leaf sums in registers, 128 x 256 tiles
-    with them in shared memory; form 3, wgmma for the training step's three layouts, form 1 for the
-    remaining m-k, in the emulation through a decoder of the ISA's canonical descriptor layouts, which
-    cannot show whether the hardware reads them so) give the WMMA kernels' bits for each operand
-    layout at tree depths 0
-    and 2 (depth 1's merge is depth 2's first), the leaf-parallel form and the FP32-output GEMM, at
-    partial tiles along M and N, part-filled 16-byte copies at M / N and leaves that end inside a
-    32-wide step (1056: leaves of 264; 75 and 66 columns); the test first checks that the pipelined
-    kernel can run each case (tree_pipe_ok), and a misaligned view falls back to form 0 with the same
-    bits. Control: a depth-1 tree in form 2 differs from the depth-2 one."""
+@pytest.mark.parametrize("form", [1, 2, 3])  # (a separate case each: a form that faults on the GPU
+@pytest.mark.parametrize("m,k,n", [(130, 256, 136), (66, 1056, 75), (1024, 4096, 4096)])  # cannot hide another)
+def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
+    """Forms 1 to 3 of the training-size GEMMs give the WMMA kernels' (form 0) bits for each operand
+    layout at tree depths 0 and 2 (depth 1's merge is depth 2's first), at partial tiles along M and
+    N, part-filled 16-byte copies at M / N and leaves that end inside a 32-wide step (1056: leaves of
+    264; 75 and 66 columns): form 1 (tree_pipe_kernel: cp.async ring, ldmatrix / ldmatrix.trans,
+    mma.sync, 128 x 128 tiles, held leaf sums in registers; also the leaf-parallel form, the FP32
+    output, and a misaligned view falling back to form 0), form 2 (128 x 256 tiles, held sums in
+    shared memory), form 3 (tree_wgmma_kernel: wgmma for the training step's three layouts, form 1
+    for the remaining m-k; also the FP32 output; in the emulation through a decoder of the ISA's
+    canonical descriptor layouts, which cannot show whether the hardware reads them so). The test
+    first checks that the pipelined kernel can run each case (tree_pipe_ok). Control: a depth-1 tree
+    in the same form differs from the depth-2 one."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
     if cuda_device.type == "cpu" and m * k * n > 130 * 256 * 136 * 2:
         pytest.skip("the Qwen3-8B-sized case runs on the GPU only (the host emulation runs one fiber per CUDA thread)")
     for name, (a, b) in _pipe_layouts(cuda_device, m, k, n).items():
         for depth in (0, 2):  # (depth 1's merge is depth 2's first one)
-            assert dg_cuda.tree_pipe_ok(a, b, depth), f"{name} depth {depth}: form 1 cannot run it"
+            assert dg_cuda.tree_pipe_ok(a, b, depth), f"{name} depth {depth}: the pipelined kernel cannot run it"
             with _tree_gemm_form(0):
                 wmma = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
-                wmma_leaves = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True) if depth else None
-            for form in (1, 2, 3):
-                with _tree_gemm_form(form):
-                    pipe = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
-                    assert _bits_equal(pipe, wmma), f"{name} depth {depth} form {form}"
-                    if depth and form == 1:  # (form 2 runs the leaf-parallel leaves as form 1 does)
-                        assert _bits_equal(dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True), wmma_leaves), \
-                            f"{name} depth {depth} leaf-parallel"
-        with _tree_gemm_form(0):
-            f32 = gemm_f32_out(a, b)
-        for form in (1, 3):
+                wmma_leaves = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True) if depth and form == 1 else None
+            with _tree_gemm_form(form):
+                pipe = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
+                assert _bits_equal(pipe, wmma), f"{name} depth {depth} form {form}"
+                if wmma_leaves is not None:  # (forms 2 and 3 run the leaf-parallel leaves as form 1 does)
+                    assert _bits_equal(dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True), wmma_leaves), \
+                        f"{name} depth {depth} leaf-parallel"
+        if form != 2:  # (form 2 runs the FP32 output as form 1 does)
+            with _tree_gemm_form(0):
+                f32 = gemm_f32_out(a, b)
             with _tree_gemm_form(form):
                 assert torch.equal(gemm_f32_out(a, b).view(torch.int32), f32.view(torch.int32)), \
                     f"{name} FP32 output form {form}"
-        with _tree_gemm_form(2):
+        with _tree_gemm_form(form):
             one = dg_cuda.det_gemm_launch(a, b, 1, leaf_split=False)
             assert not _bits_equal(one, pipe), f"{name}: depth 1 and 2 agree, the comparison cannot fail"
-    # A K-contiguous operand 2 bytes off a 16-byte boundary: form 1 cannot run it, form 0 does.
-    x, wt = _pipe_layouts(cuda_device, m, k, n)["k-k"]
-    wide = torch.zeros((m, k + 8), dtype=torch.bfloat16, device=cuda_device)
-    wide[:, 1:k + 1] = x
-    assert not dg_cuda.tree_pipe_ok(wide[:, 1:k + 1], wt, 2)
-    with _tree_gemm_form(1):
-        assert _bits_equal(dg_cuda.det_gemm_launch(wide[:, 1:k + 1], wt, 2, leaf_split=False),
-                           dg_cuda.det_gemm_launch(x, wt, 2, leaf_split=False))
+    if form == 1:  # A K-contiguous operand 2 bytes off a 16-byte boundary: form 1 cannot run it, form 0 does.
+        x, wt = _pipe_layouts(cuda_device, m, k, n)["k-k"]
+        wide = torch.zeros((m, k + 8), dtype=torch.bfloat16, device=cuda_device)
+        wide[:, 1:k + 1] = x
+        assert not dg_cuda.tree_pipe_ok(wide[:, 1:k + 1], wt, 2)
+        with _tree_gemm_form(1):
+            assert _bits_equal(dg_cuda.det_gemm_launch(wide[:, 1:k + 1], wt, 2, leaf_split=False),
+                               dg_cuda.det_gemm_launch(x, wt, 2, leaf_split=False))
 
 
 def test_tree_gemm_form_is_checked(cuda_device):
