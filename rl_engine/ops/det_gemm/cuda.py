@@ -22,9 +22,10 @@ second kernel applies the same merges; same bits, ``2^depth`` times the blocks. 
 (``gemv_leaf_kernel``) when that is off, and the tile form (``gemv_tile_kernel``) for M > 16
 (:data:`GEMV_VARIANTS`).
 
-Pipelined forms (:data:`TREE_GEMM_FORMS`, :func:`set_tree_gemm_form`): ``tree_pipe_kernel`` runs the
-same leaves, steps and MMAs from a cp.async ring with ldmatrix + mma.sync (same bits; off by default
-until the H200 has run them).
+Pipelined forms (:data:`TREE_GEMM_FORMS`, :func:`set_tree_gemm_form`; ``gemm_pipe.cu``):
+``tree_pipe_kernel`` runs the same leaves, steps and k16 products from a cp.async ring with ldmatrix +
+mma.sync, ``tree_wgmma_kernel`` with the warpgroup MMA (same bits; off by default until the H200 has
+run them).
 Batch invariance: output ``(m, n)`` is computed from row m of ``a`` and column n of ``b`` by the
 same MMA sequence whatever M, the row's position in its tile, or the operand strides.
 
@@ -179,8 +180,8 @@ and timed them."""
 
 def set_tree_gemm_form(form: int) -> int:
     """Make every later training-size GEMM of this process use ``form`` (:data:`TREE_GEMM_FORMS`);
-    returns the previous one. For the tests and ``tools/cuda_gemm_compare.py``: the bits do not
-    depend on the form.
+    returns the previous one. For the tests, ``tools/det_gemm_prefill_sweep.py --cuda-forms`` and
+    ``tools/train_step_profile.py --cuda-forms``: the bits do not depend on the form.
 
     Raises
     ------
@@ -191,9 +192,12 @@ def set_tree_gemm_form(form: int) -> int:
 
 
 def tree_pipe_ok(a: torch.Tensor, b: torch.Tensor, depth: int) -> bool:
-    """Whether forms 1 and 2 of :data:`TREE_GEMM_FORMS` can run ``a [M, K] @ b [K, N]`` with a depth-``depth``
-    tree: 16-byte aligned data, each operand unit-stride along K (then its other stride a multiple of
-    8 and every leaf start a multiple of 8) or along M / N (then its K stride a multiple of 8)."""
+    """Whether the pipelined forms of :data:`TREE_GEMM_FORMS` can run ``a [M, K] @ b [K, N]`` with a
+    depth-``depth`` tree (else form 0 runs): 16-byte aligned data, each operand unit-stride along K
+    (then its other stride a multiple of 8 and every leaf start a multiple of 8) or along M / N (then
+    its K stride a multiple of 8). Form 3 takes the warpgroup kernel where, in addition, the layout is
+    one of the training step's three and, with a K-contiguous operand, every leaf bound is a multiple
+    of 8 (else form 1's kernel)."""
     from rl_engine.backends.cuda_launch import query
 
     bounds = mid_split_bounds(0, a.shape[1], depth)

@@ -104,8 +104,7 @@ def linear_logp_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
 
 def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh, need_dw, tensor_cores=None):
     """(dhidden [T, E] or None, dweight [V, E] or None) bf16 from the upstream g [T] FP32.
-    ``tensor_cores``: the hi / lo tensor-core GEMMs (None: :data:`TENSOR_CORE_BWD_ON_CUDA`); tests
-    compare the two paths."""
+    ``tensor_cores``: the hi / lo tensor-core GEMMs (None: :data:`TENSOR_CORE_BWD_ON_CUDA`)."""
     t, e = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
