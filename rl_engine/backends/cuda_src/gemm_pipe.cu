@@ -398,6 +398,13 @@ int rl::g_tree_form = 0;
 
 namespace {
 
+// Whether neighbouring output columns are one aligned store apart (4 bytes for BF16, 8 for FP32): the
+// epilogues' `pairs` argument.
+inline int tp_pairs(const void* out, int64_t s_om, int64_t s_on, bool out_f32) {
+    const uintptr_t align = out_f32 ? 7u : 3u;
+    return s_on == 1 && (s_om % 2) == 0 && (reinterpret_cast<uintptr_t>(out) & align) == 0;
+}
+
 template <class G, int DEPTH, bool OUT_F32, bool LEAVES, bool A_MN, bool B_MN>
 int launch_tree_pipe_as(const TreeArgs& g, int z, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
     auto kernel = tree_pipe_kernel<G, DEPTH, OUT_F32, LEAVES, A_MN, B_MN>;
@@ -405,8 +412,7 @@ int launch_tree_pipe_as(const TreeArgs& g, int z, void* out, int64_t s_om, int64
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)))
         return static_cast<int>(e);
     const int64_t tiles = cdiv(g.M, G::BM) * cdiv(g.N, G::BN);
-    const uintptr_t align = OUT_F32 ? 7u : 3u;
-    const int pairs = s_on == 1 && (s_om % 2) == 0 && (reinterpret_cast<uintptr_t>(out) & align) == 0;
+    const int pairs = tp_pairs(out, s_om, s_on, OUT_F32);
     dim3 grid(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(z));
     kernel<<<grid, TP_THREADS, smem, st>>>(g, out, s_om, s_on, pairs, nullptr, nullptr, 0);
     return launch_status();
@@ -431,8 +437,7 @@ int launch_hilo_as(const TreeArgs& g, const bf16* lo, const float* acc_in, int64
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)))
         return static_cast<int>(e);
     const int64_t tiles = cdiv(g.M, TpForm1::BM) * cdiv(g.N, TpForm1::BN);
-    const uintptr_t align = OUT_F32 ? 7u : 3u;
-    const int pairs = g.s_cn == 1 && (g.s_cm % 2) == 0 && (reinterpret_cast<uintptr_t>(g.c) & align) == 0;
+    const int pairs = tp_pairs(g.c, g.s_cm, g.s_cn, OUT_F32);
     kernel<<<static_cast<unsigned>(tiles), TP_THREADS, smem, st>>>(g, g.c, g.s_cm, g.s_cn, pairs, lo, acc_in, s_acc);
     return launch_status();
 }
@@ -715,16 +720,12 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
 // (K, K), (K, MN) and (MN, MN) (A, B), 16-byte aligned data, the other stride a multiple of 8, and with
 // a K-contiguous operand every leaf bound a multiple of 8.
 bool tree_wgmma_ok(const TreeArgs& g, int leaves) {
+    static_assert(TW_BM == 128 && TW_BN == 128, "tree_pipe_ok bounds the count of 128 x 128 tiles");
+    if (!tree_pipe_ok(g, leaves)) return false;  // layouts, alignment, leaf starts
     const bool a_k = g.s_ak == 1;
     const bool b_k = g.s_bk == 1;
-    if (a_k ? (g.s_am & 7) != 0 : (g.s_am != 1 || (g.s_ak & 7) != 0)) return false;
-    if (b_k ? (g.s_bn & 7) != 0 : (g.s_bn != 1 || (g.s_bk & 7) != 0)) return false;
     if (!a_k && b_k) return false;  // (MN, K) is not a product of the training step
-    if ((reinterpret_cast<uintptr_t>(g.a) & 15u) || (reinterpret_cast<uintptr_t>(g.b) & 15u)) return false;
-    if (a_k || b_k)
-        for (int i = 0; i <= leaves; ++i)
-            if (g.bounds[i] & 7) return false;
-    return cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN) < 2147483647LL;
+    return !(a_k || b_k) || (g.bounds[leaves] & 7) == 0;  // and, K-major, the last leaf's end
 }
 
 template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN>
@@ -734,8 +735,7 @@ int launch_tree_wgmma_as(const TreeArgs& g, cudaStream_t st) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
         return static_cast<int>(e);
     const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
-    const uintptr_t align = OUT_F32 ? 7u : 3u;
-    const int pairs = g.s_cn == 1 && (g.s_cm % 2) == 0 && (reinterpret_cast<uintptr_t>(g.c) & align) == 0;
+    const int pairs = tp_pairs(g.c, g.s_cm, g.s_cn, OUT_F32);
     kernel<<<static_cast<unsigned>(tiles), TW_THREADS, smem, st>>>(g, pairs, nullptr, nullptr, 0);
     return launch_status();
 }
@@ -747,8 +747,7 @@ int launch_hilo_wgmma_as(const TreeArgs& g, const bf16* lo, const float* acc_in,
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
         return static_cast<int>(e);
     const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
-    const uintptr_t align = OUT_F32 ? 7u : 3u;
-    const int pairs = g.s_cn == 1 && (g.s_cm % 2) == 0 && (reinterpret_cast<uintptr_t>(g.c) & align) == 0;
+    const int pairs = tp_pairs(g.c, g.s_cm, g.s_cn, OUT_F32);
     kernel<<<static_cast<unsigned>(tiles), TW_THREADS, smem, st>>>(g, pairs, lo, acc_in, s_acc);
     return launch_status();
 }
