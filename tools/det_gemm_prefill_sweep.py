@@ -18,7 +18,7 @@ ratios to cuBLAS. Usage on the H200::
 
 ``--cuda-forms 0,1,2,3`` adds the ``cuda_bf16`` det_gemm in those forms of its training-size GEMMs
 (:data:`rl_engine.ops.det_gemm.cuda.TREE_GEMM_FORMS`: 0 the WMMA kernel, 1 and 2 the pipelined
-mma.sync kernel in 128 x 128 and 128 x 256 tiles, 3 wgmma for the forward products) as ``cuda0`` ..
+mma.sync kernel in 128 x 128 and 128 x 256 tiles, 3 wgmma for the three training products) as ``cuda0`` ..
 ``cuda3``, with their bits against the Triton fused form (the two backends
 give the same det_gemm bits).
 
