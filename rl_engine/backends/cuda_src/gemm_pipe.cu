@@ -394,7 +394,7 @@ bool rl::tree_pipe_ok(const TreeArgs& g, int leaves) {
     return cdiv(g.M, 128) * cdiv(g.N, 128) < 2147483647LL;
 }
 
-int rl::g_tree_form = 0;
+int rl::g_tree_form = 3;  // the warpgroup MMA form: same bits as form 0 on the H200, 0.37-0.46x cuBLAS against 0.04-0.06x (evidence/2026-12-04-h200-issue33-e035223)
 
 namespace {
 

@@ -24,8 +24,8 @@ second kernel applies the same merges; same bits, ``2^depth`` times the blocks. 
 
 Pipelined forms (:data:`TREE_GEMM_FORMS`, :func:`set_tree_gemm_form`; ``gemm_pipe.cu``):
 ``tree_pipe_kernel`` runs the same leaves, steps and k16 products from a cp.async ring with ldmatrix +
-mma.sync, ``tree_wgmma_kernel`` with the warpgroup MMA (same bits; off by default until the H200 has
-run them).
+mma.sync, ``tree_wgmma_kernel`` with the warpgroup MMA (same bits on the H200; the warpgroup form is
+the default).
 Batch invariance: output ``(m, n)`` is computed from row m of ``a`` and column n of ``b`` by the
 same MMA sequence whatever M, the row's position in its tile, or the operand strides.
 
@@ -158,7 +158,7 @@ def set_warp_gemv_variant(variant: int) -> int:
 
 TREE_GEMM_FORMS = 4
 """Forms of the GEMMs at training sizes (the fused tree, the leaf-parallel form's leaves where the decode
-GEMVs do not run, and the FP32-output GEMM): 0, the library's default, = the WMMA kernels
+GEMVs do not run, and the FP32-output GEMM): 0 = the WMMA kernels
 (``tree_gemm_kernel`` / ``tree_leaf_kernel``: one 32-wide K step at a time through shared memory,
 no pipeline); 1 and 2 = ``tree_pipe_kernel``: the operands stream through a cp.async ring and are
 multiplied with ldmatrix + mma.sync m16n8k16, K-contiguous or M- / N-contiguous operands alike (the
@@ -173,9 +173,10 @@ contiguous ones (the layouts (K, K), (K, MN), (MN, MN) of ``x @ w^T``, ``dy @ w`
 with a K-contiguous operand every leaf bound a multiple of 8; the FP32 logits (K, K) too; the rest as
 form 1. Same leaves, steps, k16 products in the same order and roundings per output element, so the same
 bits (forms 1 to 3 tested against form 0 in the host emulation, whose warpgroup MMA reads the
-operands through a decoder of the PTX ISA's canonical descriptor layouts: whether the hardware reads
-them the same way only the GPU shows). A pipelined form becomes the default once the H200 has run
-and timed them."""
+operands through a decoder of the PTX ISA's canonical descriptor layouts). On the H200 all three gave
+form 0's bits at every Qwen3-8B projection shape and product, at 0.19-0.46x cuBLAS for form 3 against
+0.04-0.17x for form 0 (``evidence/2026-12-04-h200-issue33-e035223/``), so form 3 is the default
+(``g_tree_form`` in ``gemm_pipe.cu``)."""
 
 
 def set_tree_gemm_form(form: int) -> int:

@@ -30,7 +30,7 @@ in increasing order, each block's hi product before its lo product (dhidden's ac
 across chunks in an FP32 [T, E] buffer, rounded once after the last). The same sequence of products
 per element as the Triton kernels (tested bit for bit against them in the CPU emulations, where
 both add the exact products one at a time); needs E a multiple of 8 (otherwise the FP32 path runs,
-a function of the model only). Off until the H200 has run it.
+a function of the model only). On by default since the H200 ran it (``evidence/2026-12-04-h200-issue33-e035223/``).
 
 Each row's logprob and dhidden depend only on that row, so batch invariance holds by
 construction. Scratch memory: [T, 4096] FP32 (plus [T, E] FP32 when V > 4096; plus two [T, 4096]
@@ -46,9 +46,10 @@ from rl_engine.ops.lm_head.cuda import gemm_f32_out, gemm_fp32_math
 from rl_engine.ops.logp.cuda import chunk_v
 
 
-TENSOR_CORE_BWD_ON_CUDA = False
+TENSOR_CORE_BWD_ON_CUDA = True
 """Whether :func:`linear_logp_bwd` runs its GEMMs on tensor cores (hi / lo pair, see the module
-docstring) instead of on CUDA cores with FP32 operands. Off until the H200 has run it."""
+docstring) instead of on CUDA cores with FP32 operands (False: the FP32 path). On since the H200 ran it:
+``test_linear_logp_tensor_core_backward_accuracy_and_invariance`` passed there."""
 
 GRAD_BLOCK = 64
 """Reduction block of the tensor-core backward GEMMs: each block's hi product, then its lo product
