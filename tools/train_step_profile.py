@@ -283,13 +283,19 @@ def with_persistent_tiles(text: str, make):
 
 def with_cuda_forms(text: str, make):
     """``make`` whose calls run the cuda_bf16 backend's training-size GEMMs in form ``text``'s number
-    (``rl_engine.ops.det_gemm.cuda.TREE_GEMM_FORMS``) and, with a ``t`` suffix, linear_logp's
-    tensor-core backward (``TENSOR_CORE_BWD_ON_CUDA``); both are set around each call and restored
-    after it."""
+    (``rl_engine.ops.det_gemm.cuda.TREE_GEMM_FORMS``), with a ``t`` in the suffix linear_logp's
+    tensor-core backward (``TENSOR_CORE_BWD_ON_CUDA``, else its FP32 one) and with an ``a`` the
+    attention backward's tensor-core form (``attention.cuda.BWD_FORMS``, else ``fma``), e.g. ``3ta``;
+    all are set around each call and restored after it."""
+    from rl_engine.ops.attention import cuda as attention_cuda
     from rl_engine.ops.det_gemm import cuda as det_gemm_cuda
     from rl_engine.ops.linear_logp import cuda as linear_logp_cuda
 
-    form, tc = int(text.rstrip("t")), text.endswith("t")
+    digits, suffix = text.rstrip("ta"), text.lstrip("0123456789")
+    if not digits.isdigit() or digits + suffix != text:
+        raise SystemExit(f"--cuda-forms: {text!r}: a form number, then t and / or a")
+    form = int(digits)
+    tc, attn = "t" in suffix, ("tensor_cores" if "a" in suffix else "fma")
 
     def configured():
         call = make()
@@ -297,12 +303,14 @@ def with_cuda_forms(text: str, make):
         def run():
             old_form = det_gemm_cuda.set_tree_gemm_form(form)
             old_tc = linear_logp_cuda.TENSOR_CORE_BWD_ON_CUDA
+            old_attn = attention_cuda.set_bwd_form(attn)
             linear_logp_cuda.TENSOR_CORE_BWD_ON_CUDA = tc
             try:
                 return call()
             finally:
                 det_gemm_cuda.set_tree_gemm_form(old_form)
                 linear_logp_cuda.TENSOR_CORE_BWD_ON_CUDA = old_tc
+                attention_cuda.set_bwd_form(old_attn)
 
         return run
 
@@ -333,9 +341,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also ours with the persistent det_gemm in each of these configurations (comma-separated, "
                          "tools/det_gemm_prefill_sweep.py's syntax; label <backend>@<config>), in the same process")
     ap.add_argument("--cuda-forms", default="",
-                    help="also ours with the cuda_bf16 GEMM form N of det_gemm.cuda.TREE_GEMM_FORMS (N t: and "
-                         "linear_logp's tensor-core backward), comma-separated, e.g. 1t,2t (label <backend>#<form>); "
-                         "for --backend cuda_bf16")
+                    help="also ours with the cuda_bf16 GEMM form N of det_gemm.cuda.TREE_GEMM_FORMS (suffix t: and "
+                         "linear_logp's tensor-core backward; a: and the attention backward's tensor-core form), "
+                         "comma-separated, e.g. 3t,3ta (label <backend>#<form>); for --backend cuda_bf16")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-persistent", action="store_true",
                     help="Triton det_gemm without its persistent TMA form (the fused form, as before issue #33)")

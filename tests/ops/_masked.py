@@ -104,10 +104,14 @@ def check_future_keys(impl, shape: Shape, lens_q, lens_k, poison: float, *, dtyp
 
 
 def check_blind_queries(impl, shape: Shape, lens_q, lens_k, poison: float, *, dtype, device, seed=1):
-    """Backward: plant ``poison`` in q and dO of one query row ``r_b`` of every sequence.
+    """Backward: plant ``poison`` in q and dO of one query row ``r_b`` of every sequence, then in its
+    dO alone.
 
     dk / dv of the keys after that query's position (it cannot see them) must be bitwise unchanged,
-    and so must every other query's output and dq.
+    and so must every other query's output and dq. The keys it sees must not come out finite: every
+    element of their dv (each is a sum holding ``p * dO``, dO all ``poison``; with q finite, p is
+    finite, so only the dO operand carries the poison: a kernel that zeroes non-finite operands in
+    masked tiles must restore NaN where a visible one meets them) and a value in each row of their dk.
     """
     g = torch.Generator().manual_seed(seed)
     tq, tk = sum(lens_q), sum(lens_k)
@@ -115,28 +119,37 @@ def check_blind_queries(impl, shape: Shape, lens_q, lens_k, poison: float, *, dt
     q, do = _rand((tq, h, d), g, dtype, device), _rand((tq, h, d), g, dtype, device)
     k, v = _rand((tk, hkv, d), g, dtype, device), _rand((tk, hkv, d), g, dtype, device)
     cu_q, cu_k = _cu(lens_q, device), _cu(lens_k, device)
-    q2, do2 = q.clone(), do.clone()
-    later_keys, other_rows = [], []
-    qs = ks = 0
-    for lq, lk in zip(lens_q, lens_k):
-        if lq:
-            off = lk - lq
-            r = lq // 3  # a query that cannot see the keys after position off + r
-            q2[qs + r, :, ::2] = poison
-            do2[qs + r] = poison
-            later_keys += [ks + j for j in range(off + r + 1, lk)]
-            other_rows += [qs + i for i in range(lq) if i != r]
-        qs, ks = qs + lq, ks + lk
-    assert later_keys, "the case must have keys the planted query cannot see"
     scale = d ** -0.5
     base = _run_varlen(impl, q, k, v, do, cu_q, cu_k, scale, True)
-    bad = _run_varlen(impl, q2, k, v, do2, cu_q, cu_k, scale, True)
-    keys_t = torch.tensor(later_keys, device=q.device)
-    rows_t = torch.tensor(other_rows, device=q.device)
-    assert_same_bits(base[2][keys_t], bad[2][keys_t], "dk of keys the NaN/inf query cannot see")
-    assert_same_bits(base[3][keys_t], bad[3][keys_t], "dv of keys the NaN/inf query cannot see")
-    assert_same_bits(base[0][rows_t], bad[0][rows_t], "out of the other queries")
-    assert_same_bits(base[1][rows_t], bad[1][rows_t], "dq of the other queries")
+    for poison_q in (True, False):
+        q2, do2 = q.clone(), do.clone()
+        later_keys, other_rows, seen_keys = [], [], []
+        qs = ks = 0
+        for lq, lk in zip(lens_q, lens_k):
+            if lq:
+                off = lk - lq
+                r = lq // 3  # a query that cannot see the keys after position off + r
+                if poison_q:
+                    q2[qs + r, :, ::2] = poison
+                do2[qs + r] = poison
+                later_keys += [ks + j for j in range(off + r + 1, lk)]
+                seen_keys += [ks + j for j in range(off + r + 1)]
+                other_rows += [qs + i for i in range(lq) if i != r]
+            qs, ks = qs + lq, ks + lk
+        assert later_keys, "the case must have keys the planted query cannot see"
+        what = "q and dO" if poison_q else "dO"
+        bad = _run_varlen(impl, q2, k, v, do2, cu_q, cu_k, scale, True)
+        keys_t = torch.tensor(later_keys, device=q.device)
+        rows_t = torch.tensor(other_rows, device=q.device)
+        assert_same_bits(base[2][keys_t], bad[2][keys_t], f"dk of keys the query with NaN/inf {what} cannot see")
+        assert_same_bits(base[3][keys_t], bad[3][keys_t], f"dv of keys the query with NaN/inf {what} cannot see")
+        assert_same_bits(base[0][rows_t], bad[0][rows_t], f"out of the other queries (NaN/inf {what})")
+        assert_same_bits(base[1][rows_t], bad[1][rows_t], f"dq of the other queries (NaN/inf {what})")
+        seen_t = torch.tensor(seen_keys, device=q.device)
+        finite = torch.isfinite(bad[3][seen_t].float())
+        if bool(finite.any()):
+            raise AssertionError(f"dv of keys the query with NaN/inf {what} sees: {int(finite.sum())} finite elements")
+        assert_not_finite_rows(bad[2][seen_t], f"dk of keys the query with NaN/inf {what} sees")
 
 
 def check_other_sequences(impl, shape: Shape, lens, poisoned: int, poison: float, *, dtype, device, seed=2):

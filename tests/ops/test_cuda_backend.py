@@ -18,7 +18,7 @@ with a planted one-ulp negative control. No tolerance literal appears here.
 from __future__ import annotations
 
 import contextlib
-
+import dataclasses
 import math
 import shutil
 from pathlib import Path
@@ -780,6 +780,78 @@ def test_attention_chunked_prefill_bitwise(cuda_device):
             ck = torch.tensor([0, hi], dtype=torch.int32, device=cuda_device)
             part = attention_cuda(q[lo:hi], k[:hi], v[:hi], cq, ck, 0.2)
             assert _bits_equal(part, full[lo:hi]), (lo, hi)
+
+
+@contextlib.contextmanager
+def _attention_bwd_form(form: str):
+    """The cuda_bf16 attention backward in ``form`` (attention.cuda.BWD_FORMS) inside the block."""
+    from rl_engine.ops.attention import cuda as attn_cuda
+
+    old = attn_cuda.set_bwd_form(form)
+    try:
+        yield
+    finally:
+        assert attn_cuda.set_bwd_form(old) == form
+
+
+def test_attention_tensor_core_backward(cuda_device):
+    """The backward's tensor-core form (attn_bwd_dq_tc_kernel / attn_bwd_dkdv_tc_kernel): the gate's
+    gradient_accuracy judgment green on the smoke gradient cases and on sequences longer than a
+    query and a KV block (one of them chunked, Lq < Lk), every gradient invariance transform bitwise
+    with its planted control caught, the same bits run to run, and bits that differ from the FMA
+    form's (so the form did run). Head dims 32 (smoke), 64 and 128 (GQA 8 / 2) at sequence lengths
+    that end inside a 16-row MMA tile."""
+    from rl_engine.ops.attention import cuda as attn_cuda
+    from rl_engine.ops.attention.spec import make_case
+
+    spec = get_spec("attention")
+    contract = load_contract()
+    cases = list(spec.build_grad_cases(SMOKE, GRAD_SEED, cuda_device))
+    cases += [make_case(SMOKE, 7, cuda_device, (1, 0, 13, 70, 150)),
+              make_case(SMOKE, 8, cuda_device, (1, 0, 13, 70, 150), (1, 0, 5, 33, 77))]
+    for d in (64, 128):
+        cases.append(make_case(dataclasses.replace(SMOKE, heads=8, kv_heads=2, head_dim=d), 9 + d, cuda_device, (37, 130)))
+    with _attention_bwd_form("tensor_cores"):
+        prepared = [prepare_gradient(spec, c) for c in cases]
+        status, reason, details = gradient_accuracy(spec, attention_cuda, prepared, contract)
+        _assert_green("attention", "gradient", status, reason, details)
+        case = spec.build_grad_cases(SMOKE, GRAD_SEED, cuda_device)[0]
+        for name in TRANSFORMS:
+            fn = spec.transforms.get(name)
+            if not callable(fn):
+                continue
+            pairs = fn(attention_cuda, case, "gradient", False)
+            assert pairs, f"attention.{name} produced no comparisons"
+            bad = [p.label for p in pairs if not _bits_equal(p.canonical, p.transformed)]
+            assert not bad, f"attention.{name} (gradient, tensor cores) not bitwise equal: {bad[:5]}"
+            planted = fn(attention_cuda, case, "gradient", True)
+            assert any(not _bits_equal(p.canonical, p.transformed) for p in planted), f"{name}: planted change not caught"
+        tc = [_attention_grads(c) for c in cases[-3:]]
+        assert all(_bits_equal(a, b) for g1, g2 in zip(tc, [_attention_grads(c) for c in cases[-3:]]) for a, b in zip(g1, g2))
+    with _attention_bwd_form("fma"):
+        fma = [_attention_grads(c) for c in cases[-3:]]
+    assert any(not _bits_equal(a, b) for g1, g2 in zip(tc, fma) for a, b in zip(g1, g2)), \
+        "the tensor-core form gave the FMA form's bits: it did not run"
+    assert attn_cuda.BWD_FORMS["fma"] == 0
+
+
+def _attention_grads(case):
+    """(dq, dk, dv) of attention_cuda on ``case`` with a fixed upstream gradient."""
+    inp = case.inputs
+    q, k, v = (inp[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v"))
+    out = attention_cuda(q, k, v, inp["cu_seqlens_q"], inp["cu_seqlens_k"], inp["scale"])
+    g = torch.Generator(device="cpu").manual_seed(3)
+    out.backward(torch.randn(out.shape, generator=g).to(out.dtype).to(out.device))
+    return q.grad, k.grad, v.grad
+
+
+def test_attention_bwd_form_is_checked(cuda_device):
+    """Forms outside BWD_FORMS are refused before anything runs."""
+    from rl_engine.ops.attention import cuda as attn_cuda
+
+    for bad in ("tensor-cores", "", 1, None):
+        with pytest.raises(InputError, match="attention backward form"):
+            attn_cuda.set_bwd_form(bad)
 
 
 def test_attention_empty_batch_and_zero_length(cuda_device):

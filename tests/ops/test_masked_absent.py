@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytest
@@ -108,16 +108,34 @@ def _impls(backend, request):
         return attention_triton, attention_decode_triton, torch.bfloat16, nullcontext()
     from rl_engine.ops.attention.api import attention_cuda, attention_decode_cuda
 
-    return attention_cuda, attention_decode_cuda, torch.bfloat16, _emulated(request.getfixturevalue("emu"))
+    ctx = _emulated(request.getfixturevalue("emu"))
+    if backend == "cuda_bf16_tc_bwd":
+        ctx = _tensor_core_bwd(ctx)
+    return attention_cuda, attention_decode_cuda, torch.bfloat16, ctx
+
+
+@contextmanager
+def _tensor_core_bwd(emulated):
+    """The host emulation with the CUDA attention backward in its tensor-core form."""
+    from rl_engine.ops.attention import cuda as attn_cuda
+
+    with emulated:
+        old = attn_cuda.set_bwd_form("tensor_cores")
+        try:
+            yield
+        finally:
+            assert attn_cuda.set_bwd_form(old) == "tensor_cores"
 
 
 BACKENDS = ["reference_fp32", "torch_bf16", "triton_cuda_bf16", "cuda_bf16"]
+BWD_BACKENDS = BACKENDS + ["cuda_bf16_tc_bwd"]
+"""The backward checks also run the CUDA backward's tensor-core form (attention.cuda.BWD_FORMS)."""
 CPU = torch.device("cpu")
 
 
 # ------------------------------------------------------------------------------ the property
 @pytest.mark.parametrize("poison", POISON_IDS)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BWD_BACKENDS)
 def test_attention_prefill_future_keys_absent(backend, poison, request):
     impl, _, dtype, ctx = _impls(backend, request)
     with ctx:
@@ -125,7 +143,7 @@ def test_attention_prefill_future_keys_absent(backend, poison, request):
 
 
 @pytest.mark.parametrize("poison", POISON_IDS)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BWD_BACKENDS)
 def test_attention_chunked_prefill_future_keys_absent(backend, poison, request):
     impl, _, dtype, ctx = _impls(backend, request)
     with ctx:
@@ -133,7 +151,7 @@ def test_attention_chunked_prefill_future_keys_absent(backend, poison, request):
 
 
 @pytest.mark.parametrize("poison", POISON_IDS)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BWD_BACKENDS)
 def test_attention_backward_blind_queries_absent(backend, poison, request):
     impl, _, dtype, ctx = _impls(backend, request)
     with ctx:
@@ -142,7 +160,7 @@ def test_attention_backward_blind_queries_absent(backend, poison, request):
 
 
 @pytest.mark.parametrize("poison", POISON_IDS)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BWD_BACKENDS)
 def test_attention_varlen_other_sequences_absent(backend, poison, request):
     impl, _, dtype, ctx = _impls(backend, request)
     with ctx:

@@ -11,6 +11,7 @@ interpreter and the CUDA host emulation). Marked ``gpu``: skipped without CUDA.
 from __future__ import annotations
 
 import shutil
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -45,7 +46,7 @@ def _impls(backend):
         from rl_engine.ops.attention.api import attention_decode_triton, attention_triton
 
         return attention_triton, attention_decode_triton, torch.bfloat16
-    if backend == "cuda_bf16":
+    if backend in ("cuda_bf16", "cuda_bf16_tc_bwd"):
         if torch.cuda.get_device_capability() != (9, 0):
             pytest.skip(f"cuda_bf16 is built for sm_90a; this GPU is {torch.cuda.get_device_capability()}")
         if shutil.which("nvcc") is None:
@@ -58,34 +59,56 @@ def _impls(backend):
     return attention_reference, attention_decode_reference, torch.float32
 
 
+@contextmanager
+def _bwd_form(backend):
+    """``cuda_bf16_tc_bwd``: cuda_bf16 with its attention backward in the tensor-core form."""
+    if backend != "cuda_bf16_tc_bwd":
+        yield
+        return
+    from rl_engine.ops.attention import cuda as attn_cuda
+
+    old = attn_cuda.set_bwd_form("tensor_cores")
+    try:
+        yield
+    finally:
+        assert attn_cuda.set_bwd_form(old) == "tensor_cores"
+
+
+BWD_BACKENDS = BACKENDS + ["cuda_bf16_tc_bwd"]
+
+
 @pytest.mark.parametrize("poison", POISON_IDS)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BWD_BACKENDS)
 def test_gpu_prefill_future_keys_absent(backend, poison, gpu):
     impl, _, dtype = _impls(backend)
-    check_future_keys(impl, QWEN3_8B, *PREFILL, POISONS[poison], dtype=dtype, device=gpu)
+    with _bwd_form(backend):
+        check_future_keys(impl, QWEN3_8B, *PREFILL, POISONS[poison], dtype=dtype, device=gpu)
 
 
 @pytest.mark.parametrize("poison", POISON_IDS)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BWD_BACKENDS)
 def test_gpu_chunked_prefill_future_keys_absent(backend, poison, gpu):
     impl, _, dtype = _impls(backend)
-    check_future_keys(impl, QWEN3_8B, *CHUNKED, POISONS[poison], dtype=dtype, device=gpu)
+    with _bwd_form(backend):
+        check_future_keys(impl, QWEN3_8B, *CHUNKED, POISONS[poison], dtype=dtype, device=gpu)
 
 
 @pytest.mark.parametrize("poison", POISON_IDS)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BWD_BACKENDS)
 def test_gpu_backward_blind_queries_absent(backend, poison, gpu):
     impl, _, dtype = _impls(backend)
-    check_blind_queries(impl, QWEN3_8B, *BLIND, POISONS[poison], dtype=dtype, device=gpu)
-    check_blind_queries(impl, QWEN3_8B, *CHUNKED, POISONS[poison], dtype=dtype, device=gpu)
+    with _bwd_form(backend):
+        check_blind_queries(impl, QWEN3_8B, *BLIND, POISONS[poison], dtype=dtype, device=gpu)
+        check_blind_queries(impl, QWEN3_8B, *CHUNKED, POISONS[poison], dtype=dtype, device=gpu)
 
 
 @pytest.mark.parametrize("poison", POISON_IDS)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BWD_BACKENDS)
 def test_gpu_varlen_other_sequences_absent(backend, poison, gpu):
     impl, _, dtype = _impls(backend)
-    check_other_sequences(impl, QWEN3_8B, VARLEN, 2, POISONS[poison], dtype=dtype, device=gpu)
-    check_other_sequences(impl, QWEN3_8B, VARLEN, 4, POISONS[poison], dtype=dtype, device=gpu)
+    with _bwd_form(backend):
+        check_other_sequences(impl, QWEN3_8B, VARLEN, 2, POISONS[poison], dtype=dtype, device=gpu)
+        check_other_sequences(impl, QWEN3_8B, VARLEN, 4, POISONS[poison], dtype=dtype, device=gpu)
 
 
 @pytest.mark.parametrize("poison", POISON_IDS)

@@ -25,7 +25,10 @@ Backward (FlashAttention-2 structure, Dao 2023; deterministic, no atomics): ``de
 rowsum(dO * O)``; a dQ kernel per 64 queries of one head (KV blocks in increasing order) and a
 dK/dV kernel per 64 keys of one KV head (query heads of the group in order, queries in increasing
 order), each gradient element a sequential FP32 FMA chain, ``scale`` applied once at the end,
-rounded once to BF16.
+rounded once to BF16. In the tensor-core form (:data:`BWD_FORMS`, :func:`set_bwd_form`) the same
+kernels' structure runs on ``mma.sync`` m16n8k16: ``S`` and ``dP`` as k16 products over D, ``P`` and
+``dS`` (FP32, as above) rounded to BF16 for the ``dV``, ``dK`` and ``dQ`` products over the block's 64
+queries / keys (the Triton backend's scheme, FlashAttention-2's); masked terms stay absent.
 
 Head dim: D in {16, 32, 64, 128, 256} (a kernel template per size).
 """
@@ -83,6 +86,28 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
            do.stride(0), do.stride(1), lse.stride(0), dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1),
            dv.stride(0), dv.stride(1), float(scale))
     return dq, dk, dv
+
+
+BWD_FORMS = {"fma": 0, "tensor_cores": 1}
+"""Forms of the backward (``rl_attention_bwd_form`` in ``attention_bwd.cu``): ``fma``, the library's
+default, = every gradient element a sequential FP32 FMA chain on CUDA cores; ``tensor_cores`` =
+``attn_bwd_dq_tc_kernel`` / ``attn_bwd_dkdv_tc_kernel`` for head dims 16 to 128 (D = 256 runs
+``fma``). Both are deterministic and batch-invariant; their bits differ (the backward's arithmetic
+is not declared across forms)."""
+
+
+def set_bwd_form(form: str) -> str:
+    """Make every later ``cuda_bf16`` attention backward of this process run in ``form`` (one of
+    :data:`BWD_FORMS`); returns the previous form.
+
+    Raises:
+        InputError: ``form`` not one of :data:`BWD_FORMS`."""
+    from rl_engine.errors import InputError
+
+    if form not in BWD_FORMS:
+        raise InputError(f"attention backward form: expected one of {sorted(BWD_FORMS)}, got {form!r}")
+    old = query("rl_attention_bwd_form", BWD_FORMS[form])
+    return {v: k for k, v in BWD_FORMS.items()}[old]
 
 
 DECODE_FORMS = {"auto": 0, "two_launch": 1, "one_pass": 2}
