@@ -1,4 +1,4 @@
-"""The tolerance contract ws1-c1-v6: values, structure, and loud failures on malformed files.
+"""The tolerance contract ws1-c1-v7: values, structure, and loud failures on malformed files.
 
 The §5 tables are compared with the values parsed from the standard's markdown itself, so this
 file holds no threshold numbers of its own.
@@ -76,12 +76,12 @@ def standard_tables(standard_text):
 
 def test_version():
     c = load_contract()
-    assert CONTRACT_VERSION == "ws1-c1-v6"
-    assert c.version == "ws1-c1-v6"
-    assert c.data["supersedes"] == "ws1-c1-v5"
-    assert default_contract_path().name == "ws1-c1-v6.json"
+    assert CONTRACT_VERSION == "ws1-c1-v7"
+    assert c.version == "ws1-c1-v7"
+    assert c.data["supersedes"] == "ws1-c1-v6"
+    assert default_contract_path().name == "ws1-c1-v7.json"
     ident = c.identity()
-    assert ident["contract_version"] == "ws1-c1-v6" and re.fullmatch(r"[0-9a-f]{64}", ident["sha256"])
+    assert ident["contract_version"] == "ws1-c1-v7" and re.fullmatch(r"[0-9a-f]{64}", ident["sha256"])
 
 
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
@@ -98,7 +98,7 @@ def test_section5_tables_equal_the_standard(direction, standard_tables):
             tol = c.tolerance(direction, cls, dtype)
             assert (tol.atol, tol.rtol) == (atol_std, rtol_std), (
                 f"{direction}_accuracy/{cls}/{dtype}: contract {tol.atol} / {tol.rtol}, standard {atol_std} / {rtol_std}")
-            assert tol.source == f"ws1-c1-v6:{direction}_accuracy/{cls}/{dtype}"
+            assert tol.source == f"ws1-c1-v7:{direction}_accuracy/{cls}/{dtype}"
 
 
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
@@ -233,6 +233,7 @@ def test_in_scope_profiles():
     ("ws1-c1-v4", "ws1-c1-v3", ("enable_fp_fusion", "nvcc_fmad", "masked means absent", "host-independent")),
     ("ws1-c1-v5", "ws1-c1-v4", ("cross_backend", "declared_bit_exact")),
     ("ws1-c1-v6", "ws1-c1-v5", ("lm_head", "det_gemm", "declared_bit_exact")),
+    ("ws1-c1-v7", "ws1-c1-v6", ("declared_fma.attention", "mma.sync")),
 ])
 def test_changelog_entries_with_reasons(version, previous, topics):
     c = load_contract()
@@ -265,7 +266,7 @@ def _write(tmp_path: Path, data, name: str = "contract.json") -> Path:
 
 def test_shipped_copy_loads(tmp_path):
     c = load_contract(_write(tmp_path, _shipped()))
-    assert c.version == "ws1-c1-v6"
+    assert c.version == "ws1-c1-v7"
     assert c.data == load_contract().data
 
 
@@ -316,7 +317,7 @@ def test_fp16_row_not_optional_names_the_field(tmp_path):
 
 def test_invalid_json_names_file_and_line(tmp_path):
     text = default_contract_path().read_text()
-    broken = text.replace('"supersedes": "ws1-c1-v5",', '"supersedes": "ws1-c1-v5"', 1)
+    broken = text.replace('"supersedes": "ws1-c1-v6",', '"supersedes": "ws1-c1-v6"', 1)
     assert broken != text
     p = _write(tmp_path, broken)
     with pytest.raises(ContractError) as ei:
@@ -368,7 +369,7 @@ def test_det_gemm_split_not_power_of_two(tmp_path):
 
 
 def test_missing_file_raises(tmp_path):
-    p = tmp_path / "nope" / "ws1-c1-v6.json"
+    p = tmp_path / "nope" / "ws1-c1-v7.json"
     with pytest.raises(ContractError) as ei:
         load_contract(p)
     assert "not found" in str(ei.value) and str(p) in str(ei.value)

@@ -1,4 +1,4 @@
-"""The ``cross_backend`` judgment (contract ``ws1-c1-v6``, section ``cross_backend``; issue #34):
+"""The ``cross_backend`` judgment (contract ``ws1-c1-v7``, section ``cross_backend``; issue #34):
 the contract section and its checks, the judgment on one op, the gate's cells and report, and the
 cross-backend chain cell. On a CPU the pair is the Triton interpreter and a plugin (``cuda_bf16``
 needs a GPU), declared in a copy of the shipped contract; each green has a control that must fail.

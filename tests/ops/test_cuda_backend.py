@@ -854,6 +854,20 @@ def test_attention_bwd_form_is_checked(cuda_device):
             attn_cuda.set_bwd_form(bad)
 
 
+def test_attention_bwd_default_form_is_the_declared_one(cuda_device):
+    """The library's default backward is the tensor-core form, as contract ws1-c1-v7's
+    declared_fma.attention says (its CUDA text names mma.sync for the backward)."""
+    from rl_engine.ops.attention import cuda as attn_cuda
+
+    text = load_contract().data["declared_exceptions"]["fp_contraction"]["declared_fma"]["attention"]
+    assert "mma.sync" in text and "backward" in text
+    old = attn_cuda.set_bwd_form("fma")
+    try:
+        assert old == "tensor_cores"
+    finally:
+        attn_cuda.set_bwd_form(old)
+
+
 def test_attention_empty_batch_and_zero_length(cuda_device):
     q, k, v, cu = _varlen([0, 3, 0], 2, 1, 16, 13, cuda_device)
     out = attention_cuda(q, k, v, cu, cu, 0.25)

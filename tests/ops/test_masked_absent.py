@@ -109,27 +109,27 @@ def _impls(backend, request):
     from rl_engine.ops.attention.api import attention_cuda, attention_decode_cuda
 
     ctx = _emulated(request.getfixturevalue("emu"))
-    if backend == "cuda_bf16_tc_bwd":
-        ctx = _tensor_core_bwd(ctx)
+    if backend == "cuda_bf16_fma_bwd":
+        ctx = _fma_bwd(ctx)
     return attention_cuda, attention_decode_cuda, torch.bfloat16, ctx
 
 
 @contextmanager
-def _tensor_core_bwd(emulated):
-    """The host emulation with the CUDA attention backward in its tensor-core form."""
+def _fma_bwd(emulated):
+    """The host emulation with the CUDA attention backward in its FMA form (the default is tensor cores)."""
     from rl_engine.ops.attention import cuda as attn_cuda
 
     with emulated:
-        old = attn_cuda.set_bwd_form("tensor_cores")
+        old = attn_cuda.set_bwd_form("fma")
         try:
             yield
         finally:
-            assert attn_cuda.set_bwd_form(old) == "tensor_cores"
+            assert attn_cuda.set_bwd_form(old) == "fma"
 
 
 BACKENDS = ["reference_fp32", "torch_bf16", "triton_cuda_bf16", "cuda_bf16"]
-BWD_BACKENDS = BACKENDS + ["cuda_bf16_tc_bwd"]
-"""The backward checks also run the CUDA backward's tensor-core form (attention.cuda.BWD_FORMS)."""
+BWD_BACKENDS = BACKENDS + ["cuda_bf16_fma_bwd"]
+"""The backward checks also run the CUDA backward's FMA form (attention.cuda.BWD_FORMS)."""
 CPU = torch.device("cpu")
 
 
@@ -331,8 +331,8 @@ def test_finite_inputs_same_bits_as_old_cuda_kernels(case, emu, emu_legacy):
     lens = torch.tensor([1, 65, 130], dtype=torch.int32)
     scale = SHAPE.head_dim ** -0.5
     res = []
-    for lib in (emu, emu_legacy):
-        with _emulated(lib):
+    for lib in (emu, emu_legacy):  # (the old kernels' backward is the FMA form)
+        with _fma_bwd(_emulated(lib)) if lib is emu else _emulated(lib):
             r = _fwd_bwd(attention_cuda, *inputs)
             with torch.no_grad():
                 r["decode"] = attention_decode_cuda(q, kc, vc, lens, scale) if lib is emu else \

@@ -46,7 +46,7 @@ def _impls(backend):
         from rl_engine.ops.attention.api import attention_decode_triton, attention_triton
 
         return attention_triton, attention_decode_triton, torch.bfloat16
-    if backend in ("cuda_bf16", "cuda_bf16_tc_bwd"):
+    if backend in ("cuda_bf16", "cuda_bf16_fma_bwd"):
         if torch.cuda.get_device_capability() != (9, 0):
             pytest.skip(f"cuda_bf16 is built for sm_90a; this GPU is {torch.cuda.get_device_capability()}")
         if shutil.which("nvcc") is None:
@@ -61,20 +61,20 @@ def _impls(backend):
 
 @contextmanager
 def _bwd_form(backend):
-    """``cuda_bf16_tc_bwd``: cuda_bf16 with its attention backward in the tensor-core form."""
-    if backend != "cuda_bf16_tc_bwd":
+    """``cuda_bf16_fma_bwd``: cuda_bf16 with its attention backward in the tensor-core form."""
+    if backend != "cuda_bf16_fma_bwd":
         yield
         return
     from rl_engine.ops.attention import cuda as attn_cuda
 
-    old = attn_cuda.set_bwd_form("tensor_cores")
+    old = attn_cuda.set_bwd_form("fma")
     try:
         yield
     finally:
-        assert attn_cuda.set_bwd_form(old) == "tensor_cores"
+        assert attn_cuda.set_bwd_form(old) == "fma"
 
 
-BWD_BACKENDS = BACKENDS + ["cuda_bf16_tc_bwd"]
+BWD_BACKENDS = BACKENDS + ["cuda_bf16_fma_bwd"]
 
 
 @pytest.mark.parametrize("poison", POISON_IDS)
