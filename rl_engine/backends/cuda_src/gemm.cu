@@ -17,11 +17,12 @@
 //    Leaf-parallel form (rl_det_gemm_leaves, for decode-sized outputs): one block per tile and
 //    leaf runs the same leaf loop, the leaves go through a BF16 workspace, and a second kernel
 //    applies the same merges: the same bits with 2^DEPTH times the blocks.
-//    Pipelined forms (tree_pipe_kernel, forms 1 and 2 of rl_tree_gemm_form; the WMMA kernels are form 0, the
-//    default until they have run on the H200): the same tree with the operands streamed through a
-//    cp.async ring and multiplied with ldmatrix + mma.sync, for the fused tree, the leaf-parallel
-//    leaves and the FP32-output GEMM; the same bits. Form 3 (tree_wgmma_kernel): the fused tree (the
-//    training step's three layouts) and the FP32 logits with the warpgroup MMA (m64n128k16).
+//    Pipelined forms (tree_pipe_kernel, forms 1 and 2 of rl_tree_gemm_form; the WMMA kernels are form 0):
+//    the same tree with the operands streamed through a cp.async ring and multiplied with ldmatrix +
+//    mma.sync, for the fused tree, the leaf-parallel leaves and the FP32-output GEMM; the same bits.
+//    Form 3 (tree_wgmma_kernel, the default since the H200 gave form 0's bits with it): the fused
+//    tree and the leaf-parallel leaves (the training step's three layouts) and the FP32 logits with
+//    the warpgroup MMA (m64n128k16).
 //    Batch invariance: output (m, n) is produced from row m of A and column n of B by the same
 //    sequence of MMA instructions whatever M, the tile position of the row, or the strides (the
 //    loaders only change how values reach shared memory, never which values or in which order
