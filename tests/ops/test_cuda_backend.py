@@ -249,15 +249,21 @@ def test_det_gemm_leaf_parallel_form_equals_fused_form(cuda_device, m, k, n, tra
 
 
 @contextlib.contextmanager
+def _library_setting(setter, value):
+    """``setter(value)`` (a process-wide library setting that returns the previous value) inside the
+    block, the previous value restored after it."""
+    old = setter(value)
+    try:
+        yield
+    finally:
+        assert setter(old) == value
+
+
 def _tree_gemm_form(form: int):
     """Training-size GEMMs in ``form`` (det_gemm.cuda.TREE_GEMM_FORMS) inside the block."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
-    old = dg_cuda.set_tree_gemm_form(form)
-    try:
-        yield
-    finally:
-        assert dg_cuda.set_tree_gemm_form(old) == form
+    return _library_setting(dg_cuda.set_tree_gemm_form, form)
 
 
 def _pipe_layouts(device, m, k, n):
@@ -782,16 +788,11 @@ def test_attention_chunked_prefill_bitwise(cuda_device):
             assert _bits_equal(part, full[lo:hi]), (lo, hi)
 
 
-@contextlib.contextmanager
 def _attention_bwd_form(form: str):
     """The cuda_bf16 attention backward in ``form`` (attention.cuda.BWD_FORMS) inside the block."""
     from rl_engine.ops.attention import cuda as attn_cuda
 
-    old = attn_cuda.set_bwd_form(form)
-    try:
-        yield
-    finally:
-        assert attn_cuda.set_bwd_form(old) == form
+    return _library_setting(attn_cuda.set_bwd_form, form)
 
 
 def test_attention_tensor_core_backward(cuda_device):

@@ -273,40 +273,6 @@ attn_bwd_dkdv_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, con
     }
 }
 
-template <int D>
-int launch_bwd(const void* q, const void* k, const void* v, const void* dout, const void* lse, const void* delta,
-               void* dq, void* dk, void* dv, const void* cu_q, const void* cu_k, int64_t batch, int64_t n_mblocks,
-               int64_t n_nblocks, int64_t heads, int64_t kv_heads, int64_t group, int64_t s_qt, int64_t s_qh,
-               int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_dt, int64_t s_dh, int64_t s_lh,
-               int64_t s_gqt, int64_t s_gqh, int64_t s_gkt, int64_t s_gkh, int64_t s_gvt, int64_t s_gvh, float scale,
-               cudaStream_t st) {
-    if (n_nblocks > 0) {
-        constexpr size_t smem = dkdv_smem<D>();
-        if (int e = prepare(attn_bwd_dkdv_kernel<D>, smem)) return e;
-        dim3 grid(static_cast<unsigned>(batch * n_nblocks), static_cast<unsigned>(kv_heads));
-        attn_bwd_dkdv_kernel<D><<<grid, AT_THREADS, smem, st>>>(
-            static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
-            static_cast<const bf16*>(dout), static_cast<const float*>(lse), static_cast<const float*>(delta),
-            static_cast<bf16*>(dk), static_cast<bf16*>(dv), static_cast<const int32_t*>(cu_q),
-            static_cast<const int32_t*>(cu_k), n_nblocks, group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh,
-            s_gkt, s_gkh, s_gvt, s_gvh, scale);
-        if (int e = launch_status()) return e;
-    }
-    if (n_mblocks > 0) {
-        constexpr size_t smem = dq_smem<D>();
-        if (int e = prepare(attn_bwd_dq_kernel<D>, smem)) return e;
-        dim3 grid(static_cast<unsigned>(batch * n_mblocks), static_cast<unsigned>(heads));
-        attn_bwd_dq_kernel<D><<<grid, AT_THREADS, smem, st>>>(
-            static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
-            static_cast<const bf16*>(dout), static_cast<const float*>(lse), static_cast<const float*>(delta),
-            static_cast<bf16*>(dq), static_cast<const int32_t*>(cu_q), static_cast<const int32_t*>(cu_k), n_mblocks, group,
-            s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh, s_gqt, s_gqh, scale);
-        if (int e = launch_status()) return e;
-    }
-    return 0;
-}
-
-
 // ------------------------------------------------------------------------------------------------
 // Tensor-core form (rl_attention_bwd_form 1). Four warps; warp w owns rows [16 w, 16 w + 16) of the
 // block's 64 rows (queries for dQ, keys for dK / dV). Shared tiles are 64 rows of D + 8 BF16 (16-byte
@@ -671,18 +637,25 @@ attn_bwd_dkdv_tc_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, 
     }
 }
 
-template <int D>
-int launch_bwd_tc(const void* q, const void* k, const void* v, const void* dout, const void* lse, const void* delta,
-                  void* dq, void* dk, void* dv, const void* cu_q, const void* cu_k, int64_t batch, int64_t n_mblocks,
-                  int64_t n_nblocks, int64_t heads, int64_t kv_heads, int64_t group, int64_t s_qt, int64_t s_qh,
-                  int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_dt, int64_t s_dh, int64_t s_lh,
-                  int64_t s_gqt, int64_t s_gqh, int64_t s_gkt, int64_t s_gkh, int64_t s_gvt, int64_t s_gvh,
-                  float scale, cudaStream_t st) {
+// Both backward kernels of one form (TC: the tensor-core kernels, TC_THREADS each; else the FMA
+// kernels, AT_THREADS), dK / dV first.
+template <int D, bool TC>
+int launch_bwd(const void* q, const void* k, const void* v, const void* dout, const void* lse, const void* delta,
+               void* dq, void* dk, void* dv, const void* cu_q, const void* cu_k, int64_t batch, int64_t n_mblocks,
+               int64_t n_nblocks, int64_t heads, int64_t kv_heads, int64_t group, int64_t s_qt, int64_t s_qh,
+               int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_dt, int64_t s_dh, int64_t s_lh,
+               int64_t s_gqt, int64_t s_gqh, int64_t s_gkt, int64_t s_gkh, int64_t s_gvt, int64_t s_gvh, float scale,
+               cudaStream_t st) {
+    constexpr int threads = TC ? TC_THREADS : AT_THREADS;
     if (n_nblocks > 0) {
-        constexpr size_t smem = dkdv_tc_smem<D>();
-        if (int e = prepare(attn_bwd_dkdv_tc_kernel<D>, smem)) return e;
+        auto kernel = [] {
+            if constexpr (TC) return attn_bwd_dkdv_tc_kernel<D>;
+            else return attn_bwd_dkdv_kernel<D>;
+        }();
+        constexpr size_t smem = TC ? dkdv_tc_smem<D>() : dkdv_smem<D>();
+        if (int e = prepare(kernel, smem)) return e;
         dim3 grid(static_cast<unsigned>(batch * n_nblocks), static_cast<unsigned>(kv_heads));
-        attn_bwd_dkdv_tc_kernel<D><<<grid, TC_THREADS, smem, st>>>(
+        kernel<<<grid, threads, smem, st>>>(
             static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
             static_cast<const bf16*>(dout), static_cast<const float*>(lse), static_cast<const float*>(delta),
             static_cast<bf16*>(dk), static_cast<bf16*>(dv), static_cast<const int32_t*>(cu_q),
@@ -691,10 +664,14 @@ int launch_bwd_tc(const void* q, const void* k, const void* v, const void* dout,
         if (int e = launch_status()) return e;
     }
     if (n_mblocks > 0) {
-        constexpr size_t smem = dq_tc_smem<D>();
-        if (int e = prepare(attn_bwd_dq_tc_kernel<D>, smem)) return e;
+        auto kernel = [] {
+            if constexpr (TC) return attn_bwd_dq_tc_kernel<D>;
+            else return attn_bwd_dq_kernel<D>;
+        }();
+        constexpr size_t smem = TC ? dq_tc_smem<D>() : dq_smem<D>();
+        if (int e = prepare(kernel, smem)) return e;
         dim3 grid(static_cast<unsigned>(batch * n_mblocks), static_cast<unsigned>(heads));
-        attn_bwd_dq_tc_kernel<D><<<grid, TC_THREADS, smem, st>>>(
+        kernel<<<grid, threads, smem, st>>>(
             static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
             static_cast<const bf16*>(dout), static_cast<const float*>(lse), static_cast<const float*>(delta),
             static_cast<bf16*>(dq), static_cast<const int32_t*>(cu_q), static_cast<const int32_t*>(cu_k), n_mblocks, group,
@@ -728,9 +705,9 @@ RL_EXPORT int rl_attention_bwd(const void* q, const void* k, const void* v, cons
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (g_attn_bwd_form == 1 && AT_BKV == TC_ROWS && AT_BQ_BWD == TC_ROWS) {
 #define RL_ATT_BWD_TC(DD) \
-    launch_bwd_tc<DD>(q, k, v, dout, lse, delta, dq, dk, dv, cu_q, cu_k, batch, n_mblocks, n_nblocks, heads, kv_heads, \
-                      group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh, s_gqt, s_gqh, s_gkt, s_gkh, s_gvt, \
-                      s_gvh, scale, st)
+    launch_bwd<DD, true>(q, k, v, dout, lse, delta, dq, dk, dv, cu_q, cu_k, batch, n_mblocks, n_nblocks, heads, kv_heads, \
+                         group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh, s_gqt, s_gqh, s_gkt, s_gkh, s_gvt, \
+                         s_gvh, scale, st)
         switch (head_dim) {
             case 16: return RL_ATT_BWD_TC(16);
             case 32: return RL_ATT_BWD_TC(32);
@@ -741,7 +718,7 @@ RL_EXPORT int rl_attention_bwd(const void* q, const void* k, const void* v, cons
 #undef RL_ATT_BWD_TC
     }
 #define RL_ATT_BWD(DD) \
-    launch_bwd<DD>(q, k, v, dout, lse, delta, dq, dk, dv, cu_q, cu_k, batch, n_mblocks, n_nblocks, heads, kv_heads, group, \
+    launch_bwd<DD, false>(q, k, v, dout, lse, delta, dq, dk, dv, cu_q, cu_k, batch, n_mblocks, n_nblocks, heads, kv_heads, group, \
                    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh, s_gqt, s_gqh, s_gkt, s_gkh, s_gvt, s_gvh, scale, st)
     switch (head_dim) {
         case 16: return RL_ATT_BWD(16);

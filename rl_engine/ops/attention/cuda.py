@@ -105,12 +105,18 @@ def set_bwd_form(form: str) -> str:
 
     Raises:
         InputError: ``form`` not one of :data:`BWD_FORMS`."""
+    return _set_named_form("attention backward form", "rl_attention_bwd_form", BWD_FORMS, form)
+
+
+def _set_named_form(what: str, export: str, forms: dict[str, int], form: str) -> str:
+    """Check ``form`` against ``forms`` (InputError naming ``what``), pass its number to the library's
+    ``export`` and return the name of the previous one."""
     from rl_engine.errors import InputError
 
-    if form not in BWD_FORMS:
-        raise InputError(f"attention backward form: expected one of {sorted(BWD_FORMS)}, got {form!r}")
-    old = query("rl_attention_bwd_form", BWD_FORMS[form])
-    return {v: k for k, v in BWD_FORMS.items()}[old]
+    if form not in forms:
+        raise InputError(f"{what}: expected one of {sorted(forms)}, got {form!r}")
+    old = query(export, forms[form])
+    return {v: k for k, v in forms.items()}[old]
 
 
 DECODE_FORMS = {"auto": 0, "two_launch": 1, "one_pass": 2}
@@ -126,12 +132,7 @@ def set_decode_form(form: str) -> str:
 
     Raises:
         InputError: ``form`` not one of :data:`DECODE_FORMS`."""
-    from rl_engine.errors import InputError
-
-    if form not in DECODE_FORMS:
-        raise InputError(f"decode form: expected one of {sorted(DECODE_FORMS)}, got {form!r}")
-    old = query("rl_attention_decode_default_form", DECODE_FORMS[form])
-    return {v: k for k, v in DECODE_FORMS.items()}[old]
+    return _set_named_form("decode form", "rl_attention_decode_default_form", DECODE_FORMS, form)
 
 
 ONE_PASS_STAGES = (3, 6)
