@@ -354,6 +354,22 @@ __device__ __forceinline__ void tc_ab(float (&acc)[D / 8][4], const uint32_t (&p
     }
 }
 
+// The block's two score tiles from fresh FP32 accumulators: s = A B^T (the scores, S or S^T) and
+// dp = C E^T (dP or dP^T), for the warp's 16 rows of A / C and the 64 rows of B / E.
+template <int D>
+__device__ __forceinline__ void tc_scores(float (&s)[8][4], float (&dp)[8][4], const bf16* a, const bf16* b,
+                                          const bf16* c, const bf16* e) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            s[n][i] = 0.0f;
+            dp[n][i] = 0.0f;
+        }
+    tc_abt<D>(s, a, b);
+    tc_abt<D>(dp, c, e);
+}
+
 __device__ __forceinline__ uint32_t tc_pack(float lo, float hi) {
     const bf16 l = to_bf16(lo);
     const bf16 h = to_bf16(hi);
@@ -436,15 +452,7 @@ attn_bwd_dq_tc_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, co
         tc_load_rows<D>(vs, v_base, s_vt, kv0, k_len);
         __syncthreads();
         float s[8][4], dp[8][4];
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[n][e] = 0.0f;
-                dp[n][e] = 0.0f;
-            }
-        tc_abt<D>(s, qs + warp * 16 * LD, ks);
-        tc_abt<D>(dp, dos + warp * 16 * LD, vs);
+        tc_scores<D>(s, dp, qs + warp * 16 * LD, ks, dos + warp * 16 * LD, vs);
 #pragma unroll
         for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -560,15 +568,7 @@ attn_bwd_dkdv_tc_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, 
             }
             __syncthreads();
             float st[8][4], dpt[8][4];
-#pragma unroll
-            for (int n = 0; n < 8; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    st[n][e] = 0.0f;
-                    dpt[n][e] = 0.0f;
-                }
-            tc_abt<D>(st, ks + warp * 16 * LD, qs);
-            tc_abt<D>(dpt, vs + warp * 16 * LD, dos);
+            tc_scores<D>(st, dpt, ks + warp * 16 * LD, qs, vs + warp * 16 * LD, dos);
 #pragma unroll
             for (int n = 0; n < 8; ++n)
 #pragma unroll
