@@ -7,6 +7,7 @@ target with the installed Triton and prints:
 * the MMA instructions and how often each appears (``wgmma`` m64n64k16 for ``q k^T``, m64n128k16
   for ``P V``, or ``mma.sync`` for small tiles),
 * the exponential (``ex2.approx.f32`` of ``x * log2 e`` is ``tl.exp``),
+* shared-memory traffic (a layout conversion would add some),
 * the order in which one thread adds its probabilities of one row into the block's row sum ``l``
   (the first ``tl.sum`` of the first KV loop): each ``p`` is named by its index in the thread's
   accumulator fragment (``e0`` .. ``e31``; ``e[4 j]``, ``e[4 j + 1]`` are row ``g``'s columns
@@ -14,7 +15,8 @@ target with the installed Triton and prints:
 
 This is what a CUDA kernel must reproduce to give the Triton backend's attention bits, and it
 changes with the Triton version (Triton 3.6: a left fold in fragment order; 3.9: a pairwise tree),
-so compare the two on the Triton the H200 runs. Run a second Triton without touching the
+so compare the two on the Triton the H200 runs; ``--pinned`` compiles the fixed order of
+``_key_sum`` (``ROW_SUM_PINNED``), which both versions compile to 3.9's instructions. Run a second Triton without touching the
 environment by putting its wheel's files first on the path::
 
     pip install --no-deps --target /tmp/t36 triton==3.6.0
@@ -29,7 +31,7 @@ import sys
 from collections import Counter
 
 
-def compile_ptx() -> str:
+def compile_ptx(pinned: bool = False) -> str:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -41,7 +43,8 @@ def compile_ptx() -> str:
     sig = {**{n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}, "lse_ptr": "*fp32", "cu_q_ptr": "*i32",
            "cu_k_ptr": "*i32", "n_mblocks": "i32", "n_heads": "i32", **{n: "i32" for n in strides},
            "stride_lh": "i32", "scale": "fp32"}
-    consts = {"GROUP": 4, "D": 128, "UPCAST": False, "BLOCK_M": at.BLOCK_M, "BLOCK_N": at.BLOCK_N}
+    consts = {"GROUP": 4, "D": 128, "UPCAST": False, "BLOCK_M": at.BLOCK_M, "BLOCK_N": at.BLOCK_N,
+              "PINNED_SUM": pinned}
     sig.update({name: "constexpr" for name in consts})
     names = list(sig)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("_ptr") or n in strides}
@@ -87,14 +90,17 @@ def first_row_sum(ptx: str) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ptx", default=None, help="also write the PTX to this file")
+    p.add_argument("--pinned", action="store_true", help="the row sum in _key_sum's fixed order (PINNED_SUM)")
     args = p.parse_args(argv)
     import triton
 
-    ptx = compile_ptx()
+    ptx = compile_ptx(args.pinned)
     if args.ptx:
         with open(args.ptx, "w") as fh:
             fh.write(ptx)
-    print(f"triton {triton.__version__}, sm_90, _attn_fwd_kernel (D 128, 64 x 64 tiles)")
+    print(f"triton {triton.__version__}, sm_90, _attn_fwd_kernel (D 128, 64 x 64 tiles, PINNED_SUM={args.pinned})")
+    print(f"  shared-memory stores / loads, barriers: {ptx.count('st.shared')} / {ptx.count('ld.shared')}, "
+          f"{ptx.count('bar.sync')}")
     mma = Counter(re.findall(r"(wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+|mma\.sync\.aligned\.m\d+n\d+k\d+)", ptx))
     for name, n in sorted(mma.items()):
         print(f"  {n:3d} x {name}")

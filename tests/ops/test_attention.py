@@ -156,6 +156,94 @@ def test_decode_of_every_query_equals_prefill(device):
     assert_bitwise(full, attention_decode_triton(inp["q"], k_cache, v_cache, lens, inp["scale"]), "decode vs prefill")
 
 
+# ---------------------------------------------------------------------------------------------
+# The pinned row sum (ROW_SUM_PINNED, _key_sum)
+# ---------------------------------------------------------------------------------------------
+def _declared_key_sum(p: torch.Tensor) -> torch.Tensor:
+    """Row sums of ``p`` [M, 64] FP32 as _key_sum declares them: one addition per pair, over the key
+    index's bits 0, 3, 4, 5, 2, 1 (each step one IEEE addition in torch)."""
+    x = p.reshape(p.shape[0], 2, 2, 2, 2, 2, 2)
+    for axis in (6, 3, 2, 1, 1, 1):
+        x = x.select(axis, 0) + x.select(axis, 1)
+    return x
+
+
+def _left_fold(p: torch.Tensor) -> torch.Tensor:
+    out = p[:, 0].clone()
+    for j in range(1, p.shape[1]):
+        out = out + p[:, j]
+    return out
+
+
+def _cancelling_rows(m: int) -> torch.Tensor:
+    """[m, 64] FP32 rows on which the summation orders differ: small values, a +2^24 at one key and a
+    -2^24 at another, so the terms added while the large one is in the sum are absorbed."""
+    g = torch.Generator(device="cpu").manual_seed(5)
+    p = torch.rand((m, 64), generator=g) + 0.5
+    for i in range(m):
+        a, b = (i * 7) % 64, (i * 7 + 1 + 2 * i) % 64
+        if a != b:
+            p[i, a], p[i, b] = 2.0 ** 24, -(2.0 ** 24)
+    return p
+
+
+def test_key_sum_adds_in_the_declared_order():
+    """_key_sum (the pinned row sum) gives the declared pairwise order's bits on rows where the order
+    shows (a cancelling 2^24 pair). Control: a left fold, Triton 3.6's order on sm_90, differs on
+    them. Interpreter: each step sums an axis of size 2, one addition, as on the GPU."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def key_sum_kernel(p_ptr, out_ptr, M: tl.constexpr):
+        rows = tl.arange(0, M)
+        cols = tl.arange(0, 64)
+        p = tl.load(p_ptr + rows[:, None] * 64 + cols[None, :])
+        tl.store(out_ptr + rows, attn_triton._key_sum(p))
+
+    p = _cancelling_rows(16)
+    out = torch.empty(16, dtype=torch.float32)
+    key_sum_kernel[(1,)](p, out, M=16)
+    expected = _declared_key_sum(p)
+    assert_bitwise(out, expected, "_key_sum vs the declared order")
+    assert not torch.equal(_left_fold(p).view(torch.int32), expected.view(torch.int32)), \
+        "the rows do not tell the orders apart: the check could not fail"
+
+
+def test_pinned_row_sum_keeps_accuracy_invariance_and_decode_parity(device, contract, cases, monkeypatch):
+    """With ROW_SUM_PINNED the forward meets the contract's accuracy, every forward invariance transform
+    holds bitwise, and every query of a 150-token sequence as a decode entry equals its prefill row.
+    Its saved FP32 lse differs from tl.sum's on some row of a long case in the interpreter (NumPy's
+    sum is another order), so the setting reached the kernels."""
+    case = make_case(SMOKE, 15, device, (150,))
+    lse_before = _forward_lse(case)
+    monkeypatch.setattr(attn_triton, "ROW_SUM_PINNED", True)
+    for acc_case in _accuracy_cases(device):
+        check_forward_accuracy(SPEC, acc_case, contract, relative=False)
+    for name in ("batch", "chunk", "padding", "layout"):
+        for c in cases.values():
+            check_transform(SPEC, name, c, "forward")
+    inp = case.inputs
+    full = attention_triton(**inp)
+    n = inp["q"].shape[0]
+    k_cache = inp["k"].unsqueeze(0).expand(n, -1, -1, -1)
+    v_cache = inp["v"].unsqueeze(0).expand(n, -1, -1, -1)
+    lens = torch.arange(1, n + 1, dtype=torch.int32, device=device)
+    assert_bitwise(full, attention_decode_triton(inp["q"], k_cache, v_cache, lens, inp["scale"]), "decode vs prefill")
+    assert not torch.equal(_forward_lse(case).view(torch.int32), lse_before.view(torch.int32)), \
+        "ROW_SUM_PINNED did not reach the kernels"
+
+
+def _forward_lse(case) -> torch.Tensor:
+    """The FP32 lse [H, T] the forward saves for the backward (the internal launcher)."""
+    inp = case.inputs
+    attention_triton(**inp)  # validates and prepares the device (interpreter rounding)
+    plan = check_varlen(inp["q"], inp["k"], inp["v"], inp["cu_seqlens_q"], inp["cu_seqlens_k"], inp["scale"],
+                        dtype=torch.bfloat16, kernel=True)
+    return attn_triton.attention_fwd(inp["q"], inp["k"], inp["v"], inp["cu_seqlens_q"], inp["cu_seqlens_k"],
+                                     inp["scale"], plan)[1]
+
+
 @pytest.mark.parametrize("d_split", [2, 4, 8])
 def test_decode_head_dim_split_keeps_the_bits(d_split, device):
     """A decode launch whose programs each own D / d_split output columns gives the prefill rows'

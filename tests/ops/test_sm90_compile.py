@@ -73,20 +73,21 @@ SCRIPT = textwrap.dedent(r'''
             "NO_NAN": "i32"}, {"CHUNKS_P2": 64}
         strides = ("stride_qb", "stride_qh", "stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt",
                    "stride_vh", "stride_ob", "stride_oh")
-        for split in (1, 8):
-            yield f"attention_decode[{split}]", at._attn_decode_kernel, {
+        for split, pinned in ((1, False), (8, False), (1, True)):
+            yield f"attention_decode[{split}{',pinned' if pinned else ''}]", at._attn_decode_kernel, {
                 "q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "o_ptr": "*bf16", "seqlens_ptr": "*i32",
                 **{name: "i64" for name in strides}, "scale": "fp32"}, {
                 "GROUP": 4, "D": 128, "D_SPLIT": split, "BLOCK_M": at.BLOCK_M_DECODE, "BLOCK_N": at.BLOCK_N,
-                "UPCAST": False}
+                "UPCAST": False, "PINNED_SUM": pinned}
 
         prefill = ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh")
         consts = {"GROUP": 4, "D": 128, "UPCAST": False}
-        yield "attention_fwd", at._attn_fwd_kernel, {
-            **{n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}, "lse_ptr": "*fp32", "cu_q_ptr": "*i32",
-            "cu_k_ptr": "*i32", "n_mblocks": "i32", "n_heads": "i32",
-            **{n: "i32" for n in (*prefill, "stride_ot", "stride_oh", "stride_lh")}, "scale": "fp32"}, {
-            **consts, "BLOCK_M": at.BLOCK_M, "BLOCK_N": at.BLOCK_N}
+        for pinned in (False, True):
+            yield f"attention_fwd{'[pinned]' if pinned else ''}", at._attn_fwd_kernel, {
+                **{n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}, "lse_ptr": "*fp32", "cu_q_ptr": "*i32",
+                "cu_k_ptr": "*i32", "n_mblocks": "i32", "n_heads": "i32",
+                **{n: "i32" for n in (*prefill, "stride_ot", "stride_oh", "stride_lh")}, "scale": "fp32"}, {
+                **consts, "BLOCK_M": at.BLOCK_M, "BLOCK_N": at.BLOCK_N, "PINNED_SUM": pinned}
         grads = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "do_ptr")}
         dkdv = {**grads, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16",
                 "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "n_nblocks": "i32", "n_kv_heads": "i32",
@@ -255,7 +256,8 @@ def test_control_a_type_changing_loop_value_fails_to_compile(compiled):
 
 
 KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "attention_decode[1]",
-           "attention_decode[8]", "attention_fwd", "attention_bwd_dkdv", "attention_bwd_dq",
+           "attention_decode[8]", "attention_decode[1,pinned]", "attention_fwd", "attention_fwd[pinned]",
+           "attention_bwd_dkdv", "attention_bwd_dq",
            "det_gemm_leaves[merge]", "det_gemm_leaves[merge,M=1]", "det_gemm_persistent[forward]",
            "det_gemm_persistent[dx]", "det_gemm_persistent[dw]", "det_gemm_persistent[forward,bk128]",
            "det_gemm_persistent[forward,loop0]", "det_gemm_persistent[dw,loop4]",

@@ -85,6 +85,15 @@ BLOCK_T_DELTA = 64
 """Rows per program of the ``delta = rowsum(dO * O)`` kernel."""
 NUM_WARPS = 4
 NUM_STAGES = 2
+ROW_SUM_PINNED = False
+"""Whether the forward's and decode's row sum of the probabilities runs in :func:`_key_sum`'s fixed
+order (True) or as ``tl.sum`` (False, the default), whose order is the compiler's: on sm_90 Triton
+3.6 adds each thread's 16 values left to right and 3.9 as a pairwise tree
+(``tools/attention_ptx_order.py``), so with False the attention bits depend on the Triton version.
+The pinned order is 3.9's, so under 3.9 both give the same bits; under 3.6 (the H200's) True
+changes the Triton backend's attention bits, so it becomes the default with a gate on the H200
+(and, for the cross-backend declaration of attention, a contract version). Read at every launch,
+so a test can set it for a call."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,24 +125,47 @@ def _absent_mma(a, b, acc, keep, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _online_update(l_i, m_i, s):
+def _online_update(l_i, m_i, s, PINNED_SUM: tl.constexpr):
     """Online-softmax bookkeeping for one KV block of scores ``s`` (masked entries -inf).
 
     Returns ``(p, alpha, l_new, m_new)``; see the module's Design notes for why a block that is
-    wholly masked for a row leaves that row's state bitwise unchanged.
+    wholly masked for a row leaves that row's state bitwise unchanged. ``PINNED_SUM``: the row sum
+    of ``p`` in :func:`_key_sum`'s order, else ``tl.sum``'s (the compiler's; :data:`ROW_SUM_PINNED`).
     """
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.where(m_new == m_i, 1.0, tl.exp(m_i - m_ref))
     p = tl.exp(s - m_ref[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
+    if PINNED_SUM:
+        l_i = l_i * alpha + _key_sum(p)
+    else:
+        l_i = l_i * alpha + tl.sum(p, 1)
     return p, alpha, l_i, m_new
+
+
+@triton.jit
+def _key_sum(p):
+    """Row sums of ``p`` [M, 64] in a fixed order: one addition per step, over the key index's bits
+    0, 3, 4, 5, then 2, 1 (key = 32 b5 + 16 b4 + 8 b3 + 4 b2 + 2 b1 + b0). Each step sums an axis of
+    size 2, so the order is the program's whatever the compiler's layout; on sm_90 it is the order in
+    which Triton 3.9 adds a row of the wgmma accumulator (each thread's 16 values as a pairwise
+    tree, then the quad butterfly with offsets 2, 1), and Triton 3.6 compiles it to the same
+    instructions (``tools/attention_ptx_order.py --pinned``)."""
+    tl.static_assert(p.shape[1] == 64, "_key_sum is declared for 64 keys")
+    M: tl.constexpr = p.shape[0]
+    x = tl.reshape(p, (M, 2, 2, 2, 2, 2, 2))
+    x = tl.sum(x, axis=6)  # b0 -> (M, b5, b4, b3, b2, b1)
+    x = tl.sum(x, axis=3)  # b3 -> (M, b5, b4, b2, b1)
+    x = tl.sum(x, axis=2)  # b4 -> (M, b5, b2, b1)
+    x = tl.sum(x, axis=1)  # b5 -> (M, b2, b1)
+    x = tl.sum(x, axis=1)  # b2 -> (M, b1)
+    return tl.sum(x, axis=1)  # b1
 
 
 @triton.jit
 def _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kn, stride_vn, kv_len, n_full, n_stop, scale, dv0,
              D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             UPCAST: tl.constexpr):
+             UPCAST: tl.constexpr, PINNED_SUM: tl.constexpr):
     """Online softmax over KV blocks ``[0, n_stop)`` in increasing order (rows see keys <= limit).
 
     Blocks ``[0, n_full)`` are visible to every real row of the tile (no masked entry; padding rows
@@ -156,7 +188,7 @@ def _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kn, stride_vn, kv_l
         s = mma(q, kt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
         s = s * scale
         s = tl.where(s == float("-inf"), float("nan"), s)
-        p, alpha, l_i, m_i = _online_update(l_i, m_i, s)
+        p, alpha, l_i, m_i = _online_update(l_i, m_i, s, PINNED_SUM)
         v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_dv[None, :])  # [BLOCK_N, DV]
         acc = mma(p.to(tl.bfloat16), v, acc * alpha[:, None], UPCAST)
     for start_n in range(n_full, n_stop, BLOCK_N):
@@ -168,7 +200,7 @@ def _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kn, stride_vn, kv_l
         s = s * scale
         keep = offs_n[None, :] <= limit[:, None]
         s = tl.where(keep, tl.where(s == float("-inf"), float("nan"), s), float("-inf"))
-        p, alpha, l_i, m_i = _online_update(l_i, m_i, s)
+        p, alpha, l_i, m_i = _online_update(l_i, m_i, s, PINNED_SUM)
         v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_dv[None, :],
                     mask=in_kv[:, None], other=0.0)  # [BLOCK_N, DV]
         acc = _absent_mma(p.to(tl.bfloat16), v, acc * alpha[:, None], keep, UPCAST)
@@ -200,7 +232,7 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, n_
                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_ot, stride_oh, stride_lh, scale,
                      GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     UPCAST: tl.constexpr):
+                     UPCAST: tl.constexpr, PINNED_SUM: tl.constexpr):
     b, h, m_block = _heavy_first(n_mblocks, n_heads, True)
     m0 = m_block * BLOCK_M
     q_start = tl.load(cu_q_ptr + b)
@@ -225,7 +257,7 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, n_
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
         acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kt, stride_vt, k_len,
-                                 n_full, n_stop, scale, 0, D, D, BLOCK_M, BLOCK_N, UPCAST)
+                                 n_full, n_stop, scale, 0, D, D, BLOCK_M, BLOCK_N, UPCAST, PINNED_SUM)
         has = l_i != 0.0  # l = 0: no visible key (exact 0 out); l = NaN: a visible non-finite value
         out = tl.math.div_rn(acc, tl.where(has, l_i, 1.0)[:, None])
         tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(tl.bfloat16),
@@ -239,7 +271,7 @@ def _attn_decode_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, seqlens_ptr,
                         stride_qb, stride_qh, stride_kb, stride_kt, stride_kh,
                         stride_vb, stride_vt, stride_vh, stride_ob, stride_oh, scale,
                         GROUP: tl.constexpr, D: tl.constexpr, D_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+                        BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PINNED_SUM: tl.constexpr):
     """Program ``(b, kvh, g * D_SPLIT + j)``: query heads ``[g*BLOCK_M, (g+1)*BLOCK_M)`` of KV group
     ``kvh`` of sequence ``b``, output columns ``[j*DV, (j+1)*DV)`` with ``DV = D / D_SPLIT``. Every
     program of a group computes the same full-D scores and softmax state (the same instructions on
@@ -265,7 +297,7 @@ def _attn_decode_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, seqlens_ptr,
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kt, stride_vt, n, (n // BLOCK_N) * BLOCK_N,
-                             n, scale, dv0, D, DV, BLOCK_M, BLOCK_N, UPCAST)
+                             n, scale, dv0, D, DV, BLOCK_M, BLOCK_N, UPCAST, PINNED_SUM)
     out = tl.math.div_rn(acc, tl.where(l_i != 0.0, l_i, 1.0)[:, None])
     tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_dv[None, :], out.to(tl.bfloat16),
              mask=row_ok[:, None])
@@ -500,7 +532,7 @@ def attention_fwd(q, k, v, cu_q, cu_k, scale: float, plan: LaunchPlan, *, block_
         q, k, v, out, lse, cu_q, cu_k, n_mblocks, h,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), float(scale),
-        GROUP=h // hkv, D=d, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=upcast_dots(),
+        GROUP=h // hkv, D=d, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=upcast_dots(), PINNED_SUM=ROW_SUM_PINNED,
         num_warps=num_warps, num_stages=num_stages,
         enable_fp_fusion=FP_FUSION,
     )
@@ -562,6 +594,7 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, bl
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), float(scale),
         GROUP=group, D=d, D_SPLIT=d_split, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=upcast_dots(),
+        PINNED_SUM=ROW_SUM_PINNED,
         num_warps=num_warps, num_stages=num_stages,
         enable_fp_fusion=FP_FUSION,
     )
