@@ -776,6 +776,35 @@ def test_attention_decode_past_4096_keys(cuda_device):
         assert not _bits_equal(attention_decode_cuda(q, flipped, vc, seqlens, scale)[2], out[2])
 
 
+def test_attention_score_chains_keep_their_order(cuda_device):
+    """The prefill's scores are FMA chains over d in increasing order, as the decode step's: on a query
+    and key whose products are 2^24, 0, 3, -1, ..., -2^24 the running FP32 sum rounds differently
+    in another order (2^24 + 3 rounds to 2^24 + 4, then - 1 stays there; - 1 first gives 2^24 + 2),
+    and the scores move the softmax, so a prefill that changed the order (e.g. the register tile of
+    dot_block adding a pair's two products the other way round) would differ from the decode row."""
+    d = 32
+    q = torch.zeros((3, 2, d), dtype=torch.float32)
+    k = torch.randn((3, 1, d), generator=torch.Generator().manual_seed(4)) * 0.1
+    v = torch.randn((3, 1, d), generator=torch.Generator().manual_seed(5))
+    q[:, :, 0], q[:, :, 2], q[:, :, 3], q[:, :, 30] = 2.0 ** 12, 3.0, -1.0, -(2.0 ** 12)
+    k[:, :, 0], k[:, :, 30] = 0.0, 0.0  # the other keys' scores stay small
+    k[0, :, :] = 0.0
+    k[0, :, 0], k[0, :, 2], k[0, :, 3], k[0, :, 30] = 2.0 ** 12, 1.0, 1.0, 2.0 ** 12
+    q, k, v = (t.to(torch.bfloat16).to(cuda_device) for t in (q, k, v))
+    cu = torch.tensor([0, 3], dtype=torch.int32, device=cuda_device)
+    scale = d ** -0.5
+    with torch.no_grad():
+        full = attention_cuda(q, k, v, cu, cu, scale)
+        lens = torch.tensor([3], dtype=torch.int32, device=cuda_device)
+        step = attention_decode_cuda(q[2:3], k.unsqueeze(0), v.unsqueeze(0), lens, scale)
+    assert _bits_equal(step, full[2:3])
+    # Control: the same row with the score of key 0 two ulps (at 2^24) lower differs.
+    k2 = k.clone()
+    k2[0, :, 3] = 2.0  # products 3, -2: 2^24 + 4 - 2 = 2^24 + 2, another score
+    with torch.no_grad():
+        assert not _bits_equal(attention_cuda(q, k2, v, cu, cu, scale)[2:3], full[2:3])
+
+
 def test_attention_chunked_prefill_bitwise(cuda_device):
     lens = [150]
     q, k, v, cu = _varlen(lens, 4, 1, 32, 11, cuda_device)
