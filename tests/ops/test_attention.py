@@ -146,7 +146,11 @@ def test_rows_independent_of_query_block_size(device):
 
 def test_decode_of_every_query_equals_prefill(device):
     """Every query of a 150-token sequence as one decode entry (batched) == its prefill row, bitwise."""
-    case = make_case(SMOKE, 15, device, (150,))
+    _assert_every_query_decodes_as_prefilled(make_case(SMOKE, 15, device, (150,)), device)
+
+
+def _assert_every_query_decodes_as_prefilled(case, device):
+    """Every query of ``case``'s single sequence as one decode entry (batched) == its prefill row."""
     inp = case.inputs
     full = attention_triton(**inp)
     n = inp["q"].shape[0]
@@ -223,13 +227,7 @@ def test_pinned_row_sum_keeps_accuracy_invariance_and_decode_parity(device, cont
     for name in ("batch", "chunk", "padding", "layout"):
         for c in cases.values():
             check_transform(SPEC, name, c, "forward")
-    inp = case.inputs
-    full = attention_triton(**inp)
-    n = inp["q"].shape[0]
-    k_cache = inp["k"].unsqueeze(0).expand(n, -1, -1, -1)
-    v_cache = inp["v"].unsqueeze(0).expand(n, -1, -1, -1)
-    lens = torch.arange(1, n + 1, dtype=torch.int32, device=device)
-    assert_bitwise(full, attention_decode_triton(inp["q"], k_cache, v_cache, lens, inp["scale"]), "decode vs prefill")
+    _assert_every_query_decodes_as_prefilled(case, device)
     assert not torch.equal(_forward_lse(case).view(torch.int32), lse_before.view(torch.int32)), \
         "ROW_SUM_PINNED did not reach the kernels"
 
