@@ -155,6 +155,67 @@ inline cudaError_t cudaFuncSetAttribute(R (*)(P...), enum cudaFuncAttribute, int
 
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 
+// exp / log: the functions the Triton interpreter uses for tl.exp / tl.log and libdevice exp / log
+// (rl_engine/ops/_interpreter.py, exp_fp32 / log_fp32), step for step in FP64 with basic IEEE
+// operations only, then rounded once to FP32. The host's libm gives other bits in a few inputs (and
+// different ones on different hosts), so with the same model on both sides a host test compares the
+// Triton and the CUDA kernels' structure (which values meet, in which order) bit for bit. What the
+// GPU computes (expf's libdevice sequence, tl.exp's ex2.approx.f32 of x * log2 e, logf) it cannot
+// show: the same model stands for expf and for tl_exp here.
+inline double emu_horner(double x, const double* c, int n) {
+    double out = c[0];
+    for (int i = 1; i < n; ++i) {
+        const double prod = out * x;  // two roundings per step, never fused (-ffp-contract=off)
+        out = prod + c[i];
+    }
+    return out;
+}
+inline float emu_exp_fp32(float xf) {
+    if (std::isnan(xf)) return xf;
+    if (xf == INFINITY) return INFINITY;
+    if (xf == -INFINITY) return 0.0f;
+    static const double* coeffs = [] {
+        static double c[14];
+        for (int n = 13; n >= 0; --n) {  // 1/n! for n = 13 .. 0, as the interpreter forms them
+            double f = 1.0;
+            for (int i = 1; i <= n; ++i) f *= i;
+            c[13 - n] = 1.0 / f;
+        }
+        return c;
+    }();
+    const double x = std::fmin(std::fmax(static_cast<double>(xf), -200.0), 200.0);
+    const double k = std::nearbyint(x * 1.4426950408889634);  // ties to even, as np.rint
+    const double r = (x - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;
+    return static_cast<float>(std::ldexp(emu_horner(r, coeffs, 14), static_cast<int>(k)));
+}
+inline float emu_log_fp32(float xf) {
+    if (std::isnan(xf) || xf < 0.0f) return NAN;
+    if (xf == 0.0f) return -INFINITY;
+    if (xf == INFINITY) return INFINITY;
+    static const double* coeffs = [] {
+        static double c[12];
+        for (int n = 11; n >= 0; --n) c[11 - n] = 2.0 / (2 * n + 1);  // 2/(2n+1) for n = 11 .. 0
+        return c;
+    }();
+    int e = 0;
+    double m = std::frexp(static_cast<double>(xf), &e);
+    if (m < 0.7071067811865476) {
+        m *= 2.0;
+        e -= 1;
+    }
+    const double f = m - 1.0;
+    const double s = f / (2.0 + f);
+    const double log_m = s * emu_horner(s * s, coeffs, 12);
+    const double ed = static_cast<double>(e);
+    const double hi = ed * 0.6931471805599453;
+    return static_cast<float>(hi + log_m);
+}
+#define expf emu_exp_fp32
+#define logf emu_log_fp32
+// Triton's tl.exp (common.cuh's tl_exp: ex2.approx.f32 of x * log2 e on the GPU), modelled as
+// the interpreter models tl.exp.
+inline float tl_exp(float x) { return emu_exp_fp32(x); }
+
 template <class T>
 inline T __ldg(const T* p) {
     return *p;

@@ -147,6 +147,18 @@ __device__ __forceinline__ float half_warp_max(float v) {
     return v;
 }
 
+// Triton's tl.exp for FP32 on sm_90, instruction for instruction (its PTX: mul.f32 by 0f3FB8AA3B,
+// then ex2.approx.f32, no flush to zero): where a kernel must give the Triton backend's bits, it
+// calls this instead of expf (a different function: they differ in about 30 % of inputs on the
+// H200, docs/declared-arithmetic.md). The host emulator supplies its own (tests/cuda_emu/emu.h).
+#ifndef RL_HOST_EMU
+__device__ __forceinline__ float tl_exp(float x) {
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(x, 1.44269502162933349609375f)));
+    return y;
+}
+#endif
+
 // Combine two (running max, running sum of exp(z - max)) pairs of an online log-sum-exp.
 // Symmetric in its two arguments (bitwise), so a butterfly leaves every lane with the same bits.
 // A pair that is still (-inf, 0) contributes exactly 0; +inf maxima give NaN, as log_softmax does.

@@ -121,6 +121,8 @@ lp_finish_kernel(const float* __restrict__ part_m, const float* __restrict__ par
 
 // dlogits for global columns [col_base, col_base + ncols) of each row, written to dst (may alias
 // src: each element is read and then written by the same thread).
+// TL_EXP: p from tl_exp (the declared logp / batch_invariant_logp sequence) instead of expf.
+template <bool TL_EXP>
 __global__ void __launch_bounds__(LP_THREADS)
 lp_bwd_kernel(const float* src, RowIndex si, float* dst, RowIndex di, int64_t col_base, int64_t ncols,
               float temperature, const int64_t* __restrict__ targets, RowIndex ti, const uint8_t* __restrict__ mask,
@@ -145,9 +147,112 @@ lp_bwd_kernel(const float* src, RowIndex si, float* dst, RowIndex di, int64_t co
         const int64_t c = c0 + i;
         if (c >= ncols) break;
         const float z = xr[c] / temperature;
-        const float p = expf((z - m) - ls);
+        const float p = TL_EXP ? tl_exp((z - m) - ls) : expf((z - m) - ls);
         const float hit = (c == tgt) ? gv : 0.0f;
         dr[c] = (hit - p * gv) / temperature;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The declared log-sum-exp of logp / batch_invariant_logp (docs/declared-arithmetic.md, "Log-
+// probabilities"): the Triton kernel's sequence (rl_engine/ops/logp/triton.py, DECLARED_LSE), so the
+// two backends give the same bits. One block of LPD_THREADS = 256 threads per row walks the row in
+// tiles of LPD_TILE = 4096 columns in increasing order; thread i holds tile columns 256 r + i,
+// r = 0 .. 15. Per tile: z = logit / temperature (IEEE division); the tile's max (an order-free
+// max); m_new = max(m, tile max), ref = m_new or 0 where m_new = -inf; the tile sum of
+// tl_exp(z - ref) in the declared order (below); s = s * tl_exp(m - ref) + tile sum; m = m_new.
+// Then out = (z_t - m) - logf(s), keeping m and logf(s) for the backward.
+// The tile sum: each thread's 16 values as a pairwise tree over r (bits 8, 9, 10, 11 of the column
+// in the tile), the warp butterfly with offsets 16, 8, 4, 2, 1 (bits 4 .. 0), then the 8 warp sums
+// as a butterfly with offsets 4, 2, 1 (bits 7, 6, 5). Each step is one addition of two defined
+// operands, so the order is the program's.
+constexpr int LPD_THREADS = 256;
+constexpr int LPD_PER_THREAD = 16;
+constexpr int64_t LPD_TILE = static_cast<int64_t>(LPD_THREADS) * LPD_PER_THREAD;
+
+// The block's max of v (every thread gets it); red holds LPD_THREADS / 32 floats.
+__device__ __forceinline__ float lpd_block_max(float v, float* red) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float b = red[0];
+#pragma unroll
+    for (int w = 1; w < LPD_THREADS / 32; ++w) b = fmaxf(b, red[w]);
+    __syncthreads();  // red is reused by the next reduction
+    return b;
+}
+
+// The block's sum of v in the declared order (lanes 16, 8, 4, 2, 1, then warps 4, 2, 1).
+__device__ __forceinline__ float lpd_block_sum(float v, float* red) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float w4[4], w2[2];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w4[k] = red[k] + red[k + 4];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) w2[k] = w4[k] + w4[k + 2];
+    __syncthreads();
+    return w2[0] + w2[1];
+}
+
+__global__ void __launch_bounds__(LPD_THREADS)
+lpd_fwd_kernel(const float* __restrict__ buf, RowIndex bi, int64_t V, float temperature,
+               const int64_t* __restrict__ targets, RowIndex ti, const uint8_t* __restrict__ mask, RowIndex mi,
+               float* __restrict__ out, float* __restrict__ rmax, float* __restrict__ rlog) {
+    __shared__ float red[LPD_THREADS / 32];
+    const int64_t row = blockIdx.x;
+    if (!row_live(mask, mi, row)) {
+        if (threadIdx.x == 0) {
+            out[row] = 0.0f;
+            rmax[row] = 0.0f;
+            rlog[row] = 0.0f;
+        }
+        return;
+    }
+    const float* xr = buf + bi(row);
+    float m = -INFINITY;
+    float s = 0.0f;
+    float x[LPD_PER_THREAD];
+#pragma unroll
+    for (int r = 0; r < LPD_PER_THREAD; ++r) {
+        const int64_t c = static_cast<int64_t>(r) * LPD_THREADS + threadIdx.x;
+        x[r] = c < V ? xr[c] : -INFINITY;
+    }
+    for (int64_t lo = 0; lo < V; lo += LPD_TILE) {
+        float z[LPD_PER_THREAD];
+#pragma unroll
+        for (int r = 0; r < LPD_PER_THREAD; ++r) z[r] = x[r] / temperature;
+        // The next tile's loads before this tile's reductions (decode reads one row).
+#pragma unroll
+        for (int r = 0; r < LPD_PER_THREAD; ++r) {
+            const int64_t c = lo + LPD_TILE + static_cast<int64_t>(r) * LPD_THREADS + threadIdx.x;
+            x[r] = c < V ? xr[c] : -INFINITY;
+        }
+        float tm = z[0];
+#pragma unroll
+        for (int r = 1; r < LPD_PER_THREAD; ++r) tm = fmaxf(tm, z[r]);
+        const float m_new = fmaxf(m, lpd_block_max(tm, red));
+        const float ref = (m_new == -INFINITY) ? 0.0f : m_new;
+        float e[LPD_PER_THREAD];
+#pragma unroll
+        for (int r = 0; r < LPD_PER_THREAD; ++r) e[r] = tl_exp(z[r] - ref);
+#pragma unroll
+        for (int w = 1; w < LPD_PER_THREAD; w <<= 1)
+#pragma unroll
+            for (int r = 0; r < LPD_PER_THREAD; r += 2 * w) e[r] += e[r + w];
+        const float tile = lpd_block_sum(e[0], red);
+        s = s * tl_exp(m - ref) + tile;  // two roundings (-fmad=false)
+        m = m_new;
+    }
+    if (threadIdx.x == 0) {
+        const float ls = logf(s);
+        const float zt = xr[targets[ti(row)]] / temperature;
+        out[row] = (zt - m) - ls;
+        rmax[row] = m;
+        rlog[row] = ls;
     }
 }
 
@@ -208,17 +313,46 @@ RL_EXPORT int rl_logp_finish(const void* part_m, const void* part_s, const void*
     return launch_status();
 }
 
-// dlogits for global columns [col_base, col_base + ncols): src / dst rows addressed like buf above
-// (dst may equal src). g, rmax, rlog: [rows] fp32.
-RL_EXPORT int rl_logp_bwd(const void* src, int64_t s_so, int64_t s_si, void* dst, int64_t s_do, int64_t s_di, int64_t rows, int64_t n_inner, int64_t col_base, int64_t ncols, float temperature, const void* targets, int64_t s_to, int64_t s_ti, const void* mask, int64_t s_mo, int64_t s_mi, const void* g, const void* rmax, const void* rlog, void* stream) {
+namespace {
+template <bool TL_EXP>
+int launch_lp_bwd(const void* src, int64_t s_so, int64_t s_si, void* dst, int64_t s_do, int64_t s_di, int64_t rows,
+                  int64_t n_inner, int64_t col_base, int64_t ncols, float temperature, const void* targets, int64_t s_to,
+                  int64_t s_ti, const void* mask, int64_t s_mo, int64_t s_mi, const void* g, const void* rmax,
+                  const void* rlog, void* stream) {
     if (rows == 0 || ncols == 0) return 0;
     const int64_t col_blocks = cdiv(ncols, LP_BWD_COLS);
     if (rows >= 2147483647LL || col_blocks > 65535 || n_inner <= 0) return static_cast<int>(cudaErrorInvalidValue);
     dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(col_blocks));
-    lp_bwd_kernel<<<grid, LP_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
+    lp_bwd_kernel<TL_EXP><<<grid, LP_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const float*>(src), RowIndex{n_inner, s_so, s_si}, static_cast<float*>(dst),
         RowIndex{n_inner, s_do, s_di}, col_base, ncols, temperature, static_cast<const int64_t*>(targets),
         RowIndex{n_inner, s_to, s_ti}, static_cast<const uint8_t*>(mask), RowIndex{n_inner, s_mo, s_mi},
         static_cast<const float*>(g), static_cast<const float*>(rmax), static_cast<const float*>(rlog));
     return launch_status();
+}
+}  // namespace
+
+// dlogits for global columns [col_base, col_base + ncols): src / dst rows addressed like buf above
+// (dst may equal src). g, rmax, rlog: [rows] fp32. p = expf(...) (the chunked sequence; linear_logp).
+RL_EXPORT int rl_logp_bwd(const void* src, int64_t s_so, int64_t s_si, void* dst, int64_t s_do, int64_t s_di, int64_t rows, int64_t n_inner, int64_t col_base, int64_t ncols, float temperature, const void* targets, int64_t s_to, int64_t s_ti, const void* mask, int64_t s_mo, int64_t s_mi, const void* g, const void* rmax, const void* rlog, void* stream) {
+    return launch_lp_bwd<false>(src, s_so, s_si, dst, s_do, s_di, rows, n_inner, col_base, ncols, temperature, targets,
+                                s_to, s_ti, mask, s_mo, s_mi, g, rmax, rlog, stream);
+}
+
+// The declared sequence's forward (lpd_fwd_kernel): logits rows addressed like rl_logp_partial's buf
+// (col_base 0, all V columns); out, rmax, rlog: [rows] fp32 (0 where the mask is 0).
+RL_EXPORT int rl_logp_declared_fwd(const void* buf, int64_t rows, int64_t n_inner, int64_t s_bo, int64_t s_bi, int64_t V, float temperature, const void* targets, int64_t s_to, int64_t s_ti, const void* mask, int64_t s_mo, int64_t s_mi, void* out, void* rmax, void* rlog, void* stream) {
+    if (rows == 0) return 0;
+    if (rows >= 2147483647LL || n_inner <= 0 || V <= 0) return static_cast<int>(cudaErrorInvalidValue);
+    lpd_fwd_kernel<<<static_cast<unsigned>(rows), LPD_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const float*>(buf), RowIndex{n_inner, s_bo, s_bi}, V, temperature, static_cast<const int64_t*>(targets),
+        RowIndex{n_inner, s_to, s_ti}, static_cast<const uint8_t*>(mask), RowIndex{n_inner, s_mo, s_mi},
+        static_cast<float*>(out), static_cast<float*>(rmax), static_cast<float*>(rlog));
+    return launch_status();
+}
+
+// The declared sequence's backward: rl_logp_bwd with p = tl_exp((z - m) - log s).
+RL_EXPORT int rl_logp_declared_bwd(const void* src, int64_t s_so, int64_t s_si, void* dst, int64_t s_do, int64_t s_di, int64_t rows, int64_t n_inner, int64_t ncols, float temperature, const void* targets, int64_t s_to, int64_t s_ti, const void* mask, int64_t s_mo, int64_t s_mi, const void* g, const void* rmax, const void* rlog, void* stream) {
+    return launch_lp_bwd<true>(src, s_so, s_si, dst, s_do, s_di, rows, n_inner, 0, ncols, temperature, targets, s_to,
+                               s_ti, mask, s_mo, s_mi, g, rmax, rlog, stream);
 }

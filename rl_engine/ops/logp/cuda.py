@@ -10,6 +10,11 @@ of ``z = logits / temperature`` (Milakov & Gimelshein 2018): thread ``i`` visits
 P11). ``rl_logp_bwd``: ``dlogits = (onehot * g - p * g) / temperature`` with
 ``p = exp((z - m) - log(s))``, FP32.
 
+With ``declared.DECLARED_LSE`` (off by default) the forward is ``rl_logp_declared_fwd`` instead: one
+block of 256 threads per row runs the declared sequence of ``logp/declared.py`` (the Triton
+kernel's, tile for tile and addition for addition, ``tl.exp`` as ``ex2.approx.f32``), and the
+backward ``rl_logp_declared_bwd`` computes ``p`` with that ``tl.exp``.
+
 A row's bits depend only on that row (its logits, target, the temperature and V), so batch
 invariance holds by construction. The same kernels serve ``batch_invariant_logp`` (two-level row
 index with strides and a mask) and ``linear_logp`` (one logits chunk at a time), so equal logits
@@ -21,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.backends.cuda_launch import launch, query
+from rl_engine.ops.logp import declared
 
 
 def chunk_v() -> int:
@@ -48,12 +54,16 @@ def forward_rows(logits3: torch.Tensor, targets2: torch.Tensor, mask2: torch.Ten
     rlog = torch.empty(rows, dtype=torch.float32, device=dev)
     if rows == 0:
         return out, rmax, rlog
+    mask_u8 = mask2.view(torch.uint8) if mask2 is not None else None
+    smo, smi = (mask2.stride(0), mask2.stride(1)) if mask2 is not None else (0, 0)
+    if declared.DECLARED_LSE:
+        launch(dev, "rl_logp_declared_fwd", logits3, rows, i, logits3.stride(0), logits3.stride(1), v,
+               float(temperature), targets2, targets2.stride(0), targets2.stride(1), mask_u8, smo, smi, out, rmax, rlog)
+        return out, rmax, rlog
     n_chunks = -(-v // chunk_v())
     part_m = torch.empty((rows, n_chunks), dtype=torch.float32, device=dev)
     part_s = torch.empty((rows, n_chunks), dtype=torch.float32, device=dev)
     part_t = torch.empty(rows, dtype=torch.float32, device=dev)
-    mask_u8 = mask2.view(torch.uint8) if mask2 is not None else None
-    smo, smi = (mask2.stride(0), mask2.stride(1)) if mask2 is not None else (0, 0)
     launch(dev, "rl_logp_partial", logits3, rows, i, logits3.stride(0), logits3.stride(1), 0, v, 0, n_chunks,
            n_chunks, float(temperature), targets2, targets2.stride(0), targets2.stride(1), mask_u8, smo, smi,
            part_m, part_s, part_t)
@@ -73,6 +83,11 @@ def backward_rows(logits3: torch.Tensor, targets2: torch.Tensor, mask2: torch.Te
     g = g.reshape(rows).to(torch.float32).contiguous()
     mask_u8 = mask2.view(torch.uint8) if mask2 is not None else None
     smo, smi = (mask2.stride(0), mask2.stride(1)) if mask2 is not None else (0, 0)
+    if declared.DECLARED_LSE:
+        launch(logits3.device, "rl_logp_declared_bwd", logits3, logits3.stride(0), logits3.stride(1), dx,
+               dx.stride(0), dx.stride(1), rows, i, v, float(temperature), targets2, targets2.stride(0),
+               targets2.stride(1), mask_u8, smo, smi, g, rmax, rlog)
+        return dx
     launch(logits3.device, "rl_logp_bwd", logits3, logits3.stride(0), logits3.stride(1), dx, dx.stride(0),
            dx.stride(1), rows, i, 0, v, float(temperature), targets2, targets2.stride(0), targets2.stride(1),
            mask_u8, smo, smi, g, rmax, rlog)

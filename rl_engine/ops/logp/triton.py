@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.ops._triton_common import FP_FUSION, cdiv
+from rl_engine.ops.logp import declared
 
 BLOCK_V = 4096
 """Width of the V tiles of the online log-sum-exp (fixed; never derived from T)."""
@@ -36,8 +37,44 @@ NUM_WARPS = 8
 
 
 @triton.jit
-def _row_logprob(x_row, tgt, n_cols, temperature, BLOCK_V: tl.constexpr):
-    """Online FP32 log-softmax of one row; returns (logprob of tgt, row max m, log(sum exp(z - m)))."""
+def _tile_sum_declared(e):
+    """Sum of one 4096-column tile ``e`` in the declared order (``declared.DECLARED_LSE``): a
+    pairwise tree over column bits 8, 9, 10, 11, then bits 4, 3, 2, 1, 0, then 7, 6, 5 (the order in
+    which Triton 3.9 sums a tile laid out as 16 values per thread, 32 lanes, 8 warps; the CUDA
+    kernel ``lpd_fwd_kernel`` sums the same way). Every step sums an axis of size 2, one IEEE
+    addition, so no compiler or layout can reorder it."""
+    tl.static_assert(e.shape[0] == 4096, "the declared tile sum is declared for 4096 columns")
+    x = tl.reshape(e, (16, 256))
+    x = tl.sum(tl.reshape(x, (8, 2, 256)), axis=1)  # bit 8
+    x = tl.sum(tl.reshape(x, (4, 2, 256)), axis=1)  # bit 9
+    x = tl.sum(tl.reshape(x, (2, 2, 256)), axis=1)  # bit 10
+    x = tl.sum(tl.reshape(x, (1, 2, 256)), axis=1)  # bit 11
+    x = tl.reshape(x, (8, 32))
+    x = tl.sum(tl.reshape(x, (8, 2, 16)), axis=1)  # bit 4
+    x = tl.sum(tl.reshape(x, (8, 2, 8)), axis=1)  # bit 3
+    x = tl.sum(tl.reshape(x, (8, 2, 4)), axis=1)  # bit 2
+    x = tl.sum(tl.reshape(x, (8, 2, 2)), axis=1)  # bit 1
+    x = tl.sum(tl.reshape(x, (8, 2, 1)), axis=1)  # bit 0
+    x = tl.reshape(x, (8,))
+    x = tl.sum(tl.reshape(x, (2, 4)), axis=0)  # bit 7
+    x = tl.sum(tl.reshape(x, (2, 2)), axis=0)  # bit 6
+    return tl.sum(x, axis=0)  # bit 5
+
+
+@triton.jit
+def _scale(x, temperature, DECLARED: tl.constexpr):
+    """``x / temperature``: IEEE ``div.rn`` in the declared sequence, else Triton's ``/``
+    (``div.full.f32``, approximate)."""
+    if DECLARED:
+        return tl.math.div_rn(x, temperature)
+    else:
+        return x / temperature
+
+
+@triton.jit
+def _row_logprob(x_row, tgt, n_cols, temperature, BLOCK_V: tl.constexpr, DECLARED: tl.constexpr):
+    """Online FP32 log-softmax of one row; returns (logprob of tgt, row max m, log(sum exp(z - m))).
+    ``DECLARED``: the tile sum and division of the declared sequence (``declared.DECLARED_LSE``)."""
     offs = tl.arange(0, BLOCK_V)
     run_max = float("-inf")
     run_sum = 0.0
@@ -55,14 +92,17 @@ def _row_logprob(x_row, tgt, n_cols, temperature, BLOCK_V: tl.constexpr):
         x = x_next
         cols = tl.max_contiguous(start + BLOCK_V + offs, 1)
         x_next = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf"))
-        z = x / temperature
+        z = _scale(x, temperature, DECLARED)
         new_max = tl.maximum(run_max, tl.max(z, axis=0))
         # A row that is -inf so far keeps a finite reference (exp(-inf - 0) = 0, no NaN).
         ref = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = run_sum * tl.exp(run_max - ref) + tl.sum(tl.exp(z - ref), axis=0)
+        if DECLARED:
+            run_sum = run_sum * tl.exp(run_max - ref) + _tile_sum_declared(tl.exp(z - ref))
+        else:
+            run_sum = run_sum * tl.exp(run_max - ref) + tl.sum(tl.exp(z - ref), axis=0)
         run_max = new_max
     log_sum = tl.log(run_sum)
-    z_t = tl.load(x_row + tgt) / temperature
+    z_t = _scale(tl.load(x_row + tgt), temperature, DECLARED)
     return (z_t - run_max) - log_sum, run_max, log_sum
 
 
@@ -72,7 +112,7 @@ def _logp_fwd_kernel(
     n_inner, n_cols,
     stride_xo, stride_xi, stride_to, stride_ti, stride_mo, stride_mi,
     temperature,
-    HAS_MASK: tl.constexpr, BLOCK_V: tl.constexpr,
+    HAS_MASK: tl.constexpr, BLOCK_V: tl.constexpr, DECLARED: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     outer = row // n_inner
@@ -82,7 +122,7 @@ def _logp_fwd_kernel(
         keep = tl.load(mask_ptr + outer * stride_mo + inner * stride_mi)
         if keep != 0:
             tgt = tl.load(tgt_ptr + outer * stride_to + inner * stride_ti)
-            lp, m, ls = _row_logprob(x_row, tgt, n_cols, temperature, BLOCK_V)
+            lp, m, ls = _row_logprob(x_row, tgt, n_cols, temperature, BLOCK_V, DECLARED)
             tl.store(out_ptr + row, lp)
             tl.store(rmax_ptr + row, m)
             tl.store(rlog_ptr + row, ls)
@@ -92,19 +132,19 @@ def _logp_fwd_kernel(
             tl.store(rlog_ptr + row, 0.0)
     else:
         tgt = tl.load(tgt_ptr + outer * stride_to + inner * stride_ti)
-        lp, m, ls = _row_logprob(x_row, tgt, n_cols, temperature, BLOCK_V)
+        lp, m, ls = _row_logprob(x_row, tgt, n_cols, temperature, BLOCK_V, DECLARED)
         tl.store(out_ptr + row, lp)
         tl.store(rmax_ptr + row, m)
         tl.store(rlog_ptr + row, ls)
 
 
 @triton.jit
-def _row_grad(x_row, dx_row, tgt, g, m, ls, cols, n_cols, temperature):
+def _row_grad(x_row, dx_row, tgt, g, m, ls, cols, n_cols, temperature, DECLARED: tl.constexpr):
     inb = cols < n_cols
     x = tl.load(x_row + cols, mask=inb, other=0.0)
-    z = x / temperature
+    z = _scale(x, temperature, DECLARED)
     p = tl.exp((z - m) - ls)
-    dx = (tl.where(cols == tgt, g, 0.0) - p * g) / temperature
+    dx = _scale(tl.where(cols == tgt, g, 0.0) - p * g, temperature, DECLARED)
     tl.store(dx_row + cols, dx, mask=inb)
 
 
@@ -114,7 +154,7 @@ def _logp_bwd_kernel(
     n_inner, n_cols,
     stride_xo, stride_xi, stride_to, stride_ti, stride_mo, stride_mi, stride_do, stride_di,
     temperature,
-    HAS_MASK: tl.constexpr, BLOCK_V: tl.constexpr,
+    HAS_MASK: tl.constexpr, BLOCK_V: tl.constexpr, DECLARED: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -129,7 +169,7 @@ def _logp_bwd_kernel(
             g = tl.load(g_ptr + row)
             m = tl.load(rmax_ptr + row)
             ls = tl.load(rlog_ptr + row)
-            _row_grad(x_row, dx_row, tgt, g, m, ls, cols, n_cols, temperature)
+            _row_grad(x_row, dx_row, tgt, g, m, ls, cols, n_cols, temperature, DECLARED)
         else:
             tl.store(dx_row + cols, tl.zeros([BLOCK_V], tl.float32), mask=cols < n_cols)
     else:
@@ -137,7 +177,13 @@ def _logp_bwd_kernel(
         g = tl.load(g_ptr + row)
         m = tl.load(rmax_ptr + row)
         ls = tl.load(rlog_ptr + row)
-        _row_grad(x_row, dx_row, tgt, g, m, ls, cols, n_cols, temperature)
+        _row_grad(x_row, dx_row, tgt, g, m, ls, cols, n_cols, temperature, DECLARED)
+
+
+def _declared(block_v: int) -> bool:
+    """Whether this launch runs the declared sequence (``declared.DECLARED_LSE``, read now); the
+    negative control's other tile width runs Triton's own."""
+    return declared.DECLARED_LSE and block_v == BLOCK_V
 
 
 # --------------------------------------------------------------------------------------------------
@@ -171,7 +217,7 @@ def forward_rows(
             i, v,
             logits3.stride(0), logits3.stride(1), targets2.stride(0), targets2.stride(1), smo, smi,
             float(temperature),
-            HAS_MASK=mask2 is not None, BLOCK_V=block_v, num_warps=NUM_WARPS,
+            HAS_MASK=mask2 is not None, BLOCK_V=block_v, DECLARED=_declared(block_v), num_warps=NUM_WARPS,
             enable_fp_fusion=FP_FUSION,
         )
     return out, rmax, rlog
@@ -202,7 +248,7 @@ def backward_rows(
             logits3.stride(0), logits3.stride(1), targets2.stride(0), targets2.stride(1), smo, smi,
             dx.stride(0), dx.stride(1),
             float(temperature),
-            HAS_MASK=mask2 is not None, BLOCK_V=block_v, num_warps=NUM_WARPS,
+            HAS_MASK=mask2 is not None, BLOCK_V=block_v, DECLARED=_declared(block_v), num_warps=NUM_WARPS,
             enable_fp_fusion=FP_FUSION,
         )
     return dx

@@ -1,0 +1,127 @@
+"""The declared log-sum-exp (``rl_engine/ops/logp/declared.py``) in the instructions each backend
+compiles to, read from sm_90 PTX on the CPU (no GPU needed).
+
+The host tests of the sequence (``test_cuda_backend.py::test_declared_lse_gives_the_same_bits_on_both_backends``)
+compare the Triton interpreter with the host emulation of the CUDA sources, where ``/`` is IEEE on
+both sides and one model stands for every exp: they cannot see that Triton's ``/`` is the
+approximate ``div.full.f32`` or that CUDA's ``expf`` is another function than ``tl.exp``. This
+file checks those choices where they are made, in the PTX: in the declared kernels every
+exponential is ``ex2.approx.f32`` (``tl.exp``; CUDA's ``expf`` compiles to a range reduction and
+``ex2.approx.ftz.f32``), every division is ``div.rn.f32``, and the log is libdevice ``logf`` (its
+constants). Each check has a control that must fail it: the kernels of the backends' own sequences.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from rl_engine.backends import cuda_build
+
+LOGF_CONSTANTS = ("3E1039F6", "BE055027", "BDF8CDCC", "3E0F2955", "BE2AD8B9", "3E4CED0B", "BE7FFF22", "3EAAAA78",
+                  "3F317218")
+"""The single-precision constants of libdevice ``__nv_logf``'s polynomial and ``ln 2`` (the same in
+Triton 3.6's, 3.9's and CUDA 13's libdevice)."""
+
+
+def declared_problems(ptx: str, *, has_log: bool) -> list[str]:
+    """What in one kernel's PTX breaks the declared arithmetic (empty when nothing does)."""
+    out = []
+    ex2 = set(re.findall(r"\bex2\.approx[.a-z0-9]*", ptx))
+    if ex2 != {"ex2.approx.f32"}:
+        out.append(f"exponentials {sorted(ex2)} (declared: ex2.approx.f32 of x * log2 e only)")
+    if "0f3FB8AA3B" not in ptx:
+        out.append("no multiply by log2 e (0f3FB8AA3B)")
+    divs = set(re.findall(r"\bdiv\.[a-z]+\.f32", ptx))
+    if divs != {"div.rn.f32"}:
+        out.append(f"divisions {sorted(divs)} (declared: div.rn.f32 only)")
+    if has_log:
+        missing = [c for c in LOGF_CONSTANTS if f"0f{c}" not in ptx]
+        if missing:
+            out.append(f"libdevice logf constants missing: {missing}")
+    return out
+
+
+# ------------------------------------------------------------------------------------------ Triton
+_TRITON_COMPILE = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from rl_engine.ops._triton_common import FP_FUSION
+from rl_engine.ops.logp import triton as lt
+
+kernel_name, declared = sys.argv[1], sys.argv[2] == "1"
+strides = ["stride_xo", "stride_xi", "stride_to", "stride_ti", "stride_mo", "stride_mi"]
+ptrs = ["x_ptr", "tgt_ptr", "mask_ptr"]
+ptrs += ["out_ptr", "rmax_ptr", "rlog_ptr"] if kernel_name == "_logp_fwd_kernel" else ["g_ptr", "rmax_ptr", "rlog_ptr", "dx_ptr"]
+strides += [] if kernel_name == "_logp_fwd_kernel" else ["stride_do", "stride_di"]
+types = {"tgt_ptr": "*i64", "mask_ptr": "*u8"}
+sig = {**{n: types.get(n, "*fp32") for n in ptrs}, "n_inner": "i32", "n_cols": "i32", **{n: "i32" for n in strides},
+       "temperature": "fp32"}
+consts = {"HAS_MASK": True, "BLOCK_V": lt.BLOCK_V, "DECLARED": declared}
+sig.update({n: "constexpr" for n in consts})
+src = ASTSource(fn=getattr(lt, kernel_name), signature=sig, constexprs=consts, attrs={})
+kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": lt.NUM_WARPS, "enable_fp_fusion": FP_FUSION})
+sys.stdout.write(kernel.asm["ptx"])
+"""
+
+
+def _triton_ptx(kernel_name: str, declared: bool) -> str:
+    """sm_90 PTX of one logp kernel, compiled in a child process (the tests run Triton in its
+    interpreter, whose kernels cannot be compiled)."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _TRITON_COMPILE, kernel_name, "1" if declared else "0"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode != 0:
+        pytest.skip(f"Triton cannot compile for sm_90 here: {proc.stderr[-300:]}")
+    return proc.stdout
+
+
+@pytest.mark.parametrize("kernel_name", ["_logp_fwd_kernel", "_logp_bwd_kernel"])
+def test_triton_declared_kernels_compile_to_the_declared_instructions(kernel_name):
+    ptx = _triton_ptx(kernel_name, declared=True)
+    assert not declared_problems(ptx, has_log=kernel_name == "_logp_fwd_kernel")
+    # control: Triton's own sequence divides with div.full.f32, which the check must name
+    own = declared_problems(_triton_ptx(kernel_name, declared=False), has_log=kernel_name == "_logp_fwd_kernel")
+    assert any("div.full.f32" in p for p in own), own
+
+
+# -------------------------------------------------------------------------------------------- CUDA
+def _cuda_entries() -> dict[str, str]:
+    """sm_90a PTX of logprob.cu with the library's own flags, per kernel entry (mangled name -> body)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    src = cuda_build.SOURCE_DIR / "logprob.cu"
+    flags = [f for f in cuda_build.NVCC_FLAGS if not f.startswith("-gencode")]
+    proc = subprocess.run([nvcc, *flags, "-arch=sm_90a", "-ptx", "-o", "-", str(src)], capture_output=True, text=True,
+                          cwd=src.parent, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    entries = {}
+    for m in re.finditer(r"\.entry\s+(\S+?)\(", proc.stdout):
+        body = proc.stdout[m.end():]
+        entries[m.group(1)] = body[:body.find("\n}\n")]
+    return entries
+
+
+def _entry(entries: dict[str, str], fragment: str) -> str:
+    found = [body for name, body in entries.items() if fragment in name]
+    assert len(found) == 1, f"{fragment}: {len(found)} kernels ({sorted(entries)})"
+    return found[0]
+
+
+def test_cuda_declared_kernels_compile_to_the_declared_instructions():
+    entries = _cuda_entries()
+    assert not declared_problems(_entry(entries, "lpd_fwd_kernel"), has_log=True)
+    assert not declared_problems(_entry(entries, "lp_bwd_kernelILb1E"), has_log=False)
+    # control: the chunked sequence's backward calls expf (ex2.approx.ftz.f32 after a range reduction)
+    own = declared_problems(_entry(entries, "lp_bwd_kernelILb0E"), has_log=False)
+    assert any("ex2.approx.ftz.f32" in p for p in own), own
