@@ -197,13 +197,14 @@ SCRIPT = textwrap.dedent(r'''
                                         "s_vch")}}, {
             "D": 128, "HALF": 64, "HF_ORDER": True, "LANES": 128, "CHUNKS": 1, "CACHE": True}
 
-        for has_mask in (False, True):
-            yield f"logp_fwd[{has_mask}]", lp._logp_fwd_kernel, {
+        for has_mask, declared in ((m, d) for d in (False, True) for m in (False, True)):
+            label = "logp_fwd_declared" if declared else "logp_fwd"
+            yield f"{label}[{has_mask}]", lp._logp_fwd_kernel, {
                 "x_ptr": "*fp32", "tgt_ptr": "*i64", "mask_ptr": "*i8", "out_ptr": "*fp32", "rmax_ptr": "*fp32",
                 "rlog_ptr": "*fp32", "n_inner": "i32", "n_cols": "i32",
                 **{name: "i64" for name in ("stride_xo", "stride_xi", "stride_to", "stride_ti", "stride_mo",
                                             "stride_mi")}, "temperature": "fp32"}, {
-                "HAS_MASK": has_mask, "BLOCK_V": lp.BLOCK_V}
+                "HAS_MASK": has_mask, "BLOCK_V": lp.BLOCK_V, "DECLARED": declared}
 
         scalars = {"V": "i32", "E": "i32", "stride_h": "i32", "stride_w": "i32", "stride_t": "i32",
                    "temperature": "fp32"}
@@ -267,7 +268,8 @@ KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "at
            "rms_bwd_dx[False,False]", "rms_bwd_dx[True,False]", "rms_bwd_dx[False,True]", "rms_bwd[False,False]",
            "rms_bwd[True,False]", "rms_bwd[False,True]", "rms_bwd_dw[False]", "rms_bwd_dw[True]",
            "rms_bwd_dx_rows[False]", "rms_bwd_dx_rows[True]", "norm_rope_train", "rms_dw_reduce", "qk_norm_rope",
-           "row_keys", "logp_fwd[False]", "logp_fwd[True]", "linear_logp_fwd_partial[False,128]",
+           "row_keys", "logp_fwd[False]", "logp_fwd[True]", "logp_fwd_declared[False]", "logp_fwd_declared[True]",
+           "linear_logp_fwd_partial[False,128]",
            "linear_logp_fwd_partial[False,256]", "linear_logp_fwd_partial[True,128]",
            "linear_logp_fwd_partial[True,256]", "linear_logp_dlogits[False]", "linear_logp_dlogits[True]")
 
