@@ -8,6 +8,7 @@ import torch
 
 from _helpers import SMOKE, assert_within, bits_equal, check_backward_accuracy, check_forward_accuracy, check_transform
 from rl_engine.errors import InputError
+from rl_engine.ops._triton_common import fragment_row_sum_128
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
 from rl_engine.ops.linear_logp import linear_logp
 from rl_engine.ops.linear_logp.reference import linear_logp_reference
@@ -292,3 +293,67 @@ def test_tma_refuses_a_layout_it_cannot_read(device):
     assert ll.tma_layout(h) is None and not ll.use_tma(h, w)
     with pytest.raises(ValueError, match="TMA"):
         ll.linear_logp_fwd(h, w, tg, 1.0, tma=True)
+
+
+# -- the pinned row sum (ROW_SUM_PINNED, fragment_row_sum_128) --------------------------------------
+
+
+def _declared_row_sum_128(p: torch.Tensor) -> torch.Tensor:
+    """Row sums of ``p`` [M, 128] FP32 as fragment_row_sum_128 declares them: one addition per pair,
+    over the column index's bits 0, 3, 4, 5, 6, 2, 1 (each step one IEEE addition in torch)."""
+    x = p.reshape(p.shape[0], 2, 2, 2, 2, 2, 2, 2)
+    for axis in (7, 4, 3, 2, 1, 1, 1):
+        x = x.select(axis, 0) + x.select(axis, 1)
+    return x
+
+
+def test_fragment_row_sum_128_adds_in_the_declared_order():
+    """fragment_row_sum_128 gives the declared pairwise order's bits on rows where the order shows (a
+    cancelling 2^24 pair among small values). Control: a left fold (Triton 3.6's ``tl.sum`` order
+    per thread on sm_90) differs on them."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def row_sum_kernel(p_ptr, out_ptr, M: tl.constexpr):
+        rows = tl.arange(0, M)
+        cols = tl.arange(0, 128)
+        p = tl.load(p_ptr + rows[:, None] * 128 + cols[None, :])
+        tl.store(out_ptr + rows, fragment_row_sum_128(p))
+
+    g = torch.Generator(device="cpu").manual_seed(6)
+    p = torch.rand((16, 128), generator=g) + 0.5
+    for i in range(16):
+        a, b = (i * 11) % 128, (i * 11 + 1 + 2 * i) % 128
+        p[i, a], p[i, b] = 2.0 ** 24, -(2.0 ** 24)
+    out = torch.empty(16, dtype=torch.float32)
+    row_sum_kernel[(1,)](p, out, M=16)
+    expected = _declared_row_sum_128(p)
+    assert bits_equal(out, expected), "fragment_row_sum_128 vs the declared order"
+    fold = p[:, 0].clone()
+    for j in range(1, 128):
+        fold = fold + p[:, j]
+    assert not bits_equal(fold, expected), "the rows do not tell the orders apart: the check could not fail"
+
+
+@pytest.mark.parametrize("direction", ["forward", "gradient"])
+def test_pinned_row_sum_keeps_accuracy_and_invariance(device, contract, direction, monkeypatch):
+    """With ROW_SUM_PINNED the fused op meets the contract's accuracy and every invariance transform
+    holds bitwise (with its control); the forward's saved log-sum (``log s``) differs from
+    ``tl.sum``'s on some row of a two-chunk problem in the interpreter (NumPy's sum is another
+    order), so the setting reached the kernel."""
+    from rl_engine.ops.linear_logp import triton as ll
+
+    h, w, tg = _random_problem(70, 72, CHUNK_V + 300, 17, device, scale=1.0)
+    before = ll.linear_logp_fwd(h, w, tg, 1.0)[2]
+    monkeypatch.setattr(ll, "ROW_SUM_PINNED", True)
+    if direction == "forward":
+        for case in _cases(device):
+            check_forward_accuracy(SPEC, case, contract, out_dtype=torch.float32, tier="float32")
+    else:
+        for case in _grad_cases(device):
+            check_backward_accuracy(SPEC, case, contract, relative=True)
+    for name in ("batch", "chunk", "padding", "layout"):
+        check_transform(SPEC, name, _grad_cases(device)[0], direction)
+    if direction == "forward":
+        assert not bits_equal(ll.linear_logp_fwd(h, w, tg, 1.0)[2], before), "ROW_SUM_PINNED did not reach the kernel"

@@ -212,11 +212,13 @@ SCRIPT = textwrap.dedent(r'''
                                                      for launch in (ll.FWD_LAUNCH, ll.FWD_LAUNCH_LONG)):
             h_src = f"tensordesc<bf16[{fwd_m}, {ll.BLOCK_E}]>" if tma else "*bf16"
             w_src = f"tensordesc<bf16[{ll.BLOCK_V}, {ll.BLOCK_E}]>" if tma else "*bf16"
-            yield f"linear_logp_fwd_partial[{tma},{fwd_m}]", ll._fwd_partial_kernel, {
-                "h_ptr": h_src, "w_ptr": w_src, "tgt_ptr": "*i64", "pmax_ptr": "*fp32", "psum_ptr": "*fp32",
-                "ptgt_ptr": "*fp32", "T": "i32", "n_chunks": "i32", **scalars}, {
-                "BLOCK_M": fwd_m, "BLOCK_V": ll.BLOCK_V, "BLOCK_E": ll.BLOCK_E, "CHUNK_V": ll.CHUNK_V,
-                "UPCAST": False, "TMA": tma}, {"num_warps": fwd_warps, "num_stages": fwd_stages}
+            for pinned in (False, True):
+                yield f"linear_logp_fwd_partial[{tma},{fwd_m}{',pinned' if pinned else ''}]", ll._fwd_partial_kernel, {
+                    "h_ptr": h_src, "w_ptr": w_src, "tgt_ptr": "*i64", "pmax_ptr": "*fp32", "psum_ptr": "*fp32",
+                    "ptgt_ptr": "*fp32", "T": "i32", "n_chunks": "i32", **scalars}, {
+                    "BLOCK_M": fwd_m, "BLOCK_V": ll.BLOCK_V, "BLOCK_E": ll.BLOCK_E, "CHUNK_V": ll.CHUNK_V,
+                    "UPCAST": False, "TMA": tma, "PINNED_SUM": pinned}, {
+                    "num_warps": fwd_warps, "num_stages": fwd_stages, "enable_fp_fusion": False}
             if fwd_m != ll.FWD_LAUNCH[0]:
                 continue
             h_src = f"tensordesc<bf16[{ll.BLOCK_M}, {ll.BLOCK_E}]>" if tma else "*bf16"
@@ -271,7 +273,9 @@ KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "at
            "row_keys", "logp_fwd[False]", "logp_fwd[True]", "logp_fwd_declared[False]", "logp_fwd_declared[True]",
            "linear_logp_fwd_partial[False,128]",
            "linear_logp_fwd_partial[False,256]", "linear_logp_fwd_partial[True,128]",
-           "linear_logp_fwd_partial[True,256]", "linear_logp_dlogits[False]", "linear_logp_dlogits[True]")
+           "linear_logp_fwd_partial[True,256]", "linear_logp_fwd_partial[False,128,pinned]",
+           "linear_logp_fwd_partial[False,256,pinned]", "linear_logp_fwd_partial[True,128,pinned]",
+           "linear_logp_fwd_partial[True,256,pinned]", "linear_logp_dlogits[False]", "linear_logp_dlogits[True]")
 
 
 def test_every_compiled_case_is_judged(compiled):

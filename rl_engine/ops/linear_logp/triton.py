@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, cdiv, gpu_facts, mma, tma_layout, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, fragment_row_sum_128, gpu_facts, mma, tma_layout, upcast_dots
 
 BLOCK_M = 64
 """Rows per logits tile of the dlogits recompute (the forward's is a launch setting,
@@ -85,6 +85,16 @@ and 8192 and ran 17.2 ms instead of 18.5 ms at T = 8192 (8.9 instead of 9.3 at 4
 FWD_LONG_MIN_ROWS = 2048
 """Rows from which the forward takes :data:`FWD_LAUNCH_LONG`; fewer rows (decode, short scoring
 calls) keep the 128-row tiles, whose row tile is half as much work when most rows are padding."""
+
+
+ROW_SUM_PINNED = False
+"""Whether the forward's per-tile row sum of ``exp(z - ref)`` runs in
+:func:`~rl_engine.ops._triton_common.fragment_row_sum_128`'s fixed order (True) or as ``tl.sum``
+(False, the default), whose order is the compiler's: read from the sm_90 PTX, Triton 3.6 (the
+H200's) adds each thread's 32 values of a row left to right, 3.9 as a tree, so with False the
+forward's bits depend on the Triton version (as the attention's ``ROW_SUM_PINNED`` explains).
+True changes the forward's bits on either version, so it becomes the default with an H200 timing
+and a gate. Read at every launch, so a test can set it for a call."""
 
 
 def fwd_launch_for(t: int) -> tuple[int, int, int]:
@@ -140,7 +150,7 @@ def _fwd_partial_kernel(
     h_ptr, w_ptr, tgt_ptr, pmax_ptr, psum_ptr, ptgt_ptr,
     T, V, E, n_chunks, stride_h, stride_w, stride_t, temperature,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_V: tl.constexpr,
-    UPCAST: tl.constexpr, TMA: tl.constexpr,
+    UPCAST: tl.constexpr, TMA: tl.constexpr, PINNED_SUM: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -159,7 +169,10 @@ def _fwd_partial_kernel(
         z = tl.where((cols < V)[None, :], z, float("-inf"))
         new_max = tl.maximum(run_max, tl.max(z, axis=1))
         ref = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = run_sum * tl.exp(run_max - ref) + tl.sum(tl.exp(z - ref[:, None]), axis=1)
+        if PINNED_SUM:
+            run_sum = run_sum * tl.exp(run_max - ref) + fragment_row_sum_128(tl.exp(z - ref[:, None]))
+        else:
+            run_sum = run_sum * tl.exp(run_max - ref) + tl.sum(tl.exp(z - ref[:, None]), axis=1)
         run_max = new_max
         hit = cols[None, :] == tgt[:, None]
         tgt_logit = tl.maximum(tgt_logit, tl.max(tl.where(hit, z, float("-inf")), axis=1))
@@ -344,7 +357,7 @@ def linear_logp_fwd(hidden, weight, targets, temperature, fwd_launch=None, tma=N
         h_src, w_src, targets, pmax, psum, ptgt,
         t, v, e, n_chunks, hidden.stride(0), weight.stride(0), targets.stride(0), temperature,
         BLOCK_M=block_m, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up, TMA=tma,
-        num_warps=warps, num_stages=stages,
+        PINNED_SUM=ROW_SUM_PINNED, num_warps=warps, num_stages=stages,
         enable_fp_fusion=FP_FUSION,
     )
     _fwd_combine_kernel[(cdiv(t, COMBINE_BLOCK),)](
