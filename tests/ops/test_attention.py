@@ -232,6 +232,69 @@ def test_pinned_row_sum_keeps_accuracy_invariance_and_decode_parity(device, cont
         "ROW_SUM_PINNED did not reach the kernels"
 
 
+def _declared_head_dim_sum(x: torch.Tensor) -> torch.Tensor:
+    """Row sums of ``x`` [M, D] FP32 as _head_dim_sum declares them: bits 0, 1, 2 of the head-dim
+    index, then the rest from the highest bit down, one IEEE addition per pair (torch)."""
+    m, d = x.shape
+    y = x.reshape(m, d // 8, 8)
+    for _ in range(3):
+        y = y.reshape(m, d // 8, -1, 2)
+        y = y[..., 0] + y[..., 1]
+    y = y.reshape(m, d // 8)
+    while y.shape[1] > 1:
+        y = y.reshape(m, 2, y.shape[1] // 2)
+        y = y[:, 0] + y[:, 1]
+    return y.reshape(m)
+
+
+@pytest.mark.parametrize("d", [16, 128, 256])
+def test_head_dim_sum_adds_in_the_declared_order(d):
+    """_head_dim_sum (the backward's pinned delta sum) gives the declared order's bits on rows where
+    the order shows (a cancelling 2^24 pair among small values). Control: a right fold of each group
+    of 8 (Triton 3.6's ``tl.sum`` per thread on sm_90), then the same butterfly, differs on them."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def head_dim_sum_kernel(x_ptr, out_ptr, M: tl.constexpr, D: tl.constexpr):
+        rows = tl.arange(0, M)
+        cols = tl.arange(0, D)
+        x = tl.load(x_ptr + rows[:, None] * D + cols[None, :])
+        tl.store(out_ptr + rows, attn_triton._head_dim_sum(x, D))
+
+    g = torch.Generator(device="cpu").manual_seed(7 + d)
+    x = torch.rand((16, d), generator=g) + 0.5
+    for i in range(16):
+        a, b = (i * 5) % d, (i * 5 + 1 + 2 * i) % d
+        if a != b:
+            x[i, a], x[i, b] = 2.0 ** 24, -(2.0 ** 24)
+    out = torch.empty(16, dtype=torch.float32)
+    head_dim_sum_kernel[(1,)](x, out, M=16, D=d)
+    expected = _declared_head_dim_sum(x)
+    assert_bitwise(out, expected, f"_head_dim_sum vs the declared order (D = {d})")
+    groups = x.reshape(16, d // 8, 8)
+    folded = groups[..., 7].clone()
+    for r in range(6, -1, -1):
+        folded = groups[..., r] + folded
+    control = folded
+    while control.shape[1] > 1:
+        control = control.reshape(16, 2, control.shape[1] // 2)
+        control = control[:, 0] + control[:, 1]
+    assert not torch.equal(control.reshape(16).view(torch.int32), expected.view(torch.int32)), \
+        "the rows do not tell the orders apart: the check could not fail"
+
+
+def test_pinned_sums_keep_gradient_accuracy_and_invariance(device, contract, grad_case, monkeypatch):
+    """With ROW_SUM_PINNED the backward (its delta in _head_dim_sum's order, the forward's lse in
+    _key_sum's) meets the contract's gradient accuracy and every gradient invariance transform holds
+    bitwise with its control."""
+    monkeypatch.setattr(attn_triton, "ROW_SUM_PINNED", True)
+    check_backward_accuracy(SPEC, grad_case, contract, names=GRAD_INPUTS)
+    check_backward_accuracy(SPEC, make_case(SMOKE, 7, device, LONG_LENS), contract, names=GRAD_INPUTS)
+    for name in ("batch", "chunk", "padding", "layout"):
+        check_transform(SPEC, name, grad_case, "gradient")
+
+
 def _forward_lse(case) -> torch.Tensor:
     """The FP32 lse [H, T] the forward saves for the backward (the internal launcher)."""
     inp = case.inputs

@@ -27,10 +27,14 @@ SCRIPT = textwrap.dedent(r'''
 
     H200 = GPUTarget("cuda", 90, 32)
 
-    def compile_(fn, signature, constexprs, options=None):
+    def compile_(fn, signature, constexprs, options=None, aligned=()):
+        # aligned: arguments the launch specialises as divisible by 16 (pointers, strides), which
+        # can change a kernel's layout
         sig = dict(signature)
         sig.update({name: "constexpr" for name in constexprs})
-        triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=H200, options=options)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(sig) if name in aligned}
+        triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), target=H200,
+                       options=options)
 
     @triton.jit
     def ok_kernel(x_ptr, n):
@@ -99,6 +103,13 @@ SCRIPT = textwrap.dedent(r'''
         rows = f"tensordesc<bf16[32, {consts['D']}]>"
         yield "attention_bwd_dkdv[tma,step32]", at._attn_bwd_dkdv_kernel, {
             **dkdv, "q_desc": rows, "do_desc": rows}, {**consts, "BLOCK_M": 32, "BLOCK_N": at.BLOCK_N_BWD, "TMA": True}
+        for d, pinned in ((128, False), (128, True), (16, True), (256, True)):
+            yield f"attention_bwd_delta[{d}{',pinned' if pinned else ''}]", at._attn_bwd_delta_kernel, {
+                "o_ptr": "*bf16", "do_ptr": "*bf16", "delta_ptr": "*fp32", "T": "i32",
+                **{name: "i32" for name in ("stride_ot", "stride_oh", "stride_dot", "stride_doh", "stride_dh")}}, {
+                "D": d, "BLOCK_T": at.BLOCK_T_DELTA, "PINNED_SUM": pinned}, {
+                "num_warps": at.NUM_WARPS, "enable_fp_fusion": False}, (
+                "o_ptr", "do_ptr", "delta_ptr", "stride_ot", "stride_oh", "stride_dot", "stride_doh")
         yield "attention_bwd_dq", at._attn_bwd_dq_kernel, {
             **grads, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32",
             "cu_k_ptr": "*i32", "n_mblocks": "i32", "n_heads": "i32",
@@ -260,7 +271,8 @@ def test_control_a_type_changing_loop_value_fails_to_compile(compiled):
 
 KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "attention_decode[1]",
            "attention_decode[8]", "attention_decode[1,pinned]", "attention_fwd", "attention_fwd[pinned]",
-           "attention_bwd_dkdv", "attention_bwd_dq",
+           "attention_bwd_dkdv", "attention_bwd_dq", "attention_bwd_delta[128]", "attention_bwd_delta[128,pinned]",
+           "attention_bwd_delta[16,pinned]", "attention_bwd_delta[256,pinned]",
            "det_gemm_leaves[merge]", "det_gemm_leaves[merge,M=1]", "det_gemm_persistent[forward]",
            "det_gemm_persistent[dx]", "det_gemm_persistent[dw]", "det_gemm_persistent[forward,bk128]",
            "det_gemm_persistent[forward,loop0]", "det_gemm_persistent[dw,loop4]",

@@ -87,9 +87,11 @@ NUM_WARPS = 4
 NUM_STAGES = 2
 ROW_SUM_PINNED = False
 """Whether the forward's and decode's row sum of the probabilities runs in :func:`_key_sum`'s fixed
-order (True) or as ``tl.sum`` (False, the default), whose order is the compiler's: on sm_90 Triton
-3.6 adds each thread's 16 values left to right and 3.9 as a pairwise tree
-(``tools/attention_ptx_order.py``), so with False the attention bits depend on the Triton version.
+order, and the backward's ``delta = rowsum(O * dO)`` in :func:`_head_dim_sum`'s (True), or both as
+``tl.sum`` (False, the default), whose order is the compiler's: on sm_90 Triton 3.6 adds each
+thread's 16 probabilities left to right and its 8 delta products as a right fold, 3.9 both as
+pairwise trees (``tools/attention_ptx_order.py``; docs/declared-arithmetic.md, "Sums whose order is
+the Triton compiler's"), so with False the attention bits depend on the Triton version.
 The pinned order is 3.9's, so under 3.9 both give the same bits; under 3.6 (the H200's) True
 changes the Triton backend's attention bits, so it becomes the default with a gate on the H200
 (and, for the cross-backend declaration of attention, a contract version). Read at every launch,
@@ -307,8 +309,29 @@ def _attn_decode_kernel(q_ptr, kc_ptr, vc_ptr, o_ptr, seqlens_ptr,
 # Backward
 # ---------------------------------------------------------------------------------------------
 @triton.jit
+def _head_dim_sum(x, D: tl.constexpr):
+    """Row sums of ``x`` [M, D] (D a power of two >= 8) in a fixed order: one addition per step,
+    over the head-dim index's bits 0, 1, 2, then from the highest bit down to bit 3. With D = 128 and
+    4 warps the delta kernel's layout gives each thread 8 consecutive columns of a row (bits 0-2) and
+    16 lanes the rest, so this is the pairwise tree of each thread's 8 values and then the lane
+    butterfly with offsets 8, 4, 2, 1: the order Triton 3.9 compiles ``tl.sum`` to there (3.6 adds
+    the 8 values as a right fold). Each step sums an axis of size 2, so no compiler or layout can
+    reorder it."""
+    tl.static_assert(D >= 8, "_head_dim_sum is declared for D >= 8")
+    M: tl.constexpr = x.shape[0]
+    G: tl.constexpr = D // 8
+    y = tl.reshape(x, (M, G, 4, 2))
+    y = tl.sum(y, axis=3)  # bit 0 -> (M, G, 4)
+    y = tl.sum(tl.reshape(y, (M, G, 2, 2)), axis=3)  # bit 1 -> (M, G, 2)
+    y = tl.sum(y, axis=2)  # bit 2 -> (M, G)
+    for i in tl.static_range(G.bit_length() - 1):  # the remaining bits, highest first
+        y = tl.sum(tl.reshape(y, (M, 2, G >> (i + 1))), axis=1)
+    return tl.reshape(y, (M,))
+
+
+@triton.jit
 def _attn_bwd_delta_kernel(o_ptr, do_ptr, delta_ptr, T, stride_ot, stride_oh, stride_dot, stride_doh, stride_dh,
-                           D: tl.constexpr, BLOCK_T: tl.constexpr):
+                           D: tl.constexpr, BLOCK_T: tl.constexpr, PINNED_SUM: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
     offs_d = tl.arange(0, D)
@@ -316,7 +339,10 @@ def _attn_bwd_delta_kernel(o_ptr, do_ptr, delta_ptr, T, stride_ot, stride_oh, st
     r64 = rows.to(tl.int64)
     o = tl.load(o_ptr + r64[:, None] * stride_ot + h * stride_oh + offs_d[None, :], mask=ok[:, None], other=0.0)
     do = tl.load(do_ptr + r64[:, None] * stride_dot + h * stride_doh + offs_d[None, :], mask=ok[:, None], other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if PINNED_SUM:
+        delta = _head_dim_sum(o.to(tl.float32) * do.to(tl.float32), D)
+    else:
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(delta_ptr + h * stride_dh + r64, delta, mask=ok)
 
 
@@ -685,7 +711,7 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
     if tq:
         _attn_bwd_delta_kernel[(cdiv(tq, BLOCK_T_DELTA), h)](
             out, do, delta, tq, out.stride(0), out.stride(1), do.stride(0), do.stride(1), delta.stride(0),
-            D=d, BLOCK_T=BLOCK_T_DELTA, num_warps=NUM_WARPS,
+            D=d, BLOCK_T=BLOCK_T_DELTA, PINNED_SUM=ROW_SUM_PINNED, num_warps=NUM_WARPS,
             enable_fp_fusion=FP_FUSION,
         )
     n_nblocks = cdiv(plan.max_lk, kv_rows)
