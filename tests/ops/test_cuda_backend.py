@@ -1275,7 +1275,7 @@ def test_cross_backend_check_catches_another_reduction_order(cuda_device):
 
 
 # ------------------------------------------------- the declared log-sum-exp (logp/declared.py)
-LSE_OPS = ("logp", "batch_invariant_logp")
+LSE_OPS = ("logp", "batch_invariant_logp", "linear_logp")
 
 
 def _lse_edge_inputs(device) -> list[tuple[str, torch.Tensor, torch.Tensor, float]]:
@@ -1324,6 +1324,22 @@ def _lse_cross_mismatches(device, op: str) -> list[str]:
         ga = run_gradient(triton_impl, case.inputs, spec.grad_inputs, upstream=up)[1]
         gb = run_gradient(cuda_impl, case.inputs, spec.grad_inputs, upstream=up)[1]
         pairs += [(f"{case.id}:d{n}", ga[n], gb[n]) for n in spec.grad_inputs]
+    if op == "linear_logp":  # two V chunks, the second partial, and a temperature below 1
+        from rl_engine.ops.linear_logp.api import linear_logp_triton
+
+        g = torch.Generator().manual_seed(SEED + 78)
+        h = (torch.randn(21, 64, generator=g) * 0.5).to(torch.bfloat16).to(device)
+        w = (torch.randn(4096 + 300, 64, generator=g) * 0.5).to(torch.bfloat16).to(device)
+        tg = torch.randint(0, 4096 + 300, (21,), generator=g).to(device)
+        outs, grads = [], []
+        for fn in (linear_logp_triton, linear_logp_cuda):
+            hr, wr = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+            y = fn(hr, wr, tg, 0.7)
+            y.backward(torch.linspace(-1.0, 1.0, y.numel(), dtype=torch.float32, device=device))
+            outs.append(y.detach())
+            grads.append((hr.grad, wr.grad))
+        pairs += [("two_chunks:fwd", *outs), ("two_chunks:dhidden", grads[0][0], grads[1][0]),
+                  ("two_chunks:dweight", grads[0][1], grads[1][1])]
     if op == "logp":
         for name, x, tg, temp in _lse_edge_inputs(device):
             outs, grads = [], []

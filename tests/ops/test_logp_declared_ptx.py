@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +39,7 @@ def declared_problems(ptx: str, *, has_log: bool) -> list[str]:
     if "0f3FB8AA3B" not in ptx:
         out.append("no multiply by log2 e (0f3FB8AA3B)")
     divs = set(re.findall(r"\bdiv\.[a-z]+\.f32", ptx))
-    if divs != {"div.rn.f32"}:
+    if divs - {"div.rn.f32"}:
         out.append(f"divisions {sorted(divs)} (declared: div.rn.f32 only)")
     if has_log:
         missing = [c for c in LOGF_CONSTANTS if f"0f{c}" not in ptx]
@@ -85,6 +86,38 @@ def _triton_ptx(kernel_name: str, declared: bool) -> str:
     return proc.stdout
 
 
+_CASE_COMPILE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from triton_sum_order import kernel_cases
+
+compile_, cases = kernel_cases()
+for name, fn, sig, consts, *options in cases():
+    if name == sys.argv[2]:
+        sys.stdout.write(compile_(fn, sig, consts, *options).asm["ptx"])
+"""
+
+
+def _case_ptx(case: str) -> str:
+    """sm_90 PTX of one kernel case of ``tests/ops/test_sm90_compile.py`` (child process)."""
+    pytest.importorskip("triton")
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _CASE_COMPILE, str(tools), case], capture_output=True, text=True,
+                          env=env, timeout=600)
+    if proc.returncode != 0 or not proc.stdout:
+        pytest.skip(f"Triton cannot compile {case} for sm_90 here: {proc.stderr[-300:]}")
+    return proc.stdout
+
+
+@pytest.mark.parametrize("kernel", ["linear_logp_fwd_partial[True,256,declared]", "linear_logp_dlogits[True,declared]"])
+def test_triton_linear_logp_declared_kernels_compile_to_the_declared_instructions(kernel):
+    assert not declared_problems(_case_ptx(kernel), has_log=False)
+    # control: without DIV_RN the logits tile divides with div.full.f32
+    own = declared_problems(_case_ptx(kernel.replace(",declared", "")), has_log=False)
+    assert any("div.full.f32" in p for p in own), own
+
+
 @pytest.mark.parametrize("kernel_name", ["_logp_fwd_kernel", "_logp_bwd_kernel"])
 def test_triton_declared_kernels_compile_to_the_declared_instructions(kernel_name):
     ptx = _triton_ptx(kernel_name, declared=True)
@@ -122,6 +155,8 @@ def test_cuda_declared_kernels_compile_to_the_declared_instructions():
     entries = _cuda_entries()
     assert not declared_problems(_entry(entries, "lpd_fwd_kernel"), has_log=True)
     assert not declared_problems(_entry(entries, "lp_bwd_kernelILb1E"), has_log=False)
+    assert not declared_problems(_entry(entries, "lpt_partial_kernel"), has_log=False)
+    assert not declared_problems(_entry(entries, "lpt_finish_kernel"), has_log=True)
     # control: the chunked sequence's backward calls expf (ex2.approx.ftz.f32 after a range reduction)
     own = declared_problems(_entry(entries, "lp_bwd_kernelILb0E"), has_log=False)
     assert any("ex2.approx.ftz.f32" in p for p in own), own

@@ -223,22 +223,23 @@ SCRIPT = textwrap.dedent(r'''
                                                      for launch in (ll.FWD_LAUNCH, ll.FWD_LAUNCH_LONG)):
             h_src = f"tensordesc<bf16[{fwd_m}, {ll.BLOCK_E}]>" if tma else "*bf16"
             w_src = f"tensordesc<bf16[{ll.BLOCK_V}, {ll.BLOCK_E}]>" if tma else "*bf16"
-            for pinned in (False, True):
-                yield f"linear_logp_fwd_partial[{tma},{fwd_m}{',pinned' if pinned else ''}]", ll._fwd_partial_kernel, {
+            for pinned, div_rn, tag in ((False, False, ""), (True, False, ",pinned"), (True, True, ",declared")):
+                yield f"linear_logp_fwd_partial[{tma},{fwd_m}{tag}]", ll._fwd_partial_kernel, {
                     "h_ptr": h_src, "w_ptr": w_src, "tgt_ptr": "*i64", "pmax_ptr": "*fp32", "psum_ptr": "*fp32",
                     "ptgt_ptr": "*fp32", "T": "i32", "n_chunks": "i32", **scalars}, {
                     "BLOCK_M": fwd_m, "BLOCK_V": ll.BLOCK_V, "BLOCK_E": ll.BLOCK_E, "CHUNK_V": ll.CHUNK_V,
-                    "UPCAST": False, "TMA": tma, "PINNED_SUM": pinned}, {
+                    "UPCAST": False, "TMA": tma, "PINNED_SUM": pinned, "DIV_RN": div_rn}, {
                     "num_warps": fwd_warps, "num_stages": fwd_stages, "enable_fp_fusion": False}
             if fwd_m != ll.FWD_LAUNCH[0]:
                 continue
             h_src = f"tensordesc<bf16[{ll.BLOCK_M}, {ll.BLOCK_E}]>" if tma else "*bf16"
-            yield f"linear_logp_dlogits[{tma}]", ll._bwd_dlogits_kernel, {
-                "h_ptr": h_src, "w_ptr": w_src, "tgt_ptr": "*i64", "g_ptr": "*fp32", "rmax_ptr": "*fp32",
-                "rlog_ptr": "*fp32", "hi_ptr": "*bf16", "lo_ptr": "*bf16", "T": "i32", "v_base": "i32",
-                **scalars}, {
-                "BLOCK_M": ll.BLOCK_M, "BLOCK_V": ll.BLOCK_V, "BLOCK_E": ll.BLOCK_E, "CHUNK_V": ll.CHUNK_V,
-                "UPCAST": False, "TMA": tma}, {"num_warps": ll.NUM_WARPS}
+            for div_rn in (False, True):
+                yield f"linear_logp_dlogits[{tma}{',declared' if div_rn else ''}]", ll._bwd_dlogits_kernel, {
+                    "h_ptr": h_src, "w_ptr": w_src, "tgt_ptr": "*i64", "g_ptr": "*fp32", "rmax_ptr": "*fp32",
+                    "rlog_ptr": "*fp32", "hi_ptr": "*bf16", "lo_ptr": "*bf16", "T": "i32", "v_base": "i32",
+                    **scalars}, {
+                    "BLOCK_M": ll.BLOCK_M, "BLOCK_V": ll.BLOCK_V, "BLOCK_E": ll.BLOCK_E, "CHUNK_V": ll.CHUNK_V,
+                    "UPCAST": False, "TMA": tma, "DIV_RN": div_rn}, {"num_warps": ll.NUM_WARPS, "enable_fp_fusion": False}
 
     out = {}
     for name, fn, sig, consts, *options in cases():
@@ -287,7 +288,10 @@ KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "at
            "linear_logp_fwd_partial[False,256]", "linear_logp_fwd_partial[True,128]",
            "linear_logp_fwd_partial[True,256]", "linear_logp_fwd_partial[False,128,pinned]",
            "linear_logp_fwd_partial[False,256,pinned]", "linear_logp_fwd_partial[True,128,pinned]",
-           "linear_logp_fwd_partial[True,256,pinned]", "linear_logp_dlogits[False]", "linear_logp_dlogits[True]")
+           "linear_logp_fwd_partial[True,256,pinned]", "linear_logp_fwd_partial[False,128,declared]",
+           "linear_logp_fwd_partial[False,256,declared]", "linear_logp_fwd_partial[True,128,declared]",
+           "linear_logp_fwd_partial[True,256,declared]", "linear_logp_dlogits[False,declared]",
+           "linear_logp_dlogits[True,declared]", "linear_logp_dlogits[False]", "linear_logp_dlogits[True]")
 
 
 def test_every_compiled_case_is_judged(compiled):

@@ -256,6 +256,101 @@ lpd_fwd_kernel(const float* __restrict__ buf, RowIndex bi, int64_t V, float temp
     }
 }
 
+// The declared sequence of linear_logp's forward (the Triton kernels _fwd_partial_kernel /
+// _fwd_combine_kernel with DECLARED_LSE): per (row, 4096-column chunk), the chunk's 128-column
+// tiles in increasing order with an online max / sum; per tile z = logit / temperature (IEEE), the
+// tile max (order-free), m_new = max(m, tile max), ref = m_new or 0 where it is -inf, the tile sum
+// of tl_exp(z - ref) over column bits 0, 3, 4, 5, 6, then 2, 1 (a wgmma accumulator's row:
+// fragment_row_sum_128), s = s * tl_exp(m - ref) + tile sum; the target's z is the max of -inf and
+// the target's column where the tile holds it. Four threads (a quad) hold a row, thread t its
+// columns 8 j + 2 t, + 1 of each tile (j = 0 .. 15): 64 rows per block of 256 threads.
+constexpr int LPT_THREADS = 256;
+constexpr int LPT_ROWS = LPT_THREADS / 4;
+constexpr int64_t LPT_TILE = 128;
+
+__global__ void __launch_bounds__(LPT_THREADS)
+lpt_partial_kernel(const float* __restrict__ buf, int64_t s_b, int64_t col_base, int64_t V, int64_t chunk,
+                   int64_t rows, int64_t n_chunks, float temperature, const int64_t* __restrict__ targets,
+                   int64_t s_t, float* __restrict__ part_m, float* __restrict__ part_s, float* __restrict__ part_t) {
+    const int64_t row_raw = static_cast<int64_t>(blockIdx.x) * LPT_ROWS + (threadIdx.x >> 2);
+    const bool live = row_raw < rows;
+    const int64_t row = live ? row_raw : rows - 1;  // a quad past the rows computes row rows - 1 and stores nothing
+    const int t = threadIdx.x & 3;
+    const float* xr = buf + row * s_b;  // global column c at xr[c - col_base]
+    const int64_t tgt = targets[row * s_t];
+    const int64_t lo = chunk * LP_CHUNK_V;
+    const int64_t hi = (lo + LP_CHUNK_V) < V ? (lo + LP_CHUNK_V) : V;
+    float m = -INFINITY;
+    float s = 0.0f;
+    float zt = -INFINITY;
+    for (int64_t v0 = lo; v0 < hi; v0 += LPT_TILE) {
+        float z[16][2];
+        float tm = -INFINITY;
+        float hit = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int64_t c = v0 + 8 * j + 2 * t + e;
+                z[j][e] = c < V ? xr[c - col_base] / temperature : -INFINITY;
+                tm = fmaxf(tm, z[j][e]);
+                if (c == tgt) hit = z[j][e];
+            }
+        tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 1));
+        tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 2));
+        hit = fmaxf(hit, __shfl_xor_sync(0xffffffffu, hit, 1));
+        hit = fmaxf(hit, __shfl_xor_sync(0xffffffffu, hit, 2));
+        zt = fmaxf(zt, hit);
+        const float m_new = fmaxf(m, tm);
+        const float ref = (m_new == -INFINITY) ? 0.0f : m_new;
+        float v[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) v[j] = tl_exp(z[j][0] - ref) + tl_exp(z[j][1] - ref);  // bit 0
+#pragma unroll
+        for (int w = 1; w < 16; w <<= 1)  // bits 3, 4, 5, 6
+#pragma unroll
+            for (int j = 0; j < 16; j += 2 * w) v[j] += v[j + w];
+        float q = v[0];
+        q += __shfl_xor_sync(0xffffffffu, q, 2);  // bit 2
+        q += __shfl_xor_sync(0xffffffffu, q, 1);  // bit 1
+        s = s * tl_exp(m - ref) + q;  // two roundings (-fmad=false)
+        m = m_new;
+    }
+    if (live && t == 0) {
+        const int64_t o = row * n_chunks + chunk;
+        part_m[o] = m;
+        part_s[o] = s;
+        part_t[o] = zt;
+    }
+}
+
+// The chunks of each row in increasing order (Triton's _fwd_combine_kernel): m_new = max(m, pm),
+// ref as above, s = s * tl_exp(m - ref) + ps * tl_exp(pm - ref), the target's z the max over the
+// chunks; out = (z_t - m) - logf(s), keeping m and logf(s).
+__global__ void __launch_bounds__(LP_FINISH_THREADS)
+lpt_finish_kernel(const float* __restrict__ part_m, const float* __restrict__ part_s, const float* __restrict__ part_t,
+                  int64_t rows, int64_t n_chunks, float* __restrict__ out, float* __restrict__ rmax,
+                  float* __restrict__ rlog) {
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * LP_FINISH_THREADS + threadIdx.x;
+    if (row >= rows) return;
+    float m = -INFINITY;
+    float s = 0.0f;
+    float zt = -INFINITY;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        const float pm = part_m[row * n_chunks + c];
+        const float ps = part_s[row * n_chunks + c];
+        const float m_new = fmaxf(m, pm);
+        const float ref = (m_new == -INFINITY) ? 0.0f : m_new;
+        s = s * tl_exp(m - ref) + ps * tl_exp(pm - ref);
+        m = m_new;
+        zt = fmaxf(zt, part_t[row * n_chunks + c]);
+    }
+    const float ls = logf(s);
+    out[row] = (zt - m) - ls;
+    rmax[row] = m;
+    rlog[row] = ls;
+}
+
 // FP32 -> a BF16 pair: hi = bf16(x), lo = bf16(x - fp32(hi)) (x - hi is exact in FP32, so hi + lo keeps
 // 16 significant bits of x). Rows of `cols` elements, row strides in elements.
 constexpr int SPLIT_THREADS = 256;
@@ -351,8 +446,32 @@ RL_EXPORT int rl_logp_declared_fwd(const void* buf, int64_t rows, int64_t n_inne
     return launch_status();
 }
 
-// The declared sequence's backward: rl_logp_bwd with p = tl_exp((z - m) - log s).
-RL_EXPORT int rl_logp_declared_bwd(const void* src, int64_t s_so, int64_t s_si, void* dst, int64_t s_do, int64_t s_di, int64_t rows, int64_t n_inner, int64_t ncols, float temperature, const void* targets, int64_t s_to, int64_t s_ti, const void* mask, int64_t s_mo, int64_t s_mi, const void* g, const void* rmax, const void* rlog, void* stream) {
-    return launch_lp_bwd<true>(src, s_so, s_si, dst, s_do, s_di, rows, n_inner, 0, ncols, temperature, targets, s_to,
-                               s_ti, mask, s_mo, s_mi, g, rmax, rlog, stream);
+// The declared sequences' backward (logp, batch_invariant_logp and linear_logp's chunks): rl_logp_bwd
+// with p = tl_exp((z - m) - log s).
+RL_EXPORT int rl_logp_declared_bwd(const void* src, int64_t s_so, int64_t s_si, void* dst, int64_t s_do, int64_t s_di, int64_t rows, int64_t n_inner, int64_t col_base, int64_t ncols, float temperature, const void* targets, int64_t s_to, int64_t s_ti, const void* mask, int64_t s_mo, int64_t s_mi, const void* g, const void* rmax, const void* rlog, void* stream) {
+    return launch_lp_bwd<true>(src, s_so, s_si, dst, s_do, s_di, rows, n_inner, col_base, ncols, temperature, targets,
+                               s_to, s_ti, mask, s_mo, s_mi, g, rmax, rlog, stream);
+}
+
+// linear_logp's declared forward, one V chunk: buf [rows, *] fp32 (row stride s_b) holds global column
+// col_base at offset 0; part_m / part_s / part_t: [rows, n_chunks] fp32 (column `chunk` written).
+RL_EXPORT int rl_logp_tiled_partial(const void* buf, int64_t s_b, int64_t col_base, int64_t V, int64_t chunk, int64_t rows, int64_t n_chunks, float temperature, const void* targets, int64_t s_t, void* part_m, void* part_s, void* part_t, void* stream) {
+    if (rows == 0) return 0;
+    const int64_t blocks = cdiv(rows, LPT_ROWS);
+    if (blocks >= 2147483647LL || V <= 0 || chunk < 0 || chunk >= n_chunks) return static_cast<int>(cudaErrorInvalidValue);
+    lpt_partial_kernel<<<static_cast<unsigned>(blocks), LPT_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const float*>(buf), s_b, col_base, V, chunk, rows, n_chunks, temperature,
+        static_cast<const int64_t*>(targets), s_t, static_cast<float*>(part_m), static_cast<float*>(part_s),
+        static_cast<float*>(part_t));
+    return launch_status();
+}
+
+// linear_logp's declared combine of the chunk partials: out, rmax, rlog [rows] fp32.
+RL_EXPORT int rl_logp_tiled_finish(const void* part_m, const void* part_s, const void* part_t, int64_t rows, int64_t n_chunks, void* out, void* rmax, void* rlog, void* stream) {
+    if (rows == 0) return 0;
+    lpt_finish_kernel<<<static_cast<unsigned>(cdiv(rows, LP_FINISH_THREADS)), LP_FINISH_THREADS, 0,
+                        static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const float*>(part_m), static_cast<const float*>(part_s), static_cast<const float*>(part_t), rows,
+        n_chunks, static_cast<float*>(out), static_cast<float*>(rmax), static_cast<float*>(rlog));
+    return launch_status();
 }

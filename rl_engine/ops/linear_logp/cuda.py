@@ -32,6 +32,12 @@ per element as the Triton kernels (tested bit for bit against them in the CPU em
 both add the exact products one at a time); needs E a multiple of 8 (otherwise the FP32 path runs,
 a function of the model only). On by default since the H200 ran it (``evidence/2026-12-04-h200-issue33-e035223/``).
 
+With ``logp.declared.DECLARED_LSE`` (off by default) the forward runs the declared sequence of the
+Triton kernels instead (``rl_logp_tiled_partial`` per chunk: 128-column tiles with an online max /
+sum whose tile sum is ``fragment_row_sum_128``'s order; ``rl_logp_tiled_finish``: Triton's combine),
+and the backward's dlogits use ``tl.exp`` (``rl_logp_declared_bwd``): the logits are lm_head's (declared
+bit-exact across backends), so the op then has the Triton backend's bits.
+
 Each row's logprob and dhidden depend only on that row, so batch invariance holds by
 construction. Scratch memory: [T, 4096] FP32 (plus [T, E] FP32 when V > 4096; plus two [T, 4096]
 BF16 with tensor cores).
@@ -43,6 +49,7 @@ import torch
 
 from rl_engine.backends.cuda_launch import launch
 from rl_engine.ops.lm_head.cuda import gemm_f32_out, gemm_fp32_math
+from rl_engine.ops.logp import declared
 from rl_engine.ops.logp.cuda import chunk_v
 
 
@@ -93,6 +100,15 @@ def linear_logp_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     buf = torch.empty((t, min(chunk_v(), v)), dtype=torch.float32, device=dev)
     part_m = torch.empty((t, n_chunks), dtype=torch.float32, device=dev)
     part_s = torch.empty((t, n_chunks), dtype=torch.float32, device=dev)
+    if declared.DECLARED_LSE:  # per-chunk target logits, as the Triton kernels keep them
+        part_t = torch.empty((t, n_chunks), dtype=torch.float32, device=dev)
+        for c, v0, v1 in chunks:
+            view = buf[:, : v1 - v0]
+            gemm_f32_out(hidden, weight[v0:v1].t(), out=view)
+            launch(dev, "rl_logp_tiled_partial", view, view.stride(0), v0, v, c, t, n_chunks, float(temperature),
+                   targets, targets.stride(0), part_m, part_s, part_t)
+        launch(dev, "rl_logp_tiled_finish", part_m, part_s, part_t, t, n_chunks, out, rmax, rlog)
+        return out, rmax, rlog
     part_t = torch.empty(t, dtype=torch.float32, device=dev)
     for c, v0, v1 in chunks:
         view = buf[:, : v1 - v0]
@@ -135,8 +151,9 @@ def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh
         view = buf[:, : v1 - v0]
         w_c = weight[v0:v1]
         gemm_f32_out(hidden, w_c.t(), out=view)
-        launch(dev, "rl_logp_bwd", view, view.stride(0), 0, view, view.stride(0), 0, t, 1, v0, v1 - v0,
-               float(temperature), targets, targets.stride(0), 0, None, 0, 0, g, rmax, rlog)
+        launch(dev, "rl_logp_declared_bwd" if declared.DECLARED_LSE else "rl_logp_bwd", view, view.stride(0), 0, view,
+               view.stride(0), 0, t, 1, v0, v1 - v0, float(temperature), targets, targets.stride(0), 0, None, 0, 0,
+               g, rmax, rlog)
         if tc:
             launch(dev, "rl_split_hilo", view, view.stride(0), hi, lo, cv, t, v1 - v0)
             h_c, l_c = hi[:, : v1 - v0], lo[:, : v1 - v0]

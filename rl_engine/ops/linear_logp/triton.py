@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.ops._triton_common import FP_FUSION, cdiv, fragment_row_sum_128, gpu_facts, mma, tma_layout, upcast_dots
+from rl_engine.ops.logp import declared
 
 BLOCK_M = 64
 """Rows per logits tile of the dlogits recompute (the forward's is a launch setting,
@@ -117,8 +118,9 @@ setting, not a declared semantic."""
 @triton.jit
 def _logits_tile(h_src, w_src, rows, row_ok, cols, row0, v0, V, E, stride_h, stride_w, temperature,
                  BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, UPCAST: tl.constexpr,
-                 TMA: tl.constexpr):
-    """``(hidden[rows] @ weight[cols].T) / temperature`` as an FP32 [BLOCK_M, BLOCK_V] tile.
+                 TMA: tl.constexpr, DIV_RN: tl.constexpr):
+    """``(hidden[rows] @ weight[cols].T) / temperature`` as an FP32 [BLOCK_M, BLOCK_V] tile (the
+    division IEEE-rounded with ``DIV_RN``, the declared sequence; else Triton's ``div.full.f32``).
 
     ``TMA``: ``h_src`` / ``w_src`` are tensor descriptors of hidden ``[T, E]`` (block
     ``[BLOCK_M, BLOCK_E]``) and weight ``[V, E]`` (block ``[BLOCK_V, BLOCK_E]``) and the tile is the
@@ -142,7 +144,10 @@ def _logits_tile(h_src, w_src, rows, row_ok, cols, row0, v0, V, E, stride_h, str
             w = tl.load(w_src + cols[None, :].to(tl.int64) * stride_w + kk[:, None],
                         mask=col_ok[None, :] & k_ok[:, None], other=0.0)
             acc = mma(h, w, acc, UPCAST)
-    return acc / temperature
+    if DIV_RN:
+        return tl.math.div_rn(acc, temperature)
+    else:
+        return acc / temperature
 
 
 @triton.jit
@@ -150,7 +155,7 @@ def _fwd_partial_kernel(
     h_ptr, w_ptr, tgt_ptr, pmax_ptr, psum_ptr, ptgt_ptr,
     T, V, E, n_chunks, stride_h, stride_w, stride_t, temperature,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_V: tl.constexpr,
-    UPCAST: tl.constexpr, TMA: tl.constexpr, PINNED_SUM: tl.constexpr,
+    UPCAST: tl.constexpr, TMA: tl.constexpr, PINNED_SUM: tl.constexpr, DIV_RN: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -165,7 +170,7 @@ def _fwd_partial_kernel(
     for v0 in range(v_lo, v_hi, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
         z = _logits_tile(h_ptr, w_ptr, rows, row_ok, cols, pid_m * BLOCK_M, v0, V, E, stride_h, stride_w,
-                         temperature, BLOCK_M, BLOCK_V, BLOCK_E, UPCAST, TMA)
+                         temperature, BLOCK_M, BLOCK_V, BLOCK_E, UPCAST, TMA, DIV_RN)
         z = tl.where((cols < V)[None, :], z, float("-inf"))
         new_max = tl.maximum(run_max, tl.max(z, axis=1))
         ref = tl.where(new_max == float("-inf"), 0.0, new_max)
@@ -212,21 +217,24 @@ def _bwd_dlogits_kernel(
     h_ptr, w_ptr, tgt_ptr, g_ptr, rmax_ptr, rlog_ptr, hi_ptr, lo_ptr,
     T, V, E, v_base, stride_h, stride_w, stride_t, temperature,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_V: tl.constexpr,
-    UPCAST: tl.constexpr, TMA: tl.constexpr,
+    UPCAST: tl.constexpr, TMA: tl.constexpr, DIV_RN: tl.constexpr,
 ):
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     row_ok = rows < T
     local = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     cols = v_base + local
     z = _logits_tile(h_ptr, w_ptr, rows, row_ok, cols, tl.program_id(0) * BLOCK_M, v_base + tl.program_id(1) * BLOCK_V,
-                     V, E, stride_h, stride_w, temperature, BLOCK_M, BLOCK_V, BLOCK_E, UPCAST, TMA)
+                     V, E, stride_h, stride_w, temperature, BLOCK_M, BLOCK_V, BLOCK_E, UPCAST, TMA, DIV_RN)
     tgt = tl.load(tgt_ptr + rows * stride_t, mask=row_ok, other=-1)
     g = tl.load(g_ptr + rows, mask=row_ok, other=0.0)
     m = tl.load(rmax_ptr + rows, mask=row_ok, other=0.0)
     ls = tl.load(rlog_ptr + rows, mask=row_ok, other=0.0)
     p = tl.exp((z - m[:, None]) - ls[:, None])
     hit = cols[None, :] == tgt[:, None]
-    d = (tl.where(hit, g[:, None], 0.0) - p * g[:, None]) / temperature
+    if DIV_RN:
+        d = tl.math.div_rn(tl.where(hit, g[:, None], 0.0) - p * g[:, None], temperature)
+    else:
+        d = (tl.where(hit, g[:, None], 0.0) - p * g[:, None]) / temperature
     # FP32 dlogits as an exact-enough BF16 pair: hi = bf16(d), lo = bf16(d - hi) (d - hi is exact
     # in FP32), so hi + lo carries 16 significant bits and the GEMMs below run on tensor cores.
     hi = d.to(tl.bfloat16)
@@ -357,7 +365,8 @@ def linear_logp_fwd(hidden, weight, targets, temperature, fwd_launch=None, tma=N
         h_src, w_src, targets, pmax, psum, ptgt,
         t, v, e, n_chunks, hidden.stride(0), weight.stride(0), targets.stride(0), temperature,
         BLOCK_M=block_m, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up, TMA=tma,
-        PINNED_SUM=ROW_SUM_PINNED, num_warps=warps, num_stages=stages,
+        PINNED_SUM=ROW_SUM_PINNED or declared.DECLARED_LSE, DIV_RN=declared.DECLARED_LSE,
+        num_warps=warps, num_stages=stages,
         enable_fp_fusion=FP_FUSION,
     )
     _fwd_combine_kernel[(cdiv(t, COMBINE_BLOCK),)](
@@ -398,7 +407,7 @@ def linear_logp_bwd(hidden, weight, targets, g, rmax, rlog, temperature, need_dh
             h_src, w_src, targets, g, rmax, rlog, d_hi, d_lo,
             t, v, e, v_base, hidden.stride(0), weight.stride(0), targets.stride(0), temperature,
             BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, BLOCK_E=BLOCK_E, CHUNK_V=CHUNK_V, UPCAST=up, TMA=tma,
-            num_warps=NUM_WARPS,
+            DIV_RN=declared.DECLARED_LSE, num_warps=NUM_WARPS,
             enable_fp_fusion=FP_FUSION,
         )
         if need_dh:

@@ -85,7 +85,7 @@ def backward_rows(logits3: torch.Tensor, targets2: torch.Tensor, mask2: torch.Te
     smo, smi = (mask2.stride(0), mask2.stride(1)) if mask2 is not None else (0, 0)
     if declared.DECLARED_LSE:
         launch(logits3.device, "rl_logp_declared_bwd", logits3, logits3.stride(0), logits3.stride(1), dx,
-               dx.stride(0), dx.stride(1), rows, i, v, float(temperature), targets2, targets2.stride(0),
+               dx.stride(0), dx.stride(1), rows, i, 0, v, float(temperature), targets2, targets2.stride(0),
                targets2.stride(1), mask_u8, smo, smi, g, rmax, rlog)
         return dx
     launch(logits3.device, "rl_logp_bwd", logits3, logits3.stride(0), logits3.stride(1), dx, dx.stride(0),

@@ -1,4 +1,4 @@
-"""The switch between the two log-sum-exp sequences of ``logp`` and ``batch_invariant_logp``.
+"""The switch between the log-sum-exp sequences of ``logp``, ``batch_invariant_logp`` and ``linear_logp``.
 
 ``DECLARED_LSE = False`` (the default until the H200 has run it): each backend runs its own
 sequence. The Triton kernel's tile sum is ``tl.sum``, whose order is the compiler's (Triton 3.6, the
@@ -16,6 +16,11 @@ sum``; ``out = (z_t - m) - log(s)`` with libdevice ``logf``. Backward ``dx = (on
 temperature`` with ``p = tl.exp((z - m) - log s)``, IEEE division. It is meant to give the same bits
 on both backends (the CPU tests compare the Triton interpreter with the host emulation of the CUDA
 sources; the GPU is the judge). Read at every launch, so a test can set it for a call.
+
+The same switch gives ``linear_logp`` one sequence on both backends (its logits are ``lm_head``'s on
+both already): the Triton kernels' 128-column tiles per 4096-column chunk with the tile sum in
+``fragment_row_sum_128``'s order and IEEE divisions, the chunks combined in order; CUDA
+``rl_logp_tiled_partial`` / ``rl_logp_tiled_finish`` follow it and its dlogits use ``tl.exp``.
 """
 
 DECLARED_LSE = False
