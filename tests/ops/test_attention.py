@@ -220,6 +220,7 @@ def test_pinned_row_sum_keeps_accuracy_invariance_and_decode_parity(device, cont
     Its saved FP32 lse differs from tl.sum's on some row of a long case in the interpreter (NumPy's
     sum is another order), so the setting reached the kernels."""
     case = make_case(SMOKE, 15, device, (150,))
+    monkeypatch.setattr(attn_triton, "ROW_SUM_PINNED", False)
     lse_before = _forward_lse(case)
     monkeypatch.setattr(attn_triton, "ROW_SUM_PINNED", True)
     for acc_case in _accuracy_cases(device):

@@ -343,8 +343,11 @@ def test_pinned_row_sum_keeps_accuracy_and_invariance(device, contract, directio
     ``tl.sum``'s on some row of a two-chunk problem in the interpreter (NumPy's sum is another
     order), so the setting reached the kernel."""
     from rl_engine.ops.linear_logp import triton as ll
+    from rl_engine.ops.logp import declared
 
     h, w, tg = _random_problem(70, 72, CHUNK_V + 300, 17, device, scale=1.0)
+    monkeypatch.setattr(ll, "ROW_SUM_PINNED", False)
+    monkeypatch.setattr(declared, "DECLARED_LSE", False)
     before = ll.linear_logp_fwd(h, w, tg, 1.0)[2]
     monkeypatch.setattr(ll, "ROW_SUM_PINNED", True)
     if direction == "forward":
