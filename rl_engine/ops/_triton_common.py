@@ -87,24 +87,25 @@ def row_sum_fixed_rows(lanes, R: tl.constexpr, LANES: tl.constexpr):
 
 
 @triton.jit
-def fragment_row_sum_128(p):
-    """Row sums of ``p`` [M, 128] in a fixed order: one addition per step, over the column index's
-    bits 0, 3, 4, 5, 6, then 2, 1 (column = 64 b6 + 32 b5 + 16 b4 + 8 b3 + 4 b2 + 2 b1 + b0). In a
-    wgmma m64n128 accumulator a thread holds columns ``8 j + 2 t`` and ``+ 1`` of its rows, so bits 0
-    and 3-6 are its own values (a pairwise tree) and bits 2, 1 the quad butterfly with offsets 2, 1:
-    the attention's ``_key_sum`` order extended to 128 columns. Each step sums an axis of size 2, so
-    the order is the program's whatever the compiler's layout or version (``tl.sum`` over the row
-    is a left fold per thread in Triton 3.6 and a tree in 3.9)."""
-    tl.static_assert(p.shape[1] == 128, "fragment_row_sum_128 is declared for 128 columns")
+def fragment_row_sum(p):
+    """Row sums of ``p`` [M, N] (N a power of two >= 8) in a fixed order: one addition per step, over
+    the column index's bits 0, then 3, 4, ... (up to the highest), then 2, 1. In an MMA accumulator
+    (wgmma m64nN, mma.sync m16n8) a thread holds columns ``8 j + 2 t`` and ``+ 1`` of its rows, so
+    bits 0 and 3 and up are its own values (a pairwise tree in fragment order) and bits 2, 1 the quad
+    butterfly with offsets 2, 1: the order in which Triton 3.9 adds such a row with ``tl.sum`` (3.6
+    folds each thread's values left to right). N = 64 is the attention's row sum (``_key_sum``),
+    N = 128 the linear_logp forward's. Each step sums an axis of size 2, so the order is the
+    program's whatever the compiler's layout or version."""
     M: tl.constexpr = p.shape[0]
-    x = tl.reshape(p, (M, 2, 2, 2, 2, 2, 2, 2))  # (M, b6, b5, b4, b3, b2, b1, b0)
-    x = tl.sum(x, axis=7)  # b0 -> (M, b6, b5, b4, b3, b2, b1)
-    x = tl.sum(x, axis=4)  # b3 -> (M, b6, b5, b4, b2, b1)
-    x = tl.sum(x, axis=3)  # b4 -> (M, b6, b5, b2, b1)
-    x = tl.sum(x, axis=2)  # b5 -> (M, b6, b2, b1)
-    x = tl.sum(x, axis=1)  # b6 -> (M, b2, b1)
-    x = tl.sum(x, axis=1)  # b2 -> (M, b1)
-    return tl.sum(x, axis=1)  # b1
+    N: tl.constexpr = p.shape[1]
+    tl.static_assert(N >= 8 and N <= 256, "fragment_row_sum is declared for 8 to 256 columns")
+    x = tl.sum(tl.reshape(p, (M, N // 8, 2, 2, 2)), axis=4)  # bit 0 -> (M, j, b2, b1)
+    for i in tl.static_range(5):  # bits 3, 4, ...: the lowest remaining bit of j, while j has one
+        if N >= (16 << i):
+            x = tl.sum(tl.reshape(x, (M, N >> (i + 4), 2, 2, 2)), axis=2)
+    x = tl.reshape(x, (M, 2, 2))
+    x = tl.sum(x, axis=1)  # bit 2 -> (M, b1)
+    return tl.sum(x, axis=1)  # bit 1
 
 
 def cdiv(a: int, b: int) -> int:

@@ -8,7 +8,7 @@ import torch
 
 from _helpers import SMOKE, assert_within, bits_equal, check_backward_accuracy, check_forward_accuracy, check_transform
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import fragment_row_sum_128
+from rl_engine.ops._triton_common import fragment_row_sum
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
 from rl_engine.ops.linear_logp import linear_logp
 from rl_engine.ops.linear_logp.reference import linear_logp_reference
@@ -295,43 +295,51 @@ def test_tma_refuses_a_layout_it_cannot_read(device):
         ll.linear_logp_fwd(h, w, tg, 1.0, tma=True)
 
 
-# -- the pinned row sum (ROW_SUM_PINNED, fragment_row_sum_128) --------------------------------------
+# -- the pinned row sum (ROW_SUM_PINNED, fragment_row_sum) --------------------------------------
 
 
-def _declared_row_sum_128(p: torch.Tensor) -> torch.Tensor:
-    """Row sums of ``p`` [M, 128] FP32 as fragment_row_sum_128 declares them: one addition per pair,
-    over the column index's bits 0, 3, 4, 5, 6, 2, 1 (each step one IEEE addition in torch)."""
-    x = p.reshape(p.shape[0], 2, 2, 2, 2, 2, 2, 2)
-    for axis in (7, 4, 3, 2, 1, 1, 1):
-        x = x.select(axis, 0) + x.select(axis, 1)
-    return x
+def _declared_fragment_row_sum(p: torch.Tensor) -> torch.Tensor:
+    """Row sums of ``p`` [M, N] FP32 as fragment_row_sum declares them: one addition per pair over the
+    column index's bits 0, then 3, 4, ... up to the highest, then 2, 1 (each step one IEEE addition;
+    the partial sum of a pair stays at the column whose bit is 0)."""
+    n = p.shape[1]
+    bits = n.bit_length() - 1
+    y = p.clone()
+    cols = torch.arange(n)
+    for b in [0, *range(3, bits), 2, 1]:
+        cols = cols[(cols >> b) & 1 == 0]
+        y[:, cols] = y[:, cols] + y[:, cols + (1 << b)]
+    return y[:, 0]
 
 
-def test_fragment_row_sum_128_adds_in_the_declared_order():
-    """fragment_row_sum_128 gives the declared pairwise order's bits on rows where the order shows (a
-    cancelling 2^24 pair among small values). Control: a left fold (Triton 3.6's ``tl.sum`` order
-    per thread on sm_90) differs on them."""
+@pytest.mark.parametrize("n", [8, 16, 64, 128])
+def test_fragment_row_sum_adds_in_the_declared_order(n):
+    """fragment_row_sum gives the declared pairwise order's bits on rows where the order shows (a
+    cancelling 2^24 pair among small values), at the attention's 64 keys, linear_logp's 128 columns
+    and the tests' other KV blocks. Control: a left fold (Triton 3.6's ``tl.sum`` order per thread
+    on sm_90) differs on them."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def row_sum_kernel(p_ptr, out_ptr, M: tl.constexpr):
+    def row_sum_kernel(p_ptr, out_ptr, M: tl.constexpr, N: tl.constexpr):
         rows = tl.arange(0, M)
-        cols = tl.arange(0, 128)
-        p = tl.load(p_ptr + rows[:, None] * 128 + cols[None, :])
-        tl.store(out_ptr + rows, fragment_row_sum_128(p))
+        cols = tl.arange(0, N)
+        p = tl.load(p_ptr + rows[:, None] * N + cols[None, :])
+        tl.store(out_ptr + rows, fragment_row_sum(p))
 
-    g = torch.Generator(device="cpu").manual_seed(6)
-    p = torch.rand((16, 128), generator=g) + 0.5
+    g = torch.Generator(device="cpu").manual_seed(6 + n)
+    p = torch.rand((16, n), generator=g) + 0.5
     for i in range(16):
-        a, b = (i * 11) % 128, (i * 11 + 1 + 2 * i) % 128
-        p[i, a], p[i, b] = 2.0 ** 24, -(2.0 ** 24)
+        a, b = (i * 11) % n, (i * 11 + 1 + 2 * i) % n
+        if a != b:
+            p[i, a], p[i, b] = 2.0 ** 24, -(2.0 ** 24)
     out = torch.empty(16, dtype=torch.float32)
-    row_sum_kernel[(1,)](p, out, M=16)
-    expected = _declared_row_sum_128(p)
-    assert bits_equal(out, expected), "fragment_row_sum_128 vs the declared order"
+    row_sum_kernel[(1,)](p, out, M=16, N=n)
+    expected = _declared_fragment_row_sum(p)
+    assert bits_equal(out, expected), f"fragment_row_sum vs the declared order (N = {n})"
     fold = p[:, 0].clone()
-    for j in range(1, 128):
+    for j in range(1, n):
         fold = fold + p[:, j]
     assert not bits_equal(fold, expected), "the rows do not tell the orders apart: the check could not fail"
 

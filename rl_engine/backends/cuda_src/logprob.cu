@@ -261,7 +261,7 @@ lpd_fwd_kernel(const float* __restrict__ buf, RowIndex bi, int64_t V, float temp
 // tiles in increasing order with an online max / sum; per tile z = logit / temperature (IEEE), the
 // tile max (order-free), m_new = max(m, tile max), ref = m_new or 0 where it is -inf, the tile sum
 // of tl_exp(z - ref) over column bits 0, 3, 4, 5, 6, then 2, 1 (a wgmma accumulator's row:
-// fragment_row_sum_128), s = s * tl_exp(m - ref) + tile sum; the target's z is the max of -inf and
+// fragment_row_sum), s = s * tl_exp(m - ref) + tile sum; the target's z is the max of -inf and
 // the target's column where the tile holds it. Four threads (a quad) hold a row, thread t its
 // columns 8 j + 2 t, + 1 of each tile (j = 0 .. 15): 64 rows per block of 256 threads.
 constexpr int LPT_THREADS = 256;

@@ -65,7 +65,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, cdiv, gpu_facts, mma, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, fragment_row_sum, gpu_facts, mma, upcast_dots
 from rl_engine.ops.attention._checks import LaunchPlan
 
 BLOCK_M = 64
@@ -147,21 +147,15 @@ def _online_update(l_i, m_i, s, PINNED_SUM: tl.constexpr):
 
 @triton.jit
 def _key_sum(p):
-    """Row sums of ``p`` [M, 64] in a fixed order: one addition per step, over the key index's bits
-    0, 3, 4, 5, then 2, 1 (key = 32 b5 + 16 b4 + 8 b3 + 4 b2 + 2 b1 + b0). Each step sums an axis of
-    size 2, so the order is the program's whatever the compiler's layout; on sm_90 it is the order in
-    which Triton 3.9 adds a row of the wgmma accumulator (each thread's 16 values as a pairwise
-    tree, then the quad butterfly with offsets 2, 1), and Triton 3.6 compiles it to the same
-    instructions (``tools/attention_ptx_order.py --pinned``)."""
-    tl.static_assert(p.shape[1] == 64, "_key_sum is declared for 64 keys")
-    M: tl.constexpr = p.shape[0]
-    x = tl.reshape(p, (M, 2, 2, 2, 2, 2, 2))
-    x = tl.sum(x, axis=6)  # b0 -> (M, b5, b4, b3, b2, b1)
-    x = tl.sum(x, axis=3)  # b3 -> (M, b5, b4, b2, b1)
-    x = tl.sum(x, axis=2)  # b4 -> (M, b5, b2, b1)
-    x = tl.sum(x, axis=1)  # b5 -> (M, b2, b1)
-    x = tl.sum(x, axis=1)  # b2 -> (M, b1)
-    return tl.sum(x, axis=1)  # b1
+    """Row sums of ``p`` [M, BLOCK_N] in a fixed order: :func:`~rl_engine.ops._triton_common.fragment_row_sum`,
+    i.e. for the 64 keys of a KV block one addition per step over the key index's bits 0, 3, 4, 5,
+    then 2, 1 (key = 32 b5 + 16 b4 + 8 b3 + 4 b2 + 2 b1 + b0). Each step sums an axis of size 2, so
+    the order is the program's whatever the compiler's layout; on sm_90 it is the order in which
+    Triton 3.9 adds a row of the wgmma accumulator (each thread's 16 values as a pairwise tree, then
+    the quad butterfly with offsets 2, 1), and Triton 3.6 compiles it to the same instructions
+    (``tools/attention_ptx_order.py --pinned``). Other KV block sizes (the tests' controls) follow
+    the same rule over their own bits."""
+    return fragment_row_sum(p)
 
 
 @triton.jit

@@ -34,7 +34,7 @@ a function of the model only). On by default since the H200 ran it (``evidence/2
 
 With ``logp.declared.DECLARED_LSE`` (off by default) the forward runs the declared sequence of the
 Triton kernels instead (``rl_logp_tiled_partial`` per chunk: 128-column tiles with an online max /
-sum whose tile sum is ``fragment_row_sum_128``'s order; ``rl_logp_tiled_finish``: Triton's combine),
+sum whose tile sum is ``fragment_row_sum``'s order; ``rl_logp_tiled_finish``: Triton's combine),
 and the backward's dlogits use ``tl.exp`` (``rl_logp_declared_bwd``): the logits are lm_head's (declared
 bit-exact across backends), so the op then has the Triton backend's bits.
 

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, cdiv, fragment_row_sum_128, gpu_facts, mma, tma_layout, upcast_dots
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, fragment_row_sum, gpu_facts, mma, tma_layout, upcast_dots
 from rl_engine.ops.logp import declared
 
 BLOCK_M = 64
@@ -90,7 +90,7 @@ calls) keep the 128-row tiles, whose row tile is half as much work when most row
 
 ROW_SUM_PINNED = False
 """Whether the forward's per-tile row sum of ``exp(z - ref)`` runs in
-:func:`~rl_engine.ops._triton_common.fragment_row_sum_128`'s fixed order (True) or as ``tl.sum``
+:func:`~rl_engine.ops._triton_common.fragment_row_sum`'s fixed order (True) or as ``tl.sum``
 (False, the default), whose order is the compiler's: read from the sm_90 PTX, Triton 3.6 (the
 H200's) adds each thread's 32 values of a row left to right, 3.9 as a tree, so with False the
 forward's bits depend on the Triton version (as the attention's ``ROW_SUM_PINNED`` explains).
@@ -175,7 +175,7 @@ def _fwd_partial_kernel(
         new_max = tl.maximum(run_max, tl.max(z, axis=1))
         ref = tl.where(new_max == float("-inf"), 0.0, new_max)
         if PINNED_SUM:
-            run_sum = run_sum * tl.exp(run_max - ref) + fragment_row_sum_128(tl.exp(z - ref[:, None]))
+            run_sum = run_sum * tl.exp(run_max - ref) + fragment_row_sum(tl.exp(z - ref[:, None]))
         else:
             run_sum = run_sum * tl.exp(run_max - ref) + tl.sum(tl.exp(z - ref[:, None]), axis=1)
         run_max = new_max

@@ -19,7 +19,7 @@ sources; the GPU is the judge). Read at every launch, so a test can set it for a
 
 The same switch gives ``linear_logp`` one sequence on both backends (its logits are ``lm_head``'s on
 both already): the Triton kernels' 128-column tiles per 4096-column chunk with the tile sum in
-``fragment_row_sum_128``'s order and IEEE divisions, the chunks combined in order; CUDA
+``fragment_row_sum``'s order and IEEE divisions, the chunks combined in order; CUDA
 ``rl_logp_tiled_partial`` / ``rl_logp_tiled_finish`` follow it and its dlogits use ``tl.exp``.
 """
 
