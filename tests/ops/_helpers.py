@@ -52,6 +52,19 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return compare_bitwise("bits", a, b, RAW_BITS).passed
 
 
+def cancelling_rows(m: int, n: int, seed: int, step: int) -> torch.Tensor:
+    """[m, n] FP32 rows on which summation orders differ: values in [0.5, 1.5), and in row ``i`` a
+    +2^24 at column ``(i * step) % n`` and a -2^24 at ``(i * step + 1 + 2 i) % n`` (unless they
+    coincide), so the terms added while the large one is in the sum are absorbed."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    p = torch.rand((m, n), generator=g) + 0.5
+    for i in range(m):
+        a, b = (i * step) % n, (i * step + 1 + 2 * i) % n
+        if a != b:
+            p[i, a], p[i, b] = 2.0 ** 24, -(2.0 ** 24)
+    return p
+
+
 def differing(pairs: Iterable[Pair], nan_policy: str = RAW_BITS) -> list[str]:
     """Labels of the pairs whose two sides are not bitwise equal under ``nan_policy``."""
     return [p.label for p in pairs if not compare_bitwise(p.label, p.canonical, p.transformed, nan_policy).passed]

@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-from _helpers import (SMOKE, bits_equal, check_backward_accuracy, check_forward_accuracy, check_transform, control_caught,
-                      differing, int_bits)
+from _helpers import (SMOKE, bits_equal, cancelling_rows, check_backward_accuracy, check_forward_accuracy,
+                      check_transform, control_caught, differing, int_bits)
 from rl_engine.errors import InputError
 from rl_engine.ops.attention import attention, attention_decode
 from rl_engine.ops.attention import triton as attn_triton
@@ -180,15 +180,8 @@ def _left_fold(p: torch.Tensor) -> torch.Tensor:
 
 
 def _cancelling_rows(m: int) -> torch.Tensor:
-    """[m, 64] FP32 rows on which the summation orders differ: small values, a +2^24 at one key and a
-    -2^24 at another, so the terms added while the large one is in the sum are absorbed."""
-    g = torch.Generator(device="cpu").manual_seed(5)
-    p = torch.rand((m, 64), generator=g) + 0.5
-    for i in range(m):
-        a, b = (i * 7) % 64, (i * 7 + 1 + 2 * i) % 64
-        if a != b:
-            p[i, a], p[i, b] = 2.0 ** 24, -(2.0 ** 24)
-    return p
+    """[m, 64] FP32 rows on which the summation orders differ (:func:`cancelling_rows`)."""
+    return cancelling_rows(m, 64, seed=5, step=7)
 
 
 def test_key_sum_adds_in_the_declared_order():
@@ -263,12 +256,7 @@ def test_head_dim_sum_adds_in_the_declared_order(d):
         x = tl.load(x_ptr + rows[:, None] * D + cols[None, :])
         tl.store(out_ptr + rows, attn_triton._head_dim_sum(x, D))
 
-    g = torch.Generator(device="cpu").manual_seed(7 + d)
-    x = torch.rand((16, d), generator=g) + 0.5
-    for i in range(16):
-        a, b = (i * 5) % d, (i * 5 + 1 + 2 * i) % d
-        if a != b:
-            x[i, a], x[i, b] = 2.0 ** 24, -(2.0 ** 24)
+    x = cancelling_rows(16, d, seed=7 + d, step=5)
     out = torch.empty(16, dtype=torch.float32)
     head_dim_sum_kernel[(1,)](x, out, M=16, D=d)
     expected = _declared_head_dim_sum(x)

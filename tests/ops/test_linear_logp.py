@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _helpers import SMOKE, assert_within, bits_equal, check_backward_accuracy, check_forward_accuracy, check_transform
+from _helpers import (SMOKE, assert_within, bits_equal, cancelling_rows, check_backward_accuracy,
+                      check_forward_accuracy, check_transform)
 from rl_engine.errors import InputError
 from rl_engine.ops._triton_common import fragment_row_sum
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
@@ -328,12 +329,7 @@ def test_fragment_row_sum_adds_in_the_declared_order(n):
         p = tl.load(p_ptr + rows[:, None] * N + cols[None, :])
         tl.store(out_ptr + rows, fragment_row_sum(p))
 
-    g = torch.Generator(device="cpu").manual_seed(6 + n)
-    p = torch.rand((16, n), generator=g) + 0.5
-    for i in range(16):
-        a, b = (i * 11) % n, (i * 11 + 1 + 2 * i) % n
-        if a != b:
-            p[i, a], p[i, b] = 2.0 ** 24, -(2.0 ** 24)
+    p = cancelling_rows(16, n, seed=6 + n, step=11)
     out = torch.empty(16, dtype=torch.float32)
     row_sum_kernel[(1,)](p, out, M=16, N=n)
     expected = _declared_fragment_row_sum(p)
