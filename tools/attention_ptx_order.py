@@ -16,7 +16,7 @@ target with the installed Triton and prints:
 This is what a CUDA kernel must reproduce to give the Triton backend's attention bits, and it
 changes with the Triton version (Triton 3.6: a left fold in fragment order; 3.9: a pairwise tree),
 so compare the two on the Triton the H200 runs; ``--pinned`` compiles the fixed order of
-``_key_sum`` (``ROW_SUM_PINNED``), which both versions compile to 3.9's instructions. Run a second Triton without touching the
+``fragment_row_sum`` (``ROW_SUM_PINNED``), which both versions compile to 3.9's instructions. Run a second Triton without touching the
 environment by putting its wheel's files first on the path::
 
     pip install --no-deps --target /tmp/t36 triton==3.6.0
@@ -90,7 +90,7 @@ def first_row_sum(ptx: str) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ptx", default=None, help="also write the PTX to this file")
-    p.add_argument("--pinned", action="store_true", help="the row sum in _key_sum's fixed order (PINNED_SUM)")
+    p.add_argument("--pinned", action="store_true", help="the row sum in fragment_row_sum's fixed order (PINNED_SUM)")
     args = p.parse_args(argv)
     import triton
 

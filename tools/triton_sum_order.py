@@ -42,6 +42,19 @@ def kernel_cases():
     return scope["compile_"], scope["cases"]
 
 
+def compile_cases(names) -> dict[str, str]:
+    """sm_90 PTX of the named kernel cases, compiled as the package launches them
+    (``enable_fp_fusion=False``), with the installed Triton; ``TRITON_INTERPRET`` must be unset."""
+    compile_, cases = kernel_cases()
+    out = {}
+    for name, fn, sig, consts, *options in cases():
+        if name in names:
+            opts = dict(options[0]) if options else {}
+            opts["enable_fp_fusion"] = False
+            out[name] = compile_(fn, sig, consts, opts, *options[1:]).asm["ptx"]
+    return out
+
+
 def tree_shape(ptx: str, offset: int) -> str:
     """Shape of the add tree feeding the first ``shfl.sync.bfly`` with ``offset`` (see module doc)."""
     defs: dict[str, tuple[str, str]] = {}
@@ -89,17 +102,11 @@ def main() -> None:
     os.environ.pop("TRITON_INTERPRET", None)
     import triton
 
-    compile_, cases = kernel_cases()
-    found = set()
-    for name, fn, sig, consts, *options in cases():
-        if name not in args.kernels:
-            continue
-        opts = dict(options[0]) if options else {}
-        opts["enable_fp_fusion"] = False
-        kernel = compile_(fn, sig, consts, opts, *options[1:])
-        print(f"triton {triton.__version__}  {name}: {tree_shape(kernel.asm['ptx'], args.offset)}")
-        found.add(name)
-    missing = sorted(set(args.kernels) - found)
+    ptx = compile_cases(args.kernels)
+    for name in args.kernels:
+        if name in ptx:
+            print(f"triton {triton.__version__}  {name}: {tree_shape(ptx[name], args.offset)}")
+    missing = sorted(set(args.kernels) - set(ptx))
     if missing:
         raise SystemExit(f"not a case of tests/ops/test_sm90_compile.py: {missing}")
 

@@ -87,13 +87,23 @@ def row_sum_fixed_rows(lanes, R: tl.constexpr, LANES: tl.constexpr):
 
 
 @triton.jit
+def divide(x, y, IEEE: tl.constexpr):
+    """``x / y`` as the declared sequences divide (``IEEE``: ``tl.math.div_rn``, ``div.rn.f32``), else
+    as Triton's ``/`` (``div.full.f32``, approximate: up to 2 ulp)."""
+    if IEEE:
+        return tl.math.div_rn(x, y)
+    else:
+        return x / y
+
+
+@triton.jit
 def fragment_row_sum(p):
     """Row sums of ``p`` [M, N] (N a power of two >= 8) in a fixed order: one addition per step, over
     the column index's bits 0, then 3, 4, ... (up to the highest), then 2, 1. In an MMA accumulator
     (wgmma m64nN, mma.sync m16n8) a thread holds columns ``8 j + 2 t`` and ``+ 1`` of its rows, so
     bits 0 and 3 and up are its own values (a pairwise tree in fragment order) and bits 2, 1 the quad
     butterfly with offsets 2, 1: the order in which Triton 3.9 adds such a row with ``tl.sum`` (3.6
-    folds each thread's values left to right). N = 64 is the attention's row sum (``_key_sum``),
+    folds each thread's values left to right). N = 64 is the attention's row sum,
     N = 128 the linear_logp forward's. Each step sums an axis of size 2, so the order is the
     program's whatever the compiler's layout or version."""
     M: tl.constexpr = p.shape[0]

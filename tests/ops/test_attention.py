@@ -161,52 +161,8 @@ def _assert_every_query_decodes_as_prefilled(case, device):
 
 
 # ---------------------------------------------------------------------------------------------
-# The pinned row sum (ROW_SUM_PINNED, _key_sum)
+# The pinned sums (ROW_SUM_PINNED; fragment_row_sum's order: tests/ops/test_fixed_order_sums.py)
 # ---------------------------------------------------------------------------------------------
-def _declared_key_sum(p: torch.Tensor) -> torch.Tensor:
-    """Row sums of ``p`` [M, 64] FP32 as _key_sum declares them: one addition per pair, over the key
-    index's bits 0, 3, 4, 5, 2, 1 (each step one IEEE addition in torch)."""
-    x = p.reshape(p.shape[0], 2, 2, 2, 2, 2, 2)
-    for axis in (6, 3, 2, 1, 1, 1):
-        x = x.select(axis, 0) + x.select(axis, 1)
-    return x
-
-
-def _left_fold(p: torch.Tensor) -> torch.Tensor:
-    out = p[:, 0].clone()
-    for j in range(1, p.shape[1]):
-        out = out + p[:, j]
-    return out
-
-
-def _cancelling_rows(m: int) -> torch.Tensor:
-    """[m, 64] FP32 rows on which the summation orders differ (:func:`cancelling_rows`)."""
-    return cancelling_rows(m, 64, seed=5, step=7)
-
-
-def test_key_sum_adds_in_the_declared_order():
-    """_key_sum (the pinned row sum) gives the declared pairwise order's bits on rows where the order
-    shows (a cancelling 2^24 pair). Control: a left fold, Triton 3.6's order on sm_90, differs on
-    them. Interpreter: each step sums an axis of size 2, one addition, as on the GPU."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def key_sum_kernel(p_ptr, out_ptr, M: tl.constexpr):
-        rows = tl.arange(0, M)
-        cols = tl.arange(0, 64)
-        p = tl.load(p_ptr + rows[:, None] * 64 + cols[None, :])
-        tl.store(out_ptr + rows, attn_triton._key_sum(p))
-
-    p = _cancelling_rows(16)
-    out = torch.empty(16, dtype=torch.float32)
-    key_sum_kernel[(1,)](p, out, M=16)
-    expected = _declared_key_sum(p)
-    assert_bitwise(out, expected, "_key_sum vs the declared order")
-    assert not torch.equal(_left_fold(p).view(torch.int32), expected.view(torch.int32)), \
-        "the rows do not tell the orders apart: the check could not fail"
-
-
 def test_pinned_row_sum_keeps_accuracy_invariance_and_decode_parity(device, contract, cases, monkeypatch):
     """With ROW_SUM_PINNED the forward meets the contract's accuracy, every forward invariance transform
     holds bitwise, and every query of a 150-token sequence as a decode entry equals its prefill row.
@@ -275,7 +231,7 @@ def test_head_dim_sum_adds_in_the_declared_order(d):
 
 def test_pinned_sums_keep_gradient_accuracy_and_invariance(device, contract, grad_case, monkeypatch):
     """With ROW_SUM_PINNED the backward (its delta in _head_dim_sum's order, the forward's lse in
-    _key_sum's) meets the contract's gradient accuracy and every gradient invariance transform holds
+    fragment_row_sum's) meets the contract's gradient accuracy and every gradient invariance transform holds
     bitwise with its control."""
     monkeypatch.setattr(attn_triton, "ROW_SUM_PINNED", True)
     check_backward_accuracy(SPEC, grad_case, contract, names=GRAD_INPUTS)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _helpers import (SMOKE, assert_within, bits_equal, cancelling_rows, check_backward_accuracy,
-                      check_forward_accuracy, check_transform)
+from _helpers import (SMOKE, assert_within, bits_equal, check_backward_accuracy, check_forward_accuracy,
+                      check_transform)
 from rl_engine.errors import InputError
-from rl_engine.ops._triton_common import fragment_row_sum
 from rl_engine.ops.execute import make_upstream, run_forward, run_gradient, upcast_inputs
 from rl_engine.ops.linear_logp import linear_logp
 from rl_engine.ops.linear_logp.reference import linear_logp_reference
@@ -296,48 +295,7 @@ def test_tma_refuses_a_layout_it_cannot_read(device):
         ll.linear_logp_fwd(h, w, tg, 1.0, tma=True)
 
 
-# -- the pinned row sum (ROW_SUM_PINNED, fragment_row_sum) --------------------------------------
-
-
-def _declared_fragment_row_sum(p: torch.Tensor) -> torch.Tensor:
-    """Row sums of ``p`` [M, N] FP32 as fragment_row_sum declares them: one addition per pair over the
-    column index's bits 0, then 3, 4, ... up to the highest, then 2, 1 (each step one IEEE addition;
-    the partial sum of a pair stays at the column whose bit is 0)."""
-    n = p.shape[1]
-    bits = n.bit_length() - 1
-    y = p.clone()
-    cols = torch.arange(n)
-    for b in [0, *range(3, bits), 2, 1]:
-        cols = cols[(cols >> b) & 1 == 0]
-        y[:, cols] = y[:, cols] + y[:, cols + (1 << b)]
-    return y[:, 0]
-
-
-@pytest.mark.parametrize("n", [8, 16, 64, 128])
-def test_fragment_row_sum_adds_in_the_declared_order(n):
-    """fragment_row_sum gives the declared pairwise order's bits on rows where the order shows (a
-    cancelling 2^24 pair among small values), at the attention's 64 keys, linear_logp's 128 columns
-    and the tests' other KV blocks. Control: a left fold (Triton 3.6's ``tl.sum`` order per thread
-    on sm_90) differs on them."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def row_sum_kernel(p_ptr, out_ptr, M: tl.constexpr, N: tl.constexpr):
-        rows = tl.arange(0, M)
-        cols = tl.arange(0, N)
-        p = tl.load(p_ptr + rows[:, None] * N + cols[None, :])
-        tl.store(out_ptr + rows, fragment_row_sum(p))
-
-    p = cancelling_rows(16, n, seed=6 + n, step=11)
-    out = torch.empty(16, dtype=torch.float32)
-    row_sum_kernel[(1,)](p, out, M=16, N=n)
-    expected = _declared_fragment_row_sum(p)
-    assert bits_equal(out, expected), f"fragment_row_sum vs the declared order (N = {n})"
-    fold = p[:, 0].clone()
-    for j in range(1, n):
-        fold = fold + p[:, j]
-    assert not bits_equal(fold, expected), "the rows do not tell the orders apart: the check could not fail"
+# -- the pinned row sum (ROW_SUM_PINNED; fragment_row_sum's order: tests/ops/test_fixed_order_sums.py)
 
 
 @pytest.mark.parametrize("direction", ["forward", "gradient"])

@@ -49,52 +49,12 @@ def declared_problems(ptx: str, *, has_log: bool) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ Triton
-_TRITON_COMPILE = """
-import sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from rl_engine.ops._triton_common import FP_FUSION
-from rl_engine.ops.logp import triton as lt
-
-kernel_name, declared = sys.argv[1], sys.argv[2] == "1"
-strides = ["stride_xo", "stride_xi", "stride_to", "stride_ti", "stride_mo", "stride_mi"]
-ptrs = ["x_ptr", "tgt_ptr", "mask_ptr"]
-ptrs += ["out_ptr", "rmax_ptr", "rlog_ptr"] if kernel_name == "_logp_fwd_kernel" else ["g_ptr", "rmax_ptr", "rlog_ptr", "dx_ptr"]
-strides += [] if kernel_name == "_logp_fwd_kernel" else ["stride_do", "stride_di"]
-types = {"tgt_ptr": "*i64", "mask_ptr": "*u8"}
-sig = {**{n: types.get(n, "*fp32") for n in ptrs}, "n_inner": "i32", "n_cols": "i32", **{n: "i32" for n in strides},
-       "temperature": "fp32"}
-consts = {"HAS_MASK": True, "BLOCK_V": lt.BLOCK_V, "DECLARED": declared}
-sig.update({n: "constexpr" for n in consts})
-src = ASTSource(fn=getattr(lt, kernel_name), signature=sig, constexprs=consts, attrs={})
-kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                        options={"num_warps": lt.NUM_WARPS, "enable_fp_fusion": FP_FUSION})
-sys.stdout.write(kernel.asm["ptx"])
-"""
-
-
-def _triton_ptx(kernel_name: str, declared: bool) -> str:
-    """sm_90 PTX of one logp kernel, compiled in a child process (the tests run Triton in its
-    interpreter, whose kernels cannot be compiled)."""
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _TRITON_COMPILE, kernel_name, "1" if declared else "0"],
-                          capture_output=True, text=True, env=env, timeout=600)
-    if proc.returncode != 0:
-        pytest.skip(f"Triton cannot compile for sm_90 here: {proc.stderr[-300:]}")
-    return proc.stdout
-
-
 _CASE_COMPILE = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from triton_sum_order import kernel_cases
+from triton_sum_order import compile_cases
 
-compile_, cases = kernel_cases()
-for name, fn, sig, consts, *options in cases():
-    if name == sys.argv[2]:
-        sys.stdout.write(compile_(fn, sig, consts, *options).asm["ptx"])
+sys.stdout.write(compile_cases([sys.argv[2]]).get(sys.argv[2], ""))
 """
 
 
@@ -118,12 +78,12 @@ def test_triton_linear_logp_declared_kernels_compile_to_the_declared_instruction
     assert any("div.full.f32" in p for p in own), own
 
 
-@pytest.mark.parametrize("kernel_name", ["_logp_fwd_kernel", "_logp_bwd_kernel"])
-def test_triton_declared_kernels_compile_to_the_declared_instructions(kernel_name):
-    ptx = _triton_ptx(kernel_name, declared=True)
-    assert not declared_problems(ptx, has_log=kernel_name == "_logp_fwd_kernel")
+@pytest.mark.parametrize("kernel", ["logp_fwd", "logp_bwd"])
+def test_triton_declared_kernels_compile_to_the_declared_instructions(kernel):
+    ptx = _case_ptx(f"{kernel}_declared[True]")
+    assert not declared_problems(ptx, has_log=kernel == "logp_fwd")
     # control: Triton's own sequence divides with div.full.f32, which the check must name
-    own = declared_problems(_triton_ptx(kernel_name, declared=False), has_log=kernel_name == "_logp_fwd_kernel")
+    own = declared_problems(_case_ptx(f"{kernel}[True]"), has_log=kernel == "logp_fwd")
     assert any("div.full.f32" in p for p in own), own
 
 

@@ -215,7 +215,16 @@ SCRIPT = textwrap.dedent(r'''
                 "rlog_ptr": "*fp32", "n_inner": "i32", "n_cols": "i32",
                 **{name: "i64" for name in ("stride_xo", "stride_xi", "stride_to", "stride_ti", "stride_mo",
                                             "stride_mi")}, "temperature": "fp32"}, {
-                "HAS_MASK": has_mask, "BLOCK_V": lp.BLOCK_V, "DECLARED": declared}
+                "HAS_MASK": has_mask, "BLOCK_V": lp.BLOCK_V, "DECLARED": declared}, {
+                "num_warps": lp.NUM_WARPS, "enable_fp_fusion": False}
+            bwd = "logp_bwd_declared" if declared else "logp_bwd"
+            yield f"{bwd}[{has_mask}]", lp._logp_bwd_kernel, {
+                "x_ptr": "*fp32", "tgt_ptr": "*i64", "mask_ptr": "*i8", "g_ptr": "*fp32", "rmax_ptr": "*fp32",
+                "rlog_ptr": "*fp32", "dx_ptr": "*fp32", "n_inner": "i32", "n_cols": "i32",
+                **{name: "i64" for name in ("stride_xo", "stride_xi", "stride_to", "stride_ti", "stride_mo",
+                                            "stride_mi", "stride_do", "stride_di")}, "temperature": "fp32"}, {
+                "HAS_MASK": has_mask, "BLOCK_V": lp.BLOCK_V, "DECLARED": declared}, {
+                "num_warps": lp.NUM_WARPS, "enable_fp_fusion": False}
 
         scalars = {"V": "i32", "E": "i32", "stride_h": "i32", "stride_w": "i32", "stride_t": "i32",
                    "temperature": "fp32"}
@@ -284,6 +293,7 @@ KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "at
            "rms_bwd[True,False]", "rms_bwd[False,True]", "rms_bwd_dw[False]", "rms_bwd_dw[True]",
            "rms_bwd_dx_rows[False]", "rms_bwd_dx_rows[True]", "norm_rope_train", "rms_dw_reduce", "qk_norm_rope",
            "row_keys", "logp_fwd[False]", "logp_fwd[True]", "logp_fwd_declared[False]", "logp_fwd_declared[True]",
+           "logp_bwd[False]", "logp_bwd[True]", "logp_bwd_declared[False]", "logp_bwd_declared[True]",
            "linear_logp_fwd_partial[False,128]",
            "linear_logp_fwd_partial[False,256]", "linear_logp_fwd_partial[True,128]",
            "linear_logp_fwd_partial[True,256]", "linear_logp_fwd_partial[False,128,pinned]",

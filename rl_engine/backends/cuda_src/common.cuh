@@ -135,6 +135,12 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
 // The same butterfly over aligned groups of 16 lanes (half warps).
 __device__ __forceinline__ float half_warp_sum(float v) {
 #pragma unroll

@@ -172,8 +172,7 @@ constexpr int64_t LPD_TILE = static_cast<int64_t>(LPD_THREADS) * LPD_PER_THREAD;
 
 // The block's max of v (every thread gets it); red holds LPD_THREADS / 32 floats.
 __device__ __forceinline__ float lpd_block_max(float v, float* red) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    v = warp_max(v);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
     __syncthreads();
     float b = red[0];
@@ -185,8 +184,7 @@ __device__ __forceinline__ float lpd_block_max(float v, float* red) {
 
 // The block's sum of v in the declared order (lanes 16, 8, 4, 2, 1, then warps 4, 2, 1).
 __device__ __forceinline__ float lpd_block_sum(float v, float* red) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    v = warp_sum(v);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
     __syncthreads();
     float w4[4], w2[2];

@@ -86,9 +86,10 @@ BLOCK_T_DELTA = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
 ROW_SUM_PINNED = False
-"""Whether the forward's and decode's row sum of the probabilities runs in :func:`_key_sum`'s fixed
-order, and the backward's ``delta = rowsum(O * dO)`` in :func:`_head_dim_sum`'s (True), or both as
-``tl.sum`` (False, the default), whose order is the compiler's: on sm_90 Triton 3.6 adds each
+"""Whether the forward's and decode's row sum of the probabilities runs in the fixed order of
+:func:`~rl_engine.ops._triton_common.fragment_row_sum` (key index bits 0, 3, 4, 5, then 2, 1 for a
+64-key block), and the backward's ``delta = rowsum(O * dO)`` in :func:`_head_dim_sum`'s (True), or
+both as ``tl.sum`` (False, the default), whose order is the compiler's: on sm_90 Triton 3.6 adds each
 thread's 16 probabilities left to right and its 8 delta products as a right fold, 3.9 both as
 pairwise trees (``tools/attention_ptx_order.py``; docs/declared-arithmetic.md, "Sums whose order is
 the Triton compiler's"), so with False the attention bits depend on the Triton version.
@@ -132,30 +133,17 @@ def _online_update(l_i, m_i, s, PINNED_SUM: tl.constexpr):
 
     Returns ``(p, alpha, l_new, m_new)``; see the module's Design notes for why a block that is
     wholly masked for a row leaves that row's state bitwise unchanged. ``PINNED_SUM``: the row sum
-    of ``p`` in :func:`_key_sum`'s order, else ``tl.sum``'s (the compiler's; :data:`ROW_SUM_PINNED`).
+    of ``p`` in :func:`~rl_engine.ops._triton_common.fragment_row_sum`'s order, else ``tl.sum``'s (the compiler's; :data:`ROW_SUM_PINNED`).
     """
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.where(m_new == m_i, 1.0, tl.exp(m_i - m_ref))
     p = tl.exp(s - m_ref[:, None])
     if PINNED_SUM:
-        l_i = l_i * alpha + _key_sum(p)
+        l_i = l_i * alpha + fragment_row_sum(p)
     else:
         l_i = l_i * alpha + tl.sum(p, 1)
     return p, alpha, l_i, m_new
-
-
-@triton.jit
-def _key_sum(p):
-    """Row sums of ``p`` [M, BLOCK_N] in a fixed order: :func:`~rl_engine.ops._triton_common.fragment_row_sum`,
-    i.e. for the 64 keys of a KV block one addition per step over the key index's bits 0, 3, 4, 5,
-    then 2, 1 (key = 32 b5 + 16 b4 + 8 b3 + 4 b2 + 2 b1 + b0). Each step sums an axis of size 2, so
-    the order is the program's whatever the compiler's layout; on sm_90 it is the order in which
-    Triton 3.9 adds a row of the wgmma accumulator (each thread's 16 values as a pairwise tree, then
-    the quad butterfly with offsets 2, 1), and Triton 3.6 compiles it to the same instructions
-    (``tools/attention_ptx_order.py --pinned``). Other KV block sizes (the tests' controls) follow
-    the same rule over their own bits."""
-    return fragment_row_sum(p)
 
 
 @triton.jit

@@ -46,7 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, cdiv, fragment_row_sum, gpu_facts, mma, tma_layout, upcast_dots
+from rl_engine.ops._triton_common import (FP_FUSION, cdiv, divide, fragment_row_sum, gpu_facts, mma, tma_layout,
+                                          upcast_dots)
 from rl_engine.ops.logp import declared
 
 BLOCK_M = 64
@@ -144,10 +145,7 @@ def _logits_tile(h_src, w_src, rows, row_ok, cols, row0, v0, V, E, stride_h, str
             w = tl.load(w_src + cols[None, :].to(tl.int64) * stride_w + kk[:, None],
                         mask=col_ok[None, :] & k_ok[:, None], other=0.0)
             acc = mma(h, w, acc, UPCAST)
-    if DIV_RN:
-        return tl.math.div_rn(acc, temperature)
-    else:
-        return acc / temperature
+    return divide(acc, temperature, DIV_RN)
 
 
 @triton.jit
@@ -231,10 +229,7 @@ def _bwd_dlogits_kernel(
     ls = tl.load(rlog_ptr + rows, mask=row_ok, other=0.0)
     p = tl.exp((z - m[:, None]) - ls[:, None])
     hit = cols[None, :] == tgt[:, None]
-    if DIV_RN:
-        d = tl.math.div_rn(tl.where(hit, g[:, None], 0.0) - p * g[:, None], temperature)
-    else:
-        d = (tl.where(hit, g[:, None], 0.0) - p * g[:, None]) / temperature
+    d = divide(tl.where(hit, g[:, None], 0.0) - p * g[:, None], temperature, DIV_RN)
     # FP32 dlogits as an exact-enough BF16 pair: hi = bf16(d), lo = bf16(d - hi) (d - hi is exact
     # in FP32), so hi + lo carries 16 significant bits and the GEMMs below run on tensor cores.
     hi = d.to(tl.bfloat16)

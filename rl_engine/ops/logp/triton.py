@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.ops._triton_common import FP_FUSION, cdiv
+from rl_engine.ops._triton_common import FP_FUSION, cdiv, divide
 from rl_engine.ops.logp import declared
 
 BLOCK_V = 4096
@@ -62,16 +62,6 @@ def _tile_sum_declared(e):
 
 
 @triton.jit
-def _scale(x, temperature, DECLARED: tl.constexpr):
-    """``x / temperature``: IEEE ``div.rn`` in the declared sequence, else Triton's ``/``
-    (``div.full.f32``, approximate)."""
-    if DECLARED:
-        return tl.math.div_rn(x, temperature)
-    else:
-        return x / temperature
-
-
-@triton.jit
 def _row_logprob(x_row, tgt, n_cols, temperature, BLOCK_V: tl.constexpr, DECLARED: tl.constexpr):
     """Online FP32 log-softmax of one row; returns (logprob of tgt, row max m, log(sum exp(z - m))).
     ``DECLARED``: the tile sum and division of the declared sequence (``declared.DECLARED_LSE``)."""
@@ -92,7 +82,7 @@ def _row_logprob(x_row, tgt, n_cols, temperature, BLOCK_V: tl.constexpr, DECLARE
         x = x_next
         cols = tl.max_contiguous(start + BLOCK_V + offs, 1)
         x_next = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf"))
-        z = _scale(x, temperature, DECLARED)
+        z = divide(x, temperature, DECLARED)
         new_max = tl.maximum(run_max, tl.max(z, axis=0))
         # A row that is -inf so far keeps a finite reference (exp(-inf - 0) = 0, no NaN).
         ref = tl.where(new_max == float("-inf"), 0.0, new_max)
@@ -102,7 +92,7 @@ def _row_logprob(x_row, tgt, n_cols, temperature, BLOCK_V: tl.constexpr, DECLARE
             run_sum = run_sum * tl.exp(run_max - ref) + tl.sum(tl.exp(z - ref), axis=0)
         run_max = new_max
     log_sum = tl.log(run_sum)
-    z_t = _scale(tl.load(x_row + tgt), temperature, DECLARED)
+    z_t = divide(tl.load(x_row + tgt), temperature, DECLARED)
     return (z_t - run_max) - log_sum, run_max, log_sum
 
 
@@ -142,9 +132,9 @@ def _logp_fwd_kernel(
 def _row_grad(x_row, dx_row, tgt, g, m, ls, cols, n_cols, temperature, DECLARED: tl.constexpr):
     inb = cols < n_cols
     x = tl.load(x_row + cols, mask=inb, other=0.0)
-    z = _scale(x, temperature, DECLARED)
+    z = divide(x, temperature, DECLARED)
     p = tl.exp((z - m) - ls)
-    dx = _scale(tl.where(cols == tgt, g, 0.0) - p * g, temperature, DECLARED)
+    dx = divide(tl.where(cols == tgt, g, 0.0) - p * g, temperature, DECLARED)
     tl.store(dx_row + cols, dx, mask=inb)
 
 
