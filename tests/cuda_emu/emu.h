@@ -237,10 +237,8 @@ inline uint32_t smem_u32(const void* p) {
 inline void cp_async16_s(uint32_t dst, const void* src, int src_bytes) { cp_async16(emu_dynamic_smem() + dst, src, src_bytes); }
 inline void __trap() { std::abort(); }
 
-// Warpgroup MMA (gemm_pipe.cu's wgmma_n128): each thread computes its own 64 accumulator entries of
-// the m64n128k16 fragment (warp w of the warpgroup: rows 16 w + g and + 8; column group j: columns
-// 8 j + 2 t, + 1; d[4 j + e]) as an FP32 FMA chain over k = 0 .. 15 in order, reading A (64 x 16) and
-// B (16 x 128) through their matrix descriptors, decoded here from the PTX ISA's canonical 128-byte
+// Warpgroup MMA (gemm_pipe.cu's wgmma_n128, attention_tc.cu's wgmma_ss_n64 / wgmma_rs_t; emu_wgmma
+// below): operands in shared memory are read through their matrix descriptors, decoded here from the PTX ISA's canonical 128-byte
 // swizzle layouts (as CUTLASS's make_gmma_desc writes them): K-major, element (row, k) at
 // start + (row % 8) 128 + (row / 8) SBO + (k / 8) 16 + (k % 8) 2; MN-major (the transpose flag),
 // element (mn, k) at start + (mn % 64) 2 + (mn / 64) LBO + (k % 8) 128 + (k / 8) SBO; then bits 4-6 of
@@ -257,20 +255,54 @@ inline float emu_desc_elem(uint64_t desc, bool mn_major, int mn, int k) {
     std::memcpy(&bits, emu_dynamic_smem() + a, 2);
     return emu_bf16_lo(bits);
 }
-template <int TA, int TB>
-inline void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
+// One warpgroup MMA m64nNk16 as the emulation runs it: each thread's own N / 2 accumulator entries
+// (warp w of the warpgroup: rows 16 w + g and + 8; column group j: columns 8 j + 2 t, + 1; d[4 j + e])
+// as FP32 FMA chains over k = 0 .. 15 in order, from d (accumulate) or from +0 (scale-d 0); a_at(row, k)
+// gives A, B is read through its descriptor (tb: MN-major).
+template <int N, class AAt>
+inline void emu_wgmma(float* d, AAt a_at, uint64_t db, bool tb, bool accumulate) {
     const int tid = static_cast<int>(emu_threadIdx.x);
     const int w = (tid >> 5) & 3, g = (tid & 31) >> 2, t = tid & 3;
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < N / 8; ++j)
         for (int e = 0; e < 4; ++e) {
             const int row = 16 * w + g + 8 * (e >> 1);
             const int col = 8 * j + 2 * t + (e & 1);
-            float acc = d[4 * j + e];
-            for (int k = 0; k < 16; ++k)
-                acc = std::fma(emu_desc_elem(da, TA != 0, row, k), emu_desc_elem(db, TB != 0, col, k), acc);
+            float acc = accumulate ? d[4 * j + e] : 0.0f;
+            for (int k = 0; k < 16; ++k) acc = std::fma(a_at(row, k), emu_desc_elem(db, tb, col, k), acc);
             d[4 * j + e] = acc;
         }
 }
+template <int TA, int TB>
+inline void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
+    emu_wgmma<128>(d, [&](int row, int k) { return emu_desc_elem(da, TA != 0, row, k); }, db, TB != 0, true);
+}
+// attention_tc.cu: S = Q K^T (both K-major, scale-d from `accumulate`) and P V with P in registers (the
+// thread's m16n8k16 A fragment: a[0] row g, columns 2 t, + 1; a[1] row g + 8; a[2], a[3] columns + 8),
+// exchanged through the warp's scratch; V MN-major.
+inline void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+    emu_wgmma<64>(d, [&](int row, int k) { return emu_desc_elem(da, false, row, k); }, db, false, accumulate != 0);
+}
+template <int N>
+inline void wgmma_rs_t(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db) {
+    float* A = emu_warp_scratch();  // the warp's 16 rows x 16 k
+    const int lane = static_cast<int>(emu_threadIdx.x % 32);
+    const int g = lane >> 2, t = lane & 3;
+    emu_sync_warp();  // the scratch may still be read by a previous collective
+    for (int q = 0; q < 4; ++q) {
+        const int r = g + 8 * (q & 1), c = 2 * t + 8 * (q >> 1);
+        A[r * 16 + c] = emu_bf16_lo(a[q]);
+        A[r * 16 + c + 1] = emu_bf16_hi(a[q]);
+    }
+    emu_sync_warp();
+    emu_wgmma<N>(d, [&](int row, int k) { return A[(row % 16) * 16 + k]; }, db, true, true);
+    emu_sync_warp();
+}
+inline float __int_as_float(int v) {
+    float f;
+    std::memcpy(&f, &v, 4);
+    return f;
+}
+inline float __fdiv_rn(float a, float b) { return a / b; }
 inline void wg_fence() {}
 inline void wg_commit() {}
 inline void wg_wait0() {}

@@ -914,6 +914,200 @@ def test_attention_unsupported_head_dim_raises():
         attention_cuda(q, q, q, cu, cu, 0.1)
 
 
+# ------------------------------------------ attention: the declared forward form (attention_tc.cu)
+def _attention_fwd_form(form: str):
+    """The cuda_bf16 attention forward and decode in ``form`` (attention.cuda.FWD_FORMS) inside the block."""
+    from rl_engine.ops.attention import cuda as attn_cuda
+
+    return _library_setting(attn_cuda.set_fwd_form, form)
+
+
+def _tc_prefill_cases(device, d):
+    """``(name, q, k, v, cu_q, cu_k)`` at head dim ``d``: packed prefill with lengths that end on and
+    inside the 64-row tiles, GQA groups 2 and 4, a chunk of queries against a longer prefix (Lq < Lk),
+    and non-finite values at the last key of each sequence (visible only to its last query, masked
+    for every other row: NaN and inf in V, and inf in K)."""
+    out = []
+    for name, lens_k, lens_q, h, hkv in (("packed", (1, 64, 65, 130), None, 4, 2), ("gqa4", (70, 3), None, 8, 2),
+                                         ("chunk", (150, 64), (86, 1), 4, 2)):
+        lens_q = lens_q or lens_k
+        q = _bf16((sum(lens_q), h, d), 31 + d, device)
+        k = _bf16((sum(lens_k), hkv, d), 32 + d, device)
+        v = _bf16((sum(lens_k), hkv, d), 33 + d, device)
+        cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        out.append((name, q, k, v, cu_q, cu_k))
+    name, q, k, v, cu_q, cu_k = out[0]
+    k, v = k.clone(), v.clone()
+    for end in cu_k[1:].tolist():
+        v[end - 1, :, : d // 2] = float("nan")
+        v[end - 1, :, d - 1] = float("inf")
+    k[int(cu_k[2]) - 1, 1] = float("inf")
+    out.append(("nonfinite_last_key", q, k, v, cu_q, cu_k))
+    return out
+
+
+def _tc_decode_case(device, d, h=10, hkv=2):
+    """``(q [B, H, D], k_cache, v_cache, seqlens)``: lengths 0, 1, 64, 65 and 130, NaN in every cache
+    slot past a length (masked means absent), query groups of 5 (a padded 64-row tile)."""
+    lens = (0, 1, 64, 65, 130)
+    kc = _bf16((len(lens), 140, hkv, d), 41 + d, device)
+    vc = _bf16((len(lens), 140, hkv, d), 42 + d, device)
+    for i, n in enumerate(lens):
+        kc[i, n:] = float("nan")
+        vc[i, n:] = float("nan")
+    return _bf16((len(lens), h, d), 43 + d, device), kc, vc, torch.tensor(lens, dtype=torch.int32, device=device)
+
+
+def _tc_cross_mismatches(device, d) -> list[str]:
+    """Bitwise comparisons of the Triton attention (``ROW_SUM_PINNED`` as the caller set it) and the
+    cuda_bf16 attention (in the caller's forward form): prefill outputs and ``lse`` of
+    :func:`_tc_prefill_cases`, decode outputs of :func:`_tc_decode_case`; returns the mismatches.
+    On a CPU a NaN's sign and payload come from the host, not from the kernels: the interpreter
+    casts FP32 to BF16 with PyTorch's CPU cast (every NaN -> 0xFFFF) where the emulation's
+    ``__float2bfloat16_rn`` gives 0x7FFF as ``cvt.rn.bf16.f32`` does on the GPU; there NaNs are compared
+    by position only. On the GPU the contract's NaN policy applies."""
+    from rl_engine.ops.attention import cuda as attn_cuda, triton as attn_triton
+    from rl_engine.ops.attention._checks import LaunchPlan
+
+    policy = load_contract().nan_policy
+
+    def compare(path, x, y):
+        if device.type == "cpu":  # NaN signs are the host's here (see the docstring); positions must agree
+            x, y = (torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t) for t in (x, y))
+        if not (rep := compare_bitwise(path, x, y, policy)).passed:
+            bad.append(rep.summary())
+
+    bad = []
+    with torch.no_grad():
+        for name, q, k, v, cu_q, cu_k in _tc_prefill_cases(device, d):
+            lq, lk = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_k[1:] - cu_k[:-1]).tolist()
+            plan = LaunchPlan(len(lq), max(lq), max(lk))
+            a = attn_triton.attention_fwd(q, k, v, cu_q, cu_k, d ** -0.5, plan)
+            b = attn_cuda.attention_fwd(q, k, v, cu_q, cu_k, d ** -0.5, plan)
+            compare(f"D{d}.{name}.out", a[0], b[0])
+            compare(f"D{d}.{name}.lse", a[1], b[1])
+        q, kc, vc, seqlens = _tc_decode_case(device, d)
+        compare(f"D{d}.decode", attn_triton.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5),
+                attn_cuda.attention_decode_fwd(q, kc, vc, seqlens, d ** -0.5))
+    return bad
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_declared_attention_forward_gives_the_triton_bits(cuda_device, d, monkeypatch):
+    """The declared forward form is the Triton backend's forward with ``ROW_SUM_PINNED``, written
+    out in CUDA: the two give the same bits for the prefill output and ``lse`` (packed, GQA, a chunk,
+    non-finite values at masked and at visible keys) and for a decode step (NaN past every length,
+    an empty sequence). On a CPU the pair is the Triton interpreter and the host emulation, whose MMA
+    and exp are the same models (tests/cuda_emu/emu.h): what is compared is the sequence (tiles, key
+    blocks, score masking, the row-sum order, rounding P to BF16 for P V, the absent-value rule,
+    the final division); the GPU compares the instructions (wgmma, ex2.approx)."""
+    from rl_engine.ops.attention import triton as attn_triton
+
+    monkeypatch.setattr(attn_triton, "ROW_SUM_PINNED", True)
+    with _attention_fwd_form("declared"):
+        bad = _tc_cross_mismatches(cuda_device, d)
+    assert not bad, f"D {d}: the declared form and the Triton forward differ: " + "; ".join(bad[:4])
+
+
+def test_declared_attention_control_other_sequences_differ(cuda_device, monkeypatch):
+    """Negative control of the test above: the CUDA-core form (FP32 P for P V, 16-lane row sums)
+    against the pinned Triton forward, and the declared form against the unpinned Triton forward
+    on a CPU (the interpreter's ``tl.sum`` is NumPy's pairwise order, not the pinned one), must each
+    be caught by the same comparison."""
+    from rl_engine.ops.attention import triton as attn_triton
+
+    monkeypatch.setattr(attn_triton, "ROW_SUM_PINNED", True)
+    with _attention_fwd_form("fma"):
+        assert _tc_cross_mismatches(cuda_device, 64), "the CUDA-core form gave the Triton bits"
+    if cuda_device.type == "cpu":
+        monkeypatch.setattr(attn_triton, "ROW_SUM_PINNED", False)
+        with _attention_fwd_form("declared"):
+            assert _tc_cross_mismatches(cuda_device, 64), "the unpinned interpreter sum gave the pinned bits"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_declared_attention_decode_and_chunks_equal_prefill_rows(cuda_device, d):
+    """In the declared form a query's output is bitwise the same in a full prefill, a chunk of
+    queries (every split at and around the 64-row tiles) and a decode step (the KV cache holding
+    keys 0 .. pos, NaN junk after), for a query group of 5 heads; a prefill whose rows do not start on
+    16-byte boundaries (the 2-byte copy path) gives the bits of the aligned one."""
+    h, hkv, lens = 10, 2, [150]
+    q, k, v, cu = _varlen(lens, h, hkv, d, 51, cuda_device)
+    scale = d ** -0.5
+    with torch.no_grad(), _attention_fwd_form("declared"):
+        full = attention_cuda(q, k, v, cu, cu, scale)
+        for lo, hi in ((0, 1), (1, 64), (64, 65), (65, 150), (100, 150)):
+            cq = torch.tensor([0, hi - lo], dtype=torch.int32, device=cuda_device)
+            ck = torch.tensor([0, hi], dtype=torch.int32, device=cuda_device)
+            assert _bits_equal(attention_cuda(q[lo:hi], k[:hi], v[:hi], cq, ck, scale), full[lo:hi]), (lo, hi)
+        steps = (0, 1, 63, 64, 65, 127, 149)
+        kc = torch.full((len(steps), 160, hkv, d), float("nan"), dtype=torch.bfloat16, device=cuda_device)
+        vc = torch.full_like(kc, float("nan"))
+        for i, pos in enumerate(steps):
+            kc[i, : pos + 1] = k[: pos + 1]
+            vc[i, : pos + 1] = v[: pos + 1]
+        seqlens = torch.tensor([p + 1 for p in steps], dtype=torch.int32, device=cuda_device)
+        out = attention_decode_cuda(q[list(steps)], kc, vc, seqlens, scale)
+        for i, pos in enumerate(steps):
+            assert _bits_equal(out[i], full[pos]), pos
+        raw = torch.empty(q.numel() + 1, dtype=torch.bfloat16, device=cuda_device)
+        q_odd = raw[1:].view(q.shape)  # every row 2 bytes past a 16-byte boundary
+        q_odd.copy_(q)
+        assert _bits_equal(attention_cuda(q_odd, k, v, cu, cu, scale), full)
+    with torch.no_grad(), _attention_fwd_form("fma"):
+        assert not _bits_equal(attention_cuda(q, k, v, cu, cu, scale), full), "the declared form did not run"
+
+
+def test_declared_attention_forward_accuracy_and_invariance(cuda_device):
+    """The declared form keeps every judgment at head dim 64: forward accuracy against the FP32
+    reference, gradient accuracy (the backward reads this form's output and lse), and each
+    invariance transform bitwise, forward and gradient, with its planted control caught."""
+    spec = get_spec("attention")
+    contract = load_contract()
+    w = dataclasses.replace(SMOKE, heads=8, kv_heads=2, head_dim=64)
+    with _attention_fwd_form("declared"):
+        prepared = [prepare_forward(spec, c) for c in spec.build_cases(w, SEED, cuda_device)]
+        _assert_green("attention", "forward", *forward_accuracy(spec, attention_cuda, prepared, contract))
+        grads = [prepare_gradient(spec, c) for c in spec.build_grad_cases(w, GRAD_SEED, cuda_device)]
+        _assert_green("attention", "gradient", *gradient_accuracy(spec, attention_cuda, grads, contract))
+        for direction in ("forward", "gradient"):
+            case = (spec.build_grad_cases(w, GRAD_SEED, cuda_device)[0] if direction == "gradient"
+                    else spec.build_cases(w, SEED, cuda_device)[-1])
+            for name in TRANSFORMS:
+                fn = spec.transforms.get(name)
+                if not callable(fn):
+                    continue
+                pairs = fn(attention_cuda, case, direction, False)
+                assert pairs, f"attention.{name}: no comparisons"
+                bad = [p.label for p in pairs if not _bits_equal(p.canonical, p.transformed)]
+                assert not bad, f"attention {direction} {name} (tensor-core forward): not bitwise equal: {bad[:5]}"
+                planted = fn(attention_cuda, case, direction, True)
+                assert any(not _bits_equal(p.canonical, p.transformed) for p in planted), \
+                    f"attention {direction} {name}: the planted control was not caught"
+
+
+def test_declared_attention_form_is_checked(cuda_device):
+    """Forms outside FWD_FORMS are refused; in the declared form a decode step takes the form's one
+    kernel, so an explicit CUDA-core decode form or column split is refused before any launch; head
+    dims without a tensor-core kernel keep the CUDA-core form (the library says which run it)."""
+    from rl_engine.backends.cuda_launch import query
+    from rl_engine.ops.attention import cuda as attn_cuda
+
+    for bad in ("tensor-cores", "", 1, None):
+        with pytest.raises(InputError, match="attention forward form"):
+            attn_cuda.set_fwd_form(bad)
+    q, kc, vc, seqlens = _tc_decode_case(cuda_device, 64)
+    assert [query("rl_attention_fwd_uses_tc", d) for d in (32, 64, 128)] == [0, 0, 0]
+    with _attention_fwd_form("declared"):
+        assert [query("rl_attention_fwd_uses_tc", d) for d in (16, 32, 64, 128, 256)] == [0, 0, 1, 1, 0]
+        with pytest.raises(InputError, match="declared attention forward form"):
+            attn_cuda.attention_decode_fwd(q, kc, vc, seqlens, 0.125, form="one_pass")
+        with pytest.raises(InputError, match="declared attention forward form"):
+            attn_cuda.attention_decode_fwd(q, kc, vc, seqlens, 0.125, d_split=2, form="two_launch")
+    assert attn_cuda.set_fwd_form("fma") == "fma"  # the library's default
+
+
 # --------------------------------------------------------------------------------------- logprobs
 def test_linear_logp_equals_lm_head_then_logp_bitwise(cuda_device, monkeypatch):
     """One semantics for scoring (DESIGN row 14): fused and unfused give the same bits, also when V

@@ -892,6 +892,8 @@ RL_EXPORT int rl_attention_fwd(const void* q, const void* k, const void* v, void
     if (kv_heads <= 0 || heads % kv_heads || !grid_fits(batch * n_mblocks, heads)) return static_cast<int>(cudaErrorInvalidValue);
     const int64_t group = heads / kv_heads;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
+    if (fwd_uses_tc(head_dim))
+        return launch_fwd_tc(q, k, v, out, lse, cu_q, cu_k, batch, n_mblocks, heads, group, head_dim, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh, s_lh, scale, st);
     switch (head_dim) {
         case 16: return launch_fwd<16>(q, k, v, out, lse, cu_q, cu_k, batch, n_mblocks, heads, group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh, s_lh, scale, st);
         case 32: return launch_fwd<32>(q, k, v, out, lse, cu_q, cu_k, batch, n_mblocks, heads, group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh, s_lh, scale, st);
@@ -911,6 +913,11 @@ RL_EXPORT int rl_attention_decode_form(const void* q, const void* kc, const void
     if (batch == 0 || heads == 0 || n_tiles == 0) return 0;
     if (kv_heads <= 0 || heads % kv_heads || n_tiles < 0 || n_tiles > 65535) return static_cast<int>(cudaErrorInvalidValue);
     const int64_t group = heads / kv_heads;
+    if (fwd_uses_tc(head_dim)) {  // the declared form's decode (one form; the forms below are the CUDA-core one's)
+        if (form != 0 || d_split != 0 || !grid_fits(batch, kv_heads) || cdiv(group, static_cast<int64_t>(64)) > 65535)
+            return static_cast<int>(cudaErrorInvalidValue);
+        return launch_decode_tc(q, kc, vc, out, seqlens, batch, kv_heads, group, head_dim, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, static_cast<cudaStream_t>(stream));
+    }
     if (!grid_fits(batch, kv_heads * cdiv(group, static_cast<int64_t>(DC_HEADS))) || d_split < 0 || d_split > 8 ||
         form < 0 || form > 2 || (form != 1 && d_split != 0))
         return static_cast<int>(cudaErrorInvalidValue);

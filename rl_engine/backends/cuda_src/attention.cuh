@@ -123,5 +123,17 @@ inline int prepare(K kernel, size_t smem) {
 
 inline bool grid_fits(int64_t x, int64_t y) { return x >= 0 && x < 2147483647LL && y >= 0 && y <= 65535; }
 
+// The declared form of the forward and decode step (attention_tc.cu; rl_attention_fwd_form 1):
+// whether the process runs it for this head dim, and its launchers (arguments as attention.cu's).
+bool fwd_uses_tc(int64_t head_dim);
+int launch_fwd_tc(const void* q, const void* k, const void* v, void* out, void* lse, const void* cu_q, const void* cu_k,
+                  int64_t batch, int64_t n_mblocks, int64_t heads, int64_t group, int64_t head_dim, int64_t s_qt,
+                  int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_ot, int64_t s_oh,
+                  int64_t s_lh, float scale, cudaStream_t st);
+int launch_decode_tc(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch,
+                     int64_t kv_heads, int64_t group, int64_t head_dim, int64_t s_qb, int64_t s_qh, int64_t s_kb,
+                     int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh,
+                     float scale, cudaStream_t st);
+
 }  // namespace attn
 }  // namespace rl

@@ -27,6 +27,14 @@ __device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t addr) {
     return static_cast<uint64_t>((addr >> 4) & 0x3FFFu) | (static_cast<uint64_t>(1) << 16) |
            (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
+// Matrix descriptor of an MN-major operand in the 128-byte swizzle layout (PTX ISA, "Matrix
+// Descriptor Format"; wg_desc_sw128 is the K-major one): leading byte offset = the stride between
+// 64-element swizzle atoms along M / N, stride byte offset 1024 (between groups of 8 k rows).
+__device__ __forceinline__ uint64_t wg_desc_sw128_mn(uint32_t addr, uint32_t atom_stride) {
+    return static_cast<uint64_t>((addr >> 4) & 0x3FFFu) | (static_cast<uint64_t>((atom_stride >> 4) & 0x3FFFu) << 16) |
+           (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
 #ifndef RL_HOST_EMU  // (the host emulator, tests/cuda_emu/emu.h, has its own)
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

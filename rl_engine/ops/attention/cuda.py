@@ -5,7 +5,8 @@ Kernels in ``rl_engine/backends/cuda_src/attention.cu`` (forward, decode) and
 ``attention_bwd.cu`` (backward); the forward and decode on CUDA cores, FP32 arithmetic, FMAs written
 out explicitly (the library is built with ``-fmad=false``); the backward on tensor cores.
 
-Forward: one block of 256 threads per 64 queries of one head (prefill); a decode step computes the
+Forward (the library's default form, ``fma``; :data:`FWD_FORMS` has the declared form, on tensor cores, written to
+the Triton backend's sequence): one block of 256 threads per 64 queries of one head (prefill); a decode step computes the
 same per-row function in one of two forms (``attention.cu``): two launches (scores of every key
 first, then the walk over the key blocks), or one launch per (sequence, KV head) that pipelines the
 scores, softmax and ``P V`` of each key block (the library's form from 128 blocks up). The keys of a sequence are visited in the fixed blocks
@@ -119,6 +120,27 @@ def _set_named_form(what: str, export: str, forms: dict[str, int], form: str) ->
     return {v: k for k, v in forms.items()}[old]
 
 
+FWD_FORMS = {"fma": 0, "declared": 1}
+"""Forms of the forward and decode step (``rl_attention_fwd_form`` in ``attention_tc.cu``): ``fma``,
+the library's default = ``attention.cu``'s kernels on CUDA cores (FP32 FMA chains, ``P`` kept in
+FP32 for ``P V``); ``declared`` = ``attention_tc.cu`` for head dims 64 and 128 (other head dims
+keep ``fma``): the Triton backend's forward with ``ROW_SUM_PINNED`` written out in CUDA, one
+warpgroup per 64-row tile, ``S`` and ``P V`` on wgmma, ``P`` rounded to BF16, Triton's ``tl.exp``
+(``ex2.approx.f32``) and its pinned row-sum order (docs/declared-arithmetic.md, "Attention"), so that
+both backends can give the same bits. The prefill and every decode step take the same form (a
+query's prefill and decode rows stay bitwise equal); the two forms' bits differ. Not yet run on a
+GPU: the default stays ``fma`` until the H200 has compared it with the Triton backend."""
+
+
+def set_fwd_form(form: str) -> str:
+    """Make every later ``cuda_bf16`` attention forward and decode step of this process run in
+    ``form`` (one of :data:`FWD_FORMS`); returns the previous form.
+
+    Raises:
+        InputError: ``form`` not one of :data:`FWD_FORMS`."""
+    return _set_named_form("attention forward form", "rl_attention_fwd_form", FWD_FORMS, form)
+
+
 DECODE_FORMS = {"auto": 0, "two_launch": 1, "one_pass": 2}
 """Forms of a decode step (``rl_attention_decode_form`` in ``attention.cu``): ``auto`` is the
 library's choice (the one-pass kernel from ``DECODE_ONE_PASS_MIN_BLOCKS`` blocks up)."""
@@ -168,9 +190,12 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_
     column slices per (sequence, KV head), 1, 2, 4 or 8 with at least 16 columns each; the bits
     depend on neither, they are parameters for tests and the sweep tool.
 
+    In the declared forward form (:func:`set_fwd_form`, head dims 64 and 128) a decode step runs
+    that form's one kernel: ``form`` must be ``"auto"`` and ``d_split`` 0 there.
+
     Raises:
-        InputError: ``form`` not one of ``DECODE_FORMS``, or ``d_split`` given with a form other
-            than ``two_launch`` (before any launch)."""
+        InputError: ``form`` not one of ``DECODE_FORMS``, ``d_split`` given with a form other
+            than ``two_launch``, or either given in the declared forward form (before any launch)."""
     from rl_engine.errors import InputError
 
     if form not in DECODE_FORMS:
@@ -178,6 +203,10 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_
     if d_split and form != "two_launch":
         raise InputError(f"d_split {d_split} applies to the two_launch form only, got form {form!r}")
     bsz, h, d = q.shape
+    declared = query("rl_attention_fwd_uses_tc", d) == 1
+    if declared and (form != "auto" or d_split):
+        raise InputError(f"the declared attention forward form runs one decode kernel: form {form!r} and "
+                         f"d_split {d_split} are forms of the CUDA-core decode (set_fwd_form('fma') for them)")
     s_max, hkv = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty((bsz, h, d), dtype=torch.bfloat16, device=q.device)
     if bsz == 0:
@@ -185,7 +214,7 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_
     bkv = query("rl_attention_block_kv")
     n_tiles = -(-s_max // bkv)
     # the FP32 scores go through global memory in the two-launch form only (the library's rule)
-    uses_scores = query("rl_attention_decode_uses_scores", bsz, h, hkv, DECODE_FORMS[form]) == 1
+    uses_scores = not declared and query("rl_attention_decode_uses_scores", bsz, h, hkv, DECODE_FORMS[form]) == 1
     scores = torch.empty((bsz, h, n_tiles * bkv) if uses_scores else (0,), dtype=torch.float32, device=q.device)
     launch(q.device, "rl_attention_decode_form", q, k_cache, v_cache, out, cache_seqlens, scores, bsz, h, hkv, d,
            n_tiles, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

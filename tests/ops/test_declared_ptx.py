@@ -1,14 +1,17 @@
-"""The declared log-sum-exp (``rl_engine/ops/logp/declared.py``) in the instructions each backend
-compiles to, read from sm_90 PTX on the CPU (no GPU needed).
+"""The declared arithmetic in the instructions each backend compiles to, read from sm_90 PTX on the
+CPU (no GPU needed): the declared log-sum-exp (``rl_engine/ops/logp/declared.py``) and the attention
+forward's declared form (``attention_tc.cu`` against the Triton forward with ``ROW_SUM_PINNED``).
 
-The host tests of the sequence (``test_cuda_backend.py::test_declared_lse_gives_the_same_bits_on_both_backends``)
-compare the Triton interpreter with the host emulation of the CUDA sources, where ``/`` is IEEE on
-both sides and one model stands for every exp: they cannot see that Triton's ``/`` is the
-approximate ``div.full.f32`` or that CUDA's ``expf`` is another function than ``tl.exp``. This
-file checks those choices where they are made, in the PTX: in the declared kernels every
-exponential is ``ex2.approx.f32`` (``tl.exp``; CUDA's ``expf`` compiles to a range reduction and
-``ex2.approx.ftz.f32``), every division is ``div.rn.f32``, and the log is libdevice ``logf`` (its
-constants). Each check has a control that must fail it: the kernels of the backends' own sequences.
+The host tests of the sequences (``test_cuda_backend.py::test_declared_lse_gives_the_same_bits_on_both_backends``,
+``test_cuda_backend.py::test_declared_attention_forward_gives_the_triton_bits``) compare the
+Triton interpreter with the host emulation of the CUDA sources, where ``/`` is IEEE on both sides,
+one model stands for every exp and every MMA is an FMA chain: they cannot see that Triton's ``/`` is
+the approximate ``div.full.f32``, that CUDA's ``expf`` is another function than ``tl.exp``, or which
+MMA instruction a kernel runs. This file checks those choices where they are made, in the PTX: in
+the declared kernels every exponential is ``ex2.approx.f32`` (``tl.exp``; CUDA's ``expf`` compiles to
+a range reduction and ``ex2.approx.ftz.f32``), every division is ``div.rn.f32``, the log is libdevice
+``logf`` (its constants), and the attention's MMAs are the Triton kernel's wgmma shapes and operand
+sources. Each check has a control that must fail it: the kernels of the backends' own sequences.
 """
 
 from __future__ import annotations
@@ -88,21 +91,20 @@ def test_triton_declared_kernels_compile_to_the_declared_instructions(kernel):
 
 
 # -------------------------------------------------------------------------------------------- CUDA
-def _cuda_entries() -> dict[str, str]:
-    """sm_90a PTX of logprob.cu with the library's own flags, per kernel entry (mangled name -> body)."""
+def _cuda_entries(source: str = "logprob.cu") -> dict[str, str]:
+    """sm_90a PTX of one CUDA source with the library's own flags, per kernel entry (mangled name -> body)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on PATH")
-    src = cuda_build.SOURCE_DIR / "logprob.cu"
+    src = cuda_build.SOURCE_DIR / source
     flags = [f for f in cuda_build.NVCC_FLAGS if not f.startswith("-gencode")]
     proc = subprocess.run([nvcc, *flags, "-arch=sm_90a", "-ptx", "-o", "-", str(src)], capture_output=True, text=True,
                           cwd=src.parent, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    entries = {}
-    for m in re.finditer(r"\.entry\s+(\S+?)\(", proc.stdout):
-        body = proc.stdout[m.end():]
-        entries[m.group(1)] = body[:body.find("\n}\n")]
-    return entries
+    # a body runs to the next entry (inline asm braces make "}" at a line's start no end marker)
+    starts = list(re.finditer(r"\.entry\s+(\S+?)\(", proc.stdout))
+    ends = [m.start() for m in starts[1:]] + [len(proc.stdout)]
+    return {m.group(1): proc.stdout[m.end():end] for m, end in zip(starts, ends)}
 
 
 def _entry(entries: dict[str, str], fragment: str) -> str:
@@ -119,4 +121,47 @@ def test_cuda_declared_kernels_compile_to_the_declared_instructions():
     assert not declared_problems(_entry(entries, "lpt_finish_kernel"), has_log=True)
     # control: the chunked sequence's backward calls expf (ex2.approx.ftz.f32 after a range reduction)
     own = declared_problems(_entry(entries, "lp_bwd_kernelILb0E"), has_log=False)
+    assert any("ex2.approx.ftz.f32" in p for p in own), own
+
+
+# ---------------------------------------------------------------- attention, the declared forward form
+def _mma_shapes(ptx: str) -> dict[str, int]:
+    """``{"m64nNk16 SS|RS": count}`` of the wgmma instructions in ``ptx`` (RS: A from registers)."""
+    out: dict[str, int] = {}
+    for m in re.finditer(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.f32\.bf16\.bf16\s+\{[^}]*\},\s*(\{|%)", ptx):
+        key = f"{m.group(1)} {'RS' if m.group(2) == '{' else 'SS'}"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def attention_problems(ptx: str, *, has_log: bool) -> list[str]:
+    """What in an attention forward kernel's PTX breaks the declared sequence besides
+    :func:`declared_problems`: maxima other than ``max.f32`` (Triton's ``tl.max``, which returns the
+    non-NaN operand), no ``cvt.rn.bf16x2.f32`` for P, no Triton NaN constant (0x7FC00000)."""
+    out = declared_problems(ptx, has_log=has_log)
+    maxes = set(re.findall(r"\bmax\.[a-zA-Z0-9.]*f32", ptx))
+    if maxes != {"max.f32"}:
+        out.append(f"maxima {sorted(maxes)} (declared: max.f32)")
+    if "cvt.rn.bf16x2.f32" not in ptx:
+        out.append("P is not rounded with cvt.rn.bf16x2.f32")
+    if "0f7FC00000" not in ptx:
+        out.append("no NaN constant 0x7FC00000")
+    return out
+
+
+def test_declared_attention_forward_compiles_to_the_triton_instructions():
+    """attention_tc.cu's kernels at D = 128: S on wgmma m64n64k16 from shared memory (D / 16 = 8 per
+    KV block), P V on wgmma m64n128k16 with P from registers (4 per block), the MMA kinds the
+    Triton forward with ROW_SUM_PINNED compiles to (its PTX has a plain and a masked copy of the
+    loop, and in the masked one the absent-value count as a second P V-shaped product); the declared
+    exp, division, log and maxima in both. Control: the CUDA-core forward calls expf."""
+    entries = _cuda_entries("attention_tc.cu")
+    for kernel, has_log in (("attn_fwd_tc_kernelILi128E", True), ("attn_decode_tc_kernelILi128E", False)):
+        ptx = _entry(entries, kernel)
+        assert not attention_problems(ptx, has_log=has_log), (kernel, attention_problems(ptx, has_log=has_log))
+        assert _mma_shapes(ptx) == {"m64n64k16 SS": 8, "m64n128k16 RS": 4}, (kernel, _mma_shapes(ptx))
+    triton = _case_ptx("attention_fwd[pinned]")
+    assert not attention_problems(triton, has_log=True), attention_problems(triton, has_log=True)
+    assert set(_mma_shapes(triton)) == {"m64n64k16 SS", "m64n128k16 RS"}, _mma_shapes(triton)
+    own = declared_problems(_entry(_cuda_entries("attention.cu"), "attn_fwd_kernelILi128E"), has_log=True)
     assert any("ex2.approx.ftz.f32" in p for p in own), own

@@ -1,0 +1,464 @@
+// The declared form (on tensor cores) of the cuda_bf16 attention forward and decode step (rl_attention_fwd_form 1;
+// head dims 64 and 128, other head dims run attention.cu's form): the Triton backend's kernels
+// (rl_engine/ops/attention/triton.py, _attn_fwd_kernel and _attn_decode_kernel with ROW_SUM_PINNED)
+// written out in CUDA with the instructions Triton 3.6 compiles them to on sm_90 (read from its PTX,
+// tools/attention_ptx_order.py), so that the two backends can give the same bits
+// (docs/declared-arithmetic.md, "Attention"):
+//   * one warpgroup (128 threads) per tile of 64 query rows (prefill: rows of one head; decode: the
+//     query heads of one KV group, padded to 64 rows as the Triton decode pads them), KV blocks of
+//     64 keys [0, 64), [64, 128), ... of the sequence in increasing order;
+//   * S = Q K^T: wgmma m64n64k16, both operands from shared memory (128-byte swizzle, K-major), D / 16
+//     products in increasing d, the first with scale-d 0 (no accumulator input), FP32;
+//   * s = S * scale; in a block every real row sees whole, a score of -inf becomes NaN; in the others
+//     a key past the row's causal limit gets -inf and a visible -inf becomes NaN (0x7FC00000);
+//   * m_new = max(m, row max) (max.f32); ref = m_new == -inf ? 0 : m_new; alpha = m_new == m ? 1 :
+//     tl_exp(m - ref); p = tl_exp(s - ref) (common.cuh: ex2.approx.f32 of x * log2 e, Triton's tl.exp);
+//   * l = l * alpha + rowsum(p) (a multiply, then an add), the row sum in fragment_row_sum's order:
+//     each thread adds its 16 values of the row over the key index's bits 0, 3, 4, 5 (a pairwise tree
+//     in fragment order), then the quad butterfly over bit 2 (lane xor 2), then bit 1 (lane xor 1);
+//   * acc = acc * alpha, then acc += bf16(P) V: wgmma m64nDk16 with P from registers (the S
+//     accumulator's fragment is the A operand's) and V from shared memory (MN-major, the transpose
+//     flag), 4 products in increasing key;
+//   * "masked means absent" in the blocks that hold masked entries, as _absent_mma: V's non-finite
+//     values are made 0 for the product, and an output element that a kept non-finite value reaches is
+//     NaN (Triton counts them with a second MMA; here the first such key of each column is found in
+//     shared memory and compared with the row's limit: the same predicate, exact);
+//   * out = div_rn(acc, l != 0 ? l : 1) rounded once to BF16 (l = 0: no visible key, exact 0);
+//     lse = l != 0 ? m + logf(l) : 0 (libdevice logf, as Triton's tl.log).
+// A tile's rows are independent (per-row softmax state; each wgmma output element depends only on
+// its own row and column), so a query's bits are the same in a full prefill, a chunk and a decode
+// step, whatever the other rows of its tile (the Triton backend's argument, module docs of triton.py).
+// Pipeline: Q and two KV stages in shared memory (cp.async; 16-byte copies when every row starts on
+// a 16-byte boundary, else 2-byte stores: the same bytes land in the same places).
+// The host emulation (tests/cuda_emu/emu.h) runs the MMAs as FP32 FMA chains in increasing k, the
+// Triton interpreter's model of tl.dot, and tl_exp as the interpreter's exp: on a CPU the two
+// backends' sequences are compared; the GPU compares the instructions.
+#include "attention.cuh"
+#include "gemm.cuh"
+
+using namespace rl;
+using namespace rl::attn;
+
+namespace {
+
+constexpr int TF_THREADS = 128;  // one warpgroup
+constexpr int TF_ROWS = 64;      // query rows per tile = keys per KV block
+static_assert(TF_ROWS == AT_BKV, "the tile's key block is the forward's KV block");
+
+template <int D>
+struct TfShape {
+    static_assert(D == 64 || D == 128, "the declared forward is written for head dims 64 and 128");
+    static constexpr int CHUNKS = D / 8;                          // 16-byte chunks per row
+    static constexpr uint32_t TILE = TF_ROWS * D * 2;             // bytes of a 64-row tile
+    static constexpr int COPIES = TF_ROWS * CHUNKS / TF_THREADS;  // 16-byte copies per thread per tile
+    // Q, then stage s: K at 1 + 2 s, V at 2 + 2 s; then the first non-finite key of each V column.
+    static constexpr size_t SMEM = 5 * static_cast<size_t>(TILE) + D * sizeof(int);
+};
+
+// Byte offset of chunk c (elements 8 c .. 8 c + 7) of row r in a tile: 64-element swizzle atoms along
+// D (8 KB each: 64 rows of 128 bytes), inside an atom chunk (c % 8) ^ (r % 8) of row r. The K-major
+// layout of Q and K and the MN-major layout of V (stride byte offset 1024 between groups of 8 key rows,
+// leading byte offset 8192 between atoms) put the same element at the same place.
+__device__ __forceinline__ uint32_t tf_off(int r, int c) {
+    return static_cast<uint32_t>((c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// Rows [0, 64) of a tile from base + r * stride (unit stride along D), zero rows from `valid` on.
+template <int D>
+__device__ __forceinline__ void tf_load(unsigned char* smem, uint32_t tile, const bf16* base, int64_t stride,
+                                        int64_t valid, bool vec) {
+    using S = TfShape<D>;
+    const int tid = threadIdx.x;
+    if (vec) {
+#pragma unroll
+        for (int i = 0; i < S::COPIES; ++i) {
+            const int e = tid + TF_THREADS * i;
+            const int r = e / S::CHUNKS;
+            const int c = e % S::CHUNKS;
+            const bool ok = r < valid;
+            cp_async16_s(smem_u32(smem) + tile + tf_off(r, c), ok ? base + r * stride + 8 * c : base, ok ? 16 : 0);
+        }
+        return;
+    }
+    for (int e = tid; e < TF_ROWS * D; e += TF_THREADS) {
+        const int r = e / D;
+        const int d = e % D;
+        const bf16 v = r < valid ? base[r * stride + d] : to_bf16(0.0f);
+        *reinterpret_cast<bf16*>(smem + tile + tf_off(r, d >> 3) + 2 * (d & 7)) = v;
+    }
+}
+
+#ifndef RL_HOST_EMU  // (the host emulator, tests/cuda_emu/emu.h, has its own)
+// d[32] (+)= A (64 x 16, K-major descriptor da) @ B (16 x 64, K-major descriptor db); accumulate 0: d is
+// not read (scale-d 0). Fragment: gemm.cu's wgmma_n64.
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// d[N / 2] += A (64 x 16 BF16 in registers: the m16n8k16 A fragment of the thread's warp, rows 16 w ..
+// 16 w + 15) @ B (16 x N, MN-major descriptor db: the transpose flag). N = 64 or 128.
+template <int N>
+__device__ __forceinline__ void wgmma_rs_t(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db);
+
+template <>
+__device__ __forceinline__ void wgmma_rs_t<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs_t<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+#endif
+
+// Triton's NaN constant (float("nan") in the kernel: 0x7FC00000).
+__device__ __forceinline__ float tf_nan() { return __int_as_float(0x7FC00000); }
+
+__device__ __forceinline__ uint32_t tf_pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // cvt.rn.bf16x2.f32: .x (lo) in the low half
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// One thread's part of a 64-row tile after the KV walk: rows 16 w + g + 8 h (h = 0, 1) of the tile,
+// columns 8 j + 2 t + b of the accumulator in acc[4 j + 2 h + b].
+template <int D>
+struct TfState {
+    float acc[D / 2];
+    float m[2];
+    float l[2];
+};
+
+// The walk over KV blocks [0, n_stop) of one tile (the Triton kernel's _kv_loop): blocks below n_full
+// are seen whole by every real row (plain step), the rest hold masked entries. Row r of the tile is
+// real when r < q_valid and then sees keys <= lim0 + r * lim_step; its query is q_base + r * s_q.
+template <int D>
+__device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, const bf16* q_base, int64_t s_q,
+                                        int64_t q_valid, const bf16* k_base, int64_t s_k, const bf16* v_base,
+                                        int64_t s_v, int64_t kv_len, int64_t n_full, int64_t n_stop, int64_t lim0,
+                                        int64_t lim_step, float scale) {
+    using S = TfShape<D>;
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5;
+    const int g = (tid & 31) >> 2;
+    const int t = tid & 3;
+    int64_t lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = 16 * warp + g + 8 * h;
+        lim[h] = r < q_valid ? lim0 + r * lim_step : -1;
+        st.m[h] = -INFINITY;
+        st.l[h] = 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < D / 2; ++e) st.acc[e] = 0.0f;
+    int* first_bad = reinterpret_cast<int*>(smem + 5 * S::TILE);  // [D]: first non-finite key of a V column
+
+    const bool vec_q = aligned16(q_base) && s_q % 8 == 0;
+    const bool vec_kv = aligned16(k_base) && aligned16(v_base) && s_k % 8 == 0 && s_v % 8 == 0;
+    const int64_t n_blocks = cdiv(n_stop, static_cast<int64_t>(TF_ROWS));
+    auto issue_kv = [&](int64_t jb) {
+        if (jb < n_blocks) {
+            const int64_t kv0 = jb * TF_ROWS;
+            const uint32_t k_tile = S::TILE * (1 + 2 * (jb & 1));
+            tf_load<D>(smem, k_tile, k_base + kv0 * s_k, s_k, kv_len - kv0, vec_kv);
+            tf_load<D>(smem, k_tile + S::TILE, v_base + kv0 * s_v, s_v, kv_len - kv0, vec_kv);
+        }
+        cp_async_commit();  // (an empty group past the last block keeps the wait count uniform)
+    };
+    tf_load<D>(smem, 0, q_base, s_q, q_valid, vec_q);
+    issue_kv(0);
+    issue_kv(1);
+
+    const uint32_t base = smem_u32(smem);
+    for (int64_t jb = 0; jb < n_blocks; ++jb) {
+        const int64_t kv0 = jb * TF_ROWS;
+        const uint32_t k_tile = base + S::TILE * (1 + 2 * (jb & 1));
+        const uint32_t v_tile = k_tile + S::TILE;
+        const bool full = kv0 < n_full;
+        cp_async_wait<1>();
+        __syncthreads();  // block jb's tiles (and Q) have landed for every thread
+        if (!full) {      // masked block: V's non-finite values -> 0, the first such key of each column
+            if (tid < D) {
+                int bad = TF_ROWS;
+                for (int j = 0; j < TF_ROWS; ++j) {
+                    unsigned short* p = reinterpret_cast<unsigned short*>(
+                        smem + (v_tile - base) + tf_off(j, tid >> 3) + 2 * (tid & 7));
+                    if ((*p & 0x7F80u) == 0x7F80u) {  // exponent all ones: inf or NaN
+                        *p = 0;
+                        if (bad == TF_ROWS) bad = j;
+                    }
+                }
+                first_bad[tid] = bad;
+            }
+            __syncthreads();
+        }
+        fence_proxy_async();  // the tiles (cp.async or generic stores) are visible to the MMAs' reads
+
+        float s[32];
+        wg_fence();
+#pragma unroll
+        for (int i = 0; i < D / 16; ++i) {
+            const uint32_t step = static_cast<uint32_t>((i >> 2) * 8192 + (i & 3) * 32);
+            wgmma_ss_n64(s, wg_desc_sw128(base + step), wg_desc_sw128(k_tile + step), i > 0 ? 1 : 0);
+        }
+        wg_commit();
+        wg_wait0();
+
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int b = 0; b < 2; ++b) {
+                    float x = s[4 * j + 2 * h + b] * scale;
+                    if (full) {
+                        x = x == -INFINITY ? tf_nan() : x;
+                    } else {
+                        const bool keep = kv0 + 8 * j + 2 * t + b <= lim[h];
+                        x = keep ? (x == -INFINITY ? tf_nan() : x) : -INFINITY;
+                    }
+                    s[4 * j + 2 * h + b] = x;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(st.m[h], mx);
+            const float ref = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[h] = m_new == st.m[h] ? 1.0f : tl_exp(st.m[h] - ref);
+            float pair[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float p0 = tl_exp(s[4 * j + 2 * h] - ref);
+                const float p1 = tl_exp(s[4 * j + 2 * h + 1] - ref);
+                s[4 * j + 2 * h] = p0;
+                s[4 * j + 2 * h + 1] = p1;
+                pair[j] = p0 + p1;  // key index bit 0
+            }
+            const float q0 = pair[0] + pair[1], q1 = pair[2] + pair[3], q2 = pair[4] + pair[5], q3 = pair[6] + pair[7];
+            float sum = (q0 + q1) + (q2 + q3);             // bits 3, 4, 5
+            sum = sum + __shfl_xor_sync(0xffffffffu, sum, 2);  // bit 2
+            sum = sum + __shfl_xor_sync(0xffffffffu, sum, 1);  // bit 1
+            st.l[h] = st.l[h] * alpha[h] + sum;
+            st.m[h] = m_new;
+        }
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st.acc[4 * j + e] = st.acc[4 * j + e] * alpha[e >> 1];
+        uint32_t pa[4][4];  // bf16(P) as the A operand: keys 16 i .. 16 i + 15 = S's column groups 2 i, 2 i + 1
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) pa[i][q] = tf_pack(s[8 * i + 2 * q], s[8 * i + 2 * q + 1]);
+        wg_fence();
+#pragma unroll
+        for (int i = 0; i < 4; ++i) wgmma_rs_t<D>(st.acc, pa[i], wg_desc_sw128_mn(v_tile + 2048 * i, 8192));
+        wg_commit();
+        wg_wait0();
+        if (!full) {  // a kept non-finite value of V reaches the element: NaN (masked ones never do)
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int bad = first_bad[8 * j + 2 * t + (e & 1)];
+                    if (bad < TF_ROWS && kv0 + bad <= lim[e >> 1]) st.acc[4 * j + e] = tf_nan();
+                }
+        }
+        __syncthreads();  // every warp is done with this stage (and first_bad)
+        issue_kv(jb + 2);
+    }
+    cp_async_wait<0>();
+}
+
+// Row r of the tile: out = div_rn(acc, l != 0 ? l : 1) rounded to BF16 at orow(r), and (lse != nullptr)
+// lse = l != 0 ? m + logf(l) : 0 at lse[r * s_l], for rows r < valid.
+template <int D>
+__device__ __forceinline__ void tf_store(const TfState<D>& st, bf16* o_base, int64_t s_o, float* lse, int64_t s_l,
+                                         int64_t valid) {
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5;
+    const int g = (tid & 31) >> 2;
+    const int t = tid & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = 16 * warp + g + 8 * h;
+        if (r >= valid) continue;
+        const bool has = st.l[h] != 0.0f;  // 0: no visible key; NaN: a visible non-finite value
+        const float den = has ? st.l[h] : 1.0f;
+        bf16* orow = o_base + r * s_o;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            orow[8 * j + 2 * t] = to_bf16(__fdiv_rn(st.acc[4 * j + 2 * h], den));
+            orow[8 * j + 2 * t + 1] = to_bf16(__fdiv_rn(st.acc[4 * j + 2 * h + 1], den));
+        }
+        if (lse != nullptr && t == 0) lse[r * s_l] = has ? st.m[h] + logf(den) : 0.0f;
+    }
+}
+
+// Varlen prefill: block (b * n_mblocks + qblock, h) owns queries [q0, q0 + 64) of sequence b, head h.
+template <int D>
+__global__ void __launch_bounds__(TF_THREADS)
+attn_fwd_tc_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                   bf16* __restrict__ out, float* __restrict__ lse, const int32_t* __restrict__ cu_q,
+                   const int32_t* __restrict__ cu_k, int64_t n_mblocks, int64_t group, int64_t s_qt, int64_t s_qh,
+                   int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_ot, int64_t s_oh, int64_t s_lh,
+                   float scale) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];  // the swizzle needs 1024-byte tiles
+    if (smem_u32(smem_raw) & 1023u) __trap();
+    const int64_t b = blockIdx.x / n_mblocks;
+    const int64_t q0 = (blockIdx.x % n_mblocks) * TF_ROWS;
+    const int64_t h = blockIdx.y;
+    const int64_t q_start = cu_q[b];
+    const int64_t q_len = static_cast<int64_t>(cu_q[b + 1]) - q_start;
+    if (q0 >= q_len) return;  // uniform over the block
+    const int64_t k_start = cu_k[b];
+    const int64_t k_len = static_cast<int64_t>(cu_k[b + 1]) - k_start;
+    const int64_t kvh = h / group;
+    const int64_t rows = q_len - q0 < TF_ROWS ? q_len - q0 : TF_ROWS;
+    const int64_t first_limit = k_len - q_len + q0;  // the tile's first row's causal limit
+    const int64_t n_stop = first_limit + TF_ROWS < k_len ? first_limit + TF_ROWS : k_len;
+    const int64_t n_full = ((first_limit + 1) / TF_ROWS) * TF_ROWS;  // floor, as Triton's // (>= 0 here)
+    TfState<D> st;
+    tf_walk<D>(smem_raw, st, q + (q_start + q0) * s_qt + h * s_qh, s_qt, rows, k + k_start * s_kt + kvh * s_kh, s_kt,
+               v + k_start * s_vt + kvh * s_vh, s_vt, k_len, n_full, n_stop, first_limit, 1, scale);
+    tf_store<D>(st, out + (q_start + q0) * s_ot + h * s_oh, s_ot, lse + h * s_lh + q_start + q0, 1, rows);
+}
+
+// Decode step: block (b, kvh, tile) owns query heads [64 tile, 64 tile + 64) of KV group kvh of
+// sequence b (rows past the group are padding), every row seeing keys [0, seqlens[b]).
+template <int D>
+__global__ void __launch_bounds__(TF_THREADS)
+attn_decode_tc_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, const bf16* __restrict__ vc,
+                      bf16* __restrict__ out, const int32_t* __restrict__ seqlens, int64_t group, int64_t s_qb,
+                      int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh,
+                      int64_t s_ob, int64_t s_oh, float scale) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    if (smem_u32(smem_raw) & 1023u) __trap();
+    const int64_t b = blockIdx.x;
+    const int64_t kvh = blockIdx.y;
+    const int64_t g0 = static_cast<int64_t>(blockIdx.z) * TF_ROWS;
+    const int64_t n = seqlens[b];
+    const int64_t rows = group - g0 < TF_ROWS ? group - g0 : TF_ROWS;
+    const int64_t head0 = kvh * group + g0;
+    TfState<D> st;
+    tf_walk<D>(smem_raw, st, q + b * s_qb + head0 * s_qh, s_qh, rows, kc + b * s_kb + kvh * s_kh, s_kt,
+               vc + b * s_vb + kvh * s_vh, s_vt, n, (n / TF_ROWS) * TF_ROWS, n, n - 1, 0, scale);
+    tf_store<D>(st, out + b * s_ob + head0 * s_oh, s_oh, nullptr, 0, rows);
+}
+
+template <int D>
+int launch_fwd_tc_d(const void* q, const void* k, const void* v, void* out, void* lse, const void* cu_q,
+                    const void* cu_k, int64_t batch, int64_t n_mblocks, int64_t heads, int64_t group, int64_t s_qt,
+                    int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_ot, int64_t s_oh,
+                    int64_t s_lh, float scale, cudaStream_t st) {
+    constexpr size_t smem = TfShape<D>::SMEM;
+    if (int e = prepare(attn_fwd_tc_kernel<D>, smem)) return e;
+    dim3 grid(static_cast<unsigned>(batch * n_mblocks), static_cast<unsigned>(heads));
+    attn_fwd_tc_kernel<D><<<grid, TF_THREADS, smem, st>>>(
+        static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<bf16*>(out),
+        static_cast<float*>(lse), static_cast<const int32_t*>(cu_q), static_cast<const int32_t*>(cu_k), n_mblocks,
+        group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh, s_lh, scale);
+    return launch_status();
+}
+
+template <int D>
+int launch_decode_tc_d(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch,
+                       int64_t kv_heads, int64_t group, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt,
+                       int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale,
+                       cudaStream_t st) {
+    constexpr size_t smem = TfShape<D>::SMEM;
+    if (int e = prepare(attn_decode_tc_kernel<D>, smem)) return e;
+    dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads),
+              static_cast<unsigned>(cdiv(group, static_cast<int64_t>(TF_ROWS))));
+    attn_decode_tc_kernel<D><<<grid, TF_THREADS, smem, st>>>(
+        static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const bf16*>(vc), static_cast<bf16*>(out),
+        static_cast<const int32_t*>(seqlens), group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale);
+    return launch_status();
+}
+
+int g_attn_fwd_form = 0;  // 0: attention.cu's CUDA-core form; 1: this file's (head dims 64 and 128)
+
+}  // namespace
+
+namespace rl {
+namespace attn {
+
+bool fwd_uses_tc(int64_t head_dim) { return g_attn_fwd_form == 1 && (head_dim == 64 || head_dim == 128); }
+
+int launch_fwd_tc(const void* q, const void* k, const void* v, void* out, void* lse, const void* cu_q, const void* cu_k,
+                  int64_t batch, int64_t n_mblocks, int64_t heads, int64_t group, int64_t head_dim, int64_t s_qt,
+                  int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_ot, int64_t s_oh,
+                  int64_t s_lh, float scale, cudaStream_t st) {
+    if (head_dim == 64)
+        return launch_fwd_tc_d<64>(q, k, v, out, lse, cu_q, cu_k, batch, n_mblocks, heads, group, s_qt, s_qh, s_kt,
+                                   s_kh, s_vt, s_vh, s_ot, s_oh, s_lh, scale, st);
+    return launch_fwd_tc_d<128>(q, k, v, out, lse, cu_q, cu_k, batch, n_mblocks, heads, group, s_qt, s_qh, s_kt, s_kh,
+                                s_vt, s_vh, s_ot, s_oh, s_lh, scale, st);
+}
+
+int launch_decode_tc(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch,
+                     int64_t kv_heads, int64_t group, int64_t head_dim, int64_t s_qb, int64_t s_qh, int64_t s_kb,
+                     int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh,
+                     float scale, cudaStream_t st) {
+    if (head_dim == 64)
+        return launch_decode_tc_d<64>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh,
+                                      s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
+    return launch_decode_tc_d<128>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb,
+                                   s_vt, s_vh, s_ob, s_oh, scale, st);
+}
+
+}  // namespace attn
+}  // namespace rl
+
+// The attention forward's form for the process: 0 (the default) = attention.cu's CUDA-core form,
+// 1 = the declared form of this file for head dims 64 and 128 (other head dims keep form 0), in the
+// prefill and in every decode step (so prefill and decode stay bitwise equal). Returns the previous
+// form, or -1 (and changes nothing) for another number.
+RL_EXPORT int64_t rl_attention_fwd_form(int64_t form) {
+    if (form < 0 || form > 1) return -1;
+    const int64_t old = g_attn_fwd_form;
+    g_attn_fwd_form = static_cast<int>(form);
+    return old;
+}
+
+// 1 when the forward and decode of this head dim run the declared form in this process, else 0.
+RL_EXPORT int64_t rl_attention_fwd_uses_tc(int64_t head_dim) { return fwd_uses_tc(head_dim) ? 1 : 0; }
