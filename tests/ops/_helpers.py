@@ -65,6 +65,21 @@ def cancelling_rows(m: int, n: int, seed: int, step: int) -> torch.Tensor:
     return p
 
 
+def declared_head_dim_sum(x: torch.Tensor) -> torch.Tensor:
+    """Row sums of ``x`` [M, D] FP32 as the attention backward's pinned delta sum declares them (Triton ``_head_dim_sum``, CUDA ``attn_delta_declared_kernel``): bits 0, 1, 2 of the head-dim
+    index, then the rest from the highest bit down, one IEEE addition per pair (torch)."""
+    m, d = x.shape
+    y = x.reshape(m, d // 8, 8)
+    for _ in range(3):
+        y = y.reshape(m, d // 8, -1, 2)
+        y = y[..., 0] + y[..., 1]
+    y = y.reshape(m, d // 8)
+    while y.shape[1] > 1:
+        y = y.reshape(m, 2, y.shape[1] // 2)
+        y = y[:, 0] + y[:, 1]
+    return y.reshape(m)
+
+
 def differing(pairs: Iterable[Pair], nan_policy: str = RAW_BITS) -> list[str]:
     """Labels of the pairs whose two sides are not bitwise equal under ``nan_policy``."""
     return [p.label for p in pairs if not compare_bitwise(p.label, p.canonical, p.transformed, nan_policy).passed]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from _helpers import (SMOKE, bits_equal, cancelling_rows, check_backward_accuracy, check_forward_accuracy,
-                      check_transform, control_caught, differing, int_bits)
+                      check_transform, control_caught, declared_head_dim_sum, differing, int_bits)
 from rl_engine.errors import InputError
 from rl_engine.ops.attention import attention, attention_decode
 from rl_engine.ops.attention import triton as attn_triton
@@ -182,21 +182,6 @@ def test_pinned_row_sum_keeps_accuracy_invariance_and_decode_parity(device, cont
         "ROW_SUM_PINNED did not reach the kernels"
 
 
-def _declared_head_dim_sum(x: torch.Tensor) -> torch.Tensor:
-    """Row sums of ``x`` [M, D] FP32 as _head_dim_sum declares them: bits 0, 1, 2 of the head-dim
-    index, then the rest from the highest bit down, one IEEE addition per pair (torch)."""
-    m, d = x.shape
-    y = x.reshape(m, d // 8, 8)
-    for _ in range(3):
-        y = y.reshape(m, d // 8, -1, 2)
-        y = y[..., 0] + y[..., 1]
-    y = y.reshape(m, d // 8)
-    while y.shape[1] > 1:
-        y = y.reshape(m, 2, y.shape[1] // 2)
-        y = y[:, 0] + y[:, 1]
-    return y.reshape(m)
-
-
 @pytest.mark.parametrize("d", [16, 128, 256])
 def test_head_dim_sum_adds_in_the_declared_order(d):
     """_head_dim_sum (the backward's pinned delta sum) gives the declared order's bits on rows where
@@ -215,7 +200,7 @@ def test_head_dim_sum_adds_in_the_declared_order(d):
     x = cancelling_rows(16, d, seed=7 + d, step=5)
     out = torch.empty(16, dtype=torch.float32)
     head_dim_sum_kernel[(1,)](x, out, M=16, D=d)
-    expected = _declared_head_dim_sum(x)
+    expected = declared_head_dim_sum(x)
     assert_bitwise(out, expected, f"_head_dim_sum vs the declared order (D = {d})")
     groups = x.reshape(16, d // 8, 8)
     folded = groups[..., 7].clone()

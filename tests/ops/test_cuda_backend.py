@@ -993,6 +993,78 @@ def _tc_cross_mismatches(device, d) -> list[str]:
     return bad
 
 
+def _tc_grad_mismatches(device, d) -> list[str]:
+    """Bitwise comparisons of the two backends' attention gradients (dq, dk, dv; the forms and the
+    Triton pin as the caller set them) on :func:`_tc_prefill_cases` under an upstream gradient that is
+    NaN in a few columns of one query row (the first query of the second sequence, which sees one
+    key: masked means absent keeps it out of every other key's dK / dV); NaNs compared as in
+    :func:`_tc_cross_mismatches`."""
+    from rl_engine.ops.attention.api import attention_triton
+
+    policy = load_contract().nan_policy
+    bad = []
+    for name, q, k, v, cu_q, cu_k in _tc_prefill_cases(device, d):
+        up = _bf16(q.shape, 61 + d, device)
+        up[int(cu_q[1]), :, :4] = float("nan")
+        grads = []
+        for fn in (attention_triton, attention_cuda):
+            qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+            fn(qq, kk, vv, cu_q, cu_k, d ** -0.5).backward(up)
+            grads.append((qq.grad, kk.grad, vv.grad))
+        for what, x, y in zip(("dq", "dk", "dv"), *grads):
+            if device.type == "cpu":
+                x, y = (torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t) for t in (x, y))
+            if not (rep := compare_bitwise(f"D{d}.{name}.{what}", x, y, policy)).passed:
+                bad.append(rep.summary())
+    return bad
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_declared_attention_delta_adds_in_the_declared_order(cuda_device, d):
+    """The declared backward's ``delta = rowsum(O * dO)`` (attn_delta_declared_kernel) gives the
+    declared order's bits (``_head_dim_sum``'s: the model in tests/ops/_helpers.py) on rows where the
+    order shows (a cancelling 2^24 pair among values in [0.5, 1.5), dO = 1 so the products are O).
+    The gradients of the test below are too coarse to see a delta order (tried: a fold in place of
+    the tree passed it). Control: the backward's own tensor-core form (a 32-lane butterfly) differs."""
+    from _helpers import cancelling_rows, declared_head_dim_sum
+
+    from rl_engine.backends.cuda_launch import launch
+    from rl_engine.ops.attention import cuda as attn_cuda
+
+    o = cancelling_rows(40, d, seed=11 + d, step=5).to(torch.bfloat16).reshape(20, 2, d).to(cuda_device)
+    do = torch.ones_like(o)
+    expected = declared_head_dim_sum(o.reshape(40, d).float().cpu()).reshape(20, 2).t()
+
+    def delta(form):
+        out = torch.full((2, 20), float("nan"), dtype=torch.float32, device=cuda_device)
+        with _library_setting(attn_cuda.set_bwd_form, form):
+            launch(o.device, "rl_attention_bwd_delta", o, do, out, 20, 2, d, o.stride(0), o.stride(1), do.stride(0),
+                   do.stride(1), out.stride(0))
+        return out.cpu()
+
+    assert torch.equal(delta("declared").view(torch.int32), expected.contiguous().view(torch.int32))
+    assert not torch.equal(delta("tensor_cores").view(torch.int32), expected.contiguous().view(torch.int32)), \
+        "the rows do not tell the orders apart: the check could not fail"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_declared_attention_backward_gives_the_triton_bits(cuda_device, d, monkeypatch):
+    """With the declared forward and backward forms the cuda_bf16 attention gradients are the Triton
+    backend's (``ROW_SUM_PINNED``) bit for bit: dq, dk, dv on packed, GQA, chunked and non-finite
+    cases with a NaN in the upstream gradient (on a CPU, the interpreter against the emulation: the
+    sequences; on the GPU the instructions). Control: the backward's own tensor-core form (mma.sync
+    products, expf, its 32-lane delta sum) against the same Triton gradients must differ."""
+    from rl_engine.ops.attention import cuda as attn_cuda, triton as attn_triton
+
+    monkeypatch.setattr(attn_triton, "ROW_SUM_PINNED", True)
+    with _attention_fwd_form("declared"), _library_setting(attn_cuda.set_bwd_form, "declared"):
+        bad = _tc_grad_mismatches(cuda_device, d)
+    assert not bad, f"D {d}: the declared backward and the Triton backward differ: " + "; ".join(bad[:4])
+    if d == 64:
+        with _attention_fwd_form("declared"), _library_setting(attn_cuda.set_bwd_form, "tensor_cores"):
+            assert _tc_grad_mismatches(cuda_device, d), "the backward's own tensor-core form gave the Triton bits"
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_declared_attention_forward_gives_the_triton_bits(cuda_device, d, monkeypatch):
     """The declared forward form is the Triton backend's forward with ``ROW_SUM_PINNED``, written
@@ -1059,14 +1131,16 @@ def test_declared_attention_decode_and_chunks_equal_prefill_rows(cuda_device, d)
         assert not _bits_equal(attention_cuda(q, k, v, cu, cu, scale), full), "the declared form did not run"
 
 
-def test_declared_attention_forward_accuracy_and_invariance(cuda_device):
-    """The declared form keeps every judgment at head dim 64: forward accuracy against the FP32
-    reference, gradient accuracy (the backward reads this form's output and lse), and each
-    invariance transform bitwise, forward and gradient, with its planted control caught."""
+def test_declared_attention_accuracy_and_invariance(cuda_device):
+    """The declared forward and backward forms keep every judgment at head dim 64: forward and
+    gradient accuracy against the FP32 reference, and each invariance transform bitwise, forward and
+    gradient, with its planted control caught."""
+    from rl_engine.ops.attention import cuda as attn_cuda
+
     spec = get_spec("attention")
     contract = load_contract()
     w = dataclasses.replace(SMOKE, heads=8, kv_heads=2, head_dim=64)
-    with _attention_fwd_form("declared"):
+    with _attention_fwd_form("declared"), _library_setting(attn_cuda.set_bwd_form, "declared"):
         prepared = [prepare_forward(spec, c) for c in spec.build_cases(w, SEED, cuda_device)]
         _assert_green("attention", "forward", *forward_accuracy(spec, attention_cuda, prepared, contract))
         grads = [prepare_gradient(spec, c) for c in spec.build_grad_cases(w, GRAD_SEED, cuda_device)]
@@ -1088,7 +1162,7 @@ def test_declared_attention_forward_accuracy_and_invariance(cuda_device):
 
 
 def test_declared_attention_form_is_checked(cuda_device):
-    """Forms outside FWD_FORMS are refused; in the declared form a decode step takes the form's one
+    """Forms outside FWD_FORMS / BWD_FORMS are refused; in the declared form a decode step takes the form's one
     kernel, so an explicit CUDA-core decode form or column split is refused before any launch; head
     dims without a tensor-core kernel keep the CUDA-core form (the library says which run it)."""
     from rl_engine.backends.cuda_launch import query
@@ -1097,6 +1171,9 @@ def test_declared_attention_form_is_checked(cuda_device):
     for bad in ("tensor-cores", "", 1, None):
         with pytest.raises(InputError, match="attention forward form"):
             attn_cuda.set_fwd_form(bad)
+        with pytest.raises(InputError, match="attention backward form"):
+            attn_cuda.set_bwd_form(bad)
+    assert query("rl_attention_bwd_form", 3) == -1 and query("rl_attention_fwd_form", 2) == -1
     q, kc, vc, seqlens = _tc_decode_case(cuda_device, 64)
     assert [query("rl_attention_fwd_uses_tc", d) for d in (32, 64, 128)] == [0, 0, 0]
     with _attention_fwd_form("declared"):

@@ -165,3 +165,23 @@ def test_declared_attention_forward_compiles_to_the_triton_instructions():
     assert set(_mma_shapes(triton)) == {"m64n64k16 SS", "m64n128k16 RS"}, _mma_shapes(triton)
     own = declared_problems(_entry(_cuda_entries("attention.cu"), "attn_fwd_kernelILi128E"), has_log=True)
     assert any("ex2.approx.ftz.f32" in p for p in own), own
+
+
+def test_declared_attention_backward_compiles_to_the_triton_instructions():
+    """attention_tc.cu's declared backward at D = 128: per KV block (dQ) or query block (dK / dV),
+    S and dP on wgmma m64n64k16 from shared memory (2 x 8), and the BF16-rounded P / dS products on
+    wgmma m64n128k16 from registers (dQ: 4, dK / dV: 2 x 4): the MMA kinds of the Triton backward's dQ
+    and dK / dV kernels; tl.exp as ex2.approx.f32 and no approximate division on both. Control: the
+    backward's own tensor-core form (mma.sync, expf)."""
+    entries = _cuda_entries("attention_tc.cu")
+    dq, dkdv = _entry(entries, "attn_bwd_dq_declared_kernelILi128E"), _entry(entries, "attn_bwd_dkdv_declared_kernelILi128E")
+    assert _mma_shapes(dq) == {"m64n64k16 SS": 16, "m64n128k16 RS": 4}, _mma_shapes(dq)
+    assert _mma_shapes(dkdv) == {"m64n64k16 SS": 16, "m64n128k16 RS": 8}, _mma_shapes(dkdv)
+    for case, ptx in (("dq", dq), ("dkdv", dkdv), ("triton dq", _case_ptx("attention_bwd_dq")),
+                      ("triton dkdv", _case_ptx("attention_bwd_dkdv"))):
+        assert not declared_problems(ptx, has_log=False), (case, declared_problems(ptx, has_log=False))
+        if case.startswith("triton"):
+            assert set(_mma_shapes(ptx)) == {"m64n64k16 SS", "m64n128k16 RS"}, (case, _mma_shapes(ptx))
+    own = _entry(_cuda_entries("attention_bwd.cu"), "attn_bwd_dq_tc_kernelILi128E")
+    assert "mma.sync.aligned.m16n8k16" in own and not _mma_shapes(own)
+    assert any("ex2.approx.ftz.f32" in p for p in declared_problems(own, has_log=False))

@@ -134,6 +134,17 @@ int launch_decode_tc(const void* q, const void* kc, const void* vc, void* out, c
                      int64_t kv_heads, int64_t group, int64_t head_dim, int64_t s_qb, int64_t s_qh, int64_t s_kb,
                      int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh,
                      float scale, cudaStream_t st);
+// The declared backward (attention_tc.cu; rl_attention_bwd_form 2): whether the process runs it for this
+// head dim (attention_bwd.cu), and its launchers (delta; then dK / dV and dQ), arguments as attention_bwd.cu's.
+bool bwd_uses_declared(int64_t head_dim);
+int launch_delta_declared(const void* o, const void* dout, void* delta, int64_t tq, int64_t heads, int64_t head_dim,
+                          int64_t s_ot, int64_t s_oh, int64_t s_dt, int64_t s_dh, int64_t s_lh, cudaStream_t st);
+int launch_bwd_declared(const void* q, const void* k, const void* v, const void* dout, const void* lse, const void* delta,
+                        void* dq, void* dk, void* dv, const void* cu_q, const void* cu_k, int64_t batch, int64_t n_mblocks,
+                        int64_t n_nblocks, int64_t heads, int64_t kv_heads, int64_t group, int64_t head_dim, int64_t s_qt,
+                        int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_dt, int64_t s_dh,
+                        int64_t s_lh, int64_t s_gqt, int64_t s_gqh, int64_t s_gkt, int64_t s_gkh, int64_t s_gvt,
+                        int64_t s_gvh, float scale, cudaStream_t st);
 
 }  // namespace attn
 }  // namespace rl

@@ -684,9 +684,17 @@ int launch_bwd(const void* q, const void* k, const void* v, const void* dout, co
 int g_attn_bwd_form = 1;  // tensor cores (contract ws1-c1-v7): 41 against 539 ms in a Qwen3-8B train step on the H200
 }  // namespace
 
+namespace rl {
+namespace attn {
+bool bwd_uses_declared(int64_t head_dim) { return g_attn_bwd_form == 2 && (head_dim == 64 || head_dim == 128); }
+}  // namespace attn
+}  // namespace rl
+
 // delta [H, Tq] (row stride s_lh) = rowsum(dO * O).
 RL_EXPORT int rl_attention_bwd_delta(const void* o, const void* dout, void* delta, int64_t tq, int64_t heads, int64_t head_dim, int64_t s_ot, int64_t s_oh, int64_t s_dt, int64_t s_dh, int64_t s_lh, void* stream) {
     if (tq == 0 || heads == 0) return 0;
+    if (bwd_uses_declared(head_dim))
+        return launch_delta_declared(o, dout, delta, tq, heads, head_dim, s_ot, s_oh, s_dt, s_dh, s_lh, static_cast<cudaStream_t>(stream));
     const int64_t blocks = cdiv(tq * heads, AT_THREADS / 32);
     if (blocks >= 2147483647LL) return static_cast<int>(cudaErrorInvalidValue);
     attn_delta_kernel<<<static_cast<unsigned>(blocks), AT_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
@@ -703,7 +711,9 @@ RL_EXPORT int rl_attention_bwd(const void* q, const void* k, const void* v, cons
         return static_cast<int>(cudaErrorInvalidValue);
     const int64_t group = heads / kv_heads;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    if (g_attn_bwd_form == 1 && AT_BKV == TC_ROWS && AT_BQ_BWD == TC_ROWS) {
+    if (bwd_uses_declared(head_dim))
+        return launch_bwd_declared(q, k, v, dout, lse, delta, dq, dk, dv, cu_q, cu_k, batch, n_mblocks, n_nblocks, heads, kv_heads, group, head_dim, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh, s_gqt, s_gqh, s_gkt, s_gkh, s_gvt, s_gvh, scale, st);
+    if (g_attn_bwd_form >= 1 && AT_BKV == TC_ROWS && AT_BQ_BWD == TC_ROWS) {
 #define RL_ATT_BWD_TC(DD) \
     launch_bwd<DD, true>(q, k, v, dout, lse, delta, dq, dk, dv, cu_q, cu_k, batch, n_mblocks, n_nblocks, heads, kv_heads, \
                          group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh, s_gqt, s_gqh, s_gkt, s_gkh, s_gvt, \
@@ -732,10 +742,11 @@ RL_EXPORT int rl_attention_bwd(const void* q, const void* k, const void* v, cons
 }
 
 // The backward's form for the process (see the top of this file): 0 = FMA chains on CUDA cores,
-// 1, the default = tensor cores (head dims 16 to 128; D = 256 runs form 0). Returns the previous form, or -1
-// (and changes nothing) for another number.
+// 1, the default = tensor cores (head dims 16 to 128; D = 256 runs form 0), 2 = the declared form of
+// attention_tc.cu, the Triton backend's backward sequence (head dims 64 and 128; others run form 1's
+// rule). Returns the previous form, or -1 (and changes nothing) for another number.
 RL_EXPORT int64_t rl_attention_bwd_form(int64_t form) {
-    if (form < 0 || form > 1) return -1;
+    if (form < 0 || form > 2) return -1;
     const int64_t old = g_attn_bwd_form;
     g_attn_bwd_form = static_cast<int>(form);
     return old;

@@ -156,6 +156,53 @@ __device__ __forceinline__ uint32_t tf_pack(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// s[32] = A @ B^T for two 64-row tiles of shared memory (byte offsets a, b from the window's start;
+// K-major, D columns): D / 16 wgmma m64n64k16 in increasing d, the first without accumulator input.
+// Issued only: the caller commits and waits.
+template <int D>
+__device__ __forceinline__ void tf_scores(float (&s)[32], uint32_t a, uint32_t b) {
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) {
+        const uint32_t step = static_cast<uint32_t>((i >> 2) * 8192 + (i & 3) * 32);
+        wgmma_ss_n64(s, wg_desc_sw128(a + step), wg_desc_sw128(b + step), i > 0 ? 1 : 0);
+    }
+}
+
+// acc[D / 2] += bf16(x) @ B: x [64, 64] FP32 in the S fragment (rounded here, cvt.rn.bf16x2.f32), B a
+// 64-row tile (shared-memory byte offset b) read MN-major (its D columns are the output's): 4 wgmma
+// m64nDk16 with x from registers, in increasing row of B. Fenced and issued only.
+template <int D>
+__device__ __forceinline__ void tf_rs_product(float (&acc)[D / 2], const float (&x)[32], uint32_t b) {
+    uint32_t pa[4][4];  // rows 16 i .. 16 i + 15 of B = x's column groups 2 i, 2 i + 1
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) pa[i][q] = tf_pack(x[8 * i + 2 * q], x[8 * i + 2 * q + 1]);
+    wg_fence();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wgmma_rs_t<D>(acc, pa[i], wg_desc_sw128_mn(b + 2048 * i, 8192));
+}
+
+// "Masked means absent" for the other operand of a product whose masked weights are 0 (the Triton
+// kernels' _absent_mma): the non-finite values of a 64-row tile (generic pointer `tile`) become 0, and
+// bad[d] gets the first (LAST: the last) row holding a non-finite value in column d, or 64 (LAST: -1)
+// when none does. Thread d scans column d (threads past D idle). Needs a barrier before (the tile has
+// landed, and no MMA reads it any more) and after (bad and the tile), then fence_proxy_async.
+template <int D, bool LAST>
+__device__ __forceinline__ void tf_absent_scan(unsigned char* tile, int* bad) {
+    const int d = threadIdx.x;
+    if (d >= D) return;
+    int found = LAST ? -1 : TF_ROWS;
+    for (int j = 0; j < TF_ROWS; ++j) {
+        unsigned short* p = reinterpret_cast<unsigned short*>(tile + tf_off(j, d >> 3) + 2 * (d & 7));
+        if ((*p & 0x7F80u) == 0x7F80u) {  // exponent all ones: inf or NaN
+            *p = 0;
+            if (LAST || found == TF_ROWS) found = j;
+        }
+    }
+    bad[d] = found;
+}
+
 // One thread's part of a 64-row tile after the KV walk: rows 16 w + g + 8 h (h = 0, 1) of the tile,
 // columns 8 j + 2 t + b of the accumulator in acc[4 j + 2 h + b].
 template <int D>
@@ -214,30 +261,15 @@ __device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, con
         const bool full = kv0 < n_full;
         cp_async_wait<1>();
         __syncthreads();  // block jb's tiles (and Q) have landed for every thread
-        if (!full) {      // masked block: V's non-finite values -> 0, the first such key of each column
-            if (tid < D) {
-                int bad = TF_ROWS;
-                for (int j = 0; j < TF_ROWS; ++j) {
-                    unsigned short* p = reinterpret_cast<unsigned short*>(
-                        smem + (v_tile - base) + tf_off(j, tid >> 3) + 2 * (tid & 7));
-                    if ((*p & 0x7F80u) == 0x7F80u) {  // exponent all ones: inf or NaN
-                        *p = 0;
-                        if (bad == TF_ROWS) bad = j;
-                    }
-                }
-                first_bad[tid] = bad;
-            }
+        if (!full) {  // masked block: V's non-finite values -> 0, the first such key of each column
+            tf_absent_scan<D, false>(smem + (v_tile - base), first_bad);
             __syncthreads();
         }
         fence_proxy_async();  // the tiles (cp.async or generic stores) are visible to the MMAs' reads
 
         float s[32];
         wg_fence();
-#pragma unroll
-        for (int i = 0; i < D / 16; ++i) {
-            const uint32_t step = static_cast<uint32_t>((i >> 2) * 8192 + (i & 3) * 32);
-            wgmma_ss_n64(s, wg_desc_sw128(base + step), wg_desc_sw128(k_tile + step), i > 0 ? 1 : 0);
-        }
+        tf_scores<D>(s, base, k_tile);
         wg_commit();
         wg_wait0();
 
@@ -284,14 +316,7 @@ __device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, con
         for (int j = 0; j < D / 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) st.acc[4 * j + e] = st.acc[4 * j + e] * alpha[e >> 1];
-        uint32_t pa[4][4];  // bf16(P) as the A operand: keys 16 i .. 16 i + 15 = S's column groups 2 i, 2 i + 1
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) pa[i][q] = tf_pack(s[8 * i + 2 * q], s[8 * i + 2 * q + 1]);
-        wg_fence();
-#pragma unroll
-        for (int i = 0; i < 4; ++i) wgmma_rs_t<D>(st.acc, pa[i], wg_desc_sw128_mn(v_tile + 2048 * i, 8192));
+        tf_rs_product<D>(st.acc, s, v_tile);
         wg_commit();
         wg_wait0();
         if (!full) {  // a kept non-finite value of V reaches the element: NaN (masked ones never do)
@@ -415,6 +440,371 @@ int launch_decode_tc_d(const void* q, const void* kc, const void* vc, void* out,
     return launch_status();
 }
 
+// ------------------------------------------------------------------------------------ backward
+// The declared backward (rl_attention_bwd_form 2; attention_bwd.cu dispatches): the Triton backend's
+// _attn_bwd_delta_kernel (with ROW_SUM_PINNED), _attn_bwd_dq_kernel and _attn_bwd_dkdv_kernel written out
+// the same way as the forward above, on the same MMA instructions:
+//   * delta[h, t] = sum_d f32(O) f32(dO) (exact products) in _head_dim_sum's order: each lane adds 8
+//     consecutive columns pairwise (bits 0, 1, 2 of d), then the lanes of the row from the highest
+//     remaining bit down (butterfly offsets D / 16, ..., 1);
+//   * dQ, per 64-query tile, KV blocks from key 0 (plain below n_full, masked terms absent above):
+//     S = Q K^T and dP = dO V^T (wgmma m64n64k16), p = visible ? tl_exp(S * scale - lse) : 0,
+//     dS = p (dP - delta) (a masked block: 0 where not visible), dq += bf16(dS) K (wgmma, dS from
+//     registers); dq * scale rounded once;
+//   * dK / dV, per 64-key block of one KV head, the group's query heads in turn, each over its query
+//     blocks from the one holding the first query that sees the block (the causal diagonal's blocks
+//     first, masked terms absent there): S^T = K Q^T, dP^T = V dO^T, p^T = visible ? tl_exp(S^T * scale -
+//     lse) : 0, dv += bf16(p^T) dO, dS^T = p^T (dP^T - delta), dk += bf16(dS^T) Q; dk * scale.
+// The masked terms' other operand (K for dQ; dO and Q for dV and dK) has its non-finite values made 0
+// for the product, and an output element a visible non-finite value reaches is NaN, with
+// _absent_mma's predicate: for dQ the first non-finite key of a column at or below the row's limit,
+// for dK / dV the last non-finite query of a column at or past the key's first seeing query.
+template <int D>
+struct TbShape {
+    static constexpr uint32_t TILE = TfShape<D>::TILE;
+    // dQ: Q, dO, then stage s: K at 2 + 2 s, V at 3 + 2 s; the first non-finite key per column of K.
+    static constexpr size_t DQ_SMEM = 6 * static_cast<size_t>(TILE) + D * sizeof(int);
+    // dK / dV: K, V, then stage s: Q at 2 + 2 s, dO at 3 + 2 s; lse and delta of each stage's 64 queries;
+    // the last non-finite query per column of Q and of dO.
+    static constexpr size_t DKDV_SMEM = 6 * static_cast<size_t>(TILE) + 4 * TF_ROWS * sizeof(float) + 2 * D * sizeof(int);
+};
+
+constexpr int TD_THREADS = 256;  // delta: 8 warps
+
+template <int D>
+__global__ void __launch_bounds__(TD_THREADS)
+attn_delta_declared_kernel(const bf16* __restrict__ o, const bf16* __restrict__ dout, float* __restrict__ delta,
+                           int64_t tq, int64_t heads, int64_t s_ot, int64_t s_oh, int64_t s_dt, int64_t s_dh,
+                           int64_t s_lh) {
+    constexpr int LPR = D / 8;         // lanes per (row, head): 8 consecutive columns each
+    constexpr int RPW = 32 / LPR;      // (row, head) pairs per warp
+    const int lane = threadIdx.x & 31;
+    const int64_t idx = (static_cast<int64_t>(blockIdx.x) * (TD_THREADS / 32) + threadIdx.x / 32) * RPW + lane / LPR;
+    const bool ok = idx < tq * heads;  // no early return: the butterfly needs every lane
+    const int64_t t = ok ? idx / heads : 0;
+    const int64_t h = ok ? idx % heads : 0;
+    const int c0 = (lane % LPR) * 8;
+    float x[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        x[i] = ok ? f32(o[t * s_ot + h * s_oh + c0 + i]) * f32(dout[t * s_dt + h * s_dh + c0 + i]) : 0.0f;
+    float y = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));  // bits 0, 1, 2
+#pragma unroll
+    for (int off = LPR / 2; off > 0; off >>= 1) y = y + __shfl_xor_sync(0xffffffffu, y, off);  // highest bit first
+    if (ok && lane % LPR == 0) delta[h * s_lh + t] = y;
+}
+
+template <int D>
+__global__ void __launch_bounds__(TF_THREADS)
+attn_bwd_dq_declared_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                            const bf16* __restrict__ dout, const float* __restrict__ lse,
+                            const float* __restrict__ delta, bf16* __restrict__ dq, const int32_t* __restrict__ cu_q,
+                            const int32_t* __restrict__ cu_k, int64_t n_mblocks, int64_t group, int64_t s_qt,
+                            int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_dt,
+                            int64_t s_dh, int64_t s_lh, int64_t s_gt, int64_t s_gh, float scale) {
+    using S = TbShape<D>;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    if (smem_u32(smem_raw) & 1023u) __trap();
+    const int64_t b = blockIdx.x / n_mblocks;
+    const int64_t m0 = (blockIdx.x % n_mblocks) * TF_ROWS;
+    const int64_t h = blockIdx.y;
+    const int64_t q_start = cu_q[b];
+    const int64_t q_len = static_cast<int64_t>(cu_q[b + 1]) - q_start;
+    if (m0 >= q_len) return;  // uniform over the block
+    const int64_t k_start = cu_k[b];
+    const int64_t k_len = static_cast<int64_t>(cu_k[b + 1]) - k_start;
+    const int64_t kvh = h / group;
+    const int64_t offset = k_len - q_len;
+    const int64_t rows = q_len - m0 < TF_ROWS ? q_len - m0 : TF_ROWS;
+    const int64_t n_stop = offset + m0 + TF_ROWS < k_len ? offset + m0 + TF_ROWS : k_len;
+    const int64_t n_full = ((offset + m0 + 1) / TF_ROWS) * TF_ROWS;
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5;
+    const int g = (tid & 31) >> 2;
+    const int t = tid & 3;
+    int64_t lim[2];
+    float lse_r[2], delta_r[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * warp + g + 8 * hh;
+        const bool ok = r < rows;
+        lim[hh] = ok ? offset + m0 + r : -1;
+        lse_r[hh] = ok ? lse[h * s_lh + q_start + m0 + r] : 0.0f;
+        delta_r[hh] = ok ? delta[h * s_lh + q_start + m0 + r] : 0.0f;
+    }
+    float acc[D / 2];
+#pragma unroll
+    for (int e = 0; e < D / 2; ++e) acc[e] = 0.0f;
+    int* first_bad = reinterpret_cast<int*>(smem_raw + 6 * S::TILE);
+
+    const bf16* q_base = q + (q_start + m0) * s_qt + h * s_qh;
+    const bf16* do_base = dout + (q_start + m0) * s_dt + h * s_dh;
+    const bf16* k_base = k + k_start * s_kt + kvh * s_kh;
+    const bf16* v_base = v + k_start * s_vt + kvh * s_vh;
+    const bool vec_q = aligned16(q_base) && aligned16(do_base) && s_qt % 8 == 0 && s_dt % 8 == 0;
+    const bool vec_kv = aligned16(k_base) && aligned16(v_base) && s_kt % 8 == 0 && s_vt % 8 == 0;
+    const int64_t n_blocks = cdiv(n_stop, static_cast<int64_t>(TF_ROWS));
+    auto issue_kv = [&](int64_t jb) {
+        if (jb < n_blocks) {
+            const int64_t kv0 = jb * TF_ROWS;
+            const uint32_t k_tile = S::TILE * (2 + 2 * (jb & 1));
+            tf_load<D>(smem_raw, k_tile, k_base + kv0 * s_kt, s_kt, k_len - kv0, vec_kv);
+            tf_load<D>(smem_raw, k_tile + S::TILE, v_base + kv0 * s_vt, s_vt, k_len - kv0, vec_kv);
+        }
+        cp_async_commit();
+    };
+    tf_load<D>(smem_raw, 0, q_base, s_qt, rows, vec_q);
+    tf_load<D>(smem_raw, S::TILE, do_base, s_dt, rows, vec_q);
+    issue_kv(0);
+    issue_kv(1);
+
+    const uint32_t base = smem_u32(smem_raw);
+    for (int64_t jb = 0; jb < n_blocks; ++jb) {
+        const int64_t kv0 = jb * TF_ROWS;
+        const uint32_t k_tile = base + S::TILE * (2 + 2 * (jb & 1));
+        const uint32_t v_tile = k_tile + S::TILE;
+        const bool full = kv0 < n_full;
+        cp_async_wait<1>();
+        __syncthreads();
+        fence_proxy_async();
+        float sc[32], dp[32];
+        wg_fence();
+        tf_scores<D>(sc, base, k_tile);
+        tf_scores<D>(dp, base + S::TILE, v_tile);
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int hh = e >> 1;
+                const bool vis = kv0 + 8 * j + 2 * t + (e & 1) <= lim[hh];
+                const float p = vis ? tl_exp(sc[4 * j + e] * scale - lse_r[hh]) : 0.0f;
+                const float ds = p * (dp[4 * j + e] - delta_r[hh]);
+                sc[4 * j + e] = full ? ds : (vis ? ds : 0.0f);
+            }
+        if (!full) {  // K's non-finite values -> 0 for dS K (the scores above read them unchanged)
+            __syncthreads();
+            tf_absent_scan<D, false>(smem_raw + (k_tile - base), first_bad);
+            __syncthreads();
+            fence_proxy_async();
+        }
+        tf_rs_product<D>(acc, sc, k_tile);
+        wg_commit();
+        wg_wait0();
+        if (!full) {
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int bad = first_bad[8 * j + 2 * t + (e & 1)];
+                    if (bad < TF_ROWS && kv0 + bad <= lim[e >> 1]) acc[4 * j + e] = tf_nan();
+                }
+        }
+        __syncthreads();
+        issue_kv(jb + 2);
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * warp + g + 8 * hh;
+        if (r >= rows) continue;
+        bf16* row = dq + (q_start + m0 + r) * s_gt + h * s_gh;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            row[8 * j + 2 * t] = to_bf16(acc[4 * j + 2 * hh] * scale);
+            row[8 * j + 2 * t + 1] = to_bf16(acc[4 * j + 2 * hh + 1] * scale);
+        }
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(TF_THREADS)
+attn_bwd_dkdv_declared_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                              const bf16* __restrict__ dout, const float* __restrict__ lse,
+                              const float* __restrict__ delta, bf16* __restrict__ dk, bf16* __restrict__ dv,
+                              const int32_t* __restrict__ cu_q, const int32_t* __restrict__ cu_k, int64_t n_nblocks,
+                              int64_t group, int64_t s_qt, int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt,
+                              int64_t s_vh, int64_t s_dt, int64_t s_dh, int64_t s_lh, int64_t s_gkt, int64_t s_gkh,
+                              int64_t s_gvt, int64_t s_gvh, float scale) {
+    using S = TbShape<D>;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    if (smem_u32(smem_raw) & 1023u) __trap();
+    const int64_t b = blockIdx.x / n_nblocks;
+    const int64_t n0 = (blockIdx.x % n_nblocks) * TF_ROWS;
+    const int64_t kvh = blockIdx.y;
+    const int64_t k_start = cu_k[b];
+    const int64_t k_len = static_cast<int64_t>(cu_k[b + 1]) - k_start;
+    if (n0 >= k_len) return;  // uniform over the block
+    const int64_t q_start = cu_q[b];
+    const int64_t q_len = static_cast<int64_t>(cu_q[b + 1]) - q_start;
+    const int64_t offset = k_len - q_len;  // position of query 0
+    const int64_t keys = k_len - n0 < TF_ROWS ? k_len - n0 : TF_ROWS;
+    // the first query block holding a query that sees key n0; from m_full on every query sees the block
+    const int64_t m_begin = ((n0 - offset > 0 ? n0 - offset : 0) / TF_ROWS) * TF_ROWS;
+    const int64_t first_full = n0 + TF_ROWS - 1 - offset > 0 ? n0 + TF_ROWS - 1 - offset : 0;
+    int64_t m_full = cdiv(first_full, static_cast<int64_t>(TF_ROWS)) * TF_ROWS;
+    m_full = m_full > m_begin ? m_full : m_begin;
+    m_full = m_full < q_len ? m_full : q_len;
+    const int64_t per_head = m_begin < q_len ? cdiv(q_len - m_begin, static_cast<int64_t>(TF_ROWS)) : 0;
+    const int64_t steps = group * per_head;
+
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5;
+    const int g = (tid & 31) >> 2;
+    const int t = tid & 3;
+    int64_t key[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) key[hh] = n0 + 16 * warp + g + 8 * hh;
+    float acc_k[D / 2], acc_v[D / 2];
+#pragma unroll
+    for (int e = 0; e < D / 2; ++e) {
+        acc_k[e] = 0.0f;
+        acc_v[e] = 0.0f;
+    }
+    float* stats = reinterpret_cast<float*>(smem_raw + 6 * S::TILE);  // [stage][lse 64, delta 64]
+    int* bad_q = reinterpret_cast<int*>(stats + 4 * TF_ROWS);
+    int* bad_do = bad_q + D;
+
+    const bf16* k_base = k + (k_start + n0) * s_kt + kvh * s_kh;
+    const bf16* v_base = v + (k_start + n0) * s_vt + kvh * s_vh;
+    const bool vec_kv = aligned16(k_base) && aligned16(v_base) && s_kt % 8 == 0 && s_vt % 8 == 0;
+    auto issue_step = [&](int64_t step) {
+        if (step < steps) {
+            const int64_t head = kvh * group + step / per_head;
+            const int64_t m0 = m_begin + (step % per_head) * TF_ROWS;
+            const uint32_t q_tile = S::TILE * (2 + 2 * (step & 1));
+            const bf16* q_base = q + (q_start + m0) * s_qt + head * s_qh;
+            const bf16* do_base = dout + (q_start + m0) * s_dt + head * s_dh;
+            const bool vec = aligned16(q_base) && aligned16(do_base) && s_qt % 8 == 0 && s_dt % 8 == 0;
+            tf_load<D>(smem_raw, q_tile, q_base, s_qt, q_len - m0, vec);
+            tf_load<D>(smem_raw, q_tile + S::TILE, do_base, s_dt, q_len - m0, vec);
+            if (tid < TF_ROWS) {  // generic stores: visible after the barrier that follows the wait
+                const bool ok = m0 + tid < q_len;
+                float* st = stats + (step & 1) * 2 * TF_ROWS;
+                st[tid] = ok ? lse[head * s_lh + q_start + m0 + tid] : 0.0f;
+                st[TF_ROWS + tid] = ok ? delta[head * s_lh + q_start + m0 + tid] : 0.0f;
+            }
+        }
+        cp_async_commit();
+    };
+    tf_load<D>(smem_raw, 0, k_base, s_kt, keys, vec_kv);
+    tf_load<D>(smem_raw, S::TILE, v_base, s_vt, keys, vec_kv);
+    issue_step(0);
+    issue_step(1);
+
+    const uint32_t base = smem_u32(smem_raw);
+    for (int64_t step = 0; step < steps; ++step) {
+        const int64_t m0 = m_begin + (step % per_head) * TF_ROWS;
+        const uint32_t q_tile = base + S::TILE * (2 + 2 * (step & 1));
+        const uint32_t do_tile = q_tile + S::TILE;
+        const float* st = stats + (step & 1) * 2 * TF_ROWS;
+        const bool absent = m0 < m_full;  // the causal diagonal's blocks: masked terms absent
+        cp_async_wait<1>();
+        __syncthreads();
+        fence_proxy_async();
+        float pt[32], dpt[32];
+        wg_fence();
+        tf_scores<D>(pt, base, q_tile);             // S^T = K Q^T
+        tf_scores<D>(dpt, base + S::TILE, do_tile);  // dP^T = V dO^T
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int c = 8 * j + 2 * t + (e & 1);  // the query m0 + c
+                const int64_t kk = key[e >> 1];
+                const bool vis = kk <= offset + m0 + c && m0 + c < q_len && kk < k_len;
+                const float p = vis ? tl_exp(pt[4 * j + e] * scale - st[c]) : 0.0f;
+                const float ds = p * (dpt[4 * j + e] - st[TF_ROWS + c]);
+                pt[4 * j + e] = p;
+                dpt[4 * j + e] = absent ? (vis ? ds : 0.0f) : ds;
+            }
+        if (absent) {  // dO's and Q's non-finite values -> 0 for the products (S^T and dP^T read them unchanged)
+            __syncthreads();
+            tf_absent_scan<D, true>(smem_raw + (do_tile - base), bad_do);
+            tf_absent_scan<D, true>(smem_raw + (q_tile - base), bad_q);
+            __syncthreads();
+            fence_proxy_async();
+        }
+        tf_rs_product<D>(acc_v, pt, do_tile);  // dv += bf16(p^T) dO
+        tf_rs_product<D>(acc_k, dpt, q_tile);  // dk += bf16(dS^T) Q
+        wg_commit();
+        wg_wait0();
+        if (absent) {  // a visible non-finite dO / Q value: the last such query sees the key when any does
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = 8 * j + 2 * t + (e & 1);
+                    const int64_t kk = key[e >> 1];
+                    const int bv = bad_do[col], bk = bad_q[col];
+                    if (bv >= 0 && kk < k_len && kk <= offset + m0 + bv) acc_v[4 * j + e] = tf_nan();
+                    if (bk >= 0 && kk < k_len && kk <= offset + m0 + bk) acc_k[4 * j + e] = tf_nan();
+                }
+        }
+        __syncthreads();
+        issue_step(step + 2);
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        if (key[hh] >= k_len) continue;
+        bf16* krow = dk + (k_start + key[hh]) * s_gkt + kvh * s_gkh;
+        bf16* vrow = dv + (k_start + key[hh]) * s_gvt + kvh * s_gvh;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            krow[8 * j + 2 * t] = to_bf16(acc_k[4 * j + 2 * hh] * scale);
+            krow[8 * j + 2 * t + 1] = to_bf16(acc_k[4 * j + 2 * hh + 1] * scale);
+            vrow[8 * j + 2 * t] = to_bf16(acc_v[4 * j + 2 * hh]);
+            vrow[8 * j + 2 * t + 1] = to_bf16(acc_v[4 * j + 2 * hh + 1]);
+        }
+    }
+}
+
+template <int D>
+int launch_delta_declared_d(const void* o, const void* dout, void* delta, int64_t tq, int64_t heads, int64_t s_ot,
+                            int64_t s_oh, int64_t s_dt, int64_t s_dh, int64_t s_lh, cudaStream_t st) {
+    constexpr int64_t per_block = (TD_THREADS / 32) * (32 / (D / 8));
+    const int64_t blocks = cdiv(tq * heads, per_block);
+    if (blocks >= 2147483647LL) return static_cast<int>(cudaErrorInvalidValue);
+    attn_delta_declared_kernel<D><<<static_cast<unsigned>(blocks), TD_THREADS, 0, st>>>(
+        static_cast<const bf16*>(o), static_cast<const bf16*>(dout), static_cast<float*>(delta), tq, heads, s_ot, s_oh,
+        s_dt, s_dh, s_lh);
+    return launch_status();
+}
+
+template <int D>
+int launch_bwd_declared_d(const void* q, const void* k, const void* v, const void* dout, const void* lse,
+                          const void* delta, void* dq, void* dk, void* dv, const void* cu_q, const void* cu_k,
+                          int64_t batch, int64_t n_mblocks, int64_t n_nblocks, int64_t heads, int64_t kv_heads,
+                          int64_t group, int64_t s_qt, int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt,
+                          int64_t s_vh, int64_t s_dt, int64_t s_dh, int64_t s_lh, int64_t s_gqt, int64_t s_gqh,
+                          int64_t s_gkt, int64_t s_gkh, int64_t s_gvt, int64_t s_gvh, float scale, cudaStream_t st) {
+    using S = TbShape<D>;
+    if (int e = prepare(attn_bwd_dq_declared_kernel<D>, S::DQ_SMEM)) return e;
+    if (int e = prepare(attn_bwd_dkdv_declared_kernel<D>, S::DKDV_SMEM)) return e;
+    const bf16* qb = static_cast<const bf16*>(q);
+    const bf16* kb = static_cast<const bf16*>(k);
+    const bf16* vb = static_cast<const bf16*>(v);
+    const bf16* db = static_cast<const bf16*>(dout);
+    const float* lb = static_cast<const float*>(lse);
+    const float* deb = static_cast<const float*>(delta);
+    const int32_t* cq = static_cast<const int32_t*>(cu_q);
+    const int32_t* ck = static_cast<const int32_t*>(cu_k);
+    attn_bwd_dkdv_declared_kernel<D>
+        <<<dim3(static_cast<unsigned>(batch * n_nblocks), static_cast<unsigned>(kv_heads)), TF_THREADS, S::DKDV_SMEM, st>>>(
+            qb, kb, vb, db, lb, deb, static_cast<bf16*>(dk), static_cast<bf16*>(dv), cq, ck, n_nblocks, group, s_qt, s_qh,
+            s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh, s_gkt, s_gkh, s_gvt, s_gvh, scale);
+    if (int e = launch_status()) return e;
+    attn_bwd_dq_declared_kernel<D>
+        <<<dim3(static_cast<unsigned>(batch * n_mblocks), static_cast<unsigned>(heads)), TF_THREADS, S::DQ_SMEM, st>>>(
+            qb, kb, vb, db, lb, deb, static_cast<bf16*>(dq), cq, ck, n_mblocks, group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh,
+            s_dt, s_dh, s_lh, s_gqt, s_gqh, scale);
+    return launch_status();
+}
+
 int g_attn_fwd_form = 0;  // 0: attention.cu's CUDA-core form; 1: this file's (head dims 64 and 128)
 
 }  // namespace
@@ -444,6 +834,27 @@ int launch_decode_tc(const void* q, const void* kc, const void* vc, void* out, c
                                       s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
     return launch_decode_tc_d<128>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb,
                                    s_vt, s_vh, s_ob, s_oh, scale, st);
+}
+
+int launch_delta_declared(const void* o, const void* dout, void* delta, int64_t tq, int64_t heads, int64_t head_dim,
+                          int64_t s_ot, int64_t s_oh, int64_t s_dt, int64_t s_dh, int64_t s_lh, cudaStream_t st) {
+    if (head_dim == 64) return launch_delta_declared_d<64>(o, dout, delta, tq, heads, s_ot, s_oh, s_dt, s_dh, s_lh, st);
+    return launch_delta_declared_d<128>(o, dout, delta, tq, heads, s_ot, s_oh, s_dt, s_dh, s_lh, st);
+}
+
+int launch_bwd_declared(const void* q, const void* k, const void* v, const void* dout, const void* lse, const void* delta,
+                        void* dq, void* dk, void* dv, const void* cu_q, const void* cu_k, int64_t batch, int64_t n_mblocks,
+                        int64_t n_nblocks, int64_t heads, int64_t kv_heads, int64_t group, int64_t head_dim, int64_t s_qt,
+                        int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_dt, int64_t s_dh,
+                        int64_t s_lh, int64_t s_gqt, int64_t s_gqh, int64_t s_gkt, int64_t s_gkh, int64_t s_gvt,
+                        int64_t s_gvh, float scale, cudaStream_t st) {
+    if (head_dim == 64)
+        return launch_bwd_declared_d<64>(q, k, v, dout, lse, delta, dq, dk, dv, cu_q, cu_k, batch, n_mblocks, n_nblocks,
+                                         heads, kv_heads, group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh,
+                                         s_gqt, s_gqh, s_gkt, s_gkh, s_gvt, s_gvh, scale, st);
+    return launch_bwd_declared_d<128>(q, k, v, dout, lse, delta, dq, dk, dv, cu_q, cu_k, batch, n_mblocks, n_nblocks,
+                                      heads, kv_heads, group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh, s_gqt,
+                                      s_gqh, s_gkt, s_gkh, s_gvt, s_gvh, scale, st);
 }
 
 }  // namespace attn

@@ -90,14 +90,18 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
     return dq, dk, dv
 
 
-BWD_FORMS = {"fma": 0, "tensor_cores": 1}
+BWD_FORMS = {"fma": 0, "tensor_cores": 1, "declared": 2}
 """Forms of the backward (``rl_attention_bwd_form`` in ``attention_bwd.cu``): ``fma`` = every
 gradient element a sequential FP32 FMA chain on CUDA cores; ``tensor_cores``, the library's default
 since contract ``ws1-c1-v7`` (its ``declared_fma.attention``), = ``attn_bwd_dq_tc_kernel`` /
 ``attn_bwd_dkdv_tc_kernel`` for head dims 16 to 128 (D = 256 runs ``fma``): 41 against 539 ms of
 attention backward in a Qwen3-8B train step at 4 x 1024 tokens on the H200
-(``evidence/2026-12-04-h200-issue33-dc3e9ba/``). Both are deterministic and batch-invariant; their
-bits differ."""
+(``evidence/2026-12-04-h200-issue33-dc3e9ba/``); ``declared`` = ``attention_tc.cu``'s backward for
+head dims 64 and 128 (others take ``tensor_cores``' rule): the Triton backend's backward with
+``ROW_SUM_PINNED`` written out in CUDA on wgmma (``delta`` in ``_head_dim_sum``'s order, ``tl.exp``,
+``P`` and ``dS`` rounded to BF16 in registers), so that with the ``declared`` forward
+(:data:`FWD_FORMS`) both backends can give the same gradient bits; not yet run on a GPU. All are
+deterministic and batch-invariant; their bits differ."""
 
 
 def set_bwd_form(form: str) -> str:
