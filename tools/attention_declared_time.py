@@ -15,12 +15,16 @@ prints, in one process:
   (bits) and against the CUDA declared prefill row of the same query (bits), and the decode step's time
   in both CUDA forms and on Triton.
 
-    python tools/attention_declared_time.py [--shapes 4x1024,2x8192] [--decode 1x1024,16x8192] [--rep-ms 50]
+    python tools/attention_declared_time.py [--shapes 4x1024,2x8192] [--decode 1x1024,16x8192] [--rep-ms 50] [--out F.json]
+
+``--out`` also writes every printed record as JSON (``tools/h200_issue33.sh`` passes it: ``DECLARED_ATTN_ARGS``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +36,8 @@ from rl_engine.ops.attention._checks import LaunchPlan
 from rl_engine.ops.attention.api import attention_cuda, attention_decode_cuda, attention_decode_triton, attention_triton
 
 H, HKV, D = 32, 8, 128
+RECORDS: list[dict] = []
+"""What was printed, as records for ``--out``."""
 
 
 def _differ(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -69,6 +75,7 @@ def prefill(b: int, length: int, rep_ms: float) -> None:
     diffs = [_differ(tr[0], cu_[0]), _differ(tr[1], cu_[1])]
     diffs += [_differ(x, y) for x, y in zip(grads(attention_triton), grads(attention_cuda))]
     print(f"bits {tag}: differing elements out, lse, dq, dk, dv = {diffs}", flush=True)
+    RECORDS.append({"kind": "bits", "shape": tag, "differing": dict(zip(("out", "lse", "dq", "dk", "dv"), diffs))})
 
     qs, ks, vs = (x.view(b, length, -1, D).transpose(1, 2) for x in (q, k, v))
     ks, vs = (x.repeat_interleave(H // HKV, dim=1) for x in (ks, vs))
@@ -93,6 +100,7 @@ def prefill(b: int, length: int, rep_ms: float) -> None:
 
         f, fb = (time_fn(fn, warmup_ms=25.0, rep_ms=rep_ms).median_ms for fn in (fwd, fwd_bwd))
         rows.append((label, f, fb))
+        RECORDS.append({"kind": "time", "shape": tag, "impl": label, "forward_ms": f, "forward_backward_ms": fb})
         print(f"time {tag} {label}: forward {f:.3f} ms, forward+backward {fb:.3f} ms", flush=True)
 
     timed("sdpa", lambda a, bb, c: F.scaled_dot_product_attention(a, bb, c, is_causal=True, scale=scale))
@@ -124,8 +132,9 @@ def decode(b: int, context: int, rep_ms: float) -> None:
         cu_q = torch.tensor([0, 1], dtype=torch.int32, device=dev)
         cu_k = torch.tensor([0, context], dtype=torch.int32, device=dev)
         row = attention_cuda(q[:1], kc[0], vc[0], cu_q, cu_k, scale)
-    print(f"bits decode {tag}: differing vs triton {_differ(tr, cd)}, vs the cuda prefill row "
-          f"{_differ(row[0], cd[0])}", flush=True)
+    vs_triton, vs_prefill = _differ(tr, cd), _differ(row[0], cd[0])
+    print(f"bits decode {tag}: differing vs triton {vs_triton}, vs the cuda prefill row {vs_prefill}", flush=True)
+    RECORDS.append({"kind": "decode_bits", "shape": tag, "vs_triton": vs_triton, "vs_cuda_prefill_row": vs_prefill})
     for label, fn, setup in (("triton pinned", attention_decode_triton, None),
                              ("cuda fma", attention_decode_cuda, lambda: _forms("fma", "tensor_cores")),
                              ("cuda declared", attention_decode_cuda, lambda: _forms("declared", "declared"))):
@@ -138,6 +147,7 @@ def decode(b: int, context: int, rep_ms: float) -> None:
 
         ms = time_fn(step, warmup_ms=25.0, rep_ms=rep_ms).median_ms
         print(f"time decode {tag} {label}: {ms * 1000:.1f} us", flush=True)
+        RECORDS.append({"kind": "decode_time", "shape": tag, "impl": label, "us": ms * 1000})
 
 
 def main() -> None:
@@ -145,6 +155,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="4x1024,2x8192")
     ap.add_argument("--decode", default="1x1024,16x8192")
     ap.add_argument("--rep-ms", type=float, default=50.0)
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     old = attn_cuda.set_fwd_form("fma"), attn_cuda.set_bwd_form("tensor_cores"), attn_triton.ROW_SUM_PINNED
     try:
@@ -158,6 +169,8 @@ def main() -> None:
         attn_cuda.set_fwd_form(old[0])
         attn_cuda.set_bwd_form(old[1])
         attn_triton.ROW_SUM_PINNED = old[2]
+        if args.out is not None:
+            args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "records": RECORDS}, indent=1))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 # then, if ATTN_ARGS is set, the attention sweep (tools/attention_prefill_sweep.py), if LOGP_ARGS is
 # set, the linear_logp sweep (tools/linear_logp_sweep.py), if SWIGLU_ARGS is set, the fused gate / up +
 # SwiGLU sweep (tools/gate_up_swiglu_sweep.py), if REDUCE_ARGS is set, the norm dweight stage-2 sweep
-# (tools/rms_dw_reduce_sweep.py), and if BENCH_ARGS is set,
+# (tools/rms_dw_reduce_sweep.py), if DECLARED_ATTN_ARGS is set, the declared attention forms' bits and
+# time (tools/attention_declared_time.py), and if BENCH_ARGS is set,
 # `rl-engine bench $BENCH_ARGS`. SKIP_TESTS=1 / SKIP_SWEEP=1 /
 # SKIP_PROF=1 skip a step. Everything lands in $OUT/issue33.tgz (the only file it leaves).
 set -u
@@ -37,6 +38,7 @@ sweep "${ATTN_ARGS:-}" "${ATTN_TIMEOUT:-90}" attention_prefill_sweep.py attn_swe
 sweep "${LOGP_ARGS:-}" "${LOGP_TIMEOUT:-90}" linear_logp_sweep.py linear_logp_sweep
 sweep "${SWIGLU_ARGS:-}" "${SWIGLU_TIMEOUT:-90}" gate_up_swiglu_sweep.py gate_up_swiglu_sweep
 sweep "${REDUCE_ARGS:-}" "${REDUCE_TIMEOUT:-60}" rms_dw_reduce_sweep.py rms_dw_reduce_sweep
+sweep "${DECLARED_ATTN_ARGS:-}" "${DECLARED_ATTN_TIMEOUT:-150}" attention_declared_time.py attention_declared
 if [ -n "${BENCH_ARGS:-}" ]; then
   # shellcheck disable=SC2086
   timeout "$(left "${BENCH_TIMEOUT:-200}")" rl-engine bench $BENCH_ARGS --out "$R/bench" >"$R/bench-stdout.txt" 2>"$R/bench-progress.log"
