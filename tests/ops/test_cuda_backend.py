@@ -1185,6 +1185,59 @@ def test_declared_attention_form_is_checked(cuda_device):
     assert attn_cuda.set_fwd_form("fma") == "fma"  # the library's default
 
 
+def _declared_chain_runs(device, on: bool, rollout: bool, monkeypatch) -> dict:
+    """``{backend: StyleRun}`` of a 2-layer Qwen3 (head dim 64, GQA 4 / 2) on both backends with every
+    declared cross-backend switch ``on`` (Triton: the attention and linear_logp row-sum pins and the
+    declared log-sum-exp; cuda_bf16: the declared attention forward) or off: teacher forcing and, with
+    ``rollout``, KV-cache rollout decode of two sequences (prompts 5 and 66, completions 12 and 8: the second crosses a 64-key block)."""
+    from rl_engine.backends.registry import get_backend
+    from rl_engine.chain.config import Qwen3Config
+    from rl_engine.chain.fixtures import make_fixture
+    from rl_engine.chain.gate import HEAD
+    from rl_engine.chain.model import Qwen3Model
+    from rl_engine.chain.parity import run_styles
+    from rl_engine.chain.weights import synthetic_weights
+    from rl_engine.ops.attention import triton as attn_triton
+    from rl_engine.ops.linear_logp import triton as ll_triton
+    from rl_engine.ops.logp import declared
+
+    if device.type == "cpu":  # the host emulation stands in for the GPU the backend's probe asks for
+        monkeypatch.setitem(get_backend("cuda_bf16")._cache, "answer", (True, "host emulation (tests only)"))
+    for module in (attn_triton, ll_triton):
+        monkeypatch.setattr(module, "ROW_SUM_PINNED", on)
+    monkeypatch.setattr(declared, "DECLARED_LSE", on)
+    cfg = Qwen3Config(vocab_size=600, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-6, rope_theta=1e6,
+                      tie_word_embeddings=False, max_position_embeddings=512)
+    weights = synthetic_weights(cfg, 3, logit_scale=1.0, device=device)
+    batch = make_fixture(((5, 12), (66, 8)), 4, cfg.vocab_size).batch()
+    with _attention_fwd_form("declared" if on else "fma"):
+        return {b: run_styles(Qwen3Model(weights, b), batch, head=HEAD, rollout=rollout)
+                for b in ("triton_cuda_bf16", "cuda_bf16")}
+
+
+def test_declared_chain_trains_on_one_backend_and_rolls_out_on_the_other(cuda_device, monkeypatch):
+    """Issue #34's chain cell in small: with every declared cross-backend switch on, teacher forcing
+    on one backend and KV-cache rollout decode on the other give the same logprob bits both ways (the
+    strict profile: every token's dlogp exactly 0), and the two backends' teacher forcing is bitwise
+    equal. On a CPU: the Triton interpreter and the host emulation, which compares the sequences
+    (the MMA and exp are the same models there); the GPU compares the instructions. Control: with the
+    switches off (each backend's own sequences) the two teacher-forcing runs differ."""
+    from rl_engine.gate.compare import chain_metrics
+
+    strict = load_contract().chain_thresholds("strict")
+    runs = _declared_chain_runs(cuda_device, True, True, monkeypatch)
+    tr, cu = runs["triton_cuda_bf16"], runs["cuda_bf16"]
+    assert torch.equal(tr.train.view(torch.int32), cu.train.view(torch.int32)), "teacher forcing differs across backends"
+    for name, (lhs, rhs) in {"triton trains, cuda rolls out": (tr.train, cu.rollout),
+                             "cuda trains, triton rolls out": (cu.train, tr.rollout)}.items():
+        rep = chain_metrics(lhs, rhs, strict)
+        assert rep.passed, f"{name}: {rep.summary()}"
+    own = _declared_chain_runs(cuda_device, False, False, monkeypatch)
+    assert not chain_metrics(own["triton_cuda_bf16"].train, own["cuda_bf16"].train, strict).passed, \
+        "the backends' own sequences gave the same teacher-forcing bits: the check could not fail"
+
+
 # --------------------------------------------------------------------------------------- logprobs
 def test_linear_logp_equals_lm_head_then_logp_bitwise(cuda_device, monkeypatch):
     """One semantics for scoring (DESIGN row 14): fused and unfused give the same bits, also when V
