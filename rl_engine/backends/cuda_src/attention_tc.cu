@@ -156,6 +156,44 @@ __device__ __forceinline__ uint32_t tf_pack(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// This thread's place in the warpgroup's accumulator fragments: warp w holds rows 16 w .. 16 w + 15 of
+// the 64-row tile, lane 4 g + t rows 16 w + g (hh = 0) and + 8 (hh = 1), columns 8 j + 2 t, + 1.
+struct TfLane {
+    int warp, g, t;
+    __device__ __forceinline__ TfLane()
+        : warp(static_cast<int>(threadIdx.x) >> 5), g((static_cast<int>(threadIdx.x) & 31) >> 2),
+          t(static_cast<int>(threadIdx.x) & 3) {}
+    __device__ __forceinline__ int row(int hh) const { return 16 * warp + g + 8 * hh; }
+};
+
+// Sequence b's query and key ranges in the packed varlen layout.
+struct TfSeq {
+    int64_t q_start, q_len, k_start, k_len;
+    __device__ __forceinline__ TfSeq(const int32_t* cu_q, const int32_t* cu_k, int64_t b)
+        : q_start(cu_q[b]), q_len(static_cast<int64_t>(cu_q[b + 1]) - cu_q[b]), k_start(cu_k[b]),
+          k_len(static_cast<int64_t>(cu_k[b + 1]) - cu_k[b]) {}
+};
+
+// Rows r < rows of a [64, D] accumulator tile rounded once to BF16 (times `mul` first when SCALE)
+// at base + r * stride.
+template <int D, bool SCALE>
+__device__ __forceinline__ void tf_store_rows(const float (&acc)[D / 2], bf16* base, int64_t stride, int64_t rows,
+                                              float mul) {
+    const TfLane ln;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        if (ln.row(hh) >= rows) continue;
+        bf16* row = base + ln.row(hh) * stride;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+                const float x = acc[4 * j + 2 * hh + b];
+                row[8 * j + 2 * ln.t + b] = to_bf16(SCALE ? x * mul : x);
+            }
+    }
+}
+
 // s[32] = A @ B^T for two 64-row tiles of shared memory (byte offsets a, b from the window's start;
 // K-major, D columns): D / 16 wgmma m64n64k16 in increasing d, the first without accumulator input.
 // Issued only: the caller commits and waits.
@@ -203,6 +241,37 @@ __device__ __forceinline__ void tf_absent_scan(unsigned char* tile, int* bad) {
     bad[d] = found;
 }
 
+// A two-stage ring of KV blocks in shared memory: block jb's K tile at tile index first + 2 (jb % 2),
+// its V tile right after; rows from kv_len on zero-filled. issue(jb) starts the copies of block jb
+// (none past the last block) and commits them as one group, so cp_async_wait<1> at block jb means
+// "block jb has landed" when blocks jb and jb + 1 were issued before it.
+template <int D>
+struct TfKvRing {
+    unsigned char* smem;
+    const bf16* k;
+    const bf16* v;
+    int64_t s_k, s_v, kv_len, n_blocks;
+    int first;
+    bool vec;
+
+    __device__ __forceinline__ TfKvRing(unsigned char* smem_, const bf16* k_, int64_t s_k_, const bf16* v_,
+                                        int64_t s_v_, int64_t kv_len_, int64_t n_stop, int first_)
+        : smem(smem_), k(k_), v(v_), s_k(s_k_), s_v(s_v_), kv_len(kv_len_),
+          n_blocks(cdiv(n_stop, static_cast<int64_t>(TF_ROWS))), first(first_),
+          vec(aligned16(k_) && aligned16(v_) && s_k_ % 8 == 0 && s_v_ % 8 == 0) {}
+    __device__ __forceinline__ uint32_t k_tile(int64_t jb) const {
+        return TfShape<D>::TILE * static_cast<uint32_t>(first + 2 * (jb & 1));
+    }
+    __device__ __forceinline__ void issue(int64_t jb) const {
+        if (jb < n_blocks) {
+            const int64_t kv0 = jb * TF_ROWS;
+            tf_load<D>(smem, k_tile(jb), k + kv0 * s_k, s_k, kv_len - kv0, vec);
+            tf_load<D>(smem, k_tile(jb) + TfShape<D>::TILE, v + kv0 * s_v, s_v, kv_len - kv0, vec);
+        }
+        cp_async_commit();  // (an empty group past the last block keeps the wait count uniform)
+    }
+};
+
 // One thread's part of a 64-row tile after the KV walk: rows 16 w + g + 8 h (h = 0, 1) of the tile,
 // columns 8 j + 2 t + b of the accumulator in acc[4 j + 2 h + b].
 template <int D>
@@ -221,14 +290,12 @@ __device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, con
                                         int64_t s_v, int64_t kv_len, int64_t n_full, int64_t n_stop, int64_t lim0,
                                         int64_t lim_step, float scale) {
     using S = TfShape<D>;
-    const int tid = threadIdx.x;
-    const int warp = tid >> 5;
-    const int g = (tid & 31) >> 2;
-    const int t = tid & 3;
+    const TfLane ln;
+    const int t = ln.t;
     int64_t lim[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int r = 16 * warp + g + 8 * h;
+        const int r = ln.row(h);
         lim[h] = r < q_valid ? lim0 + r * lim_step : -1;
         st.m[h] = -INFINITY;
         st.l[h] = 0.0f;
@@ -237,26 +304,15 @@ __device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, con
     for (int e = 0; e < D / 2; ++e) st.acc[e] = 0.0f;
     int* first_bad = reinterpret_cast<int*>(smem + 5 * S::TILE);  // [D]: first non-finite key of a V column
 
-    const bool vec_q = aligned16(q_base) && s_q % 8 == 0;
-    const bool vec_kv = aligned16(k_base) && aligned16(v_base) && s_k % 8 == 0 && s_v % 8 == 0;
-    const int64_t n_blocks = cdiv(n_stop, static_cast<int64_t>(TF_ROWS));
-    auto issue_kv = [&](int64_t jb) {
-        if (jb < n_blocks) {
-            const int64_t kv0 = jb * TF_ROWS;
-            const uint32_t k_tile = S::TILE * (1 + 2 * (jb & 1));
-            tf_load<D>(smem, k_tile, k_base + kv0 * s_k, s_k, kv_len - kv0, vec_kv);
-            tf_load<D>(smem, k_tile + S::TILE, v_base + kv0 * s_v, s_v, kv_len - kv0, vec_kv);
-        }
-        cp_async_commit();  // (an empty group past the last block keeps the wait count uniform)
-    };
-    tf_load<D>(smem, 0, q_base, s_q, q_valid, vec_q);
-    issue_kv(0);
-    issue_kv(1);
+    const TfKvRing<D> ring(smem, k_base, s_k, v_base, s_v, kv_len, n_stop, 1);
+    tf_load<D>(smem, 0, q_base, s_q, q_valid, aligned16(q_base) && s_q % 8 == 0);
+    ring.issue(0);
+    ring.issue(1);
 
     const uint32_t base = smem_u32(smem);
-    for (int64_t jb = 0; jb < n_blocks; ++jb) {
+    for (int64_t jb = 0; jb < ring.n_blocks; ++jb) {
         const int64_t kv0 = jb * TF_ROWS;
-        const uint32_t k_tile = base + S::TILE * (1 + 2 * (jb & 1));
+        const uint32_t k_tile = base + ring.k_tile(jb);
         const uint32_t v_tile = k_tile + S::TILE;
         const bool full = kv0 < n_full;
         cp_async_wait<1>();
@@ -329,7 +385,7 @@ __device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, con
                 }
         }
         __syncthreads();  // every warp is done with this stage (and first_bad)
-        issue_kv(jb + 2);
+        ring.issue(jb + 2);
     }
     cp_async_wait<0>();
 }
@@ -339,13 +395,11 @@ __device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, con
 template <int D>
 __device__ __forceinline__ void tf_store(const TfState<D>& st, bf16* o_base, int64_t s_o, float* lse, int64_t s_l,
                                          int64_t valid) {
-    const int tid = threadIdx.x;
-    const int warp = tid >> 5;
-    const int g = (tid & 31) >> 2;
-    const int t = tid & 3;
+    const TfLane ln;
+    const int t = ln.t;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int r = 16 * warp + g + 8 * h;
+        const int r = ln.row(h);
         if (r >= valid) continue;
         const bool has = st.l[h] != 0.0f;  // 0: no visible key; NaN: a visible non-finite value
         const float den = has ? st.l[h] : 1.0f;
@@ -369,14 +423,11 @@ attn_fwd_tc_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const
                    float scale) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];  // the swizzle needs 1024-byte tiles
     if (smem_u32(smem_raw) & 1023u) __trap();
-    const int64_t b = blockIdx.x / n_mblocks;
     const int64_t q0 = (blockIdx.x % n_mblocks) * TF_ROWS;
     const int64_t h = blockIdx.y;
-    const int64_t q_start = cu_q[b];
-    const int64_t q_len = static_cast<int64_t>(cu_q[b + 1]) - q_start;
+    const TfSeq sq(cu_q, cu_k, blockIdx.x / n_mblocks);
+    const int64_t q_start = sq.q_start, q_len = sq.q_len, k_start = sq.k_start, k_len = sq.k_len;
     if (q0 >= q_len) return;  // uniform over the block
-    const int64_t k_start = cu_k[b];
-    const int64_t k_len = static_cast<int64_t>(cu_k[b + 1]) - k_start;
     const int64_t kvh = h / group;
     const int64_t rows = q_len - q0 < TF_ROWS ? q_len - q0 : TF_ROWS;
     const int64_t first_limit = k_len - q_len + q0;  // the tile's first row's causal limit
@@ -505,28 +556,23 @@ attn_bwd_dq_declared_kernel(const bf16* __restrict__ q, const bf16* __restrict__
     using S = TbShape<D>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     if (smem_u32(smem_raw) & 1023u) __trap();
-    const int64_t b = blockIdx.x / n_mblocks;
     const int64_t m0 = (blockIdx.x % n_mblocks) * TF_ROWS;
     const int64_t h = blockIdx.y;
-    const int64_t q_start = cu_q[b];
-    const int64_t q_len = static_cast<int64_t>(cu_q[b + 1]) - q_start;
+    const TfSeq sq(cu_q, cu_k, blockIdx.x / n_mblocks);
+    const int64_t q_start = sq.q_start, q_len = sq.q_len, k_start = sq.k_start, k_len = sq.k_len;
     if (m0 >= q_len) return;  // uniform over the block
-    const int64_t k_start = cu_k[b];
-    const int64_t k_len = static_cast<int64_t>(cu_k[b + 1]) - k_start;
     const int64_t kvh = h / group;
     const int64_t offset = k_len - q_len;
     const int64_t rows = q_len - m0 < TF_ROWS ? q_len - m0 : TF_ROWS;
     const int64_t n_stop = offset + m0 + TF_ROWS < k_len ? offset + m0 + TF_ROWS : k_len;
     const int64_t n_full = ((offset + m0 + 1) / TF_ROWS) * TF_ROWS;
-    const int tid = threadIdx.x;
-    const int warp = tid >> 5;
-    const int g = (tid & 31) >> 2;
-    const int t = tid & 3;
+    const TfLane ln;
+    const int t = ln.t;
     int64_t lim[2];
     float lse_r[2], delta_r[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-        const int r = 16 * warp + g + 8 * hh;
+        const int r = ln.row(hh);
         const bool ok = r < rows;
         lim[hh] = ok ? offset + m0 + r : -1;
         lse_r[hh] = ok ? lse[h * s_lh + q_start + m0 + r] : 0.0f;
@@ -539,29 +585,18 @@ attn_bwd_dq_declared_kernel(const bf16* __restrict__ q, const bf16* __restrict__
 
     const bf16* q_base = q + (q_start + m0) * s_qt + h * s_qh;
     const bf16* do_base = dout + (q_start + m0) * s_dt + h * s_dh;
-    const bf16* k_base = k + k_start * s_kt + kvh * s_kh;
-    const bf16* v_base = v + k_start * s_vt + kvh * s_vh;
+    const TfKvRing<D> ring(smem_raw, k + k_start * s_kt + kvh * s_kh, s_kt, v + k_start * s_vt + kvh * s_vh, s_vt, k_len,
+                           n_stop, 2);
     const bool vec_q = aligned16(q_base) && aligned16(do_base) && s_qt % 8 == 0 && s_dt % 8 == 0;
-    const bool vec_kv = aligned16(k_base) && aligned16(v_base) && s_kt % 8 == 0 && s_vt % 8 == 0;
-    const int64_t n_blocks = cdiv(n_stop, static_cast<int64_t>(TF_ROWS));
-    auto issue_kv = [&](int64_t jb) {
-        if (jb < n_blocks) {
-            const int64_t kv0 = jb * TF_ROWS;
-            const uint32_t k_tile = S::TILE * (2 + 2 * (jb & 1));
-            tf_load<D>(smem_raw, k_tile, k_base + kv0 * s_kt, s_kt, k_len - kv0, vec_kv);
-            tf_load<D>(smem_raw, k_tile + S::TILE, v_base + kv0 * s_vt, s_vt, k_len - kv0, vec_kv);
-        }
-        cp_async_commit();
-    };
     tf_load<D>(smem_raw, 0, q_base, s_qt, rows, vec_q);
     tf_load<D>(smem_raw, S::TILE, do_base, s_dt, rows, vec_q);
-    issue_kv(0);
-    issue_kv(1);
+    ring.issue(0);
+    ring.issue(1);
 
     const uint32_t base = smem_u32(smem_raw);
-    for (int64_t jb = 0; jb < n_blocks; ++jb) {
+    for (int64_t jb = 0; jb < ring.n_blocks; ++jb) {
         const int64_t kv0 = jb * TF_ROWS;
-        const uint32_t k_tile = base + S::TILE * (2 + 2 * (jb & 1));
+        const uint32_t k_tile = base + ring.k_tile(jb);
         const uint32_t v_tile = k_tile + S::TILE;
         const bool full = kv0 < n_full;
         cp_async_wait<1>();
@@ -602,20 +637,10 @@ attn_bwd_dq_declared_kernel(const bf16* __restrict__ q, const bf16* __restrict__
                 }
         }
         __syncthreads();
-        issue_kv(jb + 2);
+        ring.issue(jb + 2);
     }
     cp_async_wait<0>();
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const int r = 16 * warp + g + 8 * hh;
-        if (r >= rows) continue;
-        bf16* row = dq + (q_start + m0 + r) * s_gt + h * s_gh;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            row[8 * j + 2 * t] = to_bf16(acc[4 * j + 2 * hh] * scale);
-            row[8 * j + 2 * t + 1] = to_bf16(acc[4 * j + 2 * hh + 1] * scale);
-        }
-    }
+    tf_store_rows<D, true>(acc, dq + (q_start + m0) * s_gt + h * s_gh, s_gt, rows, scale);
 }
 
 template <int D>
@@ -630,14 +655,11 @@ attn_bwd_dkdv_declared_kernel(const bf16* __restrict__ q, const bf16* __restrict
     using S = TbShape<D>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     if (smem_u32(smem_raw) & 1023u) __trap();
-    const int64_t b = blockIdx.x / n_nblocks;
     const int64_t n0 = (blockIdx.x % n_nblocks) * TF_ROWS;
     const int64_t kvh = blockIdx.y;
-    const int64_t k_start = cu_k[b];
-    const int64_t k_len = static_cast<int64_t>(cu_k[b + 1]) - k_start;
+    const TfSeq sq(cu_q, cu_k, blockIdx.x / n_nblocks);
+    const int64_t q_start = sq.q_start, q_len = sq.q_len, k_start = sq.k_start, k_len = sq.k_len;
     if (n0 >= k_len) return;  // uniform over the block
-    const int64_t q_start = cu_q[b];
-    const int64_t q_len = static_cast<int64_t>(cu_q[b + 1]) - q_start;
     const int64_t offset = k_len - q_len;  // position of query 0
     const int64_t keys = k_len - n0 < TF_ROWS ? k_len - n0 : TF_ROWS;
     // the first query block holding a query that sees key n0; from m_full on every query sees the block
@@ -650,12 +672,11 @@ attn_bwd_dkdv_declared_kernel(const bf16* __restrict__ q, const bf16* __restrict
     const int64_t steps = group * per_head;
 
     const int tid = threadIdx.x;
-    const int warp = tid >> 5;
-    const int g = (tid & 31) >> 2;
-    const int t = tid & 3;
+    const TfLane ln;
+    const int t = ln.t;
     int64_t key[2];
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) key[hh] = n0 + 16 * warp + g + 8 * hh;
+    for (int hh = 0; hh < 2; ++hh) key[hh] = n0 + ln.row(hh);
     float acc_k[D / 2], acc_v[D / 2];
 #pragma unroll
     for (int e = 0; e < D / 2; ++e) {
@@ -748,19 +769,8 @@ attn_bwd_dkdv_declared_kernel(const bf16* __restrict__ q, const bf16* __restrict
         issue_step(step + 2);
     }
     cp_async_wait<0>();
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        if (key[hh] >= k_len) continue;
-        bf16* krow = dk + (k_start + key[hh]) * s_gkt + kvh * s_gkh;
-        bf16* vrow = dv + (k_start + key[hh]) * s_gvt + kvh * s_gvh;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            krow[8 * j + 2 * t] = to_bf16(acc_k[4 * j + 2 * hh] * scale);
-            krow[8 * j + 2 * t + 1] = to_bf16(acc_k[4 * j + 2 * hh + 1] * scale);
-            vrow[8 * j + 2 * t] = to_bf16(acc_v[4 * j + 2 * hh]);
-            vrow[8 * j + 2 * t + 1] = to_bf16(acc_v[4 * j + 2 * hh + 1]);
-        }
-    }
+    tf_store_rows<D, true>(acc_k, dk + (k_start + n0) * s_gkt + kvh * s_gkh, s_gkt, keys, scale);
+    tf_store_rows<D, false>(acc_v, dv + (k_start + n0) * s_gvt + kvh * s_gvh, s_gvt, keys, 1.0f);
 }
 
 template <int D>
