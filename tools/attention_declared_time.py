@@ -6,7 +6,8 @@ backend's attention with ``ROW_SUM_PINNED`` written out in CUDA (docs/declared-a
 prints, in one process:
 
 * bits: the CUDA declared forms against the pinned Triton attention (output, ``lse``; dq, dk, dv under
-  one upstream gradient), the number of differing elements per tensor (0 everywhere is the claim);
+  one upstream gradient), the number of differing elements per tensor (0 everywhere is the claim),
+  and as the control the CUDA backend's own forms' output against the same (it must differ);
 * time (``rl_engine.bench.timing``, L2 flushed per call): forward and forward + backward of the Triton
   attention (pin off and on), the CUDA attention in its own forms (``fma`` forward, ``tensor_cores``
   backward) and in the declared forms, and PyTorch's SDPA (flash, causal, the same tokens as B
@@ -74,8 +75,13 @@ def prefill(b: int, length: int, rep_ms: float) -> None:
         cu_ = attn_cuda.attention_fwd(q, k, v, cu, cu, scale, plan)
     diffs = [_differ(tr[0], cu_[0]), _differ(tr[1], cu_[1])]
     diffs += [_differ(x, y) for x, y in zip(grads(attention_triton), grads(attention_cuda))]
-    print(f"bits {tag}: differing elements out, lse, dq, dk, dv = {diffs}", flush=True)
-    RECORDS.append({"kind": "bits", "shape": tag, "differing": dict(zip(("out", "lse", "dq", "dk", "dv"), diffs))})
+    _forms("fma", "tensor_cores")  # control: the CUDA backend's own forms must differ from Triton's
+    with torch.no_grad():
+        control = _differ(tr[0], attn_cuda.attention_fwd(q, k, v, cu, cu, scale, plan)[0])
+    print(f"bits {tag}: differing elements out, lse, dq, dk, dv = {diffs}; control (own forms, out) {control}",
+          flush=True)
+    RECORDS.append({"kind": "bits", "shape": tag, "differing": dict(zip(("out", "lse", "dq", "dk", "dv"), diffs)),
+                    "control_own_forms_out_differing": control})
 
     qs, ks, vs = (x.view(b, length, -1, D).transpose(1, 2) for x in (q, k, v))
     ks, vs = (x.repeat_interleave(H // HKV, dim=1) for x in (ks, vs))
