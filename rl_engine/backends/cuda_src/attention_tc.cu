@@ -89,25 +89,6 @@ __device__ __forceinline__ void tf_load(unsigned char* smem, uint32_t tile, cons
 }
 
 #ifndef RL_HOST_EMU  // (the host emulator, tests/cuda_emu/emu.h, has its own)
-// d[32] (+)= A (64 x 16, K-major descriptor da) @ B (16 x 64, K-major descriptor db); accumulate 0: d is
-// not read (scale-d 0). Fragment: gemm.cu's wgmma_n64.
-__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(accumulate));
-}
-
 // d[N / 2] += A (64 x 16 BF16 in registers: the m16n8k16 A fragment of the thread's warp, rows 16 w ..
 // 16 w + 15) @ B (16 x N, MN-major descriptor db: the transpose flag). N = 64 or 128.
 template <int N>

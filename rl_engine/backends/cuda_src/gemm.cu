@@ -725,26 +725,9 @@ __device__ __forceinline__ uint4 ld_cluster16(uint32_t local, int rank) {
     return v;
 }
 
-// d[32] += A (64 x 16, descriptor da) @ B (16 x 64, K-major descriptor db), FP32 accumulation.
-// Accumulator fragment (PTX ISA, m64nNk16): warp w holds rows 16 w .. 16 w + 15; for 8-column
-// group j, lane 4 g + t holds (16 w + g, 8 j + 2 t + {0, 1}) in d[4 j], d[4 j + 1] and row + 8 in
-// d[4 j + 2], d[4 j + 3].
-__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"  // scale-d: accumulate into d
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(1));
-}
+// d[32] += A (64 x 16, descriptor da) @ B (16 x 64, K-major descriptor db), FP32 accumulation
+// (gemm.cuh's wgmma_ss_n64, accumulating).
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db) { wgmma_ss_n64(d, da, db, 1); }
 
 template <bool OUT_F32, int STAGES, int MERGE>
 __global__ void __launch_bounds__(128) gemv_wgmma_kernel(TreeArgs g, void* out, int64_t s_om, int64_t s_on,
