@@ -139,6 +139,33 @@ absolute contract tolerance is still asserted. Whether the gate should exempt th
 exception from the relative criterion is the project's decision."""
 
 
+def _assert_judgments_green(op: str, impl, workload, device, label: str) -> None:
+    """The gate's judgments for ``impl`` of ``op`` on ``workload``'s cases: forward and gradient
+    accuracy green against the FP32 reference, and each invariance transform, forward and gradient,
+    bitwise equal with its planted one-ulp control caught. ``label`` names the implementation in
+    failures."""
+    spec = get_spec(op)
+    contract = load_contract()
+    prepared = [prepare_forward(spec, c) for c in spec.build_cases(workload, SEED, device)]
+    _assert_green(op, "forward", *forward_accuracy(spec, impl, prepared, contract))
+    grads = [prepare_gradient(spec, c) for c in spec.build_grad_cases(workload, GRAD_SEED, device)]
+    _assert_green(op, "gradient", *gradient_accuracy(spec, impl, grads, contract))
+    for direction in ("forward", "gradient"):
+        case = (spec.build_grad_cases(workload, GRAD_SEED, device)[0] if direction == "gradient"
+                else spec.build_cases(workload, SEED, device)[-1])
+        for name in TRANSFORMS:
+            fn = spec.transforms.get(name)
+            if not callable(fn):
+                continue
+            pairs = fn(impl, case, direction, False)
+            assert pairs, f"{op}.{name}: no comparisons"
+            bad = [q.label for q in pairs if not _bits_equal(q.canonical, q.transformed)]
+            assert not bad, f"{label} {op} {direction} {name}: not bitwise equal: {bad[:5]}"
+            planted = fn(impl, case, direction, True)
+            assert any(not _bits_equal(q.canonical, q.transformed) for q in planted), \
+                f"{label} {op} {direction} {name}: the planted control was not caught"
+
+
 def _assert_green(op: str, direction: str, status: str, reason: str, details: dict) -> None:
     if status == GREEN:
         return
@@ -1137,28 +1164,9 @@ def test_declared_attention_accuracy_and_invariance(cuda_device):
     gradient, with its planted control caught."""
     from rl_engine.ops.attention import cuda as attn_cuda
 
-    spec = get_spec("attention")
-    contract = load_contract()
     w = dataclasses.replace(SMOKE, heads=8, kv_heads=2, head_dim=64)
     with _attention_fwd_form("declared"), _library_setting(attn_cuda.set_bwd_form, "declared"):
-        prepared = [prepare_forward(spec, c) for c in spec.build_cases(w, SEED, cuda_device)]
-        _assert_green("attention", "forward", *forward_accuracy(spec, attention_cuda, prepared, contract))
-        grads = [prepare_gradient(spec, c) for c in spec.build_grad_cases(w, GRAD_SEED, cuda_device)]
-        _assert_green("attention", "gradient", *gradient_accuracy(spec, attention_cuda, grads, contract))
-        for direction in ("forward", "gradient"):
-            case = (spec.build_grad_cases(w, GRAD_SEED, cuda_device)[0] if direction == "gradient"
-                    else spec.build_cases(w, SEED, cuda_device)[-1])
-            for name in TRANSFORMS:
-                fn = spec.transforms.get(name)
-                if not callable(fn):
-                    continue
-                pairs = fn(attention_cuda, case, direction, False)
-                assert pairs, f"attention.{name}: no comparisons"
-                bad = [p.label for p in pairs if not _bits_equal(p.canonical, p.transformed)]
-                assert not bad, f"attention {direction} {name} (tensor-core forward): not bitwise equal: {bad[:5]}"
-                planted = fn(attention_cuda, case, direction, True)
-                assert any(not _bits_equal(p.canonical, p.transformed) for p in planted), \
-                    f"attention {direction} {name}: the planted control was not caught"
+        _assert_judgments_green("attention", attention_cuda, w, cuda_device, "cuda_bf16 declared forms")
 
 
 def test_declared_attention_form_is_checked(cuda_device):
@@ -1711,27 +1719,8 @@ def test_declared_lse_is_accurate_and_invariant(cuda_device, op, backend, monkey
     from rl_engine.ops.logp import declared
 
     monkeypatch.setattr(declared, "DECLARED_LSE", True)
-    spec = get_spec(op)
-    impl = CUDA_IMPLS[op] if backend == "cuda_bf16" else spec.impls[backend]
-    contract = load_contract()
-    prepared = [prepare_forward(spec, c) for c in spec.build_cases(SMOKE, SEED, cuda_device)]
-    _assert_green(op, "forward", *forward_accuracy(spec, impl, prepared, contract))
-    grads = [prepare_gradient(spec, c) for c in spec.build_grad_cases(SMOKE, GRAD_SEED, cuda_device)]
-    _assert_green(op, "gradient", *gradient_accuracy(spec, impl, grads, contract))
-    for direction in ("forward", "gradient"):
-        case = (spec.build_grad_cases(SMOKE, GRAD_SEED, cuda_device)[0] if direction == "gradient"
-                else spec.build_cases(SMOKE, SEED, cuda_device)[-1])
-        for name in TRANSFORMS:
-            fn = spec.transforms.get(name)
-            if not callable(fn):
-                continue
-            pairs = fn(impl, case, direction, False)
-            assert pairs, f"{op}.{name}: no comparisons"
-            bad = [q.label for q in pairs if not _bits_equal(q.canonical, q.transformed)]
-            assert not bad, f"{backend} {op} {direction} {name}: not bitwise equal: {bad[:5]}"
-            planted = fn(impl, case, direction, True)
-            assert any(not _bits_equal(q.canonical, q.transformed) for q in planted), \
-                f"{backend} {op} {direction} {name}: the planted control was not caught"
+    impl = CUDA_IMPLS[op] if backend == "cuda_bf16" else get_spec(op).impls[backend]
+    _assert_judgments_green(op, impl, SMOKE, cuda_device, backend)
 
 
 def test_programmatic_launch_mode_is_set_restored_and_checked(cuda_device):
