@@ -326,7 +326,7 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
     mma.sync, 128 x 128 tiles, held leaf sums in registers; also the leaf-parallel form, the FP32
     output, and a misaligned view falling back to form 0), form 2 (128 x 256 tiles, held sums in
     shared memory), form 3 (tree_wgmma_kernel: wgmma for the training step's three layouts, form 1
-    for the remaining m-k; also the FP32 output; in the emulation through a decoder of the ISA's
+    for the remaining m-k; also the leaf-parallel form and the FP32 output; in the emulation through a decoder of the ISA's
     canonical descriptor layouts, which cannot show whether the hardware reads them so). The test
     first checks that the pipelined kernel can run each case (tree_pipe_ok). Control: a depth-1 tree
     in the same form differs from the depth-2 one."""
@@ -339,11 +339,11 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
             assert dg_cuda.tree_pipe_ok(a, b, depth), f"{name} depth {depth}: the pipelined kernel cannot run it"
             with _tree_gemm_form(0):
                 wmma = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
-                wmma_leaves = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True) if depth and form == 1 else None
+                wmma_leaves = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True) if depth and form != 2 else None
             with _tree_gemm_form(form):
                 pipe = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
                 assert _bits_equal(pipe, wmma), f"{name} depth {depth} form {form}"
-                if wmma_leaves is not None:  # (forms 2 and 3 run the leaf-parallel leaves as form 1 does)
+                if wmma_leaves is not None:  # (form 2 runs the leaf-parallel leaves as form 1 does)
                     assert _bits_equal(dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True), wmma_leaves), \
                         f"{name} depth {depth} leaf-parallel"
         if form != 2:  # (form 2 runs the FP32 output as form 1 does)

@@ -551,11 +551,15 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t
 // HILO (DEPTH 0): the hi / lo GEMM of rl_gemm_hilo (tree_pipe_kernel's HILO) with the warpgroup MMA:
 // slot s holds 64 k of part s % 2 (hi, then lo at a_lo) of block s / 2, all four k16 products issued
 // (zero-filled past K), one accumulator from acc_in (or 0) over every slot.
-template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool HILO = false>
+// LEAVES (DEPTH 0): the leaf-parallel form's leaves, leaf blockIdx.z of the tree's bounds into the
+// BF16 workspace g.c (leaf z at z * M * N, row stride g.s_cm, unit column stride).
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool HILO = false, bool LEAVES = false>
 __global__ void __launch_bounds__(TW_THREADS, 1)
     tree_wgmma_kernel(TreeArgs g, int pairs, const bf16* a_lo, const float* acc_in, int64_t s_acc) {
-    static_assert(!(OUT_F32 || HILO) || DEPTH == 0, "FP32 output and hi / lo are single leaves");
+    static_assert(!(OUT_F32 || HILO || LEAVES) || DEPTH == 0, "FP32 output, hi / lo and the leaf workspace are single leaves");
+    static_assert(!(HILO && LEAVES), "hi / lo products have no leaf workspace");
     constexpr int NL = 1 << DEPTH;
+    const int first = LEAVES ? static_cast<int>(blockIdx.z) : 0;  // the block's first leaf
     extern __shared__ __align__(1024) unsigned char smem_raw[];  // the swizzle needs 1024-byte slots
     const int tid = threadIdx.x;
     const int wg = tid >> 7;            // warpgroup: rows 64 wg .. 64 wg + 63 of the tile
@@ -578,13 +582,13 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
     ca.init(g.a, g.s_am, g.s_ak, m0, g.M);
     cb.init(g.b, g.s_bn, g.s_bk, n0, g.N);
 
-    // The copy cursor: leaf lf, slot at k0 (64 k); lf == NL: every slot issued.
-    int lf = 0;
-    int64_t k0 = tp_bound(g, 0);
+    // The copy cursor: leaf lf, slot at k0 (64 k); lf == first + NL: every slot issued.
+    int lf = first;
+    int64_t k0 = tp_bound(g, first);
     auto skip_empty = [&]() {
-        while (lf < NL && k0 >= tp_bound(g, lf + 1)) {
+        while (lf < first + NL && k0 >= tp_bound(g, lf + 1)) {
             ++lf;
-            if (lf < NL) k0 = tp_bound(g, lf);
+            if (lf < first + NL) k0 = tp_bound(g, lf);
         }
     };
     if (!HILO) skip_empty();
@@ -599,7 +603,7 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
                 ca.issue(d, kk, g.K, g.s_ak, g.a, (issued & 1) ? lo_part : 0);
                 cb.issue(d + TW_HALF, kk, g.K, g.s_bk, g.a);
             }
-        } else if (lf < NL) {
+        } else if (lf < first + NL) {
             const int64_t hi = tp_bound(g, lf + 1);
             ca.issue(d, k0, hi, g.s_ak, g.a);
             cb.issue(d + TW_HALF, k0, hi, g.s_bk, g.a);
@@ -625,7 +629,7 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
     int consumed = 0;
 #pragma unroll
     for (int l = 0; l < NL; ++l) {
-        const int64_t width = tp_bound(g, l + 1) - tp_bound(g, l);
+        const int64_t width = tp_bound(g, first + l + 1) - tp_bound(g, first + l);
         const int64_t steps = HILO ? 2 * hilo_slots : cdiv(width, static_cast<int64_t>(TB_K));
         const int64_t slots = HILO ? hilo_slots : cdiv(width, static_cast<int64_t>(TW_SK));
 #pragma unroll
@@ -678,6 +682,7 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
 
     const int gq = lane >> 2;
     const int t = lane & 3;
+    const int64_t leaf_off = LEAVES ? static_cast<int64_t>(first) * g.M * g.N : 0;
 #pragma unroll
     for (int j = 0; j < TW_BN / 8; ++j)
 #pragma unroll
@@ -686,7 +691,7 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
             const int64_t r = m0 + 64 * wg + 16 * warp + gq + 8 * p;
             const int64_t c = n0 + 8 * j + 2 * t;
             if (r >= g.M || c >= g.N) continue;
-            const int64_t off = r * g.s_cm + c * g.s_cn;
+            const int64_t off = r * g.s_cm + c * g.s_cn + leaf_off;
             const bool two = c + 1 < g.N;
             if (OUT_F32) {
                 float* o = static_cast<float*>(g.c) + off;
@@ -720,15 +725,17 @@ bool tree_wgmma_ok(const TreeArgs& g, int leaves) {
     return !(a_k || b_k) || (g.bounds[leaves] & 7) == 0;  // and, K-major, the last leaf's end
 }
 
-template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN>
-int launch_tree_wgmma_as(const TreeArgs& g, cudaStream_t st) {
-    auto kernel = tree_wgmma_kernel<DEPTH, OUT_F32, A_MN, B_MN>;
+// LEAVES: one block per (tile, leaf) of [0, leaves) into the workspace g.c (tree_wgmma_kernel's LEAVES).
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false>
+int launch_tree_wgmma_as(const TreeArgs& g, cudaStream_t st, int leaves = 1) {
+    auto kernel = tree_wgmma_kernel<DEPTH, OUT_F32, A_MN, B_MN, false, LEAVES>;
     constexpr int smem = TW_STAGES * TW_SLOT;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
         return static_cast<int>(e);
     const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
     const int pairs = tp_pairs(g.c, g.s_cm, g.s_cn, OUT_F32);
-    kernel<<<static_cast<unsigned>(tiles), TW_THREADS, smem, st>>>(g, pairs, nullptr, nullptr, 0);
+    const dim3 grid(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(LEAVES ? leaves : 1));
+    kernel<<<grid, TW_THREADS, smem, st>>>(g, pairs, nullptr, nullptr, 0);
     return launch_status();
 }
 
@@ -780,6 +787,17 @@ int rl::launch_pipe_f32(const TreeArgs& g, cudaStream_t st) {
 }
 
 int rl::launch_pipe_leaves(const TreeArgs& g, int leaves, bf16* w, cudaStream_t st) {
+    if (g_tree_form == 3 && tree_wgmma_ok(g, leaves)) {  // the same leaves on the warpgroup MMA
+        TreeArgs gw = g;
+        gw.c = w;
+        gw.s_cm = g.N;
+        gw.s_cn = 1;
+        if (g.s_ak == 1) {
+            if (g.s_bk == 1) return launch_tree_wgmma_as<0, false, false, false, true>(gw, st, leaves);
+            return launch_tree_wgmma_as<0, false, false, true, true>(gw, st, leaves);
+        }
+        return launch_tree_wgmma_as<0, false, true, true, true>(gw, st, leaves);
+    }
     return launch_tree_pipe<TpForm1, 0, false, true>(g, leaves, w, g.N, 1, st);
 }
 

@@ -170,8 +170,8 @@ form 1. Form 3: the fused tree by ``tree_wgmma_kernel``, two warpgroups per 128 
 128-byte-swizzle ring slots of 64 k: K-major slots (the warpgroup GEMV's layout) for K-contiguous
 operands, MN-major slots read with the instruction's transpose flag for the backward's M- / N-
 contiguous ones (the layouts (K, K), (K, MN), (MN, MN) of ``x @ w^T``, ``dy @ w``, ``x^T @ dy``),
-with a K-contiguous operand every leaf bound a multiple of 8; the FP32 logits (K, K) too; the rest as
-form 1. Same leaves, steps, k16 products in the same order and roundings per output element, so the same
+with a K-contiguous operand every leaf bound a multiple of 8; the leaf-parallel form's leaves (one block
+per tile and leaf) and the FP32 logits (K, K) too; the rest as form 1. Same leaves, steps, k16 products in the same order and roundings per output element, so the same
 bits (forms 1 to 3 tested against form 0 in the host emulation, whose warpgroup MMA reads the
 operands through a decoder of the PTX ISA's canonical descriptor layouts). On the H200 all three gave
 form 0's bits at every Qwen3-8B projection shape and product, at 0.19-0.46x cuBLAS for form 3 against
