@@ -447,7 +447,8 @@ int launch_hilo_as(const TreeArgs& g, const bf16* lo, const float* acc_in, int64
 // tree_pipe_kernel's leaves and merges with the Hopper warpgroup MMA. A block of two warpgroups owns a
 // 128 x 128 output tile, warpgroup w rows 64 w .. 64 w + 63, and multiplies with wgmma.mma_async
 // m64n128k16 from the 128-byte-swizzle K-major ring slots of gemv_wgmma_kernel (64 k of 128 A rows and
-// 128 B rows per slot, 32 KB; TW_STAGES slots). The K loop of each leaf is the fused kernel's: 32-wide
+// 128 B rows per slot, 32 KB; TW_STAGES slots: TW_AHEAD loading, one multiplied, one whose MMAs may still
+// run, so one block barrier per slot). The K loop of each leaf is the fused kernel's: 32-wide
 // steps from the leaf's first index in increasing k, each two k16 products, zero-filled past the leaf's
 // end (a slot's second step is left out when the leaf ends inside its first), one FP32 accumulator per
 // output element that takes one k16 product per instruction in increasing k, as the HMMA of mma.sync
@@ -466,7 +467,8 @@ constexpr int TW_BN = 128;
 constexpr int TW_SK = 2 * TB_K;                     // k per ring slot
 constexpr int TW_HALF = TW_BM * TW_SK * 2;          // bytes of one operand in a slot
 constexpr int TW_SLOT = 2 * TW_HALF;                // A rows, then B rows
-constexpr int TW_STAGES = 4;
+constexpr int TW_AHEAD = 3;               // slots whose copies are in flight ahead of the MMAs
+constexpr int TW_STAGES = TW_AHEAD + 2;   // + the slot being multiplied + the one whose MMAs may still run
 constexpr int TW_THREADS = 256;
 
 // One thread's four 16-byte copies of one operand per slot (1024 per operand: 256 threads x 4).
@@ -614,7 +616,7 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
         ++issued;
     };
 #pragma unroll
-    for (int s = 0; s < TW_STAGES - 1; ++s) issue_next();
+    for (int s = 0; s < TW_AHEAD; ++s) issue_next();
 
     // This warpgroup's 64 A rows (K-major: 64 rows of 128 bytes; MN-major: atom wg), all 128 B rows; a
     // k16 product starts 32 bytes (K-major) or 16 k rows = 2048 bytes (MN-major) further on.
@@ -643,9 +645,11 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
             acc[e] = v;
         }
         for (int64_t i = 0; i < slots; ++i, ++consumed) {
-            cp_async_wait<TW_STAGES - 2>();
-            __syncthreads();      // this slot has landed for every thread
-            fence_proxy_async();  // ... and is visible to the warpgroup MMA's reads
+            cp_async_wait<TW_AHEAD - 1>();
+            __syncthreads();      // this slot has landed for every thread, and every warpgroup has passed
+                                  // the previous slot's wg_wait1, so the MMAs of the slot before that are done
+            issue_next();         // ... and its ring place takes the slot TW_AHEAD on
+            fence_proxy_async();  // this slot is visible to the warpgroup MMA's reads
             const uint64_t off = static_cast<uint64_t>(((consumed % TW_STAGES) * TW_SLOT) >> 4);
             const uint64_t da = desc0 + off;
             const uint64_t db = descb0 + off;
@@ -657,9 +661,7 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
                 wgmma_n128<TA, TB>(acc, da + 3 * A_K16, db + 3 * B_K16);
             }
             wg_commit();
-            wg_wait1();       // this warp's MMAs of the slot before have completed
-            __syncthreads();  // ... every warp's: its ring place takes the next slot
-            issue_next();
+            wg_wait1();  // this warpgroup's MMAs of the slot before have completed
         }
         wg_wait0();  // the leaf's sums are in acc
         if (!OUT_F32) {
