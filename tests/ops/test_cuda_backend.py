@@ -807,8 +807,8 @@ def test_attention_score_chains_keep_their_order(cuda_device):
     """The prefill's scores are FMA chains over d in increasing order, as the decode step's: on a query
     and key whose products are 2^24, 0, 3, -1, ..., -2^24 the running FP32 sum rounds differently
     in another order (2^24 + 3 rounds to 2^24 + 4, then - 1 stays there; - 1 first gives 2^24 + 2),
-    and the scores move the softmax, so a prefill that changed the order (e.g. a register tile that
-    adds a pair's two products the other way round) would differ from the decode row."""
+    and the scores move the softmax, so a prefill that changed the order (e.g. the register tile of
+    dot_block adding a pair's two products the other way round) would differ from the decode row."""
     d = 32
     q = torch.zeros((3, 2, d), dtype=torch.float32)
     k = torch.randn((3, 1, d), generator=torch.Generator().manual_seed(4)) * 0.1

@@ -44,6 +44,36 @@ using namespace rl::attn;
 
 namespace {
 
+// This thread's RPT x AT_CPT scores of a block, unscaled: dots[i][jj] = q[rg + 16 i] . k[cs + 16 jj],
+// each the FMA chain over d = 0 .. D-1 in order that dot_row computes (the same bits), with the
+// RPT query pairs and AT_CPT key pairs of a d step loaded once for all of them (a register tile:
+// a quarter of dot_row's shared-memory loads per FMA).
+template <int D, int RPT>
+__device__ __forceinline__ void dot_block(float (&dots)[RPT][AT_CPT], const bf16* qs, const bf16* ks, int rg, int cs) {
+    constexpr int LD = Ld<D>::value;
+#pragma unroll
+    for (int i = 0; i < RPT; ++i)
+#pragma unroll
+        for (int jj = 0; jj < AT_CPT; ++jj) dots[i][jj] = 0.0f;
+#pragma unroll 4
+    for (int d = 0; d < D; d += 2) {
+        float2 qv[RPT], kv[AT_CPT];
+#pragma unroll
+        for (int i = 0; i < RPT; ++i)
+            qv[i] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qs + (rg + AT_GROUPS * i) * LD + d));
+#pragma unroll
+        for (int jj = 0; jj < AT_CPT; ++jj)
+            kv[jj] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(ks + (cs + AT_LANES * jj) * LD + d));
+#pragma unroll
+        for (int i = 0; i < RPT; ++i)
+#pragma unroll
+            for (int jj = 0; jj < AT_CPT; ++jj) {
+                dots[i][jj] = __fmaf_rn(qv[i].x, kv[jj].x, dots[i][jj]);
+                dots[i][jj] = __fmaf_rn(qv[i].y, kv[jj].y, dots[i][jj]);
+            }
+    }
+}
+
 // The per-row online-softmax forward over KV blocks [0, n_stop) (see the file comment).
 // qs: this block's query tile in shared memory ([16 * RPT][D + 2]); row rg + 16 i is this
 // thread's row i, with causal limit lim[i] (-1 for a padding row). ks / vs / ps: scratch.
@@ -69,6 +99,8 @@ __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs,
         load_rows<D, AT_BKV>(ks, k_base, s_kt, kv0, kv_len);
         load_rows<D, AT_BKV>(vs, v_base, s_vt, kv0, kv_len);
         __syncthreads();
+        float dots[RPT][AT_CPT];
+        dot_block<D, RPT>(dots, qs, ks, rg, cs);
         float alpha[RPT];
 #pragma unroll
         for (int i = 0; i < RPT; ++i) {
@@ -77,8 +109,7 @@ __device__ __forceinline__ void forward_rows(const bf16* qs, bf16* ks, bf16* vs,
 #pragma unroll
             for (int jj = 0; jj < AT_CPT; ++jj) {
                 const int c = cs + AT_LANES * jj;
-                const float dot = dot_row<D>(qs + r * LD, ks + c * LD);
-                s[jj] = visible_score(dot * scale, kv0 + c <= lim[i]);
+                s[jj] = visible_score(dots[i][jj] * scale, kv0 + c <= lim[i]);
             }
             float bm = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
             bm = half_warp_max(bm);
