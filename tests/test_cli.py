@@ -48,7 +48,7 @@ def test_contract_json(capsys):
     rc, out, _ = run(capsys, "contract", "--json")
     assert rc == 0
     data = json.loads(out)
-    assert data["contract_version"] == "ws1-c1-v7"
+    assert data["contract_version"] == "ws1-c1-v8"
     for table in ("forward_accuracy", "gradient_accuracy"):
         assert set(data[table]) == {"elementwise", "reduction", "logprob", "attention"}
         for row in data[table].values():
@@ -58,15 +58,15 @@ def test_contract_json(capsys):
     c = load_contract()
     assert data["forward_accuracy"] == c.data["forward_accuracy"]
     assert data["gradient_accuracy"] == c.data["gradient_accuracy"]
-    newest = [e for e in data["changelog"] if e["version"] == "ws1-c1-v7"]
-    assert newest and newest[0]["from"] == "ws1-c1-v6" and len(newest[0]["changes"]) == len(c.data["changelog"][0]["changes"])
+    newest = [e for e in data["changelog"] if e["version"] == "ws1-c1-v8"]
+    assert newest and newest[0]["from"] == "ws1-c1-v7" and len(newest[0]["changes"]) == len(c.data["changelog"][0]["changes"])
     assert data["_sha256"] == c.sha256
 
 
 def test_contract_text(capsys):
     rc, out, _ = run(capsys, "contract")
     assert rc == 0
-    assert "ws1-c1-v7" in out and "forward accuracy" in out and "gradient accuracy" in out and "clip_interval" in out
+    assert "ws1-c1-v8" in out and "forward accuracy" in out and "gradient accuracy" in out and "clip_interval" in out
     assert "cross_backend (cuda_bf16 vs triton_cuda_bf16, bitwise): declared bit-exact embedding" in out
 
 
@@ -83,7 +83,7 @@ def test_env_json(capsys):
     assert info["device"]["name"]
     assert "torch" in info["software"] and "triton" in info["software"]
     assert set(info["backends"]) == {"reference_fp32", "torch_bf16", "triton_cuda_bf16", "cuda_bf16"}
-    assert info["contract"]["contract_version"] == "ws1-c1-v7"
+    assert info["contract"]["contract_version"] == "ws1-c1-v8"
 
 
 def test_console_script_works(tmp_path):
@@ -92,7 +92,7 @@ def test_console_script_works(tmp_path):
     res = subprocess.run([str(exe), "contract", "--json"], capture_output=True, text=True, timeout=120,
                          cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["contract_version"] == "ws1-c1-v7"
+    assert json.loads(res.stdout)["contract_version"] == "ws1-c1-v8"
     res = subprocess.run([str(exe), "compare", str(tmp_path / "nope.pt"), str(tmp_path / "nope.pt"),
                           "--mode", "bitwise"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert res.returncode == 2 and "nope.pt" in res.stderr

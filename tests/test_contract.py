@@ -1,4 +1,4 @@
-"""The tolerance contract ws1-c1-v7: values, structure, and loud failures on malformed files.
+"""The tolerance contract ws1-c1-v8: values, structure, and loud failures on malformed files.
 
 The §5 tables are compared with the values parsed from the standard's markdown itself, so this
 file holds no threshold numbers of its own.
@@ -76,12 +76,12 @@ def standard_tables(standard_text):
 
 def test_version():
     c = load_contract()
-    assert CONTRACT_VERSION == "ws1-c1-v7"
-    assert c.version == "ws1-c1-v7"
-    assert c.data["supersedes"] == "ws1-c1-v6"
-    assert default_contract_path().name == "ws1-c1-v7.json"
+    assert CONTRACT_VERSION == "ws1-c1-v8"
+    assert c.version == "ws1-c1-v8"
+    assert c.data["supersedes"] == "ws1-c1-v7"
+    assert default_contract_path().name == "ws1-c1-v8.json"
     ident = c.identity()
-    assert ident["contract_version"] == "ws1-c1-v7" and re.fullmatch(r"[0-9a-f]{64}", ident["sha256"])
+    assert ident["contract_version"] == "ws1-c1-v8" and re.fullmatch(r"[0-9a-f]{64}", ident["sha256"])
 
 
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
@@ -98,7 +98,7 @@ def test_section5_tables_equal_the_standard(direction, standard_tables):
             tol = c.tolerance(direction, cls, dtype)
             assert (tol.atol, tol.rtol) == (atol_std, rtol_std), (
                 f"{direction}_accuracy/{cls}/{dtype}: contract {tol.atol} / {tol.rtol}, standard {atol_std} / {rtol_std}")
-            assert tol.source == f"ws1-c1-v7:{direction}_accuracy/{cls}/{dtype}"
+            assert tol.source == f"ws1-c1-v8:{direction}_accuracy/{cls}/{dtype}"
 
 
 @pytest.mark.parametrize("direction", ["forward", "gradient"])
@@ -234,6 +234,7 @@ def test_in_scope_profiles():
     ("ws1-c1-v5", "ws1-c1-v4", ("cross_backend", "declared_bit_exact")),
     ("ws1-c1-v6", "ws1-c1-v5", ("lm_head", "det_gemm", "declared_bit_exact")),
     ("ws1-c1-v7", "ws1-c1-v6", ("declared_fma.attention", "mma.sync")),
+    ("ws1-c1-v8", "ws1-c1-v7", ("declared_bit_exact", "attention", "logp", "chain", "declared_fma")),
 ])
 def test_changelog_entries_with_reasons(version, previous, topics):
     c = load_contract()
@@ -266,7 +267,7 @@ def _write(tmp_path: Path, data, name: str = "contract.json") -> Path:
 
 def test_shipped_copy_loads(tmp_path):
     c = load_contract(_write(tmp_path, _shipped()))
-    assert c.version == "ws1-c1-v7"
+    assert c.version == "ws1-c1-v8"
     assert c.data == load_contract().data
 
 
@@ -317,7 +318,7 @@ def test_fp16_row_not_optional_names_the_field(tmp_path):
 
 def test_invalid_json_names_file_and_line(tmp_path):
     text = default_contract_path().read_text()
-    broken = text.replace('"supersedes": "ws1-c1-v6",', '"supersedes": "ws1-c1-v6"', 1)
+    broken = text.replace('"supersedes": "ws1-c1-v7",', '"supersedes": "ws1-c1-v7"', 1)
     assert broken != text
     p = _write(tmp_path, broken)
     with pytest.raises(ContractError) as ei:
@@ -369,7 +370,7 @@ def test_det_gemm_split_not_power_of_two(tmp_path):
 
 
 def test_missing_file_raises(tmp_path):
-    p = tmp_path / "nope" / "ws1-c1-v7.json"
+    p = tmp_path / "nope" / "ws1-c1-v8.json"
     with pytest.raises(ContractError) as ei:
         load_contract(p)
     assert "not found" in str(ei.value) and str(p) in str(ei.value)
@@ -424,4 +425,14 @@ def test_v6_declares_lm_head_and_det_gemm_bit_exact_across_backends():
     cb = load_contract().cross_backend
     for op in ("lm_head", "det_gemm"):
         assert op in cb.declared and op not in cb.not_declared
-    assert set(cb.not_declared) == {"attention", "logp", "linear_logp", "batch_invariant_logp"}
+
+
+def test_v8_declares_every_op_and_the_chain_bit_exact_across_backends():
+    """The v8 declaration: attention, logp, linear_logp and batch_invariant_logp join the declared
+    ops and the chain cell is judged (strict both ways); the attention's declared FMA names the
+    wgmma steps both backends run."""
+    c = load_contract()
+    cb = c.cross_backend
+    assert set(cb.declared) == set(OPS) and not cb.not_declared and cb.chain_declared
+    text = c.data["declared_exceptions"]["fp_contraction"]["declared_fma"]["attention"]
+    assert "wgmma" in text and "__fmaf_rn" not in text

@@ -1,4 +1,4 @@
-"""The ``cross_backend`` judgment (contract ``ws1-c1-v7``, section ``cross_backend``; issue #34):
+"""The ``cross_backend`` judgment (contract ``ws1-c1-v8``, section ``cross_backend``; issue #34):
 the contract section and its checks, the judgment on one op, the gate's cells and report, and the
 cross-backend chain cell. On a CPU the pair is the Triton interpreter and a plugin (``cuda_bf16``
 needs a GPU), declared in a copy of the shipped contract; each green has a control that must fail.
@@ -51,6 +51,9 @@ def _with_twin(data: dict, declared=("embedding", "rope", "silu", "swiglu", "pac
     rest = {**cb["not_declared"], **{op: "not declared in this test" for op in cb["declared_bit_exact"]}}
     cb["declared_bit_exact"] = list(declared)
     cb["not_declared"] = {op: why for op, why in rest.items() if op not in declared}
+    if cb["not_declared"]:  # the chain is bit-exact only when every op is
+        cb["chain"]["declared_bit_exact"] = False
+        cb["chain"]["reason"] = "not every op is declared in this test"
 
 
 @pytest.fixture
@@ -71,21 +74,23 @@ def twin():
 
 
 def test_shipped_section_lists_every_op_once():
+    """Since ws1-c1-v8 every op and the chain are declared bit-exact across the backends."""
     cb = load_contract().cross_backend
     assert cb.backends == (TRITON, "cuda_bf16") and cb.anchor == TRITON and cb.other == "cuda_bf16"
     assert sorted(cb.declared + tuple(cb.not_declared)) == sorted(OPS)
-    assert {"attention", "batch_invariant_logp"} <= set(cb.not_declared)
-    assert cb.chain_declared is False and cb.reason_not_declared("chain")
-    assert cb.reason_not_declared("rms_norm") is None and "BF16" in cb.reason_not_declared("attention")
+    assert sorted(cb.declared) == sorted(OPS) and not cb.not_declared
+    assert cb.chain_declared is True and cb.reason_not_declared("chain") is None
+    assert cb.reason_not_declared("rms_norm") is None and cb.reason_not_declared("attention") is None
 
 
 @pytest.mark.parametrize("edit, field", [
     (lambda cb: cb["declared_bit_exact"].append("softmax"), "unknown op 'softmax'"),
-    (lambda cb: cb["declared_bit_exact"].append("attention"), "also in declared_bit_exact"),
+    (lambda cb: cb["not_declared"].__setitem__("attention", "x"), "also in declared_bit_exact"),
     (lambda cb: cb["declared_bit_exact"].remove("silu"), "in neither"),
     (lambda cb: cb.__setitem__("anchor_backend", "fp16"), "anchor_backend"),
     (lambda cb: cb.__setitem__("backends", [TRITON, "tpu_bf16"]), "no backend profile"),
-    (lambda cb: cb["chain"].__setitem__("declared_bit_exact", True), "chain/declared_bit_exact"),
+    (lambda cb: (cb["declared_bit_exact"].remove("attention"), cb["not_declared"].__setitem__("attention", "x")),
+     "chain/declared_bit_exact"),
     (lambda cb: cb.pop("not_declared"), "not_declared"),
 ])
 def test_malformed_section_names_the_field(tmp_path, edit, field):
@@ -221,8 +226,9 @@ def _all_declared(data: dict) -> None:
 
 def test_chain_cell_strict_on_one_backend_both_ways_and_red_across_a_different_one(tmp_path):
     """The cell's mechanics on a CPU, with the pair the chain can run here: Triton against itself
-    is strict both ways (green), Triton against the torch_bf16 chain (other arithmetic) is red. The
-    shipped contract does not declare the chain bit-exact: n/a, measured."""
+    is strict both ways (green), Triton against the torch_bf16 chain (other arithmetic) is red, under
+    the shipped contract (which declares the chain, ws1-c1-v8) as under an all-declared copy; a copy
+    that does not declare the chain makes the cell n/a, measured."""
     from rl_engine.chain.gate import chain_cross_backend_cell
 
     wl = get_workload("smoke")
@@ -235,6 +241,16 @@ def test_chain_cell_strict_on_one_backend_both_ways_and_red_across_a_different_o
     assert status == "red" and "active tokens differ" in reason
     assert det["logprobs_source"][TRITON].startswith(("reused", "computed"))
     status, reason, det, _ = chain_cross_backend_cell(TRITON, "torch_bf16", wl, load_contract(), 0)
+    assert status == "red" and "active tokens differ" in reason
+
+    def chain_not_declared(data):
+        cb = data["cross_backend"]
+        cb["declared_bit_exact"].remove("attention")
+        cb["not_declared"]["attention"] = "not declared in this test"
+        cb["chain"]["declared_bit_exact"] = False
+        cb["chain"]["reason"] = "attention is not declared in this test"
+
+    status, reason, det, _ = chain_cross_backend_cell(TRITON, "torch_bf16", wl, _contract(tmp_path, chain_not_declared), 0)
     assert status == "n/a" and "cross_backend.chain" in reason and "measured:" in reason
 
 

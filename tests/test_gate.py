@@ -68,7 +68,7 @@ def test_evidence_identity_and_provenance(clean_run):
     out, ev, _ = clean_run
     e = json.loads((out / "evidence.json").read_text())
     assert e["schema_version"] == evidence_io.SCHEMA_VERSION
-    assert e["contract_version"] == "ws1-c1-v7"
+    assert e["contract_version"] == "ws1-c1-v8"
     assert e["contract"]["sha256"] == load_contract().sha256
     prov = e["provenance"]
     assert isinstance(prov["git_commit"], str) and re.fullmatch(r"[0-9a-f]{40}", prov["git_commit"])
@@ -185,7 +185,7 @@ def test_evidence_is_strict_json_with_non_finite_values(tmp_path, clean_run):
 def test_report_markdown(clean_run):
     out, ev, _ = clean_run
     md = render_markdown(ev)
-    assert "ws1-c1-v7" in md and "PASS" in md and "| silu |" in md
+    assert "ws1-c1-v8" in md and "PASS" in md and "| silu |" in md
     assert "N/A cells and their reasons" in md and "tensor-parallel" in md
     assert ev["provenance"]["git_commit"] in md
 

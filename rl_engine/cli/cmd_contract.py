@@ -11,7 +11,7 @@ def register(sub) -> None:
     p = command(sub, "contract", "validate and print the tolerance contract",
                 ["rl-engine contract", "rl-engine contract --path my-contract.json --json"])
     p.add_argument("--json", action="store_true", help="print the whole contract as JSON")
-    p.add_argument("--path", default=None, help="a contract file to validate (default: the shipped ws1-c1-v7)")
+    p.add_argument("--path", default=None, help="a contract file to validate (default: the shipped ws1-c1-v8)")
     p.set_defaults(func=run)
 
 

@@ -1,4 +1,4 @@
-"""Load, validate and query the tolerance contract (``ws1-c1-v7``).
+"""Load, validate and query the tolerance contract (``ws1-c1-v8``).
 
 The JSON file is validated against its JSON Schema; a malformed file raises
 :class:`~rl_engine.errors.ContractError` naming the offending field (for example
@@ -19,7 +19,7 @@ import jsonschema
 from rl_engine.constants import OPS
 from rl_engine.errors import ContractError
 
-CONTRACT_VERSION = "ws1-c1-v7"
+CONTRACT_VERSION = "ws1-c1-v8"
 _HERE = Path(__file__).resolve().parent
 DIRECTIONS = ("forward", "gradient")
 OP_CLASSES = ("elementwise", "reduction", "attention", "logprob")
@@ -343,7 +343,7 @@ def _load_cached(path: str) -> Contract:
 
 
 def load_contract(path: str | Path | None = None) -> Contract:
-    """Load and validate a contract (default: the ``ws1-c1-v7`` file shipped with the package).
+    """Load and validate a contract (default: the ``ws1-c1-v8`` file shipped with the package).
 
     Raises
     ------

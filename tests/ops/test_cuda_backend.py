@@ -647,7 +647,7 @@ def test_attention_decode_bitwise_equals_prefill_rows(cuda_device, d, h, hkv):
     lens = [1, 70, 5, 130]
     q, k, v, cu = _varlen(lens, h, hkv, d, 7, cuda_device)
     scale = d ** -0.5
-    with torch.no_grad():
+    with torch.no_grad(), _attention_fwd_form("fma"):  # the CUDA-core forms (the declared form: below)
         full = attention_cuda(q, k, v, cu, cu, scale)
         s_max = max(lens) + 9
         kc = torch.full((len(lens), s_max, hkv, d), float("nan"), dtype=torch.bfloat16, device=cuda_device)
@@ -683,6 +683,12 @@ def test_attention_decode_head_dim_split_keeps_the_bits(cuda_device):
     only that slice of V) gives the unsplit bits for d_split 2, 4, 8 at D = 128, with NaN written
     past every length (masked means absent); d_split 0 (the library's choice), the one-pass form
     with either ring depth and the library's form too. Control: a cache whose V columns are rotated differs, in both forms."""
+    with _attention_fwd_form("fma"):  # the CUDA-core decode forms (the declared form has one)
+        _decode_head_dim_split_keeps_the_bits(cuda_device)
+
+
+def _decode_head_dim_split_keeps_the_bits(cuda_device):
+    """The CUDA-core decode of the fma forward form (see the test above)."""
     from rl_engine.ops.attention import cuda as at_cuda
 
     lens, h, hkv, d = (1, 63, 130), 8, 2, 128
@@ -912,17 +918,18 @@ def test_attention_bwd_form_is_checked(cuda_device):
 
 
 def test_attention_bwd_default_form_is_the_declared_one(cuda_device):
-    """The library's default backward is the tensor-core form, as contract ws1-c1-v7's
-    declared_fma.attention says (its CUDA text names mma.sync for the backward)."""
+    """The library's default forward and backward are the declared forms, as contract ws1-c1-v8's
+    declared_fma.attention says (its text names the wgmma steps of both backends)."""
     from rl_engine.ops.attention import cuda as attn_cuda
 
     text = load_contract().data["declared_exceptions"]["fp_contraction"]["declared_fma"]["attention"]
-    assert "mma.sync" in text and "backward" in text
-    old = attn_cuda.set_bwd_form("fma")
+    assert "wgmma" in text and "declared forms" in text
+    old = attn_cuda.set_bwd_form("fma"), attn_cuda.set_fwd_form("fma")
     try:
-        assert old == "tensor_cores"
+        assert old == ("declared", "declared")
     finally:
-        attn_cuda.set_bwd_form(old)
+        attn_cuda.set_bwd_form(old[0])
+        attn_cuda.set_fwd_form(old[1])
 
 
 def test_attention_empty_batch_and_zero_length(cuda_device):
@@ -1183,14 +1190,15 @@ def test_declared_attention_form_is_checked(cuda_device):
             attn_cuda.set_bwd_form(bad)
     assert query("rl_attention_bwd_form", 3) == -1 and query("rl_attention_fwd_form", 2) == -1
     q, kc, vc, seqlens = _tc_decode_case(cuda_device, 64)
-    assert [query("rl_attention_fwd_uses_tc", d) for d in (32, 64, 128)] == [0, 0, 0]
+    with _attention_fwd_form("fma"):
+        assert [query("rl_attention_fwd_uses_tc", d) for d in (32, 64, 128)] == [0, 0, 0]
     with _attention_fwd_form("declared"):
         assert [query("rl_attention_fwd_uses_tc", d) for d in (16, 32, 64, 128, 256)] == [0, 0, 1, 1, 0]
         with pytest.raises(InputError, match="declared attention forward form"):
             attn_cuda.attention_decode_fwd(q, kc, vc, seqlens, 0.125, form="one_pass")
         with pytest.raises(InputError, match="declared attention forward form"):
             attn_cuda.attention_decode_fwd(q, kc, vc, seqlens, 0.125, d_split=2, form="two_launch")
-    assert attn_cuda.set_fwd_form("fma") == "fma"  # the library's default
+    assert attn_cuda.set_fwd_form("declared") == "declared"  # the library's default (ws1-c1-v8)
 
 
 def _declared_chain_runs(device, on: bool, rollout: bool, monkeypatch) -> dict:

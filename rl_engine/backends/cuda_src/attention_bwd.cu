@@ -681,7 +681,7 @@ int launch_bwd(const void* q, const void* k, const void* v, const void* dout, co
     return 0;
 }
 
-int g_attn_bwd_form = 1;  // tensor cores (contract ws1-c1-v7): 41 against 539 ms in a Qwen3-8B train step on the H200
+int g_attn_bwd_form = 2;  // the declared form (contract ws1-c1-v8); 1, tensor cores (ws1-c1-v7): 41 against 539 ms of FMA chains in a Qwen3-8B train step on the H200
 }  // namespace
 
 namespace rl {
@@ -742,7 +742,7 @@ RL_EXPORT int rl_attention_bwd(const void* q, const void* k, const void* v, cons
 }
 
 // The backward's form for the process (see the top of this file): 0 = FMA chains on CUDA cores,
-// 1, the default = tensor cores (head dims 16 to 128; D = 256 runs form 0), 2 = the declared form of
+// 1 = tensor cores (head dims 16 to 128; D = 256 runs form 0), 2, the default since ws1-c1-v8 = the declared form of
 // attention_tc.cu, the Triton backend's backward sequence (head dims 64 and 128; others run form 1's
 // rule). Returns the previous form, or -1 (and changes nothing) for another number.
 RL_EXPORT int64_t rl_attention_bwd_form(int64_t form) {

@@ -804,7 +804,7 @@ int launch_bwd_declared_d(const void* q, const void* k, const void* v, const voi
     return launch_status();
 }
 
-int g_attn_fwd_form = 0;  // 0: attention.cu's CUDA-core form; 1: this file's (head dims 64 and 128)
+int g_attn_fwd_form = 1;  // 1, the default since ws1-c1-v8: this file's declared form (head dims 64 and 128); 0: attention.cu's CUDA-core form
 
 }  // namespace
 
@@ -859,8 +859,8 @@ int launch_bwd_declared(const void* q, const void* k, const void* v, const void*
 }  // namespace attn
 }  // namespace rl
 
-// The attention forward's form for the process: 0 (the default) = attention.cu's CUDA-core form,
-// 1 = the declared form of this file for head dims 64 and 128 (other head dims keep form 0), in the
+// The attention forward's form for the process: 0 = attention.cu's CUDA-core form, 1 (the default
+// since contract ws1-c1-v8) = the declared form of this file for head dims 64 and 128 (other head dims keep form 0), in the
 // prefill and in every decode step (so prefill and decode stay bitwise equal). Returns the previous
 // form, or -1 (and changes nothing) for another number.
 RL_EXPORT int64_t rl_attention_fwd_form(int64_t form) {

@@ -5,8 +5,8 @@ Kernels in ``rl_engine/backends/cuda_src/attention.cu`` (forward, decode) and
 ``attention_bwd.cu`` (backward); the forward and decode on CUDA cores, FP32 arithmetic, FMAs written
 out explicitly (the library is built with ``-fmad=false``); the backward on tensor cores.
 
-Forward (the library's default form, ``fma``; :data:`FWD_FORMS` has the declared form, on tensor cores, written to
-the Triton backend's sequence): one block of 256 threads per 64 queries of one head (prefill); a decode step computes the
+Forward (the ``fma`` form; the library's default since contract ws1-c1-v8 is :data:`FWD_FORMS`' declared
+form, on tensor cores, written to the Triton backend's sequence): one block of 256 threads per 64 queries of one head (prefill); a decode step computes the
 same per-row function in one of two forms (``attention.cu``): two launches (scores of every key
 first, then the walk over the key blocks), or one launch per (sequence, KV head) that pipelines the
 scores, softmax and ``P V`` of each key block (the library's form from 128 blocks up). The keys of a sequence are visited in the fixed blocks
@@ -93,15 +93,16 @@ def attention_bwd(q, k, v, out, lse, do, cu_q, cu_k, scale: float, plan: LaunchP
 BWD_FORMS = {"fma": 0, "tensor_cores": 1, "declared": 2}
 """Forms of the backward (``rl_attention_bwd_form`` in ``attention_bwd.cu``): ``fma`` = every
 gradient element a sequential FP32 FMA chain on CUDA cores; ``tensor_cores``, the library's default
-since contract ``ws1-c1-v7`` (its ``declared_fma.attention``), = ``attn_bwd_dq_tc_kernel`` /
+under contract ``ws1-c1-v7``, = ``attn_bwd_dq_tc_kernel`` /
 ``attn_bwd_dkdv_tc_kernel`` for head dims 16 to 128 (D = 256 runs ``fma``): 41 against 539 ms of
 attention backward in a Qwen3-8B train step at 4 x 1024 tokens on the H200
 (``evidence/2026-12-04-h200-issue33-dc3e9ba/``); ``declared`` = ``attention_tc.cu``'s backward for
 head dims 64 and 128 (others take ``tensor_cores``' rule): the Triton backend's backward with
 ``ROW_SUM_PINNED`` written out in CUDA on wgmma (``delta`` in ``_head_dim_sum``'s order, ``tl.exp``,
 ``P`` and ``dS`` rounded to BF16 in registers), so that with the ``declared`` forward
-(:data:`FWD_FORMS`) both backends can give the same gradient bits; not yet run on a GPU. All are
-deterministic and batch-invariant; their bits differ."""
+(:data:`FWD_FORMS`) both backends give the same gradient bits: the library's default since contract
+``ws1-c1-v8`` (its ``declared_fma.attention``). All are deterministic and batch-invariant; their bits
+differ."""
 
 
 def set_bwd_form(form: str) -> str:
@@ -125,15 +126,15 @@ def _set_named_form(what: str, export: str, forms: dict[str, int], form: str) ->
 
 
 FWD_FORMS = {"fma": 0, "declared": 1}
-"""Forms of the forward and decode step (``rl_attention_fwd_form`` in ``attention_tc.cu``): ``fma``,
-the library's default = ``attention.cu``'s kernels on CUDA cores (FP32 FMA chains, ``P`` kept in
+"""Forms of the forward and decode step (``rl_attention_fwd_form`` in ``attention_tc.cu``): ``fma``
+= ``attention.cu``'s kernels on CUDA cores (FP32 FMA chains, ``P`` kept in
 FP32 for ``P V``); ``declared`` = ``attention_tc.cu`` for head dims 64 and 128 (other head dims
 keep ``fma``): the Triton backend's forward with ``ROW_SUM_PINNED`` written out in CUDA, one
 warpgroup per 64-row tile, ``S`` and ``P V`` on wgmma, ``P`` rounded to BF16, Triton's ``tl.exp``
 (``ex2.approx.f32``) and its pinned row-sum order (docs/declared-arithmetic.md, "Attention"), so that
 both backends can give the same bits. The prefill and every decode step take the same form (a
-query's prefill and decode rows stay bitwise equal); the two forms' bits differ. Not yet run on a
-GPU: the default stays ``fma`` until the H200 has compared it with the Triton backend."""
+query's prefill and decode rows stay bitwise equal); the two forms' bits differ. ``declared`` is the
+library's default since contract ``ws1-c1-v8``."""
 
 
 def set_fwd_form(form: str) -> str:

@@ -85,11 +85,11 @@ BLOCK_T_DELTA = 64
 """Rows per program of the ``delta = rowsum(dO * O)`` kernel."""
 NUM_WARPS = 4
 NUM_STAGES = 2
-ROW_SUM_PINNED = False
+ROW_SUM_PINNED = True
 """Whether the forward's and decode's row sum of the probabilities runs in the fixed order of
 :func:`~rl_engine.ops._triton_common.fragment_row_sum` (key index bits 0, 3, 4, 5, then 2, 1 for a
 64-key block), and the backward's ``delta = rowsum(O * dO)`` in :func:`_head_dim_sum`'s (True), or
-both as ``tl.sum`` (False, the default), whose order is the compiler's: on sm_90 Triton 3.6 adds each
+both as ``tl.sum`` (False, the default until ws1-c1-v8), whose order is the compiler's: on sm_90 Triton 3.6 adds each
 thread's 16 probabilities left to right and its 8 delta products as a right fold, 3.9 both as
 pairwise trees (``tools/attention_ptx_order.py``; docs/declared-arithmetic.md, "Sums whose order is
 the Triton compiler's"), so with False the attention bits depend on the Triton version.

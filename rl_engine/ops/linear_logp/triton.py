@@ -89,14 +89,13 @@ FWD_LONG_MIN_ROWS = 2048
 calls) keep the 128-row tiles, whose row tile is half as much work when most rows are padding."""
 
 
-ROW_SUM_PINNED = False
+ROW_SUM_PINNED = True
 """Whether the forward's per-tile row sum of ``exp(z - ref)`` runs in
 :func:`~rl_engine.ops._triton_common.fragment_row_sum`'s fixed order (True) or as ``tl.sum``
-(False, the default), whose order is the compiler's: read from the sm_90 PTX, Triton 3.6 (the
+(False, the default until ws1-c1-v8), whose order is the compiler's: read from the sm_90 PTX, Triton 3.6 (the
 H200's) adds each thread's 32 values of a row left to right, 3.9 as a tree, so with False the
 forward's bits depend on the Triton version (as the attention's ``ROW_SUM_PINNED`` explains).
-True changes the forward's bits on either version, so it becomes the default with an H200 timing
-and a gate. Read at every launch, so a test can set it for a call."""
+True, the default since ws1-c1-v8, changes the forward's bits on either version. Read at every launch, so a test can set it for a call."""
 
 
 def fwd_launch_for(t: int) -> tuple[int, int, int]:
