@@ -317,7 +317,11 @@ def decode_launch_scope(backend: str, device: torch.device, batch: int) -> conte
     """The launch mode of one decode forward of ``batch`` rows of ``backend`` on ``device``:
     ``cuda_bf16`` on a GPU with ``batch <= CUDA_DECODE_PDL_MAX_BATCH`` runs in PDL mode
     :data:`CUDA_DECODE_PDL` (a decode forward writes no weight, which mode 2 needs); anything
-    else as it is."""
+    else as it is. Inside ``torch.compile`` the scope is empty: setting the mode is a call into the
+    loaded library (ctypes, behind a lock) that Dynamo cannot trace, and the bits do not depend on
+    the mode, so a compiled decode forward launches in the process's mode (0 unless set outside)."""
+    if torch.compiler.is_compiling():
+        return contextlib.nullcontext()
     if backend == "cuda_bf16" and device.type == "cuda" and CUDA_DECODE_PDL and batch <= CUDA_DECODE_PDL_MAX_BATCH:
         from rl_engine.backends.cuda_launch import programmatic_launch
 

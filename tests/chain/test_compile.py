@@ -6,6 +6,8 @@ bits); ``tests/chain/test_capture_gpu.py`` compiles with inductor on the H200.""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -84,3 +86,36 @@ def test_a_forward_that_reads_cu_seqlens_breaks_the_graph(model):
 
     with torch.no_grad(), pytest.raises(Exception, match="(?i)data-dependent|graph break|guard"):
         _compile(tf)(ids, pos, cu)
+
+
+def test_the_cuda_decode_launch_scope_traces_with_fullgraph_and_is_a_library_call_outside():
+    """The cuda_bf16 decode forward's PDL scope (``decode_launch_scope``) sets the mode through the
+    loaded library, which Dynamo cannot trace (a lock, then ctypes): inside ``torch.compile`` the
+    scope must be empty, or a compiled cuda_bf16 decode step breaks the graph on the H200 (as
+    ``test_capture_gpu.py`` found at 756883c). Checked here with a stand-in for the library call,
+    which the eager scope must reach (the control) and the compiled one must not."""
+    from unittest import mock
+
+    from rl_engine.chain import fused
+
+    calls: list[int] = []
+
+    @contextlib.contextmanager
+    def fake_programmatic_launch(mode):
+        calls.append(mode)
+        import threading
+
+        with threading.Lock():  # what load_library does: Dynamo refuses to enter it
+            yield
+
+    def step(x):
+        with fused.decode_launch_scope("cuda_bf16", torch.device("cuda"), 1):
+            return x + 1
+
+    x = torch.zeros(3)
+    with mock.patch("rl_engine.backends.cuda_launch.programmatic_launch", fake_programmatic_launch):
+        assert torch.equal(step(x), x + 1) and calls == [fused.CUDA_DECODE_PDL]  # eager: the mode is set
+        calls.clear()
+        torch._dynamo.reset()
+        got = torch.compile(step, fullgraph=True, backend="eager")(x)
+    assert torch.equal(got, x + 1) and calls == []
