@@ -52,20 +52,8 @@ struct TfShape {
     static constexpr uint32_t TILE = TF_ROWS * D * 2;             // bytes of a 64-row tile
     static constexpr int COPIES = TF_ROWS * CHUNKS / TF_THREADS;  // 16-byte copies per thread per tile
     // Q, then stage s: K at 1 + 2 s, V at 2 + 2 s; then the first non-finite key of each V column.
-    static constexpr size_t SMEM = 5 * static_cast<size_t>(TILE) + D * sizeof(int);  // two stages
-    static constexpr size_t smem(int stages) {
-        return (1 + 2 * static_cast<size_t>(stages)) * TILE + D * sizeof(int);
-    }
+    static constexpr size_t SMEM = 5 * static_cast<size_t>(TILE) + D * sizeof(int);
 };
-
-// Ring depths of the declared walk: the prefill's two stages let two blocks share an SM; a decode
-// step's grid is often a few blocks (B = 1: one per KV head), each alone on its SM, which the deep
-// ring keeps fed with TF_DEEP - 1 blocks in flight (13 tiles: 213 KB at D = 128). The copies, MMAs
-// and their order are the same at either depth, so the bits are.
-constexpr int TF_SHALLOW = 2;
-constexpr int TF_DEEP = 6;
-constexpr int64_t TF_DECODE_DEEP_MAX_BLOCKS = 132;  // the H200's SMs: a grid of at most this many blocks
-int g_tf_decode_stages = 0;  // 0: the library's choice (TF_DECODE_DEEP_MAX_BLOCKS); else the depth of every launch
 
 // Byte offset of chunk c (elements 8 c .. 8 c + 7) of row r in a tile: 64-element swizzle atoms along
 // D (8 KB each: 64 rows of 128 bytes), inside an atom chunk (c % 8) ^ (r % 8) of row r. The K-major
@@ -242,11 +230,11 @@ __device__ __forceinline__ void tf_absent_scan(unsigned char* tile, int* bad) {
     bad[d] = found;
 }
 
-// A ring of STAGES KV blocks in shared memory: block jb's K tile at tile index first + 2 (jb % STAGES),
+// A two-stage ring of KV blocks in shared memory: block jb's K tile at tile index first + 2 (jb % 2),
 // its V tile right after; rows from kv_len on zero-filled. issue(jb) starts the copies of block jb
-// (none past the last block) and commits them as one group, so cp_async_wait<STAGES - 1> at block jb
-// means "block jb has landed" when blocks jb .. jb + STAGES - 1 were issued before it.
-template <int D, int STAGES = TF_SHALLOW>
+// (none past the last block) and commits them as one group, so cp_async_wait<1> at block jb means
+// "block jb has landed" when blocks jb and jb + 1 were issued before it.
+template <int D>
 struct TfKvRing {
     unsigned char* smem;
     const bf16* k;
@@ -261,8 +249,7 @@ struct TfKvRing {
           n_blocks(cdiv(n_stop, static_cast<int64_t>(TF_ROWS))), first(first_),
           vec(aligned16(k_) && aligned16(v_) && s_k_ % 8 == 0 && s_v_ % 8 == 0) {}
     __device__ __forceinline__ uint32_t k_tile(int64_t jb) const {
-        const int64_t slot = STAGES == 2 ? (jb & 1) : jb % STAGES;
-        return TfShape<D>::TILE * static_cast<uint32_t>(first + 2 * slot);
+        return TfShape<D>::TILE * static_cast<uint32_t>(first + 2 * (jb & 1));
     }
     __device__ __forceinline__ void issue(int64_t jb) const {
         if (jb < n_blocks) {
@@ -286,8 +273,7 @@ struct TfState {
 // The walk over KV blocks [0, n_stop) of one tile (the Triton kernel's _kv_loop): blocks below n_full
 // are seen whole by every real row (plain step), the rest hold masked entries. Row r of the tile is
 // real when r < q_valid and then sees keys <= lim0 + r * lim_step; its query is q_base + r * s_q.
-// STAGES KV blocks are in the ring (TfKvRing); shared memory holds TfShape<D>::smem(STAGES) bytes.
-template <int D, int STAGES = TF_SHALLOW>
+template <int D>
 __device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, const bf16* q_base, int64_t s_q,
                                         int64_t q_valid, const bf16* k_base, int64_t s_k, const bf16* v_base,
                                         int64_t s_v, int64_t kv_len, int64_t n_full, int64_t n_stop, int64_t lim0,
@@ -305,14 +291,12 @@ __device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, con
     }
 #pragma unroll
     for (int e = 0; e < D / 2; ++e) st.acc[e] = 0.0f;
-    int* first_bad = reinterpret_cast<int*>(smem + (1 + 2 * STAGES) * S::TILE);  // [D]: first non-finite key of a V column
+    int* first_bad = reinterpret_cast<int*>(smem + 5 * S::TILE);  // [D]: first non-finite key of a V column
 
-    const TfKvRing<D, STAGES> ring(smem, k_base, s_k, v_base, s_v, kv_len, n_stop, 1);
+    const TfKvRing<D> ring(smem, k_base, s_k, v_base, s_v, kv_len, n_stop, 1);
     tf_load<D>(smem, 0, q_base, s_q, q_valid, aligned16(q_base) && s_q % 8 == 0);
     ring.issue(0);
     ring.issue(1);
-#pragma unroll
-    for (int i = 2; i < STAGES; ++i) ring.issue(i);  // the deep ring's further blocks
 
     const uint32_t base = smem_u32(smem);
     for (int64_t jb = 0; jb < ring.n_blocks; ++jb) {
@@ -320,7 +304,7 @@ __device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, con
         const uint32_t k_tile = base + ring.k_tile(jb);
         const uint32_t v_tile = k_tile + S::TILE;
         const bool full = kv0 < n_full;
-        cp_async_wait<STAGES - 1>();
+        cp_async_wait<1>();
         __syncthreads();  // block jb's tiles (and Q) have landed for every thread
         if (!full) {  // masked block: V's non-finite values -> 0, the first such key of each column
             tf_absent_scan<D, false>(smem + (v_tile - base), first_bad);
@@ -390,7 +374,7 @@ __device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, con
                 }
         }
         __syncthreads();  // every warp is done with this stage (and first_bad)
-        ring.issue(jb + STAGES);
+        ring.issue(jb + 2);
     }
     cp_async_wait<0>();
 }
@@ -445,9 +429,8 @@ attn_fwd_tc_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const
 }
 
 // Decode step: block (b, kvh, tile) owns query heads [64 tile, 64 tile + 64) of KV group kvh of
-// sequence b (rows past the group are padding), every row seeing keys [0, seqlens[b]); a ring of STAGES
-// KV blocks.
-template <int D, int STAGES>
+// sequence b (rows past the group are padding), every row seeing keys [0, seqlens[b]).
+template <int D>
 __global__ void __launch_bounds__(TF_THREADS)
 attn_decode_tc_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, const bf16* __restrict__ vc,
                       bf16* __restrict__ out, const int32_t* __restrict__ seqlens, int64_t group, int64_t s_qb,
@@ -462,7 +445,7 @@ attn_decode_tc_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, c
     const int64_t rows = group - g0 < TF_ROWS ? group - g0 : TF_ROWS;
     const int64_t head0 = kvh * group + g0;
     TfState<D> st;
-    tf_walk<D, STAGES>(smem_raw, st, q + b * s_qb + head0 * s_qh, s_qh, rows, kc + b * s_kb + kvh * s_kh, s_kt,
+    tf_walk<D>(smem_raw, st, q + b * s_qb + head0 * s_qh, s_qh, rows, kc + b * s_kb + kvh * s_kh, s_kt,
                vc + b * s_vb + kvh * s_vh, s_vt, n, (n / TF_ROWS) * TF_ROWS, n, n - 1, 0, scale);
     tf_store<D>(st, out + b * s_ob + head0 * s_oh, s_oh, nullptr, 0, rows);
 }
@@ -482,33 +465,19 @@ int launch_fwd_tc_d(const void* q, const void* k, const void* v, void* out, void
     return launch_status();
 }
 
-template <int D, int STAGES>
-int launch_decode_tc_stages(const void* q, const void* kc, const void* vc, void* out, const void* seqlens,
-                            dim3 grid, int64_t group, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt,
-                            int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh,
-                            float scale, cudaStream_t st) {
-    constexpr size_t smem = TfShape<D>::smem(STAGES);
-    if (int e = prepare(attn_decode_tc_kernel<D, STAGES>, smem)) return e;
-    attn_decode_tc_kernel<D, STAGES><<<grid, TF_THREADS, smem, st>>>(
-        static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const bf16*>(vc), static_cast<bf16*>(out),
-        static_cast<const int32_t*>(seqlens), group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale);
-    return launch_status();
-}
-
 template <int D>
 int launch_decode_tc_d(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch,
                        int64_t kv_heads, int64_t group, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt,
                        int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale,
                        cudaStream_t st) {
-    const int64_t tiles = cdiv(group, static_cast<int64_t>(TF_ROWS));
-    dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads), static_cast<unsigned>(tiles));
-    const bool deep = g_tf_decode_stages ? g_tf_decode_stages == TF_DEEP
-                                         : batch * kv_heads * tiles <= TF_DECODE_DEEP_MAX_BLOCKS;
-    if (deep)
-        return launch_decode_tc_stages<D, TF_DEEP>(q, kc, vc, out, seqlens, grid, group, s_qb, s_qh, s_kb, s_kt, s_kh,
-                                                   s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
-    return launch_decode_tc_stages<D, TF_SHALLOW>(q, kc, vc, out, seqlens, grid, group, s_qb, s_qh, s_kb, s_kt, s_kh,
-                                                  s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
+    constexpr size_t smem = TfShape<D>::SMEM;
+    if (int e = prepare(attn_decode_tc_kernel<D>, smem)) return e;
+    dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads),
+              static_cast<unsigned>(cdiv(group, static_cast<int64_t>(TF_ROWS))));
+    attn_decode_tc_kernel<D><<<grid, TF_THREADS, smem, st>>>(
+        static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const bf16*>(vc), static_cast<bf16*>(out),
+        static_cast<const int32_t*>(seqlens), group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale);
+    return launch_status();
 }
 
 // ------------------------------------------------------------------------------------ backward
@@ -903,14 +872,3 @@ RL_EXPORT int64_t rl_attention_fwd_form(int64_t form) {
 
 // 1 when the forward and decode of this head dim run the declared form in this process, else 0.
 RL_EXPORT int64_t rl_attention_fwd_uses_tc(int64_t head_dim) { return fwd_uses_tc(head_dim) ? 1 : 0; }
-
-// The ring depth of the declared form's decode launches for the process: 0 = the library's choice
-// (TF_DEEP for grids of at most TF_DECODE_DEEP_MAX_BLOCKS blocks, else TF_SHALLOW), or TF_SHALLOW /
-// TF_DEEP for every launch (tests and the timing tool: the bits do not depend on it). Returns the
-// previous setting, or -1 (and changes nothing) for another number.
-RL_EXPORT int64_t rl_attention_declared_decode_stages(int64_t stages) {
-    if (stages != 0 && stages != TF_SHALLOW && stages != TF_DEEP) return -1;
-    const int64_t old = g_tf_decode_stages;
-    g_tf_decode_stages = static_cast<int>(stages);
-    return old;
-}

@@ -181,28 +181,6 @@ def set_one_pass_stages(stages: int) -> int:
     return query("rl_attention_one_pass_stages", int(stages))
 
 
-DECLARED_DECODE_STAGES = (2, 6)
-"""Ring depths (KV blocks in shared memory) of the declared form's decode kernel
-(``attention_tc.cu``): the library takes the deep one for grids of at most 132 blocks (the H200's
-SMs; B = 1 at Qwen3-8B is 8 blocks, one per KV head), where each block has an SM to itself and
-waits on memory latency with a shallow ring, and the shallow one otherwise."""
-
-
-def set_declared_decode_stages(stages: int) -> int:
-    """Make every later decode launch of the declared form in this process use ring depth
-    ``stages`` (one of :data:`DECLARED_DECODE_STAGES`; 0: the library's choice); returns the previous
-    value. For tests and ``tools/attention_declared_time.py``: the copies, MMAs and their order do
-    not depend on the depth, so the bits do not.
-
-    Raises:
-        InputError: ``stages`` not 0, 2 or 6 (before any launch)."""
-    from rl_engine.errors import InputError
-
-    if isinstance(stages, bool) or stages not in (0, *DECLARED_DECODE_STAGES):
-        raise InputError(f"declared decode stages: expected 0, 2 or 6, got {stages!r}")
-    return query("rl_attention_declared_decode_stages", int(stages))
-
-
 def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_split: int = 0,
                          form: str = "auto") -> torch.Tensor:
     """Launch one decode step; returns out [B, H, D] bf16 (validated inputs, no host reads).
