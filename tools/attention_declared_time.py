@@ -13,9 +13,10 @@ prints, in one process:
   backward) and in the declared forms, and PyTorch's SDPA (flash, causal, the same tokens as B
   sequences of L) as the baseline;
 * decode (``--decode`` B x context): the CUDA declared decode step against the pinned Triton decode
-  (bits) and against the CUDA declared prefill row of the same query (bits), and the decode step's
-  time in both CUDA forms and on Triton, called through the op and (CUDA) its launcher replayed from
-  a CUDA graph, which leaves out the host's time.
+  (bits), against the CUDA declared prefill row of the same query (bits) and in the split decode form
+  (``attention.cuda.DECLARED_DECODE_FORMS``, bits), and the decode step's time in both CUDA forms
+  (the declared one as the walk and split) and on Triton, called through the op and (CUDA) its
+  launcher replayed from a CUDA graph, which leaves out the host's time.
 
     python tools/attention_declared_time.py [--shapes 4x1024,2x8192] [--decode 1x1024,16x8192] [--rep-ms 50] [--out F.json]
 
@@ -142,9 +143,20 @@ def decode(b: int, context: int, rep_ms: float) -> None:
     vs_triton, vs_prefill = _differ(tr, cd), _differ(row[0], cd[0])
     print(f"bits decode {tag}: differing vs triton {vs_triton}, vs the cuda prefill row {vs_prefill}", flush=True)
     RECORDS.append({"kind": "decode_bits", "shape": tag, "vs_triton": vs_triton, "vs_cuda_prefill_row": vs_prefill})
+    attn_cuda.set_declared_decode_form("split")
+    with torch.no_grad():
+        n = _differ(attention_decode_cuda(q, kc, vc, seqlens, scale), cd)
+    attn_cuda.set_declared_decode_form("auto")
+    print(f"bits decode {tag}: split step differing vs the walk {n}", flush=True)
+    RECORDS.append({"kind": "decode_split_bits", "shape": tag, "differing": n})
+
+    def declared(form):
+        return lambda: (_forms("declared", "declared"), attn_cuda.set_declared_decode_form(form))
+
     for label, fn, setup in (("triton pinned", attention_decode_triton, None),
                              ("cuda fma", attention_decode_cuda, lambda: _forms("fma", "tensor_cores")),
-                             ("cuda declared", attention_decode_cuda, lambda: _forms("declared", "declared"))):
+                             ("cuda declared split", attention_decode_cuda, declared("split")),
+                             ("cuda declared", attention_decode_cuda, declared("auto"))):
         if setup:
             setup()
 
@@ -188,6 +200,7 @@ def main() -> None:
         attn_cuda.set_fwd_form(old[0])
         attn_cuda.set_bwd_form(old[1])
         attn_triton.ROW_SUM_PINNED = old[2]
+        attn_cuda.set_declared_decode_form("auto")
         if args.out is not None:
             args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "records": RECORDS}, indent=1))
 

@@ -1135,9 +1135,12 @@ def test_declared_attention_control_other_sequences_differ(cuda_device, monkeypa
 @pytest.mark.parametrize("d", [64, 128])
 def test_declared_attention_decode_and_chunks_equal_prefill_rows(cuda_device, d):
     """In the declared form a query's output is bitwise the same in a full prefill, a chunk of
-    queries (every split at and around the 64-row tiles) and a decode step (the KV cache holding
-    keys 0 .. pos, NaN junk after), for a query group of 5 heads; a prefill whose rows do not start on
-    16-byte boundaries (the 2-byte copy path) gives the bits of the aligned one."""
+    queries (every split at and around the 64-row tiles) and a decode step in both decode forms
+    (``DECLARED_DECODE_FORMS``; the KV cache holding keys 0 .. pos, NaN junk after), for a query group
+    of 5 heads; a prefill whose rows do not start on 16-byte boundaries (the 2-byte copy path) gives
+    the bits of the aligned one."""
+    from rl_engine.ops.attention import cuda as attn_cuda
+
     h, hkv, lens = 10, 2, [150]
     q, k, v, cu = _varlen(lens, h, hkv, d, 51, cuda_device)
     scale = d ** -0.5
@@ -1154,9 +1157,11 @@ def test_declared_attention_decode_and_chunks_equal_prefill_rows(cuda_device, d)
             kc[i, : pos + 1] = k[: pos + 1]
             vc[i, : pos + 1] = v[: pos + 1]
         seqlens = torch.tensor([p + 1 for p in steps], dtype=torch.int32, device=cuda_device)
-        out = attention_decode_cuda(q[list(steps)], kc, vc, seqlens, scale)
-        for i, pos in enumerate(steps):
-            assert _bits_equal(out[i], full[pos]), pos
+        for form in ("walk", "split"):
+            with _library_setting(attn_cuda.set_declared_decode_form, form):
+                out = attention_decode_cuda(q[list(steps)], kc, vc, seqlens, scale)
+            for i, pos in enumerate(steps):
+                assert _bits_equal(out[i], full[pos]), (form, pos)
         raw = torch.empty(q.numel() + 1, dtype=torch.bfloat16, device=cuda_device)
         q_odd = raw[1:].view(q.shape)  # every row 2 bytes past a 16-byte boundary
         q_odd.copy_(q)
@@ -1168,9 +1173,11 @@ def test_declared_attention_decode_and_chunks_equal_prefill_rows(cuda_device, d)
 def test_declared_attention_decode_ring_wraps_with_the_prefill_bits(cuda_device):
     """Caches of 449 and 700 keys (8 and 11 KV blocks, so the decode kernel's ring of KV blocks wraps
     several times): a decode step gives, for each sequence, the bits of the chunked prefill of its
-    last query over the same keys (one query row). A fault of the decode kernel's walk alone fails it
-    (tried at 5214778 with a deeper decode ring: a slot refilled while in use, a short prologue); one
-    shared with the prefill's walk fails the Triton-bits tests above instead."""
+    last query over the same keys (one query row), in both decode forms. A fault of a decode kernel
+    alone fails it (tried at 5214778 with a deeper decode ring: a slot refilled while in use, a short
+    prologue); one shared with the prefill's walk fails the Triton-bits tests above instead."""
+    from rl_engine.ops.attention import cuda as attn_cuda
+
     lens, h, hkv, d = (449, 700), 4, 1, 64
     kc = _bf16((len(lens), max(lens) + 3, hkv, d), 61, cuda_device)
     vc = _bf16((len(lens), max(lens) + 3, hkv, d), 62, cuda_device)
@@ -1183,9 +1190,39 @@ def test_declared_attention_decode_ring_wraps_with_the_prefill_bits(cuda_device)
             cq = torch.tensor([0, 1], dtype=torch.int32, device=cuda_device)
             ck = torch.tensor([0, n], dtype=torch.int32, device=cuda_device)
             want.append(attention_cuda(q[i : i + 1], kc[i, :n].contiguous(), vc[i, :n].contiguous(), cq, ck, scale)[0])
-        out = attention_decode_cuda(q, kc, vc, seqlens, scale)
-        for i in range(len(lens)):
-            assert _bits_equal(out[i], want[i]), lens[i]
+        for form in ("walk", "split"):
+            with _library_setting(attn_cuda.set_declared_decode_form, form):
+                out = attention_decode_cuda(q, kc, vc, seqlens, scale)
+            for i in range(len(lens)):
+                assert _bits_equal(out[i], want[i]), (form, lens[i])
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_declared_attention_split_decode_gives_the_walk_bits(cuda_device, d):
+    """The split decode step (three launches through a scratch) gives the one-kernel walk's bits,
+    NaN positions included: lengths 0, 1, 64, 65 and 130 with NaN past each length, a visible inf in
+    K (a NaN score) and a visible NaN in V (the absent-value rule's NaN in the last, masked block and
+    a plain NaN in a full one), query groups of 5 (a padded tile) and of 80 (two tiles). Control: a
+    cache whose visible keys differ in one element gives other bits in the split form."""
+    from rl_engine.ops.attention import cuda as attn_cuda
+
+    scale = d ** -0.5
+    for h, hkv in ((10, 2), (80, 1)):
+        q, kc, vc, seqlens = _tc_decode_case(cuda_device, d, h, hkv)
+        kc[3, 10, 0, 5] = float("inf")  # sequence 3 (65 keys): a visible inf key element
+        vc[4, 129, 0, 7] = float("nan")  # sequence 4 (130 keys): a visible NaN in its masked last block
+        vc[2, 3, 0, 9] = float("nan")  # sequence 2 (64 keys): a visible NaN in a full block
+        with torch.no_grad():
+            with _library_setting(attn_cuda.set_declared_decode_form, "walk"):
+                walk = attention_decode_cuda(q, kc, vc, seqlens, scale)
+            with _library_setting(attn_cuda.set_declared_decode_form, "split"):
+                split = attention_decode_cuda(q, kc, vc, seqlens, scale)
+                kc2 = kc.clone()
+                kc2[4, 100, 0, 3] = kc2[4, 100, 0, 3] + 1
+                other = attention_decode_cuda(q, kc2, vc, seqlens, scale)
+        assert _bits_equal(split, walk), (h, hkv)
+        assert torch.isnan(walk[2]).any() and torch.isnan(walk[4]).any(), "the planted NaNs did not reach the output"
+        assert not _bits_equal(other[4], split[4]), "the control's changed key left the split step's bits"
 
 
 def test_declared_attention_accuracy_and_invariance(cuda_device):
@@ -1222,6 +1259,13 @@ def test_declared_attention_form_is_checked(cuda_device):
         with pytest.raises(InputError, match="declared attention forward form"):
             attn_cuda.attention_decode_fwd(q, kc, vc, seqlens, 0.125, d_split=2, form="two_launch")
     assert attn_cuda.set_fwd_form("declared") == "declared"  # the library's default (ws1-c1-v8)
+    for bad in ("splits", "", 2, None):
+        with pytest.raises(InputError, match="declared decode form"):
+            attn_cuda.set_declared_decode_form(bad)
+    assert query("rl_attention_declared_decode_form", 3) == -1
+    assert query("rl_attention_declared_decode_scratch", 1, 32, 8, 16) == 0  # the library's choice: the walk
+    with _library_setting(attn_cuda.set_declared_decode_form, "split"):
+        assert query("rl_attention_declared_decode_scratch", 1, 32, 8, 16) == 8 * 16 * (3 * 64 * 4 + 128 * 64)
 
 
 def _declared_chain_runs(device, on: bool, rollout: bool, monkeypatch) -> dict:

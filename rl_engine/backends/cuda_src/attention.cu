@@ -937,8 +937,9 @@ RL_EXPORT int rl_attention_fwd(const void* q, const void* k, const void* v, void
 
 // Decode step. q [B, H, D], caches [B, S_max, Hkv, D] (strides b, t, h), seqlens int32 [B],
 // out [B, H, D]; scores: FP32 scratch of B * H * n_tiles * 64 elements (n_tiles = ceil(S_max / 64)),
-// written and read by this step's two-launch form only. form: 0 the library's choice, 1 the two
-// launches, 2 the one-pass kernel; d_split: the two launches' column split (0: the library's choice;
+// written and read by this step's two-launch form only, or in the declared forward form the split
+// decode step's scratch of rl_attention_declared_decode_scratch bytes (attention_tc.cu). form (the
+// CUDA-core form's; 0 in the declared one): 0 the library's choice, 1 the two launches, 2 the one-pass kernel; d_split: the two launches' column split (0: the library's choice;
 // else 1, 2, 4 or 8 with D / d_split >= 16; only with form 1). The bits depend on neither.
 RL_EXPORT int rl_attention_decode_form(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scores, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t n_tiles, int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, int64_t form, int64_t d_split, void* stream) {
     if (batch == 0 || heads == 0 || n_tiles == 0) return 0;
@@ -947,7 +948,7 @@ RL_EXPORT int rl_attention_decode_form(const void* q, const void* kc, const void
     if (fwd_uses_tc(head_dim)) {  // the declared form's decode (one form; the forms below are the CUDA-core one's)
         if (form != 0 || d_split != 0 || !grid_fits(batch, kv_heads) || cdiv(group, static_cast<int64_t>(64)) > 65535)
             return static_cast<int>(cudaErrorInvalidValue);
-        return launch_decode_tc(q, kc, vc, out, seqlens, batch, kv_heads, group, head_dim, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, static_cast<cudaStream_t>(stream));
+        return launch_decode_tc(q, kc, vc, out, seqlens, scores, batch, kv_heads, group, head_dim, n_tiles, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, static_cast<cudaStream_t>(stream));
     }
     if (!grid_fits(batch, kv_heads * cdiv(group, static_cast<int64_t>(DC_HEADS))) || d_split < 0 || d_split > 8 ||
         form < 0 || form > 2 || (form != 1 && d_split != 0))

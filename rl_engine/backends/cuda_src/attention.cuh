@@ -130,10 +130,13 @@ int launch_fwd_tc(const void* q, const void* k, const void* v, void* out, void* 
                   int64_t batch, int64_t n_mblocks, int64_t heads, int64_t group, int64_t head_dim, int64_t s_qt,
                   int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_ot, int64_t s_oh,
                   int64_t s_lh, float scale, cudaStream_t st);
-int launch_decode_tc(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch,
-                     int64_t kv_heads, int64_t group, int64_t head_dim, int64_t s_qb, int64_t s_qh, int64_t s_kb,
-                     int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh,
-                     float scale, cudaStream_t st);
+// The decode step: the one-kernel walk, or (when decode_tc_scratch_bytes is positive for the shape) the
+// split step in three launches through `scratch` of that many bytes; n_kv_blocks = ceil(S_max / 64).
+int64_t decode_tc_scratch_bytes(int64_t batch, int64_t kv_heads, int64_t group, int64_t n_kv_blocks);
+int launch_decode_tc(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scratch,
+                     int64_t batch, int64_t kv_heads, int64_t group, int64_t head_dim, int64_t n_kv_blocks,
+                     int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt,
+                     int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, cudaStream_t st);
 // The declared backward (attention_tc.cu; rl_attention_bwd_form 2): whether the process runs it for this
 // head dim (attention_bwd.cu), and its launchers (delta; then dK / dV and dQ), arguments as attention_bwd.cu's.
 bool bwd_uses_declared(int64_t head_dim);

@@ -230,6 +230,52 @@ __device__ __forceinline__ void tf_absent_scan(unsigned char* tile, int* bad) {
     bad[d] = found;
 }
 
+// Row hh of this thread (TfLane) in a key block's scores s (the S fragment of tf_scores), in place:
+// s * scale; keys past the row's limit lim (when the block is not `full`) -inf, visible -inf -> NaN.
+// Returns the row's maximum over the block's 64 keys: the thread's 16 values in increasing j, b, then
+// lanes xor 1 and 2 (max.f32: NaN ignored). The order of the walk (tf_walk) and of the split decode.
+__device__ __forceinline__ float tf_row_max(float (&s)[32], int hh, int64_t kv0, bool full, int64_t lim, float scale,
+                                            int t) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            float x = s[4 * j + 2 * hh + b] * scale;
+            if (full) {
+                x = x == -INFINITY ? tf_nan() : x;
+            } else {
+                const bool keep = kv0 + 8 * j + 2 * t + b <= lim;
+                x = keep ? (x == -INFINITY ? tf_nan() : x) : -INFINITY;
+            }
+            s[4 * j + 2 * hh + b] = x;
+            mx = fmaxf(mx, x);
+        }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    return mx;
+}
+
+// Row hh's probabilities p = tl_exp(s - ref) in place, and their sum over the block's 64 keys in
+// fragment_row_sum's order (key index bit 0 in the pair, bits 3, 4, 5 in the thread, then 2 and 1 across
+// lanes).
+__device__ __forceinline__ float tf_row_exp_sum(float (&s)[32], int hh, float ref) {
+    float pair[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float p0 = tl_exp(s[4 * j + 2 * hh] - ref);
+        const float p1 = tl_exp(s[4 * j + 2 * hh + 1] - ref);
+        s[4 * j + 2 * hh] = p0;
+        s[4 * j + 2 * hh + 1] = p1;
+        pair[j] = p0 + p1;  // key index bit 0
+    }
+    const float q0 = pair[0] + pair[1], q1 = pair[2] + pair[3], q2 = pair[4] + pair[5], q3 = pair[6] + pair[7];
+    float sum = (q0 + q1) + (q2 + q3);                 // bits 3, 4, 5
+    sum = sum + __shfl_xor_sync(0xffffffffu, sum, 2);  // bit 2
+    sum = sum + __shfl_xor_sync(0xffffffffu, sum, 1);  // bit 1
+    return sum;
+}
+
 // A two-stage ring of KV blocks in shared memory: block jb's K tile at tile index first + 2 (jb % 2),
 // its V tile right after; rows from kv_len on zero-filled. issue(jb) starts the copies of block jb
 // (none past the last block) and commits them as one group, so cp_async_wait<1> at block jb means
@@ -321,39 +367,11 @@ __device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, con
         float alpha[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int b = 0; b < 2; ++b) {
-                    float x = s[4 * j + 2 * h + b] * scale;
-                    if (full) {
-                        x = x == -INFINITY ? tf_nan() : x;
-                    } else {
-                        const bool keep = kv0 + 8 * j + 2 * t + b <= lim[h];
-                        x = keep ? (x == -INFINITY ? tf_nan() : x) : -INFINITY;
-                    }
-                    s[4 * j + 2 * h + b] = x;
-                    mx = fmaxf(mx, x);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mx = tf_row_max(s, h, kv0, full, lim[h], scale, t);
             const float m_new = fmaxf(st.m[h], mx);
             const float ref = m_new == -INFINITY ? 0.0f : m_new;
             alpha[h] = m_new == st.m[h] ? 1.0f : tl_exp(st.m[h] - ref);
-            float pair[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const float p0 = tl_exp(s[4 * j + 2 * h] - ref);
-                const float p1 = tl_exp(s[4 * j + 2 * h + 1] - ref);
-                s[4 * j + 2 * h] = p0;
-                s[4 * j + 2 * h + 1] = p1;
-                pair[j] = p0 + p1;  // key index bit 0
-            }
-            const float q0 = pair[0] + pair[1], q1 = pair[2] + pair[3], q2 = pair[4] + pair[5], q3 = pair[6] + pair[7];
-            float sum = (q0 + q1) + (q2 + q3);             // bits 3, 4, 5
-            sum = sum + __shfl_xor_sync(0xffffffffu, sum, 2);  // bit 2
-            sum = sum + __shfl_xor_sync(0xffffffffu, sum, 1);  // bit 1
+            const float sum = tf_row_exp_sum(s, h, ref);
             st.l[h] = st.l[h] * alpha[h] + sum;
             st.m[h] = m_new;
         }
@@ -450,6 +468,232 @@ attn_decode_tc_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, c
     tf_store<D>(st, out + b * s_ob + head0 * s_oh, s_oh, nullptr, 0, rows);
 }
 
+// ------------------------------------------------------------------------- the split decode step
+// The same decode step in three launches, for grids of few (sequence, KV head) blocks, where the walk
+// above is one block walking the key blocks one after another (B = 1 at Qwen3-8B: 8 blocks). What the
+// walk computes per key block jb and row is split by what it depends on:
+//   1. per key block, in parallel: S (tf_scores) and the row maximum mx_jb (tf_row_max);
+//   2. per key block, in parallel: S again (the same MMAs), the running maximum m_jb = fmaxf(...
+//      fmaxf(fmaxf(-inf, mx_0), mx_1) ..., mx_jb) folded in the walk's order from step 1's maxima,
+//      alpha_jb and the probabilities and row sum of the block (tf_row_exp_sum), P packed to BF16 as the
+//      P V product's register operand;
+//   3. per (sequence, KV head, 64-head tile), the walk's remaining chain over the blocks in order:
+//      l = l * alpha + sum, acc = acc * alpha, acc += P V (the same wgmma from registers), the absent
+//      value rule in the masked block, then out = div_rn(acc, l).
+// Every value is computed by the same instructions from the same operands as in the walk, so the
+// bits are the walk's (tests/ops/test_cuda_backend.py compares them). Scratch per (sequence, KV head,
+// tile, key block) "unit" u, for U units: the maxima [U][64] FP32, alpha [U][64], the sums [U][64], then P
+// [U][128 threads][16] packed BF16 pairs.
+constexpr int64_t TS_UNIT_BYTES = 3 * TF_ROWS * 4 + TF_THREADS * 16 * 4;
+constexpr int TS_STAGES = 4;  // step 3's ring of (V tile, P, alpha and sums) per key block
+
+struct TsScratch {
+    float* mx;
+    float* alpha;
+    float* sum;
+    uint32_t* p;
+    __device__ __forceinline__ TsScratch(void* base, int64_t units)
+        : mx(static_cast<float*>(base)), alpha(mx + units * TF_ROWS), sum(alpha + units * TF_ROWS),
+          p(reinterpret_cast<uint32_t*>(sum + units * TF_ROWS)) {}
+};
+
+// Steps 1 (STEP 1: write the block's row maxima) and 2 (STEP 2: alpha, the sums and P). Block
+// (jb, kvh * tiles + tile, b); blocks past the sequence's last key block return.
+template <int D, int STEP>
+__global__ void __launch_bounds__(TF_THREADS)
+attn_decode_split_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, const int32_t* __restrict__ seqlens,
+                         void* __restrict__ scratch, int64_t group, int64_t kv_heads, int64_t n_kv_blocks, int64_t s_qb,
+                         int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, float scale) {
+    using S = TfShape<D>;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    if (smem_u32(smem_raw) & 1023u) __trap();
+    const int64_t jb = blockIdx.x;
+    const int64_t tiles = cdiv(group, static_cast<int64_t>(TF_ROWS));
+    const int64_t kvh = blockIdx.y / tiles;
+    const int64_t g0 = (blockIdx.y % tiles) * TF_ROWS;
+    const int64_t b = blockIdx.z;
+    const int64_t n = seqlens[b];
+    const int64_t kv0 = jb * TF_ROWS;
+    if (kv0 >= n) return;  // uniform over the block
+    const int64_t rows = group - g0 < TF_ROWS ? group - g0 : TF_ROWS;
+    const int64_t head0 = kvh * group + g0;
+    const int64_t units = static_cast<int64_t>(gridDim.z) * kv_heads * tiles * n_kv_blocks;
+    const int64_t u0 = ((b * kv_heads + kvh) * tiles + (blockIdx.y % tiles)) * n_kv_blocks;  // the tile's unit 0
+    const TsScratch sc(scratch, units);
+    const bf16* q_base = q + b * s_qb + head0 * s_qh;
+    const bf16* k_base = kc + b * s_kb + kvh * s_kh + kv0 * s_kt;
+    tf_load<D>(smem_raw, 0, q_base, s_qh, rows, aligned16(q_base) && s_qh % 8 == 0);
+    tf_load<D>(smem_raw, S::TILE, k_base, s_kt, n - kv0, aligned16(k_base) && s_kt % 8 == 0);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    fence_proxy_async();
+    const uint32_t base = smem_u32(smem_raw);
+    float s[32];
+    wg_fence();
+    tf_scores<D>(s, base, base + S::TILE);
+    wg_commit();
+    wg_wait0();
+    const TfLane ln;
+    const bool full = kv0 < (n / TF_ROWS) * TF_ROWS;
+    float alpha[2], sum[2], mx[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = ln.row(h);
+        mx[h] = tf_row_max(s, h, kv0, full, r < rows ? n - 1 : -1, scale, ln.t);
+        if (STEP == 2) {
+            float m = -INFINITY;  // the running maximum before this block, in the walk's order
+            for (int64_t i = 0; i < jb; ++i) m = fmaxf(m, sc.mx[(u0 + i) * TF_ROWS + r]);
+            const float m_new = fmaxf(m, mx[h]);
+            const float ref = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[h] = m_new == m ? 1.0f : tl_exp(m - ref);
+            sum[h] = tf_row_exp_sum(s, h, ref);
+        }
+    }
+    const int64_t u = u0 + jb;
+    if (STEP == 1) {
+        if (ln.t == 0)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) sc.mx[u * TF_ROWS + ln.row(h)] = mx[h];
+        return;
+    }
+    if (ln.t == 0)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            sc.alpha[u * TF_ROWS + ln.row(h)] = alpha[h];
+            sc.sum[u * TF_ROWS + ln.row(h)] = sum[h];
+        }
+    uint4* pd = reinterpret_cast<uint4*>(sc.p + (u * TF_THREADS + threadIdx.x) * 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)  // tf_rs_product's operand rows 16 i .. 16 i + 15
+        pd[i] = make_uint4(tf_pack(s[8 * i], s[8 * i + 1]), tf_pack(s[8 * i + 2], s[8 * i + 3]),
+                           tf_pack(s[8 * i + 4], s[8 * i + 5]), tf_pack(s[8 * i + 6], s[8 * i + 7]));
+}
+
+// Step 3: block (b, kvh, tile). Shared memory: TS_STAGES V tiles, then per stage P (8 KB) and alpha and the
+// sums (512 bytes), then the first non-finite key of each V column.
+template <int D>
+struct TsShape {
+    static constexpr uint32_t P_AT = TS_STAGES * TfShape<D>::TILE;
+    static constexpr uint32_t AS_AT = P_AT + TS_STAGES * TF_THREADS * 64;
+    static constexpr uint32_t BAD_AT = AS_AT + TS_STAGES * 2 * TF_ROWS * 4;
+    static constexpr size_t SMEM = BAD_AT + D * sizeof(int);
+};
+
+template <int D>
+__global__ void __launch_bounds__(TF_THREADS)
+attn_decode_split_pv_kernel(const bf16* __restrict__ vc, bf16* __restrict__ out, const int32_t* __restrict__ seqlens,
+                            const void* __restrict__ scratch, int64_t group, int64_t n_kv_blocks, int64_t s_vb,
+                            int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh) {
+    using S = TfShape<D>;
+    using T = TsShape<D>;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    if (smem_u32(smem_raw) & 1023u) __trap();
+    const int64_t b = blockIdx.x;
+    const int64_t kvh = blockIdx.y;
+    const int64_t tiles = gridDim.z;
+    const int64_t g0 = static_cast<int64_t>(blockIdx.z) * TF_ROWS;
+    const int64_t n = seqlens[b];
+    const int64_t rows = group - g0 < TF_ROWS ? group - g0 : TF_ROWS;
+    const int64_t head0 = kvh * group + g0;
+    const int64_t units = static_cast<int64_t>(gridDim.x) * gridDim.y * tiles * n_kv_blocks;
+    const int64_t u0 = ((b * gridDim.y + kvh) * tiles + blockIdx.z) * n_kv_blocks;
+    const TsScratch sc(const_cast<void*>(scratch), units);
+    const bf16* v_base = vc + b * s_vb + kvh * s_vh;
+    const bool vec = aligned16(v_base) && s_vt % 8 == 0;
+    const int64_t n_blocks = cdiv(n, static_cast<int64_t>(TF_ROWS));
+    const int64_t n_full = (n / TF_ROWS) * TF_ROWS;
+    const int tid = threadIdx.x;
+    const uint32_t base = smem_u32(smem_raw);
+    auto issue = [&](int64_t jb) {
+        if (jb < n_blocks) {
+            const int slot = static_cast<int>(jb % TS_STAGES);
+            const int64_t kv0 = jb * TF_ROWS;
+            tf_load<D>(smem_raw, S::TILE * slot, v_base + kv0 * s_vt, s_vt, n - kv0, vec);
+            const int64_t u = u0 + jb;
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                cp_async16_s(base + T::P_AT + (slot * TF_THREADS + tid) * 64 + 16 * i,
+                             sc.p + (u * TF_THREADS + tid) * 16 + 4 * i, 16);
+            if (tid < 32) {  // alpha (chunks 0 .. 15), then the sums (16 .. 31)
+                const float* src = (tid < 16 ? sc.alpha : sc.sum) + u * TF_ROWS + 4 * (tid & 15);
+                cp_async16_s(base + T::AS_AT + slot * 512 + 16 * tid, src, 16);
+            }
+        }
+        cp_async_commit();
+    };
+    const TfLane ln;
+    float acc[D / 2];
+    float l[2] = {0.0f, 0.0f};
+    int64_t lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) lim[h] = ln.row(h) < rows ? n - 1 : -1;
+#pragma unroll
+    for (int e = 0; e < D / 2; ++e) acc[e] = 0.0f;
+    int* first_bad = reinterpret_cast<int*>(smem_raw + T::BAD_AT);
+#pragma unroll
+    for (int i = 0; i < TS_STAGES; ++i) issue(i);
+    for (int64_t jb = 0; jb < n_blocks; ++jb) {
+        const int slot = static_cast<int>(jb % TS_STAGES);
+        const int64_t kv0 = jb * TF_ROWS;
+        const bool full = kv0 < n_full;
+        cp_async_wait<TS_STAGES - 1>();
+        __syncthreads();  // block jb's V tile, P, alpha and sums have landed for every thread
+        if (!full) {      // as the walk: V's non-finite values -> 0, the first such key of each column
+            tf_absent_scan<D, false>(smem_raw + S::TILE * slot, first_bad);
+            __syncthreads();
+        }
+        fence_proxy_async();
+        const float* as = reinterpret_cast<const float*>(smem_raw + T::AS_AT + slot * 512);
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            alpha[h] = as[ln.row(h)];
+            l[h] = l[h] * alpha[h] + as[TF_ROWS + ln.row(h)];
+        }
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[4 * j + e] = acc[4 * j + e] * alpha[e >> 1];
+        uint32_t pa[4][4];
+        const uint4* ps = reinterpret_cast<const uint4*>(smem_raw + T::P_AT + (slot * TF_THREADS + tid) * 64);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint4 w = ps[i];
+            pa[i][0] = w.x;
+            pa[i][1] = w.y;
+            pa[i][2] = w.z;
+            pa[i][3] = w.w;
+        }
+        wg_fence();
+#pragma unroll
+        for (int i = 0; i < 4; ++i) wgmma_rs_t<D>(acc, pa[i], wg_desc_sw128_mn(base + S::TILE * slot + 2048 * i, 8192));
+        wg_commit();
+        wg_wait0();
+        if (!full) {  // a kept non-finite value of V reaches the element: NaN (masked ones never do)
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int bad = first_bad[8 * j + 2 * ln.t + (e & 1)];
+                    if (bad < TF_ROWS && kv0 + bad <= lim[e >> 1]) acc[4 * j + e] = tf_nan();
+                }
+        }
+        __syncthreads();  // every warp is done with this stage (and first_bad)
+        issue(jb + TS_STAGES);
+    }
+    cp_async_wait<0>();
+    TfState<D> st;
+#pragma unroll
+    for (int e = 0; e < D / 2; ++e) st.acc[e] = acc[e];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        st.l[h] = l[h];
+        st.m[h] = 0.0f;  // (no lse in a decode step)
+    }
+    tf_store<D>(st, out + b * s_ob + head0 * s_oh, s_oh, nullptr, 0, rows);
+}
+
 template <int D>
 int launch_fwd_tc_d(const void* q, const void* k, const void* v, void* out, void* lse, const void* cu_q,
                     const void* cu_k, int64_t batch, int64_t n_mblocks, int64_t heads, int64_t group, int64_t s_qt,
@@ -477,6 +721,35 @@ int launch_decode_tc_d(const void* q, const void* kc, const void* vc, void* out,
     attn_decode_tc_kernel<D><<<grid, TF_THREADS, smem, st>>>(
         static_cast<const bf16*>(q), static_cast<const bf16*>(kc), static_cast<const bf16*>(vc), static_cast<bf16*>(out),
         static_cast<const int32_t*>(seqlens), group, s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale);
+    return launch_status();
+}
+
+template <int D>
+int launch_decode_split_d(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scratch,
+                          int64_t batch, int64_t kv_heads, int64_t group, int64_t n_kv_blocks, int64_t s_qb,
+                          int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt,
+                          int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, cudaStream_t st) {
+    const int64_t tiles = cdiv(group, static_cast<int64_t>(TF_ROWS));
+    constexpr size_t smem = 2 * static_cast<size_t>(TfShape<D>::TILE);
+    if (int e = prepare(attn_decode_split_kernel<D, 1>, smem)) return e;
+    if (int e = prepare(attn_decode_split_kernel<D, 2>, smem)) return e;
+    if (int e = prepare(attn_decode_split_pv_kernel<D>, TsShape<D>::SMEM)) return e;
+    const dim3 grid(static_cast<unsigned>(n_kv_blocks), static_cast<unsigned>(kv_heads * tiles),
+                    static_cast<unsigned>(batch));
+    const bf16* qb = static_cast<const bf16*>(q);
+    const bf16* kb = static_cast<const bf16*>(kc);
+    const int32_t* lens = static_cast<const int32_t*>(seqlens);
+    attn_decode_split_kernel<D, 1><<<grid, TF_THREADS, smem, st>>>(qb, kb, lens, scratch, group, kv_heads, n_kv_blocks,
+                                                                  s_qb, s_qh, s_kb, s_kt, s_kh, scale);
+    if (int e = launch_status()) return e;
+    attn_decode_split_kernel<D, 2><<<grid, TF_THREADS, smem, st>>>(qb, kb, lens, scratch, group, kv_heads, n_kv_blocks,
+                                                                  s_qb, s_qh, s_kb, s_kt, s_kh, scale);
+    if (int e = launch_status()) return e;
+    attn_decode_split_pv_kernel<D><<<dim3(static_cast<unsigned>(batch), static_cast<unsigned>(kv_heads),
+                                          static_cast<unsigned>(tiles)),
+                                     TF_THREADS, TsShape<D>::SMEM, st>>>(
+        static_cast<const bf16*>(vc), static_cast<bf16*>(out), lens, scratch, group, n_kv_blocks, s_vb, s_vt, s_vh,
+        s_ob, s_oh);
     return launch_status();
 }
 
@@ -804,6 +1077,8 @@ int launch_bwd_declared_d(const void* q, const void* k, const void* v, const voi
     return launch_status();
 }
 
+int g_tf_decode_form = 0;  // 0: the library's choice (the walk); 1: the walk (one kernel); 2: the split step
+
 int g_attn_fwd_form = 1;  // 1, the default since ws1-c1-v8: this file's declared form (head dims 64 and 128); 0: attention.cu's CUDA-core form
 
 }  // namespace
@@ -824,10 +1099,24 @@ int launch_fwd_tc(const void* q, const void* k, const void* v, void* out, void* 
                                 s_vt, s_vh, s_ot, s_oh, s_lh, scale, st);
 }
 
-int launch_decode_tc(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, int64_t batch,
-                     int64_t kv_heads, int64_t group, int64_t head_dim, int64_t s_qb, int64_t s_qh, int64_t s_kb,
-                     int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt, int64_t s_vh, int64_t s_ob, int64_t s_oh,
-                     float scale, cudaStream_t st) {
+int64_t decode_tc_scratch_bytes(int64_t batch, int64_t kv_heads, int64_t group, int64_t n_kv_blocks) {
+    const int64_t units = batch * kv_heads * cdiv(group, static_cast<int64_t>(TF_ROWS));
+    const bool split = g_tf_decode_form == 2;  // the library's choice (0) is the one-kernel walk for now
+    return split ? units * n_kv_blocks * TS_UNIT_BYTES : 0;
+}
+
+int launch_decode_tc(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scratch,
+                     int64_t batch, int64_t kv_heads, int64_t group, int64_t head_dim, int64_t n_kv_blocks,
+                     int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt,
+                     int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, cudaStream_t st) {
+    if (decode_tc_scratch_bytes(batch, kv_heads, group, n_kv_blocks) > 0) {
+        if (scratch == nullptr || n_kv_blocks > 2147483646LL) return static_cast<int>(cudaErrorInvalidValue);
+        if (head_dim == 64)
+            return launch_decode_split_d<64>(q, kc, vc, out, seqlens, scratch, batch, kv_heads, group, n_kv_blocks,
+                                             s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
+        return launch_decode_split_d<128>(q, kc, vc, out, seqlens, scratch, batch, kv_heads, group, n_kv_blocks, s_qb,
+                                          s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
+    }
     if (head_dim == 64)
         return launch_decode_tc_d<64>(q, kc, vc, out, seqlens, batch, kv_heads, group, s_qb, s_qh, s_kb, s_kt, s_kh,
                                       s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
@@ -872,3 +1161,21 @@ RL_EXPORT int64_t rl_attention_fwd_form(int64_t form) {
 
 // 1 when the forward and decode of this head dim run the declared form in this process, else 0.
 RL_EXPORT int64_t rl_attention_fwd_uses_tc(int64_t head_dim) { return fwd_uses_tc(head_dim) ? 1 : 0; }
+
+// The declared form's decode step for the process: 0 = the library's choice (for now the one-kernel
+// walk), 1 = the walk (attn_decode_tc_kernel), 2 = the split step in three launches (same bits; its
+// scratch from rl_attention_declared_decode_scratch). Returns the previous setting, or -1 (and changes
+// nothing) for another number.
+RL_EXPORT int64_t rl_attention_declared_decode_form(int64_t form) {
+    if (form < 0 || form > 2) return -1;
+    const int64_t old = g_tf_decode_form;
+    g_tf_decode_form = static_cast<int>(form);
+    return old;
+}
+
+// Bytes of scratch a declared decode step of this shape needs in this process (0: the one-kernel walk
+// runs and the scratch argument is not read); -1 for shapes the launcher refuses.
+RL_EXPORT int64_t rl_attention_declared_decode_scratch(int64_t batch, int64_t heads, int64_t kv_heads, int64_t n_kv_blocks) {
+    if (batch < 0 || heads < 0 || kv_heads <= 0 || heads % kv_heads || n_kv_blocks < 0) return -1;
+    return decode_tc_scratch_bytes(batch, kv_heads, heads / kv_heads, n_kv_blocks);
+}

@@ -181,6 +181,27 @@ def set_one_pass_stages(stages: int) -> int:
     return query("rl_attention_one_pass_stages", int(stages))
 
 
+DECLARED_DECODE_FORMS = {"auto": 0, "walk": 1, "split": 2}
+"""Forms of the declared form's decode step (``rl_attention_declared_decode_form`` in
+``attention_tc.cu``): ``walk``, one kernel per (sequence, KV head, 64-head tile) walking the key
+blocks in order (the prefill's ``tf_walk``); ``split``, the same values in three launches: per key
+block in parallel the scores and row maxima, then the probabilities (BF16), rescale factors and row
+sums, then per (sequence, KV head, tile) the remaining chain ``l = l * alpha + sum``,
+``acc = acc * alpha + P V`` over the blocks in order, through an FP32 / BF16 scratch allocated here.
+Every value comes from the same instructions on the same operands, so the bits are the walk's
+(tested). ``auto`` is the library's choice: the walk until the H200 has timed the split form."""
+
+
+def set_declared_decode_form(form: str) -> str:
+    """Make every later decode step of this process in the declared attention form run as
+    ``form`` (one of :data:`DECLARED_DECODE_FORMS`); returns the previous setting. For tests and the
+    timing tool: the bits do not depend on it.
+
+    Raises:
+        InputError: ``form`` not one of :data:`DECLARED_DECODE_FORMS` (before any launch)."""
+    return _set_named_form("declared decode form", "rl_attention_declared_decode_form", DECLARED_DECODE_FORMS, form)
+
+
 def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_split: int = 0,
                          form: str = "auto") -> torch.Tensor:
     """Launch one decode step; returns out [B, H, D] bf16 (validated inputs, no host reads).
@@ -196,7 +217,9 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_
     depend on neither, they are parameters for tests and the sweep tool.
 
     In the declared forward form (:func:`set_fwd_form`, head dims 64 and 128) a decode step runs
-    that form's one kernel: ``form`` must be ``"auto"`` and ``d_split`` 0 there.
+    that form's decode (:data:`DECLARED_DECODE_FORMS`: the walk, or the split step whose FP32 / BF16
+    scratch of the library's size is allocated here): ``form`` must be ``"auto"`` and ``d_split`` 0
+    there.
 
     Raises:
         InputError: ``form`` not one of ``DECODE_FORMS``, ``d_split`` given with a form other
@@ -220,7 +243,10 @@ def attention_decode_fwd(q, k_cache, v_cache, cache_seqlens, scale: float, *, d_
     n_tiles = -(-s_max // bkv)
     # the FP32 scores go through global memory in the two-launch form only (the library's rule)
     uses_scores = not declared and query("rl_attention_decode_uses_scores", bsz, h, hkv, DECODE_FORMS[form]) == 1
-    scores = torch.empty((bsz, h, n_tiles * bkv) if uses_scores else (0,), dtype=torch.float32, device=q.device)
+    # the declared form's split step keeps its per-block values in a scratch of the library's size
+    split_bytes = query("rl_attention_declared_decode_scratch", bsz, h, hkv, n_tiles) if declared else 0
+    shape = (bsz, h, n_tiles * bkv) if uses_scores else (-(-split_bytes // 4),)
+    scores = torch.empty(shape, dtype=torch.float32, device=q.device)
     launch(q.device, "rl_attention_decode_form", q, k_cache, v_cache, out, cache_seqlens, scores, bsz, h, hkv, d,
            n_tiles, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), float(scale),
