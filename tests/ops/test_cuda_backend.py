@@ -1171,14 +1171,15 @@ def test_declared_attention_decode_and_chunks_equal_prefill_rows(cuda_device, d)
 
 
 def test_declared_attention_decode_ring_wraps_with_the_prefill_bits(cuda_device):
-    """Caches of 449 and 700 keys (8 and 11 KV blocks, so the decode kernel's ring of KV blocks wraps
-    several times): a decode step gives, for each sequence, the bits of the chunked prefill of its
+    """Caches of 449, 700 and 1100 keys (8, 11 and 18 KV blocks, so the decode kernel's ring of KV
+    blocks wraps several times and the split form's running maximum takes its 16-block loads): a
+    decode step gives, for each sequence, the bits of the chunked prefill of its
     last query over the same keys (one query row), in both decode forms. A fault of a decode kernel
     alone fails it (tried at 5214778 with a deeper decode ring: a slot refilled while in use, a short
     prologue); one shared with the prefill's walk fails the Triton-bits tests above instead."""
     from rl_engine.ops.attention import cuda as attn_cuda
 
-    lens, h, hkv, d = (449, 700), 4, 1, 64
+    lens, h, hkv, d = (449, 700, 1100), 4, 1, 64
     kc = _bf16((len(lens), max(lens) + 3, hkv, d), 61, cuda_device)
     vc = _bf16((len(lens), max(lens) + 3, hkv, d), 62, cuda_device)
     q = _bf16((len(lens), h, d), 63, cuda_device)

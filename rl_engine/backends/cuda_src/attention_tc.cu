@@ -542,8 +542,18 @@ attn_decode_split_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc
         const int r = ln.row(h);
         mx[h] = tf_row_max(s, h, kv0, full, r < rows ? n - 1 : -1, scale, ln.t);
         if (STEP == 2) {
-            float m = -INFINITY;  // the running maximum before this block, in the walk's order
-            for (int64_t i = 0; i < jb; ++i) m = fmaxf(m, sc.mx[(u0 + i) * TF_ROWS + r]);
+            // the running maximum before this block, folded in the walk's order (16 loads in flight)
+            const float* mrow = sc.mx + u0 * TF_ROWS + r;
+            float m = -INFINITY;
+            int64_t i = 0;
+            for (; i + 16 <= jb; i += 16) {
+                float w[16];
+#pragma unroll
+                for (int k = 0; k < 16; ++k) w[k] = mrow[(i + k) * TF_ROWS];
+#pragma unroll
+                for (int k = 0; k < 16; ++k) m = fmaxf(m, w[k]);
+            }
+            for (; i < jb; ++i) m = fmaxf(m, mrow[i * TF_ROWS]);
             const float m_new = fmaxf(m, mx[h]);
             const float ref = m_new == -INFINITY ? 0.0f : m_new;
             alpha[h] = m_new == m ? 1.0f : tl_exp(m - ref);
