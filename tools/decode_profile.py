@@ -2,7 +2,8 @@
 the captured step (``rl_engine.bench.chain``'s step: forward, lm_head, sampler), per kernel name.
 
 Usage: ``python tools/decode_profile.py [--backend triton_cuda_bf16] [--batch 1] [--context 1024]
-[--replays 5] [--json PATH] [--pdl 0|1|2] [--pdl-attention 0|1|2] [--tile-gemv-min-m M]``. Prints the step's wall time per replay (CUDA events), the summed
+[--replays 5] [--json PATH] [--pdl 0|1|2] [--pdl-attention 0|1|2] [--tile-gemv-min-m M]
+[--declared-decode-form auto|walk|split]``. Prints the step's wall time per replay (CUDA events), the summed
 kernel time per replay, the number of kernels per replay, and the kernels by total time.
 """
 
@@ -35,8 +36,16 @@ def main() -> int:
     ap.add_argument("--gemv-variant", type=int, default=None,
                     help="cuda_bf16: the decode GEMV variant for every product the warp GEMV does not take "
                          "(rl_engine.ops.det_gemm.cuda.set_gemv_variant; default 0)")
+    ap.add_argument("--declared-decode-form", default=None, choices=("auto", "walk", "split"),
+                    help="cuda_bf16: the declared attention form's decode step "
+                         "(rl_engine.ops.attention.cuda.set_declared_decode_form; default: the library's)")
     args = ap.parse_args()
     from rl_engine.chain import fused
+
+    if args.declared_decode_form is not None:
+        from rl_engine.ops.attention.cuda import set_declared_decode_form
+
+        set_declared_decode_form(args.declared_decode_form)
 
     if args.gemv_variant is not None:
         from rl_engine.ops.det_gemm.cuda import set_gemv_variant
