@@ -276,6 +276,21 @@ __device__ __forceinline__ float tf_row_exp_sum(float (&s)[32], int hh, float re
     return sum;
 }
 
+// After P V of a block holding masked keys: an accumulator element that a kept non-finite value of V
+// reaches (its column's first such key, first_bad from tf_absent_scan, within the row's limit lim)
+// becomes NaN; masked ones never do.
+template <int D>
+__device__ __forceinline__ void tf_absent_nan(float (&acc)[D / 2], const int* first_bad, int64_t kv0,
+                                              const int64_t (&lim)[2], int t) {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int bad = first_bad[8 * j + 2 * t + (e & 1)];
+            if (bad < TF_ROWS && kv0 + bad <= lim[e >> 1]) acc[4 * j + e] = tf_nan();
+        }
+}
+
 // A two-stage ring of KV blocks in shared memory: block jb's K tile at tile index first + 2 (jb % 2),
 // its V tile right after; rows from kv_len on zero-filled. issue(jb) starts the copies of block jb
 // (none past the last block) and commits them as one group, so cp_async_wait<1> at block jb means
@@ -382,15 +397,7 @@ __device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, con
         tf_rs_product<D>(st.acc, s, v_tile);
         wg_commit();
         wg_wait0();
-        if (!full) {  // a kept non-finite value of V reaches the element: NaN (masked ones never do)
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int bad = first_bad[8 * j + 2 * t + (e & 1)];
-                    if (bad < TF_ROWS && kv0 + bad <= lim[e >> 1]) st.acc[4 * j + e] = tf_nan();
-                }
-        }
+        if (!full) tf_absent_nan<D>(st.acc, first_bad, kv0, lim, t);
         __syncthreads();  // every warp is done with this stage (and first_bad)
         ring.issue(jb + 2);
     }
@@ -680,15 +687,7 @@ attn_decode_split_pv_kernel(const bf16* __restrict__ vc, bf16* __restrict__ out,
         for (int i = 0; i < 4; ++i) wgmma_rs_t<D>(acc, pa[i], wg_desc_sw128_mn(base + S::TILE * slot + 2048 * i, 8192));
         wg_commit();
         wg_wait0();
-        if (!full) {  // a kept non-finite value of V reaches the element: NaN (masked ones never do)
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int bad = first_bad[8 * j + 2 * ln.t + (e & 1)];
-                    if (bad < TF_ROWS && kv0 + bad <= lim[e >> 1]) acc[4 * j + e] = tf_nan();
-                }
-        }
+        if (!full) tf_absent_nan<D>(acc, first_bad, kv0, lim, ln.t);
         __syncthreads();  // every warp is done with this stage (and first_bad)
         issue(jb + TS_STAGES);
     }
@@ -899,15 +898,7 @@ attn_bwd_dq_declared_kernel(const bf16* __restrict__ q, const bf16* __restrict__
         tf_rs_product<D>(acc, sc, k_tile);
         wg_commit();
         wg_wait0();
-        if (!full) {
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int bad = first_bad[8 * j + 2 * t + (e & 1)];
-                    if (bad < TF_ROWS && kv0 + bad <= lim[e >> 1]) acc[4 * j + e] = tf_nan();
-                }
-        }
+        if (!full) tf_absent_nan<D>(acc, first_bad, kv0, lim, t);  // dQ: K's kept non-finite values
         __syncthreads();
         ring.issue(jb + 2);
     }
