@@ -1101,9 +1101,12 @@ int launch_fwd_tc(const void* q, const void* k, const void* v, void* out, void* 
 }
 
 int64_t decode_tc_scratch_bytes(int64_t batch, int64_t kv_heads, int64_t group, int64_t n_kv_blocks) {
-    const int64_t units = batch * kv_heads * cdiv(group, static_cast<int64_t>(TF_ROWS));
-    const bool split = g_tf_decode_form == 2;  // the library's choice (0) is the one-kernel walk for now
-    return split ? units * n_kv_blocks * TS_UNIT_BYTES : 0;
+    const int64_t tiles = cdiv(group, static_cast<int64_t>(TF_ROWS));
+    // the split step's grids: (key blocks, KV heads x tiles, sequences); a shape they cannot hold
+    // runs the walk, which gives the same bits
+    const bool fits = batch <= 65535 && kv_heads * tiles <= 65535 && n_kv_blocks <= 2147483646LL;
+    const bool split = g_tf_decode_form == 2 && fits;  // the library's choice (0) is the walk for now
+    return split ? batch * kv_heads * tiles * n_kv_blocks * TS_UNIT_BYTES : 0;
 }
 
 int launch_decode_tc(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scratch,
@@ -1111,7 +1114,7 @@ int launch_decode_tc(const void* q, const void* kc, const void* vc, void* out, c
                      int64_t s_qb, int64_t s_qh, int64_t s_kb, int64_t s_kt, int64_t s_kh, int64_t s_vb, int64_t s_vt,
                      int64_t s_vh, int64_t s_ob, int64_t s_oh, float scale, cudaStream_t st) {
     if (decode_tc_scratch_bytes(batch, kv_heads, group, n_kv_blocks) > 0) {
-        if (scratch == nullptr || n_kv_blocks > 2147483646LL) return static_cast<int>(cudaErrorInvalidValue);
+        if (scratch == nullptr) return static_cast<int>(cudaErrorInvalidValue);
         if (head_dim == 64)
             return launch_decode_split_d<64>(q, kc, vc, out, seqlens, scratch, batch, kv_heads, group, n_kv_blocks,
                                              s_qb, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_ob, s_oh, scale, st);
