@@ -1,12 +1,21 @@
 """CUDA C++ causal varlen GQA attention (``cuda_bf16`` backend): forward, deterministic backward,
 and one decode step against a static KV cache.
 
-Kernels in ``rl_engine/backends/cuda_src/attention.cu`` (forward, decode) and
-``attention_bwd.cu`` (backward); the forward and decode on CUDA cores, FP32 arithmetic, FMAs written
-out explicitly (the library is built with ``-fmad=false``); the backward on tensor cores.
+Two families of kernels, chosen per process (:func:`set_fwd_form`, :func:`set_bwd_form`):
 
-Forward (the ``fma`` form; the library's default since contract ws1-c1-v8 is :data:`FWD_FORMS`' declared
-form, on tensor cores, written to the Triton backend's sequence): one block of 256 threads per 64 queries of one head (prefill); a decode step computes the
+* **declared** (the library's default since contract ws1-c1-v8, head dims 64 and 128;
+  ``rl_engine/backends/cuda_src/attention_tc.cu``): the Triton backend's kernels with
+  ``ROW_SUM_PINNED`` written out in CUDA, so both backends give the same bits
+  (``docs/declared-arithmetic.md``, "Attention"): one warpgroup per 64-row tile, ``S`` / ``dP`` on
+  wgmma m64n64k16 from shared memory, ``P`` / ``dS`` rounded to BF16 in registers for the wgmma
+  m64nDk16 products, ``tl.exp`` as ``ex2.approx.f32`` of ``x * log2 e``, the row sums in
+  ``fragment_row_sum``'s order, masked terms absent. A decode step is the same walk over the
+  group's query heads padded to 64 rows (:data:`DECLARED_DECODE_FORMS`: one kernel, or the split
+  step with the same bits).
+* **fma / tensor_cores** (the defaults up to ws1-c1-v7, and the only kernels for head dims 16, 32 and
+  256; ``attention.cu`` and ``attention_bwd.cu``), described below.
+
+Forward (the ``fma`` form): one block of 256 threads per 64 queries of one head (prefill); a decode step computes the
 same per-row function in one of two forms (``attention.cu``): two launches (scores of every key
 first, then the walk over the key blocks), or one launch per (sequence, KV head) that pipelines the
 scores, softmax and ``P V`` of each key block (the library's form from 128 blocks up). The keys of a sequence are visited in the fixed blocks
@@ -18,7 +27,8 @@ order; finally ``out = o / l`` (IEEE division) rounded once to BF16, 0 for a row
 (``docs/pitfalls.md`` P10), and ``lse = m + log(l)`` kept for the backward. A KV block wholly past a row's
 causal limit leaves that row's state bitwise unchanged, and prefill and decode call the same
 per-row code with the same block size, so a query's output is bitwise the same in a full prefill,
-a chunked prefill or a decode step (``docs/pitfalls.md`` P8). The scores of a decode step are
+a chunked prefill or a decode step (``docs/pitfalls.md`` P8); the declared form keeps the same
+property. The scores of a decode step are
 computed in parallel over the keys, but every sum over the keys runs in the forward's order; no
 split of any sum over the KV axis, and every launch constant that sets bits is fixed.
 
@@ -26,8 +36,8 @@ Backward (FlashAttention-2 structure, Dao 2023; deterministic, no atomics): ``de
 rowsum(dO * O)``; a dQ kernel per 64 queries of one head (KV blocks in increasing order) and a
 dK/dV kernel per 64 keys of one KV head (query heads of the group in order, queries in increasing
 order), each gradient element a sequential FP32 FMA chain, ``scale`` applied once at the end,
-rounded once to BF16 (form ``fma``). In the tensor-core form (the default; :data:`BWD_FORMS`,
-:func:`set_bwd_form`) the same
+rounded once to BF16 (form ``fma``). In the tensor-core form (the default up to ws1-c1-v7;
+:data:`BWD_FORMS`, :func:`set_bwd_form`) the same
 kernels' structure runs on ``mma.sync`` m16n8k16: ``S`` and ``dP`` as k16 products over D, ``P`` and
 ``dS`` (FP32, as above) rounded to BF16 for the ``dV``, ``dK`` and ``dQ`` products over the block's 64
 queries / keys (the Triton backend's scheme, FlashAttention-2's); masked terms stay absent.
