@@ -276,6 +276,15 @@ __device__ __forceinline__ float tf_row_exp_sum(float (&s)[32], int hh, float re
     return sum;
 }
 
+// acc *= alpha of the element's row (the accumulator fragment's rows hh = e >> 1).
+template <int D>
+__device__ __forceinline__ void tf_rescale(float (&acc)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[4 * j + e] = acc[4 * j + e] * alpha[e >> 1];
+}
+
 // After P V of a block holding masked keys: an accumulator element that a kept non-finite value of V
 // reaches (its column's first such key, first_bad from tf_absent_scan, within the row's limit lim)
 // becomes NaN; masked ones never do.
@@ -390,10 +399,7 @@ __device__ __forceinline__ void tf_walk(unsigned char* smem, TfState<D>& st, con
             st.l[h] = st.l[h] * alpha[h] + sum;
             st.m[h] = m_new;
         }
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) st.acc[4 * j + e] = st.acc[4 * j + e] * alpha[e >> 1];
+        tf_rescale<D>(st.acc, alpha);
         tf_rs_product<D>(st.acc, s, v_tile);
         wg_commit();
         wg_wait0();
@@ -640,13 +646,16 @@ attn_decode_split_pv_kernel(const bf16* __restrict__ vc, bf16* __restrict__ out,
         cp_async_commit();
     };
     const TfLane ln;
-    float acc[D / 2];
-    float l[2] = {0.0f, 0.0f};
+    TfState<D> st;  // m stays unused: a decode step writes no lse
     int64_t lim[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) lim[h] = ln.row(h) < rows ? n - 1 : -1;
+    for (int h = 0; h < 2; ++h) {
+        lim[h] = ln.row(h) < rows ? n - 1 : -1;
+        st.l[h] = 0.0f;
+        st.m[h] = 0.0f;
+    }
 #pragma unroll
-    for (int e = 0; e < D / 2; ++e) acc[e] = 0.0f;
+    for (int e = 0; e < D / 2; ++e) st.acc[e] = 0.0f;
     int* first_bad = reinterpret_cast<int*>(smem_raw + T::BAD_AT);
 #pragma unroll
     for (int i = 0; i < TS_STAGES; ++i) issue(i);
@@ -666,12 +675,9 @@ attn_decode_split_pv_kernel(const bf16* __restrict__ vc, bf16* __restrict__ out,
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             alpha[h] = as[ln.row(h)];
-            l[h] = l[h] * alpha[h] + as[TF_ROWS + ln.row(h)];
+            st.l[h] = st.l[h] * alpha[h] + as[TF_ROWS + ln.row(h)];
         }
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[4 * j + e] = acc[4 * j + e] * alpha[e >> 1];
+        tf_rescale<D>(st.acc, alpha);
         uint32_t pa[4][4];
         const uint4* ps = reinterpret_cast<const uint4*>(smem_raw + T::P_AT + (slot * TF_THREADS + tid) * 64);
 #pragma unroll
@@ -684,22 +690,14 @@ attn_decode_split_pv_kernel(const bf16* __restrict__ vc, bf16* __restrict__ out,
         }
         wg_fence();
 #pragma unroll
-        for (int i = 0; i < 4; ++i) wgmma_rs_t<D>(acc, pa[i], wg_desc_sw128_mn(base + S::TILE * slot + 2048 * i, 8192));
+        for (int i = 0; i < 4; ++i) wgmma_rs_t<D>(st.acc, pa[i], wg_desc_sw128_mn(base + S::TILE * slot + 2048 * i, 8192));
         wg_commit();
         wg_wait0();
-        if (!full) tf_absent_nan<D>(acc, first_bad, kv0, lim, ln.t);
+        if (!full) tf_absent_nan<D>(st.acc, first_bad, kv0, lim, ln.t);
         __syncthreads();  // every warp is done with this stage (and first_bad)
         issue(jb + TS_STAGES);
     }
     cp_async_wait<0>();
-    TfState<D> st;
-#pragma unroll
-    for (int e = 0; e < D / 2; ++e) st.acc[e] = acc[e];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        st.l[h] = l[h];
-        st.m[h] = 0.0f;  // (no lse in a decode step)
-    }
     tf_store<D>(st, out + b * s_ob + head0 * s_oh, s_oh, nullptr, 0, rows);
 }
 
