@@ -746,7 +746,8 @@ def _decode_head_dim_split_keeps_the_bits(cuda_device):
 def test_attention_decode_equals_prefill_at_qwen3_8b_shapes(cuda_device):
     """At Qwen3-8B head shapes (32 query heads, 8 KV heads, D = 128) and contexts up to 2050, a
     decode step's output is bitwise the prefill row of the same query at every probed position
-    (block edges included) and for every column split of the second launch. One BF16 output is
+    (block edges included): in the fma forward form for every column split of the second launch and
+    the one-pass form, in the declared form for its walk and its split step. One BF16 output is
     too coarse to show a one-ulp FP32 change of the softmax sum in a few hundred elements, so this
     runs on the GPU with 2^20 outputs per probe set. Control: the keys of another sequence differ."""
     from rl_engine.ops.attention import cuda as at_cuda
@@ -755,6 +756,18 @@ def test_attention_decode_equals_prefill_at_qwen3_8b_shapes(cuda_device):
         pytest.skip("Qwen3-8B shapes run on the GPU only (the host emulation runs one fiber per CUDA thread)")
     lens, h, hkv, d = [1, 700, 1100, 2050], 32, 8, 128
     q, k, v, cu = _varlen(lens, h, hkv, d, 31, cuda_device)
+    fma_forms = [("two_launch", s) for s in (0, 1, 2, 4, 8)] + [("one_pass", 0), ("auto", 0)]
+    for fwd_form, decode_forms in (("fma", fma_forms), ("declared", ["walk", "split", "auto"])):
+        with _attention_fwd_form(fwd_form):
+            _decode_equals_prefill_at_qwen3_8b_shapes(q, k, v, cu, lens, h, hkv, d, decode_forms, cuda_device)
+
+
+def _decode_equals_prefill_at_qwen3_8b_shapes(q, k, v, cu, lens, h, hkv, d, decode_forms, cuda_device):
+    """The probes and the control of the test above in the process's attention forward form;
+    ``decode_forms``: (form, d_split) pairs of the fma form's decode, or names of
+    attention.cuda.DECLARED_DECODE_FORMS."""
+    from rl_engine.ops.attention import cuda as at_cuda
+
     scale = d ** -0.5
     with torch.no_grad():
         full = attention_cuda(q, k, v, cu, cu, scale)
@@ -771,9 +784,13 @@ def test_attention_decode_equals_prefill_at_qwen3_8b_shapes(cuda_device):
             for b in live:
                 qd[b] = q[int(cu[b]) + pos]
             want = full[torch.tensor([int(cu[b]) + pos for b in live], device=cuda_device)]
-            for form, split in [("two_launch", s) for s in (0, 1, 2, 4, 8)] + [("one_pass", 0), ("auto", 0)]:
-                out = at_cuda.attention_decode_fwd(qd, kc, vc, seqlens, scale, d_split=split, form=form)
-                assert _bits_equal(out[live], want), (pos, form, split)
+            for form in decode_forms:
+                if isinstance(form, tuple):  # the fma form's decode forms
+                    out = at_cuda.attention_decode_fwd(qd, kc, vc, seqlens, scale, d_split=form[1], form=form[0])
+                else:
+                    with _library_setting(at_cuda.set_declared_decode_form, form):
+                        out = at_cuda.attention_decode_fwd(qd, kc, vc, seqlens, scale)
+                assert _bits_equal(out[live], want), (pos, form)
         seqlens = torch.tensor([1, 700, 700, 700], dtype=torch.int32, device=cuda_device)
         qd = q[torch.tensor([0, int(cu[1]) + 699, int(cu[2]) + 699, int(cu[3]) + 699], device=cuda_device)]
         out = at_cuda.attention_decode_fwd(qd, kc[[0, 2, 1, 3]], vc, seqlens, scale)
@@ -1264,9 +1281,18 @@ def test_declared_attention_form_is_checked(cuda_device):
         with pytest.raises(InputError, match="declared decode form"):
             attn_cuda.set_declared_decode_form(bad)
     assert query("rl_attention_declared_decode_form", 3) == -1
-    assert query("rl_attention_declared_decode_scratch", 1, 32, 8, 16) == 0  # the library's choice: the walk
+    unit = 3 * 64 * 4 + 128 * 64  # scratch bytes per (sequence, KV head, tile, key block)
+    # the library's choice: the split step up to 8 walk blocks and 64 MiB of scratch, else the walk
+    assert query("rl_attention_declared_decode_scratch", 1, 32, 8, 16) == 8 * 16 * unit
+    assert query("rl_attention_declared_decode_scratch", 2, 32, 8, 16) == 0
+    assert query("rl_attention_declared_decode_scratch", 1, 32, 8, 936) == 8 * 936 * unit  # <= 64 MiB
+    assert query("rl_attention_declared_decode_scratch", 1, 32, 8, 937) == 0
+    assert query("rl_attention_declared_decode_scratch", 1, 4 * 65, 4, 16) == 4 * 2 * 16 * unit  # two tiles
+    assert query("rl_attention_declared_decode_scratch", 1, 8 * 65, 8, 16) == 0  # 16 walk blocks
+    with _library_setting(attn_cuda.set_declared_decode_form, "walk"):
+        assert query("rl_attention_declared_decode_scratch", 1, 32, 8, 16) == 0
     with _library_setting(attn_cuda.set_declared_decode_form, "split"):
-        assert query("rl_attention_declared_decode_scratch", 1, 32, 8, 16) == 8 * 16 * (3 * 64 * 4 + 128 * 64)
+        assert query("rl_attention_declared_decode_scratch", 2, 32, 8, 16) == 2 * 8 * 16 * unit
 
 
 def _declared_chain_runs(device, on: bool, rollout: bool, monkeypatch) -> dict:

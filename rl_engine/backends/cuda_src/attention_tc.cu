@@ -1098,13 +1098,24 @@ int launch_fwd_tc(const void* q, const void* k, const void* v, void* out, void* 
                                 s_vt, s_vh, s_ot, s_oh, s_lh, scale, st);
 }
 
+// The library's choice (decode form 0): the split step where the walk's grid is at most this many
+// blocks and its scratch at most TS_AUTO_MAX_BYTES. Measured on the H200 at Qwen3-8B heads
+// (evidence/2026-12-05-h200-split-decode-52da2a0/, as CUDA graph replays): a walk of 8 blocks (B = 1)
+// took 29.0 us at context 1024 and 179.8 us at 8192, the split step 28.4 and 131.8 us, and the B = 1
+// decode step 5.656 -> 5.474 ms; from 32 blocks on the walk was faster (B = 4, context 1024: 30.0
+// against 34.5 us; B = 16 and 64 by 2x and more).
+constexpr int64_t TS_AUTO_MAX_WALK_BLOCKS = 8;
+constexpr int64_t TS_AUTO_MAX_BYTES = int64_t(64) << 20;
+
 int64_t decode_tc_scratch_bytes(int64_t batch, int64_t kv_heads, int64_t group, int64_t n_kv_blocks) {
     const int64_t tiles = cdiv(group, static_cast<int64_t>(TF_ROWS));
     // the split step's grids: (key blocks, KV heads x tiles, sequences); a shape they cannot hold
     // runs the walk, which gives the same bits
     const bool fits = batch <= 65535 && kv_heads * tiles <= 65535 && n_kv_blocks <= 2147483646LL;
-    const bool split = g_tf_decode_form == 2 && fits;  // the library's choice (0) is the walk for now
-    return split ? batch * kv_heads * tiles * n_kv_blocks * TS_UNIT_BYTES : 0;
+    const int64_t bytes = fits ? batch * kv_heads * tiles * n_kv_blocks * TS_UNIT_BYTES : 0;
+    const bool chosen = g_tf_decode_form == 0 && batch * kv_heads * tiles <= TS_AUTO_MAX_WALK_BLOCKS &&
+                        bytes <= TS_AUTO_MAX_BYTES;
+    return fits && (g_tf_decode_form == 2 || chosen) ? bytes : 0;
 }
 
 int launch_decode_tc(const void* q, const void* kc, const void* vc, void* out, const void* seqlens, void* scratch,
@@ -1164,8 +1175,8 @@ RL_EXPORT int64_t rl_attention_fwd_form(int64_t form) {
 // 1 when the forward and decode of this head dim run the declared form in this process, else 0.
 RL_EXPORT int64_t rl_attention_fwd_uses_tc(int64_t head_dim) { return fwd_uses_tc(head_dim) ? 1 : 0; }
 
-// The declared form's decode step for the process: 0 = the library's choice (for now the one-kernel
-// walk), 1 = the walk (attn_decode_tc_kernel), 2 = the split step in three launches (same bits; its
+// The declared form's decode step for the process: 0 = the library's choice (the split step for
+// small grids, TS_AUTO_MAX_WALK_BLOCKS; else the one-kernel walk), 1 = the walk (attn_decode_tc_kernel), 2 = the split step in three launches (same bits; its
 // scratch from rl_attention_declared_decode_scratch). Returns the previous setting, or -1 (and changes
 // nothing) for another number.
 RL_EXPORT int64_t rl_attention_declared_decode_form(int64_t form) {

@@ -199,7 +199,9 @@ block in parallel the scores and row maxima, then the probabilities (BF16), resc
 sums, then per (sequence, KV head, tile) the remaining chain ``l = l * alpha + sum``,
 ``acc = acc * alpha + P V`` over the blocks in order, through an FP32 / BF16 scratch allocated here.
 Every value comes from the same instructions on the same operands, so the bits are the walk's
-(tested). ``auto`` is the library's choice: the walk until the H200 has timed the split form."""
+(tested). ``auto`` is the library's choice: the split step where the walk would run at most 8 blocks
+(B x KV heads x tiles; e.g. B = 1 at Qwen3-8B heads) with at most 64 MiB of scratch, the walk
+otherwise (``TS_AUTO_MAX_WALK_BLOCKS`` in ``attention_tc.cu``, from the H200 timing it cites)."""
 
 
 def set_declared_decode_form(form: str) -> str:
