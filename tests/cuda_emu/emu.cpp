@@ -100,6 +100,7 @@ void run_block(unsigned nthreads) {
 }  // namespace
 
 void emu_sync_block() { wait_on(0); }
+void emu_yield() { swapcontext(&g_fibers[g_cur].ctx, &g_sched); }  // stays runnable
 void emu_sync_warp() { wait_on(1 + static_cast<int>(emu_threadIdx.x / 32)); }
 float* emu_warp_scratch() { return g_scratch.data() + static_cast<size_t>(emu_threadIdx.x / 32) * 768; }
 unsigned char* emu_dynamic_smem() { return g_dyn.data(); }

@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -308,6 +309,36 @@ inline void wg_commit() {}
 inline void wg_wait0() {}
 inline void wg_wait1() {}
 inline void fence_proxy_async() {}
+// Shared-memory barriers (gemm.cuh mbar_*): 8 bytes at the shared-window address, the arrival count of
+// a phase and (pending arrivals | phase parity << 31). cp.async copies land at once here, so their
+// arrival is an arrival; a wait yields to the other fibers until the phase of that parity has completed
+// (and aborts after a number of rounds no correct protocol needs: a wait that can never end).
+void emu_yield();
+inline uint32_t* emu_mbar(uint32_t bar) { return reinterpret_cast<uint32_t*>(emu_dynamic_smem() + bar); }
+inline void mbar_init(uint32_t bar, uint32_t count) {
+    if ((bar & 7u) || count == 0 || count >= (1u << 31)) std::abort();
+    emu_mbar(bar)[0] = count;
+    emu_mbar(bar)[1] = count;
+}
+inline void mbar_arrive(uint32_t bar) {
+    uint32_t* m = emu_mbar(bar);
+    const uint32_t phase = m[1] >> 31, pending = (m[1] & 0x7fffffffu) - 1;
+    m[1] = pending == 0 ? m[0] | ((phase ^ 1u) << 31) : pending | (phase << 31);
+}
+inline void cp_async_mbar_arrive(uint32_t bar) { mbar_arrive(bar); }
+inline void mbar_wait(uint32_t bar, uint32_t parity) {
+    for (long spins = 0; (emu_mbar(bar)[1] >> 31) == (parity & 1u); ++spins) {
+        if (spins > 200000L) {  // (a correct wait here ends within a few thousand rounds)
+            std::fprintf(stderr, "cuda emulator: a wait on the barrier at %u never completes\n", bar);
+            std::abort();
+        }
+        emu_yield();
+    }
+}
+template <int N>
+inline void setmaxnreg_dec() {}
+template <int N>
+inline void setmaxnreg_inc() {}
 // Programmatic dependent launch (common.cuh): launches run one after another here, so the wait has
 // nothing to wait for and there is no early start to allow.
 inline void pdl_wait() {}

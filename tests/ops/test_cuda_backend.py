@@ -316,10 +316,10 @@ def _pipe_layouts(device, m, k, n):
     return {"k-k": (x, w.t()), "k-n": (x, wt), "m-n": (xt.t(), wt), "m-k": (xt.t(), w.t())}
 
 
-@pytest.mark.parametrize("form", [1, 2, 3])  # (a separate case each: a form that faults on the GPU
+@pytest.mark.parametrize("form", [1, 2, 3, 4])  # (a separate case each: a form that faults on the GPU
 @pytest.mark.parametrize("m,k,n", [(130, 256, 136), (66, 1056, 75), (1024, 4096, 4096)])  # cannot hide another)
 def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
-    """Forms 1 to 3 of the training-size GEMMs give the WMMA kernels' (form 0) bits for each operand
+    """Forms 1 to 4 of the training-size GEMMs give the WMMA kernels' (form 0) bits for each operand
     layout at tree depths 0 and 2 (depth 1's merge is depth 2's first), at partial tiles along M and
     N, part-filled 16-byte copies at M / N and leaves that end inside a 32-wide step (1056: leaves of
     264; 75 and 66 columns): form 1 (tree_pipe_kernel: cp.async ring, ldmatrix / ldmatrix.trans,
@@ -327,7 +327,10 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
     output, and a misaligned view falling back to form 0), form 2 (128 x 256 tiles, held sums in
     shared memory), form 3 (tree_wgmma_kernel: wgmma for the training step's three layouts, form 1
     for the remaining m-k; also the leaf-parallel form and the FP32 output; in the emulation through a decoder of the ISA's
-    canonical descriptor layouts, which cannot show whether the hardware reads them so). The test
+    canonical descriptor layouts, which cannot show whether the hardware reads them so), form 4 (form 3's
+    products on the warp-specialised tree_wgmma_ws_kernel: a copy warpgroup and two MMA warpgroups
+    handing ring places over through shared-memory barriers; the emulation runs the barrier protocol
+    between the fibers, so a place handed back too early is overwritten before it is read). The test
     first checks that the pipelined kernel can run each case (tree_pipe_ok). Control: a depth-1 tree
     in the same form differs from the depth-2 one."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda

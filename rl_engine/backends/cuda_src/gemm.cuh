@@ -41,6 +41,35 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Shared-memory barriers (PTX ISA, "mbarrier"; at a shared-window address, 8-byte aligned): init with
+// the arrival count of a phase; arrive; the arrival of a thread's cp.async copies once they have all
+// landed (.noinc: counted in the init count); wait until the phase of the given parity has completed.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// The warpgroup's register budget per thread from here on (PTX ISA, setmaxnreg; a multiple of 8 in
+// 24 .. 256, executed by every thread of the warpgroup).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
 // d[32] (+)= A (64 x 16, K-major descriptor da) @ B (16 x 64, K-major descriptor db); accumulate 0: d is
 // not read (scale-d 0). Accumulator fragment (PTX ISA, m64nNk16): warp w holds rows 16 w .. 16 w + 15; for 8-column
 // group j, lane 4 g + t holds (16 w + g, 8 j + 2 t + {0, 1}) in d[4 j], d[4 j + 1] and row + 8 in
@@ -66,9 +95,9 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64
 // The training-size GEMM form of the process (rl_tree_gemm_form; gemm_pipe.cu): 0 = the WMMA kernels,
 // 1 and 2 = tree_pipe_kernel (2: the fused tree in 128 x 256 tiles), 3 = tree_wgmma_kernel for the
 // fused trees and leaf-parallel leaves of the training step's layouts and the (K, K) FP32 outputs, the
-// rest as 1 (the default).
+// rest as 1 (the default); 4 = as 3 with those products on the warp-specialised tree_wgmma_ws_kernel.
 extern int g_tree_form;
-constexpr int TREE_GEMM_FORMS = 4;
+constexpr int TREE_GEMM_FORMS = 5;
 
 // Whether tree_pipe_kernel can run this product with leaves [0, leaves) (layout, alignment, bounds).
 bool tree_pipe_ok(const TreeArgs& g, int leaves);

@@ -483,8 +483,9 @@ struct TwCopies {
     uint32_t dst[4];     // offset in the operand's part of the slot
     int krow[4];         // K-major: the chunk's first k in the slot; MN-major: its k row
 
-    __device__ __forceinline__ void init(const bf16* x, int64_t s_r, int64_t s_k, int64_t row0, int64_t lim) {
-        const int t = threadIdx.x;
+    // t: the thread's index among the 256 copy threads of a slot (tree_wgmma_kernel: threadIdx.x; the
+    // warp-specialised kernel's 128 copy threads take two indices each).
+    __device__ __forceinline__ void init(const bf16* x, int64_t s_r, int64_t s_k, int64_t row0, int64_t lim, int t) {
         const int r0 = t >> 3;
         const int c = t & 7;
 #pragma unroll
@@ -550,6 +551,64 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t
 }
 #endif
 
+// Leaf l (0 .. 3) of a fused tree, rounded to BF16 and held for the merges ((l0 + l1) + (l2 + l3)):
+// h0 takes l0, then l0 + l1, then the result; h1 takes l2 (tree_pipe_kernel's merges, in pairs).
+__device__ __forceinline__ void tw_hold(int l, const float (&acc)[64], uint32_t (&h0)[32], uint32_t (&h1)[32]) {
+#pragma unroll
+    for (int q = 0; q < 32; ++q) {
+        uint32_t v = tp_round2(acc[2 * q], acc[2 * q + 1]);
+        if (l == 0) {
+            h0[q] = v;
+        } else if (l == 1) {
+            h0[q] = tp_merge2(h0[q], v);
+        } else if (l == 2) {
+            h1[q] = v;
+        } else {
+            h0[q] = tp_merge2(h0[q], tp_merge2(h1[q], v));
+        }
+    }
+}
+
+// The store of one warp's 16 rows x 128 columns of a warpgroup tile (row0: the warp's first row, n0 the
+// tile's first column): the FP32 sums (OUT_F32) or the merged BF16 tree h0, to g.c (LEAVES: leaf
+// `first`'s [M, N] slice of the workspace); pairs: whether two neighbouring columns may be stored as one.
+template <bool OUT_F32, bool LEAVES>
+__device__ __forceinline__ void tw_store(const TreeArgs& g, const float (&acc)[64], const uint32_t (&h0)[32],
+                                         int64_t row0, int64_t n0, int first, int pairs) {
+    const int lane = threadIdx.x & 31;
+    const int gq = lane >> 2;
+    const int t = lane & 3;
+    const int64_t leaf_off = LEAVES ? static_cast<int64_t>(first) * g.M * g.N : 0;
+#pragma unroll
+    for (int j = 0; j < TW_BN / 8; ++j)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int q = 2 * j + p;  // acc[2 q], acc[2 q + 1] = d[4 j + 2 p], d[4 j + 2 p + 1]
+            const int64_t r = row0 + gq + 8 * p;
+            const int64_t c = n0 + 8 * j + 2 * t;
+            if (r >= g.M || c >= g.N) continue;
+            const int64_t off = r * g.s_cm + c * g.s_cn + leaf_off;
+            const bool two = c + 1 < g.N;
+            if (OUT_F32) {
+                float* o = static_cast<float*>(g.c) + off;
+                if (two && pairs) {
+                    *reinterpret_cast<float2*>(o) = make_float2(acc[2 * q], acc[2 * q + 1]);
+                } else {
+                    o[0] = acc[2 * q];
+                    if (two) o[g.s_cn] = acc[2 * q + 1];
+                }
+            } else {
+                bf16* o = static_cast<bf16*>(g.c) + off;
+                if (two && pairs) {
+                    *reinterpret_cast<uint32_t*>(o) = h0[q];
+                } else {
+                    o[0] = tp_lo(h0[q]);
+                    if (two) o[g.s_cn] = tp_hi(h0[q]);
+                }
+            }
+        }
+}
+
 // HILO (DEPTH 0): the hi / lo GEMM of rl_gemm_hilo (tree_pipe_kernel's HILO) with the warpgroup MMA:
 // slot s holds 64 k of part s % 2 (hi, then lo at a_lo) of block s / 2, all four k16 products issued
 // (zero-filled past K), one accumulator from acc_in (or 0) over every slot.
@@ -581,8 +640,8 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
     if (ring & 1023u) __trap();  // dynamic shared memory starts 1024-byte aligned
     TwCopies<A_MN> ca;
     TwCopies<B_MN> cb;
-    ca.init(g.a, g.s_am, g.s_ak, m0, g.M);
-    cb.init(g.b, g.s_bn, g.s_bk, n0, g.N);
+    ca.init(g.a, g.s_am, g.s_ak, m0, g.M, tid);
+    cb.init(g.b, g.s_bn, g.s_bk, n0, g.N, tid);
 
     // The copy cursor: leaf lf, slot at k0 (64 k); lf == first + NL: every slot issued.
     int lf = first;
@@ -664,55 +723,156 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
             wg_wait1();  // this warpgroup's MMAs of the slot before have completed
         }
         wg_wait0();  // the leaf's sums are in acc
-        if (!OUT_F32) {
-#pragma unroll
-            for (int q = 0; q < 32; ++q) {
-                uint32_t v = tp_round2(acc[2 * q], acc[2 * q + 1]);
-                if (l == 0) {
-                    h0[q] = v;
-                } else if (l == 1) {
-                    h0[q] = tp_merge2(h0[q], v);
-                } else if (l == 2) {
-                    h1[q] = v;
-                } else {
-                    h0[q] = tp_merge2(h0[q], tp_merge2(h1[q], v));
-                }
-            }
-        }
+        if (!OUT_F32) tw_hold(l, acc, h0, h1);
     }
     cp_async_wait<0>();
+    tw_store<OUT_F32, LEAVES>(g, acc, h0, m0 + 64 * wg + 16 * warp, n0, first, pairs);
+}
 
-    const int gq = lane >> 2;
-    const int t = lane & 3;
-    const int64_t leaf_off = LEAVES ? static_cast<int64_t>(first) * g.M * g.N : 0;
+// Warp-specialised form of tree_wgmma_kernel (form 4 of rl_tree_gemm_form; the fused tree, the
+// leaf-parallel leaves and the FP32 logits, not the hi / lo products): the same tiles, slots, copies,
+// k16 products in the same order, leaf rounding, merges and stores, so the same bits; what changes is
+// who waits for what. Warpgroup 0 only copies: its 128 threads issue a slot's 2048 16-byte copies
+// (TwCopies with two copy indices each) into ring place j % TWS_STAGES once that place is empty, and
+// the place's `full` barrier completes when every copy of the slot has landed (cp.async.mbarrier.arrive).
+// Warpgroups 1 and 2 only multiply (rows 0 .. 63 and 64 .. 127 of the tile): wait for `full`, issue
+// the slot's MMAs, and once wgmma.wait_group says the MMAs of the slot before have read their operands,
+// arrive on that slot's `empty` barrier (one arrival per warpgroup), which lets the copies of the slot
+// TWS_STAGES on start. No block barrier after the barriers' set-up, and no copy instructions between
+// a warpgroup's MMAs (ncu of form 3: 240 instructions per warp and slot, a block barrier per slot,
+// 0.45 eligible warps per scheduler, the tensor pipe 34 % busy).
+constexpr int TWS_STAGES = 6;     // ring places (6 x 32 KB)
+constexpr int TWS_THREADS = 384;  // the copy warpgroup, then the two MMA warpgroups
+constexpr int TWS_SMEM = TWS_STAGES * TW_SLOT + 2 * TWS_STAGES * 8;  // the ring, then full[], empty[]
+// Registers per thread after the split (setmaxnreg): the launch allocates 168 per thread (ptxas's count
+// under __launch_bounds__(384, 1)); the copy warpgroup gives some back so that the MMA warpgroups hold a
+// DEPTH-2 tile's sums (64 FP32 and 2 x 32 packed BF16 pairs) without spilling (ptxas -v: none at
+// 88 / 208, 4 bytes at 112 / 200). An increase waits for registers the block has, so
+// 128 x 88 + 256 x 208 must not exceed 384 x 168.
+constexpr int TWS_COPY_REGS = 88;
+constexpr int TWS_MMA_REGS = 208;
+static_assert(128 * TWS_COPY_REGS + 256 * TWS_MMA_REGS <= TWS_THREADS * 168, "setmaxnreg beyond the launch's registers");
+
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false>
+__global__ void __launch_bounds__(TWS_THREADS, 1) tree_wgmma_ws_kernel(TreeArgs g, int pairs) {
+    static_assert(!(OUT_F32 || LEAVES) || DEPTH == 0, "FP32 output and the leaf workspace are single leaves");
+    constexpr int NL = 1 << DEPTH;
+    const int first = LEAVES ? static_cast<int>(blockIdx.z) : 0;  // the block's first leaf
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;  // 0: copies; 1, 2: rows 64 (wg - 1) .. + 63 of the tile
+
+    const int64_t tiles_m = cdiv(g.M, TW_BM);
+    const int64_t tiles_n = cdiv(g.N, TW_BN);
+    const int64_t pid = blockIdx.x;
+    const int64_t group = static_cast<int64_t>(TP_GROUP_M) * tiles_n;
+    const int64_t first_m = (pid / group) * TP_GROUP_M;
+    const int64_t rows_here = tiles_m - first_m < TP_GROUP_M ? tiles_m - first_m : TP_GROUP_M;
+    const int64_t m0 = (first_m + (pid % group) % rows_here) * TW_BM;
+    const int64_t n0 = ((pid % group) / rows_here) * TW_BN;
+
+    const uint32_t ring = smem_u32(smem_raw);
+    if (ring & 1023u) __trap();  // dynamic shared memory starts 1024-byte aligned
+    const uint32_t full = ring + TWS_STAGES * TW_SLOT;  // full[s] at full + 8 s, empty[s] after them
+    const uint32_t empty = full + 8 * TWS_STAGES;
+    if (tid == 0) {
+        for (int s = 0; s < TWS_STAGES; ++s) {
+            mbar_init(full + 8 * s, 128);  // one cp.async arrival per copy thread
+            mbar_init(empty + 8 * s, 2);   // one arrival per MMA warpgroup
+        }
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        setmaxnreg_dec<TWS_COPY_REGS>();
+        // The copies, slot by slot in the order the MMA warpgroups consume them: leaf lf from its first
+        // index in 64-k slots (empty leaves have none).
+        TwCopies<A_MN> ca[2];
+        TwCopies<B_MN> cb[2];
 #pragma unroll
-    for (int j = 0; j < TW_BN / 8; ++j)
+        for (int h = 0; h < 2; ++h) {
+            ca[h].init(g.a, g.s_am, g.s_ak, m0, g.M, tid + 128 * h);
+            cb[h].init(g.b, g.s_bn, g.s_bk, n0, g.N, tid + 128 * h);
+        }
+        int j = 0;
+        for (int lf = first; lf < first + NL; ++lf) {
+            const int64_t hi = tp_bound(g, lf + 1);
+            for (int64_t k0 = tp_bound(g, lf); k0 < hi; k0 += TW_SK, ++j) {
+                const int s = j % TWS_STAGES;
+                if (j >= TWS_STAGES) mbar_wait(empty + 8 * s, ((j / TWS_STAGES) - 1) & 1);
+                const uint32_t d = ring + s * TW_SLOT;
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
-            const int q = 2 * j + p;  // acc[2 q], acc[2 q + 1] = d[4 j + 2 p], d[4 j + 2 p + 1]
-            const int64_t r = m0 + 64 * wg + 16 * warp + gq + 8 * p;
-            const int64_t c = n0 + 8 * j + 2 * t;
-            if (r >= g.M || c >= g.N) continue;
-            const int64_t off = r * g.s_cm + c * g.s_cn + leaf_off;
-            const bool two = c + 1 < g.N;
-            if (OUT_F32) {
-                float* o = static_cast<float*>(g.c) + off;
-                if (two && pairs) {
-                    *reinterpret_cast<float2*>(o) = make_float2(acc[2 * q], acc[2 * q + 1]);
-                } else {
-                    o[0] = acc[2 * q];
-                    if (two) o[g.s_cn] = acc[2 * q + 1];
+                for (int h = 0; h < 2; ++h) {
+                    ca[h].issue(d, k0, hi, g.s_ak, g.a);
+                    cb[h].issue(d + TW_HALF, k0, hi, g.s_bk, g.a);
                 }
-            } else {
-                bf16* o = static_cast<bf16*>(g.c) + off;
-                if (two && pairs) {
-                    *reinterpret_cast<uint32_t*>(o) = h0[q];
-                } else {
-                    o[0] = tp_lo(h0[q]);
-                    if (two) o[g.s_cn] = tp_hi(h0[q]);
-                }
+                cp_async_mbar_arrive(full + 8 * s);
             }
         }
+        cp_async_wait<0>();
+        return;
+    }
+
+    setmaxnreg_inc<TWS_MMA_REGS>();
+    const int cw = wg - 1;                   // the MMA warpgroup: rows 64 cw .. 64 cw + 63 of the tile
+    const int warp = (tid >> 5) & 3;         // warp in the warpgroup: 16 of those rows
+    const bool leader = (tid & 127) == 0;    // arrives on `empty` for the warpgroup
+    const uint64_t desc0 = A_MN ? wg_desc_sw128_mn(ring + cw * 8192, 8192) : wg_desc_sw128(ring + cw * (64 * 128));
+    const uint64_t descb0 = B_MN ? wg_desc_sw128_mn(ring + TW_HALF, 8192) : wg_desc_sw128(ring + TW_HALF);
+    constexpr uint64_t A_K16 = A_MN ? 2048 >> 4 : 32 >> 4;
+    constexpr uint64_t B_K16 = B_MN ? 2048 >> 4 : 32 >> 4;
+    constexpr int TA = A_MN ? 1 : 0;
+    constexpr int TB = B_MN ? 1 : 0;
+    float acc[64];
+    uint32_t h0[32], h1[32];
+    int consumed = 0;  // slots whose MMAs this warpgroup has issued
+    int released = 0;  // slots it has given back (released == consumed or consumed - 1)
+#pragma unroll
+    for (int l = 0; l < NL; ++l) {
+        const int64_t width = tp_bound(g, first + l + 1) - tp_bound(g, first + l);
+        const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
+        const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
+        for (int64_t i = 0; i < slots; ++i, ++consumed) {
+            const int s = consumed % TWS_STAGES;
+            mbar_wait(full + 8 * s, (consumed / TWS_STAGES) & 1);  // the slot's copies have landed
+            fence_proxy_async();  // ... and are visible to the warpgroup MMA's reads
+            const uint64_t off = static_cast<uint64_t>((s * TW_SLOT) >> 4);
+            const uint64_t da = desc0 + off;
+            const uint64_t db = descb0 + off;
+            wg_fence();
+            wgmma_n128<TA, TB>(acc, da, db);                  // step 2 i: k 0..15
+            wgmma_n128<TA, TB>(acc, da + A_K16, db + B_K16);  //           k 16..31
+            if (2 * i + 1 < steps) {                          // uniform: no step past the leaf's last
+                wgmma_n128<TA, TB>(acc, da + 2 * A_K16, db + 2 * B_K16);
+                wgmma_n128<TA, TB>(acc, da + 3 * A_K16, db + 3 * B_K16);
+            }
+            wg_commit();
+            wg_wait1();  // this warpgroup's MMAs of the slot before have completed
+            if (released < consumed) {
+                if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
+                ++released;
+            }
+        }
+        wg_wait0();  // the leaf's sums are in acc, and every slot's MMAs have read their operands
+        for (; released < consumed; ++released)
+            if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
+        if (!OUT_F32) tw_hold(l, acc, h0, h1);
+    }
+    tw_store<OUT_F32, LEAVES>(g, acc, h0, m0 + 64 * cw + 16 * warp, n0, first, pairs);
+}
+
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false>
+int launch_tree_wgmma_ws_as(const TreeArgs& g, cudaStream_t st, int leaves = 1) {
+    auto kernel = tree_wgmma_ws_kernel<DEPTH, OUT_F32, A_MN, B_MN, LEAVES>;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TWS_SMEM))
+        return static_cast<int>(e);
+    const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
+    const int pairs = tp_pairs(g.c, g.s_cm, g.s_cn, OUT_F32);
+    const dim3 grid(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(LEAVES ? leaves : 1));
+    kernel<<<grid, TWS_THREADS, TWS_SMEM, st>>>(g, pairs);
+    return launch_status();
 }
 
 // Whether tree_wgmma_kernel can run this product with leaves [0, leaves) (host side): the layouts
@@ -730,6 +890,7 @@ bool tree_wgmma_ok(const TreeArgs& g, int leaves) {
 // LEAVES: one block per (tile, leaf) of [0, leaves) into the workspace g.c (tree_wgmma_kernel's LEAVES).
 template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false>
 int launch_tree_wgmma_as(const TreeArgs& g, cudaStream_t st, int leaves = 1) {
+    if (g_tree_form == 4) return launch_tree_wgmma_ws_as<DEPTH, OUT_F32, A_MN, B_MN, LEAVES>(g, st, leaves);
     auto kernel = tree_wgmma_kernel<DEPTH, OUT_F32, A_MN, B_MN, false, LEAVES>;
     constexpr int smem = TW_STAGES * TW_SLOT;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
@@ -774,7 +935,7 @@ int launch_tree_pipe_fused(const TreeArgs& g, int depth, cudaStream_t st) {
 }  // namespace
 
 int rl::launch_pipe_fused(const TreeArgs& g, int depth, cudaStream_t st) {
-    if (g_tree_form == 3 && tree_wgmma_ok(g, 1 << depth)) {
+    if (g_tree_form >= 3 && tree_wgmma_ok(g, 1 << depth)) {
         if (depth == 0) return launch_tree_wgmma<0>(g, st);
         if (depth == 1) return launch_tree_wgmma<1>(g, st);
         return launch_tree_wgmma<2>(g, st);
@@ -783,13 +944,13 @@ int rl::launch_pipe_fused(const TreeArgs& g, int depth, cudaStream_t st) {
 }
 
 int rl::launch_pipe_f32(const TreeArgs& g, cudaStream_t st) {
-    if (g_tree_form == 3 && g.s_ak == 1 && g.s_bk == 1 && tree_wgmma_ok(g, 1))  // the logits: (K, K) only
+    if (g_tree_form >= 3 && g.s_ak == 1 && g.s_bk == 1 && tree_wgmma_ok(g, 1))  // the logits: (K, K) only
         return launch_tree_wgmma_as<0, true, false, false>(g, st);
     return launch_tree_pipe<TpForm1, 0, true, false>(g, 1, g.c, g.s_cm, g.s_cn, st);
 }
 
 int rl::launch_pipe_leaves(const TreeArgs& g, int leaves, bf16* w, cudaStream_t st) {
-    if (g_tree_form == 3 && tree_wgmma_ok(g, leaves)) {  // the same leaves on the warpgroup MMA
+    if (g_tree_form >= 3 && tree_wgmma_ok(g, leaves)) {  // the same leaves on the warpgroup MMA
         TreeArgs gw = g;
         gw.c = w;
         gw.s_cm = g.N;
@@ -821,7 +982,7 @@ RL_EXPORT int rl_gemm_hilo(const void* hi, const void* lo, const void* b, void* 
     const float* in = static_cast<const float*>(acc_in);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (s_bk == 1) return static_cast<int>(cudaErrorInvalidValue);  // B is N-contiguous in both products
-    if (g_tree_form == 3 && tree_wgmma_ok(g, 1)) {  // the same products on the warpgroup MMA
+    if (g_tree_form >= 3 && tree_wgmma_ok(g, 1)) {  // the same products on the warpgroup MMA
         if (s_ak != 1) {
             return out_f32 ? launch_hilo_wgmma_as<true, true>(g, l, in, s_acc, st)
                            : launch_hilo_wgmma_as<false, true>(g, l, in, s_acc, st);

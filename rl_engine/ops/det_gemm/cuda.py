@@ -156,7 +156,7 @@ def set_warp_gemv_variant(variant: int) -> int:
     return _set_variant("warp gemv variant", "rl_gemv_warp_variant", variant, WARP_GEMV_VARIANTS)
 
 
-TREE_GEMM_FORMS = 4
+TREE_GEMM_FORMS = 5
 """Forms of the GEMMs at training sizes (the fused tree, the leaf-parallel form's leaves where the decode
 GEMVs do not run, and the FP32-output GEMM): 0 = the WMMA kernels
 (``tree_gemm_kernel`` / ``tree_leaf_kernel``: one 32-wide K step at a time through shared memory,
@@ -176,7 +176,13 @@ bits (forms 1 to 3 tested against form 0 in the host emulation, whose warpgroup 
 operands through a decoder of the PTX ISA's canonical descriptor layouts). On the H200 all three gave
 form 0's bits at every Qwen3-8B projection shape and product, at 0.19-0.46x cuBLAS for form 3 against
 0.04-0.17x for form 0 (``evidence/2026-12-04-h200-issue33-e035223/``), so form 3 is the default
-(``g_tree_form`` in ``gemm_pipe.cu``)."""
+(``g_tree_form`` in ``gemm_pipe.cu``). Form 4: form 3 with its fused trees, leaves and FP32 logits on
+``tree_wgmma_ws_kernel``, warp-specialised: one warpgroup issues the copies of a six-place ring and
+two only multiply, handing ring places back and forth through shared-memory barriers instead of a
+block barrier per slot; same tiles, slots, k16 products and roundings (the hi / lo products stay on
+form 3's kernel). Tested against form 0 in the host emulation; written for the ncu profile of form 3
+(``evidence/2026-12-05-h200-split-decode-52da2a0/``: 0.41x cuBLAS, the tensor pipe 34 % busy, the
+MMA warps issuing the copies and waiting at a block barrier per slot), not yet run on a GPU."""
 
 
 def set_tree_gemm_form(form: int) -> int:
