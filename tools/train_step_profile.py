@@ -285,17 +285,19 @@ def with_cuda_forms(text: str, make):
     """``make`` whose calls run the cuda_bf16 backend's training-size GEMMs in form ``text``'s number
     (``rl_engine.ops.det_gemm.cuda.TREE_GEMM_FORMS``), with a ``t`` in the suffix linear_logp's
     tensor-core backward (``TENSOR_CORE_BWD_ON_CUDA``, else its FP32 one) and with an ``a`` the
-    attention backward's tensor-core form (``attention.cuda.BWD_FORMS``, else ``fma``), e.g. ``3ta``;
-    all are set around each call and restored after it."""
+    attention backward's tensor-core form, with a ``d`` its declared form (the default since
+    ws1-c1-v8; ``attention.cuda.BWD_FORMS``), else ``fma``, e.g. ``3ta``, ``4td``; all are set around
+    each call and restored after it."""
     from rl_engine.ops.attention import cuda as attention_cuda
     from rl_engine.ops.det_gemm import cuda as det_gemm_cuda
     from rl_engine.ops.linear_logp import cuda as linear_logp_cuda
 
-    digits, suffix = text.rstrip("ta"), text.lstrip("0123456789")
-    if not digits.isdigit() or digits + suffix != text:
-        raise SystemExit(f"--cuda-forms: {text!r}: a form number, then t and / or a")
+    digits, suffix = text.rstrip("tad"), text.lstrip("0123456789")
+    if not digits.isdigit() or digits + suffix != text or ("a" in suffix and "d" in suffix):
+        raise SystemExit(f"--cuda-forms: {text!r}: a form number, then t and / or one of a, d")
     form = int(digits)
-    tc, attn = "t" in suffix, ("tensor_cores" if "a" in suffix else "fma")
+    tc = "t" in suffix
+    attn = "declared" if "d" in suffix else ("tensor_cores" if "a" in suffix else "fma")
 
     def configured():
         call = make()
@@ -342,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                          "tools/det_gemm_prefill_sweep.py's syntax; label <backend>@<config>), in the same process")
     ap.add_argument("--cuda-forms", default="",
                     help="also ours with the cuda_bf16 GEMM form N of det_gemm.cuda.TREE_GEMM_FORMS (suffix t: and "
-                         "linear_logp's tensor-core backward; a: and the attention backward's tensor-core form), "
+                         "linear_logp's tensor-core backward; a: and the attention backward's tensor-core form; d: its declared "
+                         "form, the default), "
                          "comma-separated, e.g. 3t,3ta (label <backend>#<form>); for --backend cuda_bf16")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-persistent", action="store_true",

@@ -134,7 +134,17 @@ void emu_run_grid(const EmuCfg& cfg, const std::function<void()>& body) {
     g_body = nullptr;
 }
 
-// The three runtime calls the sources make.
+// The runtime calls the sources make. The emulated device has 2 SMs, so that a persistent grid (one
+// block per SM) loops over several tiles at the tests' small shapes.
 cudaError_t CUDARTAPI cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaGetDevice(int* device) {
+    *device = 0;
+    return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int) {
+    if (attr != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
+    *value = 2;
+    return cudaSuccess;
+}
 const char* CUDARTAPI cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error (emulated)" : "emulated CUDA error"; }
 cudaError_t CUDARTAPI cudaFuncSetAttribute(const void*, enum cudaFuncAttribute, int) { return cudaSuccess; }

@@ -329,8 +329,9 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
     for the remaining m-k; also the leaf-parallel form and the FP32 output; in the emulation through a decoder of the ISA's
     canonical descriptor layouts, which cannot show whether the hardware reads them so), form 4 (form 3's
     products on the warp-specialised tree_wgmma_ws_kernel: a copy warpgroup and two MMA warpgroups
-    handing ring places over through shared-memory barriers; the emulation runs the barrier protocol
-    between the fibers, so a place handed back too early is overwritten before it is read). The test
+    handing ring places over through shared-memory barriers, persistent and one block per tile; the
+    emulation runs the barrier protocol between the fibers, so a place handed back too early is
+    overwritten before it is read, and has 2 SMs, so a persistent block runs several tiles). The test
     first checks that the pipelined kernel can run each case (tree_pipe_ok). Control: a depth-1 tree
     in the same form differs from the depth-2 one."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
@@ -346,6 +347,10 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
             with _tree_gemm_form(form):
                 pipe = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
                 assert _bits_equal(pipe, wmma), f"{name} depth {depth} form {form}"
+                if form == 4:  # one block per tile as well as the persistent grid (the emulation: 2 SMs)
+                    with _library_setting(dg_cuda.set_tree_wgmma_ws_persistent, 0):
+                        assert _bits_equal(dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False), wmma), \
+                            f"{name} depth {depth} form 4, a block per tile"
                 if wmma_leaves is not None:  # (form 2 runs the leaf-parallel leaves as form 1 does)
                     assert _bits_equal(dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True), wmma_leaves), \
                         f"{name} depth {depth} leaf-parallel"
@@ -372,6 +377,9 @@ def test_tree_gemm_form_is_checked(cuda_device):
     """Forms outside TREE_GEMM_FORMS are refused before anything runs."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
+    for bad in (-1, 2, True):
+        with pytest.raises(InputError, match="persistent grid"):
+            dg_cuda.set_tree_wgmma_ws_persistent(bad)
     for bad in (-1, dg_cuda.TREE_GEMM_FORMS, True, 1.0):
         with pytest.raises(InputError, match="tree gemm form"):
             dg_cuda.set_tree_gemm_form(bad)

@@ -394,7 +394,9 @@ bool rl::tree_pipe_ok(const TreeArgs& g, int leaves) {
     return cdiv(g.M, 128) * cdiv(g.N, 128) < 2147483647LL;
 }
 
-int rl::g_tree_form = 3;  // the warpgroup MMA form: same bits as form 0 on the H200, 0.37-0.46x cuBLAS against 0.04-0.06x (evidence/2026-12-04-h200-issue33-e035223)
+// The warp-specialised warpgroup form (4): form 0's bits on the H100 at every Qwen3-8B projection shape and
+// product, 0.44-0.77x cuBLAS at M = 8192 against 0.32-0.45x for form 3 (evidence/2026-12-05-h100-det-gemm-ws-50b3bad).
+int rl::g_tree_form = 4;
 
 namespace {
 
@@ -742,17 +744,31 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
 // a warpgroup's MMAs (ncu of form 3: 240 instructions per warp and slot, a block barrier per slot,
 // 0.45 eligible warps per scheduler, the tensor pipe 34 % busy).
 constexpr int TWS_STAGES = 6;     // ring places (6 x 32 KB)
+int g_tws_persistent = 1;         // rl_tree_wgmma_ws_persistent: one block per SM looping over tiles, or one per tile
 constexpr int TWS_THREADS = 384;  // the copy warpgroup, then the two MMA warpgroups
 constexpr int TWS_SMEM = TWS_STAGES * TW_SLOT + 2 * TWS_STAGES * 8;  // the ring, then full[], empty[]
 // Registers per thread after the split (setmaxnreg): the launch allocates 168 per thread (ptxas's count
 // under __launch_bounds__(384, 1)); the copy warpgroup gives some back so that the MMA warpgroups hold a
-// DEPTH-2 tile's sums (64 FP32 and 2 x 32 packed BF16 pairs) without spilling (ptxas -v: none at
-// 88 / 208, 4 bytes at 112 / 200). An increase waits for registers the block has, so
-// 128 x 88 + 256 x 208 must not exceed 384 x 168.
-constexpr int TWS_COPY_REGS = 88;
-constexpr int TWS_MMA_REGS = 208;
+// DEPTH-2 tile's sums (64 FP32 and 2 x 32 packed BF16 pairs) and the tile loop's state (ptxas -v, nvcc
+// 13.0, DEPTH 2: 4 bytes spilled at 72 / 216, 36 at 88 / 208, 68 at 104 / 200). An increase waits for
+// registers the block has, so 128 x 72 + 256 x 216 must not exceed 384 x 168.
+constexpr int TWS_COPY_REGS = 72;
+constexpr int TWS_MMA_REGS = 216;
 static_assert(128 * TWS_COPY_REGS + 256 * TWS_MMA_REGS <= TWS_THREADS * 168, "setmaxnreg beyond the launch's registers");
 
+// The tile of a block's i-th work item: tree_pipe_kernel's grouped order (TP_GROUP_M tile rows at a time).
+__device__ __forceinline__ void tw_tile(const TreeArgs& g, int64_t pid, int64_t& m0, int64_t& n0) {
+    const int64_t tiles_m = cdiv(g.M, TW_BM);
+    const int64_t tiles_n = cdiv(g.N, TW_BN);
+    const int64_t group = static_cast<int64_t>(TP_GROUP_M) * tiles_n;
+    const int64_t first_m = (pid / group) * TP_GROUP_M;
+    const int64_t rows_here = tiles_m - first_m < TP_GROUP_M ? tiles_m - first_m : TP_GROUP_M;
+    m0 = (first_m + (pid % group) % rows_here) * TW_BM;
+    n0 = ((pid % group) / rows_here) * TW_BN;
+}
+
+// Persistent: block b takes tiles b, b + gridDim.x, ... (tw_tile's order); the ring runs on across
+// tiles, so the copies of a tile's first slots overlap the previous tile's last MMAs and its store.
 template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false>
 __global__ void __launch_bounds__(TWS_THREADS, 1) tree_wgmma_ws_kernel(TreeArgs g, int pairs) {
     static_assert(!(OUT_F32 || LEAVES) || DEPTH == 0, "FP32 output and the leaf workspace are single leaves");
@@ -761,15 +777,7 @@ __global__ void __launch_bounds__(TWS_THREADS, 1) tree_wgmma_ws_kernel(TreeArgs 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const int tid = threadIdx.x;
     const int wg = tid >> 7;  // 0: copies; 1, 2: rows 64 (wg - 1) .. + 63 of the tile
-
-    const int64_t tiles_m = cdiv(g.M, TW_BM);
-    const int64_t tiles_n = cdiv(g.N, TW_BN);
-    const int64_t pid = blockIdx.x;
-    const int64_t group = static_cast<int64_t>(TP_GROUP_M) * tiles_n;
-    const int64_t first_m = (pid / group) * TP_GROUP_M;
-    const int64_t rows_here = tiles_m - first_m < TP_GROUP_M ? tiles_m - first_m : TP_GROUP_M;
-    const int64_t m0 = (first_m + (pid % group) % rows_here) * TW_BM;
-    const int64_t n0 = ((pid % group) / rows_here) * TW_BN;
+    const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
 
     const uint32_t ring = smem_u32(smem_raw);
     if (ring & 1023u) __trap();  // dynamic shared memory starts 1024-byte aligned
@@ -785,28 +793,32 @@ __global__ void __launch_bounds__(TWS_THREADS, 1) tree_wgmma_ws_kernel(TreeArgs 
 
     if (wg == 0) {
         setmaxnreg_dec<TWS_COPY_REGS>();
-        // The copies, slot by slot in the order the MMA warpgroups consume them: leaf lf from its first
-        // index in 64-k slots (empty leaves have none).
-        TwCopies<A_MN> ca[2];
-        TwCopies<B_MN> cb[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            ca[h].init(g.a, g.s_am, g.s_ak, m0, g.M, tid + 128 * h);
-            cb[h].init(g.b, g.s_bn, g.s_bk, n0, g.N, tid + 128 * h);
-        }
+        // The copies, slot by slot in the order the MMA warpgroups consume them: per tile, leaf lf from
+        // its first index in 64-k slots (empty leaves have none).
         int j = 0;
-        for (int lf = first; lf < first + NL; ++lf) {
-            const int64_t hi = tp_bound(g, lf + 1);
-            for (int64_t k0 = tp_bound(g, lf); k0 < hi; k0 += TW_SK, ++j) {
-                const int s = j % TWS_STAGES;
-                if (j >= TWS_STAGES) mbar_wait(empty + 8 * s, ((j / TWS_STAGES) - 1) & 1);
-                const uint32_t d = ring + s * TW_SLOT;
+        for (int64_t pid = blockIdx.x; pid < tiles; pid += gridDim.x) {
+            int64_t m0, n0;
+            tw_tile(g, pid, m0, n0);
+            TwCopies<A_MN> ca[2];
+            TwCopies<B_MN> cb[2];
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    ca[h].issue(d, k0, hi, g.s_ak, g.a);
-                    cb[h].issue(d + TW_HALF, k0, hi, g.s_bk, g.a);
+            for (int h = 0; h < 2; ++h) {
+                ca[h].init(g.a, g.s_am, g.s_ak, m0, g.M, tid + 128 * h);
+                cb[h].init(g.b, g.s_bn, g.s_bk, n0, g.N, tid + 128 * h);
+            }
+            for (int lf = first; lf < first + NL; ++lf) {
+                const int64_t hi = tp_bound(g, lf + 1);
+                for (int64_t k0 = tp_bound(g, lf); k0 < hi; k0 += TW_SK, ++j) {
+                    const int s = j % TWS_STAGES;
+                    if (j >= TWS_STAGES) mbar_wait(empty + 8 * s, ((j / TWS_STAGES) - 1) & 1);
+                    const uint32_t d = ring + s * TW_SLOT;
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        ca[h].issue(d, k0, hi, g.s_ak, g.a);
+                        cb[h].issue(d + TW_HALF, k0, hi, g.s_bk, g.a);
+                    }
+                    cp_async_mbar_arrive(full + 8 * s);
                 }
-                cp_async_mbar_arrive(full + 8 * s);
             }
         }
         cp_async_wait<0>();
@@ -827,40 +839,44 @@ __global__ void __launch_bounds__(TWS_THREADS, 1) tree_wgmma_ws_kernel(TreeArgs 
     uint32_t h0[32], h1[32];
     int consumed = 0;  // slots whose MMAs this warpgroup has issued
     int released = 0;  // slots it has given back (released == consumed or consumed - 1)
+    for (int64_t pid = blockIdx.x; pid < tiles; pid += gridDim.x) {
+        int64_t m0, n0;
+        tw_tile(g, pid, m0, n0);
 #pragma unroll
-    for (int l = 0; l < NL; ++l) {
-        const int64_t width = tp_bound(g, first + l + 1) - tp_bound(g, first + l);
-        const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
-        const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));
+        for (int l = 0; l < NL; ++l) {
+            const int64_t width = tp_bound(g, first + l + 1) - tp_bound(g, first + l);
+            const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
+            const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));
 #pragma unroll
-        for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
-        for (int64_t i = 0; i < slots; ++i, ++consumed) {
-            const int s = consumed % TWS_STAGES;
-            mbar_wait(full + 8 * s, (consumed / TWS_STAGES) & 1);  // the slot's copies have landed
-            fence_proxy_async();  // ... and are visible to the warpgroup MMA's reads
-            const uint64_t off = static_cast<uint64_t>((s * TW_SLOT) >> 4);
-            const uint64_t da = desc0 + off;
-            const uint64_t db = descb0 + off;
-            wg_fence();
-            wgmma_n128<TA, TB>(acc, da, db);                  // step 2 i: k 0..15
-            wgmma_n128<TA, TB>(acc, da + A_K16, db + B_K16);  //           k 16..31
-            if (2 * i + 1 < steps) {                          // uniform: no step past the leaf's last
-                wgmma_n128<TA, TB>(acc, da + 2 * A_K16, db + 2 * B_K16);
-                wgmma_n128<TA, TB>(acc, da + 3 * A_K16, db + 3 * B_K16);
+            for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
+            for (int64_t i = 0; i < slots; ++i, ++consumed) {
+                const int s = consumed % TWS_STAGES;
+                mbar_wait(full + 8 * s, (consumed / TWS_STAGES) & 1);  // the slot's copies have landed
+                fence_proxy_async();  // ... and are visible to the warpgroup MMA's reads
+                const uint64_t off = static_cast<uint64_t>((s * TW_SLOT) >> 4);
+                const uint64_t da = desc0 + off;
+                const uint64_t db = descb0 + off;
+                wg_fence();
+                wgmma_n128<TA, TB>(acc, da, db);                  // step 2 i: k 0..15
+                wgmma_n128<TA, TB>(acc, da + A_K16, db + B_K16);  //           k 16..31
+                if (2 * i + 1 < steps) {                          // uniform: no step past the leaf's last
+                    wgmma_n128<TA, TB>(acc, da + 2 * A_K16, db + 2 * B_K16);
+                    wgmma_n128<TA, TB>(acc, da + 3 * A_K16, db + 3 * B_K16);
+                }
+                wg_commit();
+                wg_wait1();  // this warpgroup's MMAs of the slot before have completed
+                if (released < consumed) {
+                    if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
+                    ++released;
+                }
             }
-            wg_commit();
-            wg_wait1();  // this warpgroup's MMAs of the slot before have completed
-            if (released < consumed) {
+            wg_wait0();  // the leaf's sums are in acc, and every slot's MMAs have read their operands
+            for (; released < consumed; ++released)
                 if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
-                ++released;
-            }
+            if (!OUT_F32) tw_hold(l, acc, h0, h1);
         }
-        wg_wait0();  // the leaf's sums are in acc, and every slot's MMAs have read their operands
-        for (; released < consumed; ++released)
-            if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
-        if (!OUT_F32) tw_hold(l, acc, h0, h1);
+        tw_store<OUT_F32, LEAVES>(g, acc, h0, m0 + 64 * cw + 16 * warp, n0, first, pairs);
     }
-    tw_store<OUT_F32, LEAVES>(g, acc, h0, m0 + 64 * cw + 16 * warp, n0, first, pairs);
 }
 
 template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false>
@@ -870,7 +886,16 @@ int launch_tree_wgmma_ws_as(const TreeArgs& g, cudaStream_t st, int leaves = 1) 
         return static_cast<int>(e);
     const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
     const int pairs = tp_pairs(g.c, g.s_cm, g.s_cn, OUT_F32);
-    const dim3 grid(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(LEAVES ? leaves : 1));
+    // persistent: one block per SM (for the leaf-parallel leaves, per SM and leaf), never more than tiles
+    int64_t blocks = tiles;
+    if (g_tws_persistent) {
+        int dev = 0, sms = 0;
+        if (cudaError_t e = cudaGetDevice(&dev)) return static_cast<int>(e);
+        if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) return static_cast<int>(e);
+        const int64_t per_leaf = LEAVES ? cdiv(static_cast<int64_t>(sms), static_cast<int64_t>(leaves)) : sms;
+        if (per_leaf < blocks) blocks = per_leaf;
+    }
+    const dim3 grid(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(LEAVES ? leaves : 1));
     kernel<<<grid, TWS_THREADS, TWS_SMEM, st>>>(g, pairs);
     return launch_status();
 }
@@ -1009,6 +1034,16 @@ RL_EXPORT int64_t rl_tree_gemm_form(int64_t form) {
     if (form < 0 || form >= TREE_GEMM_FORMS) return -1;
     const int64_t old = g_tree_form;
     g_tree_form = static_cast<int>(form);
+    return old;
+}
+
+// Form 4's grid for every later launch of this process: 1 = persistent (one block per SM, each looping
+// over tiles; the default), 0 = one block per tile. Returns the previous setting, or -1 (and changes
+// nothing) for another number. The bits do not depend on it (tested).
+RL_EXPORT int64_t rl_tree_wgmma_ws_persistent(int64_t on) {
+    if (on != 0 && on != 1) return -1;
+    const int64_t old = g_tws_persistent;
+    g_tws_persistent = static_cast<int>(on);
     return old;
 }
 
