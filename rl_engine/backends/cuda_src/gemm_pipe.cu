@@ -394,9 +394,11 @@ bool rl::tree_pipe_ok(const TreeArgs& g, int leaves) {
     return cdiv(g.M, 128) * cdiv(g.N, 128) < 2147483647LL;
 }
 
-// The warp-specialised warpgroup form (4): form 0's bits on the H100 at every Qwen3-8B projection shape and
-// product, 0.44-0.77x cuBLAS at M = 8192 against 0.32-0.45x for form 3 (evidence/2026-12-05-h100-det-gemm-ws-50b3bad).
-int rl::g_tree_form = 4;
+// The warpgroup MMA form (3): same bits as form 0 on the H200, 0.37-0.46x cuBLAS against 0.04-0.06x
+// (evidence/2026-12-04-h200-issue33-e035223). Form 4 gave form 0's bits on an H100 at every Qwen3-8B
+// projection shape and product at 0.44-0.77x cuBLAS (M = 8192; evidence/2026-12-05-h100-det-gemm-ws-50b3bad)
+// and becomes the default once a whole gate has run with it (tools/README.md, twenty-eighth session).
+int rl::g_tree_form = 3;
 
 namespace {
 

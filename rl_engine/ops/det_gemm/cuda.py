@@ -175,8 +175,8 @@ per tile and leaf) and the FP32 logits (K, K) too; the rest as form 1. Same leav
 bits (forms 1 to 3 tested against form 0 in the host emulation, whose warpgroup MMA reads the
 operands through a decoder of the PTX ISA's canonical descriptor layouts). On the H200 all three gave
 form 0's bits at every Qwen3-8B projection shape and product, at 0.19-0.46x cuBLAS for form 3 against
-0.04-0.17x for form 0 (``evidence/2026-12-04-h200-issue33-e035223/``). Form 4 (the default,
-``g_tree_form`` in ``gemm_pipe.cu``): form 3 with its fused trees, leaves and FP32 logits on
+0.04-0.17x for form 0 (``evidence/2026-12-04-h200-issue33-e035223/``), so form 3 is the default
+(``g_tree_form`` in ``gemm_pipe.cu``). Form 4: form 3 with its fused trees, leaves and FP32 logits on
 ``tree_wgmma_ws_kernel``, warp-specialised: one warpgroup issues the copies of a six-place ring and
 two only multiply, handing ring places back and forth through shared-memory barriers instead of a
 block barrier per slot; same tiles, slots, k16 products and roundings (the hi / lo products stay on
@@ -185,7 +185,8 @@ profile of form 3 (``evidence/2026-12-05-h200-split-decode-52da2a0/``: 0.41x cuB
 34 % busy, the MMA warps issuing the copies and waiting at a block barrier per slot). On an H100
 (one block per tile) it gave form 0's bits at every Qwen3-8B projection shape and product, at
 0.44-0.77x cuBLAS for M = 8192 against 0.32-0.45x for form 3, and the cuda_bf16 train step took
-599 ms against 770 (``evidence/2026-12-05-h100-det-gemm-ws-50b3bad/``)."""
+599 ms against 770 (``evidence/2026-12-05-h100-det-gemm-ws-50b3bad/``). It becomes the default
+once a whole gate has run with it and its persistent grid has run on a GPU (``tools/README.md``)."""
 
 
 def set_tree_gemm_form(form: int) -> int:
