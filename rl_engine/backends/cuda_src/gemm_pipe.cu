@@ -555,6 +555,26 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t
 }
 #endif
 
+// Slot i's MMAs for a warpgroup: steps 2 i (k 0..15, 16..31 of the slot) and 2 i + 1 (k 32..63) unless
+// the leaf has only `steps` < 2 i + 2 (uniform: no step past the leaf's last), one commit, then the wait
+// for the MMAs of the slot before.
+template <bool A_MN, bool B_MN>
+__device__ __forceinline__ void tw_slot_mmas(float (&acc)[64], uint64_t da, uint64_t db, int64_t i, int64_t steps) {
+    constexpr uint64_t A_K16 = A_MN ? 2048 >> 4 : 32 >> 4;  // a k16 product 32 bytes (K-major) or
+    constexpr uint64_t B_K16 = B_MN ? 2048 >> 4 : 32 >> 4;  // 16 k rows = 2048 bytes (MN-major) further on
+    constexpr int TA = A_MN ? 1 : 0;
+    constexpr int TB = B_MN ? 1 : 0;
+    wg_fence();
+    wgmma_n128<TA, TB>(acc, da, db);
+    wgmma_n128<TA, TB>(acc, da + A_K16, db + B_K16);
+    if (2 * i + 1 < steps) {
+        wgmma_n128<TA, TB>(acc, da + 2 * A_K16, db + 2 * B_K16);
+        wgmma_n128<TA, TB>(acc, da + 3 * A_K16, db + 3 * B_K16);
+    }
+    wg_commit();
+    wg_wait1();  // this warpgroup's MMAs of the slot before have completed
+}
+
 // Leaf l (0 .. 3) of a fused tree, rounded to BF16 and held for the merges ((l0 + l1) + (l2 + l3)):
 // h0 takes l0, then l0 + l1, then the result; h1 takes l2 (tree_pipe_kernel's merges, in pairs).
 __device__ __forceinline__ void tw_hold(int l, const float (&acc)[64], uint32_t (&h0)[32], uint32_t (&h1)[32]) {
@@ -685,10 +705,6 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
     // k16 product starts 32 bytes (K-major) or 16 k rows = 2048 bytes (MN-major) further on.
     const uint64_t desc0 = A_MN ? wg_desc_sw128_mn(ring + wg * 8192, 8192) : wg_desc_sw128(ring + wg * (64 * 128));
     const uint64_t descb0 = B_MN ? wg_desc_sw128_mn(ring + TW_HALF, 8192) : wg_desc_sw128(ring + TW_HALF);
-    constexpr uint64_t A_K16 = A_MN ? 2048 >> 4 : 32 >> 4;
-    constexpr uint64_t B_K16 = B_MN ? 2048 >> 4 : 32 >> 4;
-    constexpr int TA = A_MN ? 1 : 0;
-    constexpr int TB = B_MN ? 1 : 0;
     float acc[64];
     uint32_t h0[32], h1[32];
     int consumed = 0;
@@ -716,15 +732,7 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
             const uint64_t off = static_cast<uint64_t>(((consumed % TW_STAGES) * TW_SLOT) >> 4);
             const uint64_t da = desc0 + off;
             const uint64_t db = descb0 + off;
-            wg_fence();
-            wgmma_n128<TA, TB>(acc, da, db);                  // step 2 i: k 0..15
-            wgmma_n128<TA, TB>(acc, da + A_K16, db + B_K16);  //           k 16..31
-            if (2 * i + 1 < steps) {                          // uniform: no step past the leaf's last
-                wgmma_n128<TA, TB>(acc, da + 2 * A_K16, db + 2 * B_K16);
-                wgmma_n128<TA, TB>(acc, da + 3 * A_K16, db + 3 * B_K16);
-            }
-            wg_commit();
-            wg_wait1();  // this warpgroup's MMAs of the slot before have completed
+            tw_slot_mmas<A_MN, B_MN>(acc, da, db, i, steps);
         }
         wg_wait0();  // the leaf's sums are in acc
         if (!OUT_F32) tw_hold(l, acc, h0, h1);
@@ -833,10 +841,6 @@ __global__ void __launch_bounds__(TWS_THREADS, 1) tree_wgmma_ws_kernel(TreeArgs 
     const bool leader = (tid & 127) == 0;    // arrives on `empty` for the warpgroup
     const uint64_t desc0 = A_MN ? wg_desc_sw128_mn(ring + cw * 8192, 8192) : wg_desc_sw128(ring + cw * (64 * 128));
     const uint64_t descb0 = B_MN ? wg_desc_sw128_mn(ring + TW_HALF, 8192) : wg_desc_sw128(ring + TW_HALF);
-    constexpr uint64_t A_K16 = A_MN ? 2048 >> 4 : 32 >> 4;
-    constexpr uint64_t B_K16 = B_MN ? 2048 >> 4 : 32 >> 4;
-    constexpr int TA = A_MN ? 1 : 0;
-    constexpr int TB = B_MN ? 1 : 0;
     float acc[64];
     uint32_t h0[32], h1[32];
     int consumed = 0;  // slots whose MMAs this warpgroup has issued
@@ -858,15 +862,7 @@ __global__ void __launch_bounds__(TWS_THREADS, 1) tree_wgmma_ws_kernel(TreeArgs 
                 const uint64_t off = static_cast<uint64_t>((s * TW_SLOT) >> 4);
                 const uint64_t da = desc0 + off;
                 const uint64_t db = descb0 + off;
-                wg_fence();
-                wgmma_n128<TA, TB>(acc, da, db);                  // step 2 i: k 0..15
-                wgmma_n128<TA, TB>(acc, da + A_K16, db + B_K16);  //           k 16..31
-                if (2 * i + 1 < steps) {                          // uniform: no step past the leaf's last
-                    wgmma_n128<TA, TB>(acc, da + 2 * A_K16, db + 2 * B_K16);
-                    wgmma_n128<TA, TB>(acc, da + 3 * A_K16, db + 3 * B_K16);
-                }
-                wg_commit();
-                wg_wait1();  // this warpgroup's MMAs of the slot before have completed
+                tw_slot_mmas<A_MN, B_MN>(acc, da, db, i, steps);
                 if (released < consumed) {
                     if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
                     ++released;
