@@ -185,8 +185,9 @@ profile of form 3 (``evidence/2026-12-05-h200-split-decode-52da2a0/``: 0.41x cuB
 34 % busy, the MMA warps issuing the copies and waiting at a block barrier per slot). On an H100
 (one block per tile) it gave form 0's bits at every Qwen3-8B projection shape and product, at
 0.44-0.77x cuBLAS for M = 8192 against 0.32-0.45x for form 3, and the cuda_bf16 train step took
-599 ms against 770 (``evidence/2026-12-05-h100-det-gemm-ws-50b3bad/``). It becomes the default
-once a whole gate has run with it and its persistent grid has run on a GPU (``tools/README.md``)."""
+599 ms against 770; the persistent grid kept the bits and measured about even with one block per
+tile (``evidence/2026-12-05-h100-det-gemm-ws-50b3bad/``). It becomes the default once a whole gate
+has run with it (``tools/README.md``)."""
 
 
 def set_tree_gemm_form(form: int) -> int:
