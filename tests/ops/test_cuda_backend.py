@@ -1439,11 +1439,12 @@ def test_linear_logp_tensor_core_backward_accuracy_and_invariance(cuda_device, t
     tg = contract.tolerance("gradient", "logprob")
     torch.testing.assert_close(hl.grad.float(), hr.grad, atol=tg.atol, rtol=tg.rtol)
     torch.testing.assert_close(wl.grad.float(), wr.grad, atol=tg.atol, rtol=tg.rtol)
-    if cuda_device.type == "cuda":  # the warpgroup hi / lo GEMM (form 3) against mma.sync's, on the hardware
-        with _tree_gemm_form(3):
-            h3, w3 = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
-            linear_logp_cuda(h3, w3, t).backward(g)
-        assert _bits_equal(h3.grad, hl.grad) and _bits_equal(w3.grad, wl.grad), "form 3's hi / lo GEMMs"
+    if cuda_device.type == "cuda":  # the warpgroup hi / lo GEMMs (forms 3, 4) against mma.sync's, on the hardware
+        for form in (3, 4):
+            with _tree_gemm_form(form):
+                h3, w3 = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+                linear_logp_cuda(h3, w3, t).backward(g)
+            assert _bits_equal(h3.grad, hl.grad) and _bits_equal(w3.grad, wl.grad), f"form {form}'s hi / lo GEMMs"
 
 
 def test_gemm_hilo_equals_the_triton_backward_kernels(cuda_device):
@@ -1452,7 +1453,8 @@ def test_gemm_hilo_equals_the_triton_backward_kernels(cuda_device):
     the Triton interpreter's dot both add the exact products one at a time) dhidden's FP32
     accumulator after a first chunk, the BF16 dhidden after a second and each chunk's dweight are bit
     for bit the Triton kernels', with T, E and the chunk width off the tile and block sizes, from the
-    pipelined kernel and (form 3) the warpgroup one. Control: the lo parts left out change the bits."""
+    pipelined kernel, (form 3) the warpgroup one and (form 4) the warp-specialised one. Control: the
+    lo parts left out change the bits."""
     if cuda_device.type != "cpu":
         pytest.skip("the bitwise comparison is of the two CPU emulations (on the GPU: the cross-backend gate)")
     from rl_engine.ops.linear_logp import cuda as ll_cuda
@@ -1490,7 +1492,7 @@ def test_gemm_hilo_equals_the_triton_backward_kernels(cuda_device):
     assert ll_cuda.GRAD_BLOCK == ll_triton.GRAD_BLOCK
     hi = torch.empty((t, 256), dtype=torch.bfloat16)
     lo = torch.empty_like(hi)
-    for form in (0, 3):
+    for form in (0, 3, 4):
         acc_c = torch.empty((t, e), dtype=torch.float32)
         dh_c = torch.empty((t, e), dtype=torch.bfloat16)
         dw_c = torch.empty((n0 + n1, e), dtype=torch.bfloat16)

@@ -742,7 +742,7 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
 }
 
 // Warp-specialised form of tree_wgmma_kernel (form 4 of rl_tree_gemm_form; the fused tree, the
-// leaf-parallel leaves and the FP32 logits, not the hi / lo products): the same tiles, slots, copies,
+// leaf-parallel leaves, the FP32 logits and the hi / lo products): the same tiles, slots, copies,
 // k16 products in the same order, leaf rounding, merges and stores, so the same bits; what changes is
 // who waits for what. Warpgroup 0 only copies: its 128 threads issue a slot's 2048 16-byte copies
 // (TwCopies with two copy indices each) into ring place j % TWS_STAGES once that place is empty, and
@@ -779,9 +779,15 @@ __device__ __forceinline__ void tw_tile(const TreeArgs& g, int64_t pid, int64_t&
 
 // Persistent: block b takes tiles b, b + gridDim.x, ... (tw_tile's order); the ring runs on across
 // tiles, so the copies of a tile's first slots overlap the previous tile's last MMAs and its store.
-template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false>
-__global__ void __launch_bounds__(TWS_THREADS, 1) tree_wgmma_ws_kernel(TreeArgs g, int pairs) {
-    static_assert(!(OUT_F32 || LEAVES) || DEPTH == 0, "FP32 output and the leaf workspace are single leaves");
+// HILO (DEPTH 0): tree_wgmma_kernel's hi / lo GEMM: slot s holds 64 k of part s % 2 (hi, then lo at
+// a_lo) of block s / 2, all four k16 products issued (zero-filled past K), one accumulator from acc_in
+// (or 0) over every slot.
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false, bool HILO = false>
+__global__ void __launch_bounds__(TWS_THREADS, 1)
+    tree_wgmma_ws_kernel(TreeArgs g, int pairs, const bf16* a_lo, const float* acc_in, int64_t s_acc) {
+    static_assert(!(OUT_F32 || LEAVES || HILO) || DEPTH == 0, "FP32 output, hi / lo and the leaf workspace are single leaves");
+    static_assert(!(HILO && LEAVES), "hi / lo products have no leaf workspace");
+    static_assert(HILO_BLOCK == TW_SK, "a hi / lo block is one ring slot of each part");
     constexpr int NL = 1 << DEPTH;
     const int first = LEAVES ? static_cast<int>(blockIdx.z) : 0;  // the block's first leaf
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -816,18 +822,35 @@ __global__ void __launch_bounds__(TWS_THREADS, 1) tree_wgmma_ws_kernel(TreeArgs 
                 ca[h].init(g.a, g.s_am, g.s_ak, m0, g.M, tid + 128 * h);
                 cb[h].init(g.b, g.s_bn, g.s_bk, n0, g.N, tid + 128 * h);
             }
-            for (int lf = first; lf < first + NL; ++lf) {
-                const int64_t hi = tp_bound(g, lf + 1);
-                for (int64_t k0 = tp_bound(g, lf); k0 < hi; k0 += TW_SK, ++j) {
-                    const int s = j % TWS_STAGES;
-                    if (j >= TWS_STAGES) mbar_wait(empty + 8 * s, ((j / TWS_STAGES) - 1) & 1);
-                    const uint32_t d = ring + s * TW_SLOT;
+            if (HILO) {
+                const int64_t lo_part = a_lo - g.a;
+                for (int64_t k0 = 0; k0 < g.K; k0 += HILO_BLOCK) {
+                    for (int part = 0; part < 2; ++part, ++j) {  // hi, then lo
+                        const int s = j % TWS_STAGES;
+                        if (j >= TWS_STAGES) mbar_wait(empty + 8 * s, ((j / TWS_STAGES) - 1) & 1);
+                        const uint32_t d = ring + s * TW_SLOT;
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        ca[h].issue(d, k0, hi, g.s_ak, g.a);
-                        cb[h].issue(d + TW_HALF, k0, hi, g.s_bk, g.a);
+                        for (int h = 0; h < 2; ++h) {
+                            ca[h].issue(d, k0, g.K, g.s_ak, g.a, part ? lo_part : 0);
+                            cb[h].issue(d + TW_HALF, k0, g.K, g.s_bk, g.a);
+                        }
+                        cp_async_mbar_arrive(full + 8 * s);
                     }
-                    cp_async_mbar_arrive(full + 8 * s);
+                }
+            } else {
+                for (int lf = first; lf < first + NL; ++lf) {
+                    const int64_t hi = tp_bound(g, lf + 1);
+                    for (int64_t k0 = tp_bound(g, lf); k0 < hi; k0 += TW_SK, ++j) {
+                        const int s = j % TWS_STAGES;
+                        if (j >= TWS_STAGES) mbar_wait(empty + 8 * s, ((j / TWS_STAGES) - 1) & 1);
+                        const uint32_t d = ring + s * TW_SLOT;
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            ca[h].issue(d, k0, hi, g.s_ak, g.a);
+                            cb[h].issue(d + TW_HALF, k0, hi, g.s_bk, g.a);
+                        }
+                        cp_async_mbar_arrive(full + 8 * s);
+                    }
                 }
             }
         }
@@ -851,10 +874,19 @@ __global__ void __launch_bounds__(TWS_THREADS, 1) tree_wgmma_ws_kernel(TreeArgs 
 #pragma unroll
         for (int l = 0; l < NL; ++l) {
             const int64_t width = tp_bound(g, first + l + 1) - tp_bound(g, first + l);
-            const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
-            const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));
+            const int64_t steps = HILO ? 4 * cdiv(g.K, static_cast<int64_t>(HILO_BLOCK)) : cdiv(width, static_cast<int64_t>(TB_K));
+            const int64_t slots = HILO ? 2 * cdiv(g.K, static_cast<int64_t>(HILO_BLOCK)) : cdiv(width, static_cast<int64_t>(TW_SK));
 #pragma unroll
-            for (int e = 0; e < 64; ++e) acc[e] = 0.0f;
+            for (int e = 0; e < 64; ++e) {
+                float v = 0.0f;
+                if (HILO && acc_in != nullptr) {  // d[e]: row 16 warp + g (+ 8), column 8 (e / 4) + 2 t (+ 1)
+                    const int lane = tid & 31;
+                    const int64_t r = m0 + 64 * cw + 16 * warp + (lane >> 2) + 8 * ((e >> 1) & 1);
+                    const int64_t c = n0 + 8 * (e >> 2) + 2 * (lane & 3) + (e & 1);
+                    if (r < g.M && c < g.N) v = acc_in[r * s_acc + c];
+                }
+                acc[e] = v;
+            }
             for (int64_t i = 0; i < slots; ++i, ++consumed) {
                 const int s = consumed % TWS_STAGES;
                 mbar_wait(full + 8 * s, (consumed / TWS_STAGES) & 1);  // the slot's copies have landed
@@ -877,9 +909,10 @@ __global__ void __launch_bounds__(TWS_THREADS, 1) tree_wgmma_ws_kernel(TreeArgs 
     }
 }
 
-template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false>
-int launch_tree_wgmma_ws_as(const TreeArgs& g, cudaStream_t st, int leaves = 1) {
-    auto kernel = tree_wgmma_ws_kernel<DEPTH, OUT_F32, A_MN, B_MN, LEAVES>;
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false, bool HILO = false>
+int launch_tree_wgmma_ws_as(const TreeArgs& g, cudaStream_t st, int leaves = 1, const bf16* lo = nullptr,
+                            const float* acc_in = nullptr, int64_t s_acc = 0) {
+    auto kernel = tree_wgmma_ws_kernel<DEPTH, OUT_F32, A_MN, B_MN, LEAVES, HILO>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TWS_SMEM))
         return static_cast<int>(e);
     const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
@@ -894,7 +927,7 @@ int launch_tree_wgmma_ws_as(const TreeArgs& g, cudaStream_t st, int leaves = 1) 
         if (per_leaf < blocks) blocks = per_leaf;
     }
     const dim3 grid(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(LEAVES ? leaves : 1));
-    kernel<<<grid, TWS_THREADS, TWS_SMEM, st>>>(g, pairs);
+    kernel<<<grid, TWS_THREADS, TWS_SMEM, st>>>(g, pairs, lo, acc_in, s_acc);
     return launch_status();
 }
 
@@ -927,6 +960,7 @@ int launch_tree_wgmma_as(const TreeArgs& g, cudaStream_t st, int leaves = 1) {
 
 template <bool OUT_F32, bool A_MN>
 int launch_hilo_wgmma_as(const TreeArgs& g, const bf16* lo, const float* acc_in, int64_t s_acc, cudaStream_t st) {
+    if (g_tree_form == 4) return launch_tree_wgmma_ws_as<0, OUT_F32, A_MN, true, false, true>(g, st, 1, lo, acc_in, s_acc);
     auto kernel = tree_wgmma_kernel<0, OUT_F32, A_MN, true, true>;
     constexpr int smem = TW_STAGES * TW_SLOT;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
@@ -991,7 +1025,7 @@ int rl::launch_pipe_leaves(const TreeArgs& g, int leaves, bf16* w, cudaStream_t 
 // _bwd_dhidden_kernel / _bwd_dweight_kernel): C [M, N] = acc_in + sum over 64-wide K blocks in increasing
 // order of (hi_blk @ B_blk, then lo_blk @ B_blk), hi and lo [M, K] BF16 with the same strides, B [K, N]
 // BF16, one FP32 accumulator per output element (tree_pipe_kernel, HILO; in form 3 tree_wgmma_kernel,
-// HILO, where tree_wgmma_ok holds); acc_in [M, N] FP32 with row
+// in form 4 tree_wgmma_ws_kernel, HILO, where tree_wgmma_ok holds); acc_in [M, N] FP32 with row
 // stride s_acc and unit column stride, or null for 0; C FP32 (out_f32 = 1; may be acc_in itself) or BF16
 // rounded once. Needs tree_pipe_ok's layout for (hi, B) with B N-contiguous (the weight chunk of
 // dhidden, the hidden states of dweight) and lo with hi's alignment; else cudaErrorInvalidValue

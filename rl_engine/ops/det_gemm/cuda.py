@@ -179,8 +179,8 @@ form 0's bits at every Qwen3-8B projection shape and product, at 0.19-0.46x cuBL
 (``g_tree_form`` in ``gemm_pipe.cu``). Form 4: form 3 with its fused trees, leaves and FP32 logits on
 ``tree_wgmma_ws_kernel``, warp-specialised: one warpgroup issues the copies of a six-place ring and
 two only multiply, handing ring places back and forth through shared-memory barriers instead of a
-block barrier per slot; same tiles, slots, k16 products and roundings (the hi / lo products stay on
-form 3's kernel); persistent by default (:func:`set_tree_wgmma_ws_persistent`). Written for the ncu
+block barrier per slot; same tiles, slots, k16 products and roundings (also for ``linear_logp``'s hi /
+lo products, ``rl_gemm_hilo``); persistent by default (:func:`set_tree_wgmma_ws_persistent`). Written for the ncu
 profile of form 3 (``evidence/2026-12-05-h200-split-decode-52da2a0/``: 0.41x cuBLAS, the tensor pipe
 34 % busy, the MMA warps issuing the copies and waiting at a block barrier per slot). On an H100
 (one block per tile) it gave form 0's bits at every Qwen3-8B projection shape and product, at
