@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = {c: parse_config(c) for c in args.configs.split(",") if c}
     cuda_forms = [f for f in args.cuda_forms.split(",") if f]
     for f in cuda_forms:
-        if not f.rstrip("n").isdigit() or f.count("n") > (f == "4n"):
+        if not (f.isdigit() or f == "4n"):
             raise SystemExit(f"--cuda-forms: {f!r}: a form number (4n: form 4, one block per tile)")
     cuda = CudaForms() if cuda_forms else None
     rows = []

@@ -555,6 +555,35 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t
 }
 #endif
 
+// The tile of a block's i-th work item: tree_pipe_kernel's grouped order (TP_GROUP_M tile rows at a time).
+__device__ __forceinline__ void tw_tile(const TreeArgs& g, int64_t pid, int64_t& m0, int64_t& n0) {
+    const int64_t tiles_m = cdiv(g.M, TW_BM);
+    const int64_t tiles_n = cdiv(g.N, TW_BN);
+    const int64_t group = static_cast<int64_t>(TP_GROUP_M) * tiles_n;
+    const int64_t first_m = (pid / group) * TP_GROUP_M;
+    const int64_t rows_here = tiles_m - first_m < TP_GROUP_M ? tiles_m - first_m : TP_GROUP_M;
+    m0 = (first_m + (pid % group) % rows_here) * TW_BM;
+    n0 = ((pid % group) / rows_here) * TW_BN;
+}
+
+// The accumulators' start: acc_in (HILO, when given) at the thread's fragment places of a warpgroup tile
+// whose warp rows start at row0 (d[e]: row row0 + g (+ 8), column n0 + 8 (e / 4) + 2 t (+ 1)), else 0.
+template <bool HILO>
+__device__ __forceinline__ void tw_acc_start(float (&acc)[64], const TreeArgs& g, const float* acc_in, int64_t s_acc,
+                                             int64_t row0, int64_t n0) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int e = 0; e < 64; ++e) {
+        float v = 0.0f;
+        if (HILO && acc_in != nullptr) {
+            const int64_t r = row0 + (lane >> 2) + 8 * ((e >> 1) & 1);
+            const int64_t c = n0 + 8 * (e >> 2) + 2 * (lane & 3) + (e & 1);
+            if (r < g.M && c < g.N) v = acc_in[r * s_acc + c];
+        }
+        acc[e] = v;
+    }
+}
+
 // Slot i's MMAs for a warpgroup: steps 2 i (k 0..15, 16..31 of the slot) and 2 i + 1 (k 32..63) unless
 // the leaf has only `steps` < 2 i + 2 (uniform: no step past the leaf's last), one commit, then the wait
 // for the MMAs of the slot before.
@@ -651,14 +680,8 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
     const int warp = (tid >> 5) & 3;    // warp in the warpgroup: 16 of those rows
     const int lane = tid & 31;
 
-    const int64_t tiles_m = cdiv(g.M, TW_BM);
-    const int64_t tiles_n = cdiv(g.N, TW_BN);
-    const int64_t pid = blockIdx.x;
-    const int64_t group = static_cast<int64_t>(TP_GROUP_M) * tiles_n;
-    const int64_t first_m = (pid / group) * TP_GROUP_M;
-    const int64_t rows_here = tiles_m - first_m < TP_GROUP_M ? tiles_m - first_m : TP_GROUP_M;
-    const int64_t m0 = (first_m + (pid % group) % rows_here) * TW_BM;
-    const int64_t n0 = ((pid % group) / rows_here) * TW_BN;
+    int64_t m0, n0;
+    tw_tile(g, blockIdx.x, m0, n0);
 
     const uint32_t ring = smem_u32(smem_raw);
     if (ring & 1023u) __trap();  // dynamic shared memory starts 1024-byte aligned
@@ -713,16 +736,7 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
         const int64_t width = tp_bound(g, first + l + 1) - tp_bound(g, first + l);
         const int64_t steps = HILO ? 2 * hilo_slots : cdiv(width, static_cast<int64_t>(TB_K));
         const int64_t slots = HILO ? hilo_slots : cdiv(width, static_cast<int64_t>(TW_SK));
-#pragma unroll
-        for (int e = 0; e < 64; ++e) {
-            float v = 0.0f;
-            if (HILO && acc_in != nullptr) {  // d[e]: row 16 warp + g (+ 8), column 8 (e / 4) + 2 t (+ 1)
-                const int64_t r = m0 + 64 * wg + 16 * warp + (lane >> 2) + 8 * ((e >> 1) & 1);
-                const int64_t c = n0 + 8 * (e >> 2) + 2 * (lane & 3) + (e & 1);
-                if (r < g.M && c < g.N) v = acc_in[r * s_acc + c];
-            }
-            acc[e] = v;
-        }
+        tw_acc_start<HILO>(acc, g, acc_in, s_acc, m0 + 64 * wg + 16 * warp, n0);
         for (int64_t i = 0; i < slots; ++i, ++consumed) {
             cp_async_wait<TW_AHEAD - 1>();
             __syncthreads();      // this slot has landed for every thread, and every warpgroup has passed
@@ -765,17 +779,6 @@ constexpr int TWS_SMEM = TWS_STAGES * TW_SLOT + 2 * TWS_STAGES * 8;  // the ring
 constexpr int TWS_COPY_REGS = 72;
 constexpr int TWS_MMA_REGS = 216;
 static_assert(128 * TWS_COPY_REGS + 256 * TWS_MMA_REGS <= TWS_THREADS * 168, "setmaxnreg beyond the launch's registers");
-
-// The tile of a block's i-th work item: tree_pipe_kernel's grouped order (TP_GROUP_M tile rows at a time).
-__device__ __forceinline__ void tw_tile(const TreeArgs& g, int64_t pid, int64_t& m0, int64_t& n0) {
-    const int64_t tiles_m = cdiv(g.M, TW_BM);
-    const int64_t tiles_n = cdiv(g.N, TW_BN);
-    const int64_t group = static_cast<int64_t>(TP_GROUP_M) * tiles_n;
-    const int64_t first_m = (pid / group) * TP_GROUP_M;
-    const int64_t rows_here = tiles_m - first_m < TP_GROUP_M ? tiles_m - first_m : TP_GROUP_M;
-    m0 = (first_m + (pid % group) % rows_here) * TW_BM;
-    n0 = ((pid % group) / rows_here) * TW_BN;
-}
 
 // Persistent: block b takes tiles b, b + gridDim.x, ... (tw_tile's order); the ring runs on across
 // tiles, so the copies of a tile's first slots overlap the previous tile's last MMAs and its store.
@@ -822,36 +825,27 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
                 ca[h].init(g.a, g.s_am, g.s_ak, m0, g.M, tid + 128 * h);
                 cb[h].init(g.b, g.s_bn, g.s_bk, n0, g.N, tid + 128 * h);
             }
-            if (HILO) {
-                const int64_t lo_part = a_lo - g.a;
-                for (int64_t k0 = 0; k0 < g.K; k0 += HILO_BLOCK) {
-                    for (int part = 0; part < 2; ++part, ++j) {  // hi, then lo
-                        const int s = j % TWS_STAGES;
-                        if (j >= TWS_STAGES) mbar_wait(empty + 8 * s, ((j / TWS_STAGES) - 1) & 1);
-                        const uint32_t d = ring + s * TW_SLOT;
+            // slot j: once its ring place is empty, the copies of k0 .. k0 + 63 (A from part a_part on)
+            auto slot = [&](int64_t k0, int64_t hi, int64_t a_part) {
+                const int s = j % TWS_STAGES;
+                if (j >= TWS_STAGES) mbar_wait(empty + 8 * s, ((j / TWS_STAGES) - 1) & 1);
+                const uint32_t d = ring + s * TW_SLOT;
 #pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            ca[h].issue(d, k0, g.K, g.s_ak, g.a, part ? lo_part : 0);
-                            cb[h].issue(d + TW_HALF, k0, g.K, g.s_bk, g.a);
-                        }
-                        cp_async_mbar_arrive(full + 8 * s);
-                    }
+                for (int h = 0; h < 2; ++h) {
+                    ca[h].issue(d, k0, hi, g.s_ak, g.a, a_part);
+                    cb[h].issue(d + TW_HALF, k0, hi, g.s_bk, g.a);
+                }
+                cp_async_mbar_arrive(full + 8 * s);
+                ++j;
+            };
+            if (HILO) {
+                for (int64_t k0 = 0; k0 < g.K; k0 += HILO_BLOCK) {
+                    slot(k0, g.K, 0);          // hi
+                    slot(k0, g.K, a_lo - g.a);  // lo
                 }
             } else {
-                for (int lf = first; lf < first + NL; ++lf) {
-                    const int64_t hi = tp_bound(g, lf + 1);
-                    for (int64_t k0 = tp_bound(g, lf); k0 < hi; k0 += TW_SK, ++j) {
-                        const int s = j % TWS_STAGES;
-                        if (j >= TWS_STAGES) mbar_wait(empty + 8 * s, ((j / TWS_STAGES) - 1) & 1);
-                        const uint32_t d = ring + s * TW_SLOT;
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            ca[h].issue(d, k0, hi, g.s_ak, g.a);
-                            cb[h].issue(d + TW_HALF, k0, hi, g.s_bk, g.a);
-                        }
-                        cp_async_mbar_arrive(full + 8 * s);
-                    }
-                }
+                for (int lf = first; lf < first + NL; ++lf)
+                    for (int64_t k0 = tp_bound(g, lf); k0 < tp_bound(g, lf + 1); k0 += TW_SK) slot(k0, tp_bound(g, lf + 1), 0);
             }
         }
         cp_async_wait<0>();
@@ -876,17 +870,7 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
             const int64_t width = tp_bound(g, first + l + 1) - tp_bound(g, first + l);
             const int64_t steps = HILO ? 4 * cdiv(g.K, static_cast<int64_t>(HILO_BLOCK)) : cdiv(width, static_cast<int64_t>(TB_K));
             const int64_t slots = HILO ? 2 * cdiv(g.K, static_cast<int64_t>(HILO_BLOCK)) : cdiv(width, static_cast<int64_t>(TW_SK));
-#pragma unroll
-            for (int e = 0; e < 64; ++e) {
-                float v = 0.0f;
-                if (HILO && acc_in != nullptr) {  // d[e]: row 16 warp + g (+ 8), column 8 (e / 4) + 2 t (+ 1)
-                    const int lane = tid & 31;
-                    const int64_t r = m0 + 64 * cw + 16 * warp + (lane >> 2) + 8 * ((e >> 1) & 1);
-                    const int64_t c = n0 + 8 * (e >> 2) + 2 * (lane & 3) + (e & 1);
-                    if (r < g.M && c < g.N) v = acc_in[r * s_acc + c];
-                }
-                acc[e] = v;
-            }
+            tw_acc_start<HILO>(acc, g, acc_in, s_acc, m0 + 64 * cw + 16 * warp, n0);
             for (int64_t i = 0; i < slots; ++i, ++consumed) {
                 const int s = consumed % TWS_STAGES;
                 mbar_wait(full + 8 * s, (consumed / TWS_STAGES) & 1);  // the slot's copies have landed
