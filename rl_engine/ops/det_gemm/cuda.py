@@ -175,8 +175,8 @@ per tile and leaf) and the FP32 logits (K, K) too; the rest as form 1. Same leav
 bits (forms 1 to 3 tested against form 0 in the host emulation, whose warpgroup MMA reads the
 operands through a decoder of the PTX ISA's canonical descriptor layouts). On the H200 all three gave
 form 0's bits at every Qwen3-8B projection shape and product, at 0.19-0.46x cuBLAS for form 3 against
-0.04-0.17x for form 0 (``evidence/2026-12-04-h200-issue33-e035223/``), so form 3 is the default
-(``g_tree_form`` in ``gemm_pipe.cu``). Form 4: form 3 with its fused trees, leaves and FP32 logits on
+0.04-0.17x for form 0 (``evidence/2026-12-04-h200-issue33-e035223/``), so form 3 became the default
+then. Form 4 (the default since fc8dac6, ``g_tree_form`` in ``gemm_pipe.cu``): form 3 with its fused trees, leaves and FP32 logits on
 ``tree_wgmma_ws_kernel``, warp-specialised: one warpgroup issues the copies of a six-place ring and
 two only multiply, handing ring places back and forth through shared-memory barriers instead of a
 block barrier per slot; same tiles, slots, k16 products and roundings (also for ``linear_logp``'s hi /
@@ -186,8 +186,9 @@ profile of form 3 (``evidence/2026-12-05-h200-split-decode-52da2a0/``: 0.41x cuB
 (one block per tile) it gave form 0's bits at every Qwen3-8B projection shape and product, at
 0.44-0.77x cuBLAS for M = 8192 against 0.32-0.45x for form 3, and the cuda_bf16 train step took
 599 ms against 770; the persistent grid kept the bits and measured about even with one block per
-tile (``evidence/2026-12-05-h100-det-gemm-ws-50b3bad/``). It becomes the default once a whole gate
-has run with it (``tools/README.md``)."""
+tile (``evidence/2026-12-05-h100-det-gemm-ws-50b3bad/``). On the H200 the same bits at 0.46-0.69x
+cuBLAS (M = 8192), and the whole gate with it kept every bit of the gate before
+(``evidence/2026-12-06-h200-form4-fc8dac6/``, ``evidence/2026-12-06-h200-gate-fc8dac6/``)."""
 
 
 def set_tree_gemm_form(form: int) -> int:
