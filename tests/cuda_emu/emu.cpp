@@ -146,5 +146,21 @@ cudaError_t CUDARTAPI cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr att
     *value = 2;
     return cudaSuccess;
 }
+// gemm.cuh's tensor map, as emu.h's tma_load_2d reads it: the geometry, with the checks the driver makes
+// (16-byte aligned base and row stride) and the 128-byte swizzle's box
+// row of 64 BF16 elements.
+namespace rl {
+struct TmaMap;
+int tma_map_bf16_2d(TmaMap* map, const void* base, uint64_t inner, uint64_t outer, uint64_t stride_bytes,
+                    uint32_t box_inner, uint32_t box_outer) {
+    if ((reinterpret_cast<uintptr_t>(base) & 15u) || (stride_bytes & 15u) || inner == 0 ||
+        outer == 0 || box_inner * 2 != 128 || box_outer == 0 || box_outer > 256)
+        return 1;
+    const EmuTmaMap m{static_cast<const uint16_t*>(base), inner, outer, stride_bytes, box_inner, box_outer};
+    std::memcpy(static_cast<void*>(map), &m, sizeof m);
+    return 0;
+}
+}  // namespace rl
+
 const char* CUDARTAPI cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error (emulated)" : "emulated CUDA error"; }
 cudaError_t CUDARTAPI cudaFuncSetAttribute(const void*, enum cudaFuncAttribute, int) { return cudaSuccess; }

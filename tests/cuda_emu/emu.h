@@ -34,6 +34,8 @@
 #define __shared__ static
 #undef __launch_bounds__
 #define __launch_bounds__(...)
+#undef __grid_constant__
+#define __grid_constant__
 
 struct EmuIdx {
     unsigned x, y, z;
@@ -315,17 +317,66 @@ inline void fence_proxy_async() {}
 // (and aborts after a number of rounds no correct protocol needs: a wait that can never end).
 void emu_yield();
 inline uint32_t* emu_mbar(uint32_t bar) { return reinterpret_cast<uint32_t*>(emu_dynamic_smem() + bar); }
+// The transaction count of a phase (TMA bytes expected and not yet landed, mbarrier.expect_tx /
+// complete_tx) is kept beside, per barrier address: a phase completes once its arrivals are spent and
+// its transaction count is back at 0.
+inline int64_t& emu_mbar_tx(uint32_t bar) {
+    static std::vector<int64_t> tx;
+    if (tx.size() <= bar / 8) tx.resize(bar / 8 + 1, 0);
+    return tx[bar / 8];
+}
 inline void mbar_init(uint32_t bar, uint32_t count) {
     if ((bar & 7u) || count == 0 || count >= (1u << 31)) std::abort();
     emu_mbar(bar)[0] = count;
     emu_mbar(bar)[1] = count;
+    emu_mbar_tx(bar) = 0;
+}
+inline void emu_mbar_settle(uint32_t bar) {  // complete the phase if both counts are spent
+    uint32_t* m = emu_mbar(bar);
+    if ((m[1] & 0x7fffffffu) == 0 && emu_mbar_tx(bar) == 0) m[1] = m[0] | (((m[1] >> 31) ^ 1u) << 31);
 }
 inline void mbar_arrive(uint32_t bar) {
     uint32_t* m = emu_mbar(bar);
-    const uint32_t phase = m[1] >> 31, pending = (m[1] & 0x7fffffffu) - 1;
-    m[1] = pending == 0 ? m[0] | ((phase ^ 1u) << 31) : pending | (phase << 31);
+    if ((m[1] & 0x7fffffffu) == 0) {
+        std::fprintf(stderr, "cuda emulator: more arrivals on the barrier at %u than its count\n", bar);
+        std::abort();
+    }
+    m[1] -= 1;
+    emu_mbar_settle(bar);
 }
 inline void cp_async_mbar_arrive(uint32_t bar) { mbar_arrive(bar); }
+inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    emu_mbar_tx(bar) += bytes;
+    mbar_arrive(bar);
+}
+// TMA (gemm.cuh tma_map_bf16_2d / tma_load_2d): the map holds the tensor's geometry (emu.cpp writes it);
+// a box copy lands at once, elements outside the tensor as zeros, each 16-byte chunk of a 128-byte row
+// at the 128-byte swizzle's place (address bits 4-6 XOR bits 7-9, as emu_desc_elem reads them back), and
+// completes its bytes on the barrier.
+struct EmuTmaMap {
+    const uint16_t* base;
+    uint64_t inner, outer, stride_bytes;
+    uint32_t box_inner, box_outer;
+};
+inline void tma_load_2d(uint32_t dst, const void* map, int32_t c0, int32_t c1, uint32_t bar) {
+    EmuTmaMap m;
+    std::memcpy(&m, map, sizeof m);
+    if (m.base == nullptr || m.box_inner * 2 != 128 || (dst & 1023u) != 0 || c0 < 0 || c1 < 0) {
+        std::fprintf(stderr, "cuda emulator: a TMA copy from an unset map, or to an unaligned place\n");
+        std::abort();
+    }
+    for (uint32_t r = 0; r < m.box_outer; ++r)
+        for (uint32_t e = 0; e < m.box_inner; ++e) {
+            const uint64_t i = static_cast<uint64_t>(c0) + e, o = static_cast<uint64_t>(c1) + r;
+            uint16_t v = 0;
+            if (i < m.inner && o < m.outer) v = m.base[o * (m.stride_bytes / 2) + i];
+            uint32_t a = dst + r * 128 + e * 2;
+            a ^= ((a >> 7) & 7u) << 4;
+            std::memcpy(emu_dynamic_smem() + a, &v, 2);
+        }
+    emu_mbar_tx(bar) -= static_cast<int64_t>(m.box_inner) * m.box_outer * 2;
+    emu_mbar_settle(bar);
+}
 inline void mbar_wait(uint32_t bar, uint32_t parity) {
     for (long spins = 0; (emu_mbar(bar)[1] >> 31) == (parity & 1u); ++spins) {
         if (spins > 200000L) {  // (a correct wait here ends within a few thousand rounds)

@@ -316,7 +316,7 @@ def _pipe_layouts(device, m, k, n):
     return {"k-k": (x, w.t()), "k-n": (x, wt), "m-n": (xt.t(), wt), "m-k": (xt.t(), w.t())}
 
 
-@pytest.mark.parametrize("form", [1, 2, 3, 4])  # (a separate case each: a form that faults on the GPU
+@pytest.mark.parametrize("form", [1, 2, 3, 4, 5])  # (a separate case each: a form that faults on the GPU
 @pytest.mark.parametrize("m,k,n", [(130, 256, 136), (66, 1056, 75), (1024, 4096, 4096)])  # cannot hide another)
 def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
     """Forms 1 to 4 of the training-size GEMMs give the WMMA kernels' (form 0) bits for each operand
@@ -333,8 +333,12 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
     emulation runs the barrier protocol between the fibers, so a place handed back too early is
     overwritten before it is read, and has 2 SMs, so a persistent block runs several tiles). The test
     first checks that the pipelined kernel can run each case (tree_pipe_ok). Control: a depth-1 tree
-    in the same form differs from the depth-2 one."""
+    in the same form differs from the depth-2 one. Form 5 (form 4 with TMA copies: in the emulation
+    the boxes land with zero fill outside each leaf's map and the barriers count their bytes) must
+    also have run its TMA copies (the launch count rises), not form 4's in their place."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
+
+    tma_before = dg_cuda.tma_launches()
 
     if cuda_device.type == "cpu" and m * k * n > 130 * 256 * 136 * 2:
         pytest.skip("the Qwen3-8B-sized case runs on the GPU only (the host emulation runs one fiber per CUDA thread)")
@@ -347,10 +351,10 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
             with _tree_gemm_form(form):
                 pipe = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
                 assert _bits_equal(pipe, wmma), f"{name} depth {depth} form {form}"
-                if form == 4:  # one block per tile as well as the persistent grid (the emulation: 2 SMs)
+                if form in (4, 5):  # one block per tile as well as the persistent grid (the emulation: 2 SMs)
                     with _library_setting(dg_cuda.set_tree_wgmma_ws_persistent, 0):
                         assert _bits_equal(dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False), wmma), \
-                            f"{name} depth {depth} form 4, a block per tile"
+                            f"{name} depth {depth} form {form}, a block per tile"
                 if wmma_leaves is not None:  # (form 2 runs the leaf-parallel leaves as form 1 does)
                     assert _bits_equal(dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True), wmma_leaves), \
                         f"{name} depth {depth} leaf-parallel"
@@ -363,6 +367,8 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
         with _tree_gemm_form(form):
             one = dg_cuda.det_gemm_launch(a, b, 1, leaf_split=False)
             assert not _bits_equal(one, pipe), f"{name}: depth 1 and 2 agree, the comparison cannot fail"
+    if form == 5:
+        assert dg_cuda.tma_launches() > tma_before, "form 5 never ran its TMA copies"
     if form == 1:  # A K-contiguous operand 2 bytes off a 16-byte boundary: form 1 cannot run it, form 0 does.
         x, wt = _pipe_layouts(cuda_device, m, k, n)["k-k"]
         wide = torch.zeros((m, k + 8), dtype=torch.bfloat16, device=cuda_device)
@@ -1439,8 +1445,8 @@ def test_linear_logp_tensor_core_backward_accuracy_and_invariance(cuda_device, t
     tg = contract.tolerance("gradient", "logprob")
     torch.testing.assert_close(hl.grad.float(), hr.grad, atol=tg.atol, rtol=tg.rtol)
     torch.testing.assert_close(wl.grad.float(), wr.grad, atol=tg.atol, rtol=tg.rtol)
-    if cuda_device.type == "cuda":  # the warpgroup hi / lo GEMMs (forms 3, 4) against mma.sync's, on the hardware
-        for form in (3, 4):
+    if cuda_device.type == "cuda":  # the warpgroup hi / lo GEMMs (forms 3-5) against mma.sync's, on the hardware
+        for form in (3, 4, 5):
             with _tree_gemm_form(form):
                 h3, w3 = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
                 linear_logp_cuda(h3, w3, t).backward(g)
@@ -1453,7 +1459,8 @@ def test_gemm_hilo_equals_the_triton_backward_kernels(cuda_device):
     the Triton interpreter's dot both add the exact products one at a time) dhidden's FP32
     accumulator after a first chunk, the BF16 dhidden after a second and each chunk's dweight are bit
     for bit the Triton kernels', with T, E and the chunk width off the tile and block sizes, from the
-    pipelined kernel, (form 3) the warpgroup one and (form 4) the warp-specialised one. Control: the
+    pipelined kernel, (form 3) the warpgroup one, (form 4) the warp-specialised one and (form 5) that
+    with TMA copies. Control: the
     lo parts left out change the bits."""
     if cuda_device.type != "cpu":
         pytest.skip("the bitwise comparison is of the two CPU emulations (on the GPU: the cross-backend gate)")
@@ -1492,7 +1499,10 @@ def test_gemm_hilo_equals_the_triton_backward_kernels(cuda_device):
     assert ll_cuda.GRAD_BLOCK == ll_triton.GRAD_BLOCK
     hi = torch.empty((t, 256), dtype=torch.bfloat16)
     lo = torch.empty_like(hi)
-    for form in (0, 3, 4):
+    from rl_engine.ops.det_gemm import cuda as dg_cuda
+
+    tma_before = dg_cuda.tma_launches()
+    for form in (0, 3, 4, 5):
         acc_c = torch.empty((t, e), dtype=torch.float32)
         dh_c = torch.empty((t, e), dtype=torch.bfloat16)
         dw_c = torch.empty((n0 + n1, e), dtype=torch.bfloat16)
@@ -1510,6 +1520,7 @@ def test_gemm_hilo_equals_the_triton_backward_kernels(cuda_device):
                 ll_cuda._gemm_hilo(h_c.t(), l_c.t(), hidden, dw_c[v_base:v_base + n_local], None)
         assert _bits_equal(dh_c, dh_t), f"dhidden, form {form}"
         assert _bits_equal(dw_c, dw_t), f"dweight, form {form}"
+    assert dg_cuda.tma_launches() > tma_before, "form 5 never ran its TMA copies"
     zero = torch.zeros_like(hi)
     no_lo = torch.empty((n0, e), dtype=torch.bfloat16)
     launch(cuda_device, "rl_split_hilo", d[0], d[0].stride(0), hi, lo, hi.stride(0), t, n0)

@@ -18,6 +18,19 @@ struct TreeArgs {
     int64_t bounds[5];  // leaf bounds: 2^DEPTH + 1 entries used
 };
 
+// A TMA tensor map (CUDA driver API CUtensorMap: 128 opaque bytes, 128-byte aligned), passed to kernels
+// by value as a __grid_constant__ parameter.
+struct alignas(128) TmaMap {
+    unsigned char opaque[128];
+};
+// A 2-D BF16 tensor map (host side): `inner` contiguous elements per row, `outer` rows `stride_bytes`
+// apart, from `base`; boxes of box_inner (64: the 128-byte swizzle span) x box_outer elements land in
+// shared memory in the 128-byte swizzle layout (the wgmma descriptors' layout), elements outside the
+// tensor filled with zeros. Returns 0, or nonzero where the driver refuses the map (the caller then runs
+// its cp.async form).
+int tma_map_bf16_2d(TmaMap* map, const void* base, uint64_t inner, uint64_t outer, uint64_t stride_bytes,
+                    uint32_t box_inner, uint32_t box_outer);
+
 // Matrix descriptor (PTX ISA, "Matrix Descriptor Format") of a K-major operand in the 128-byte
 // swizzle layout: start address in 16-byte units (14 bits), leading byte offset 16 (unused by this
 // layout), stride byte offset 1024 (between 8-row groups), base offset 0, layout type 1 (128-byte
@@ -59,6 +72,20 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+// An arrival that also expects `bytes` more of asynchronous copies (TMA) to complete in this phase
+// (PTX ISA, mbarrier.arrive.expect_tx; the phase completes when both counts are spent).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// One TMA copy (PTX ISA, cp.async.bulk.tensor, tile mode) of the box at coordinates (c0 inner, c1 outer)
+// of a 2-D tensor map into shared memory at dst (a shared-window address), completing its bytes on the
+// barrier at bar. The map is a kernel parameter (__grid_constant__), addressed generically.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const TmaMap* map, int32_t c0, int32_t c1, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     asm volatile(
         "{\n"
@@ -95,9 +122,10 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64
 // The training-size GEMM form of the process (rl_tree_gemm_form; gemm_pipe.cu): 0 = the WMMA kernels,
 // 1 and 2 = tree_pipe_kernel (2: the fused tree in 128 x 256 tiles), 3 = tree_wgmma_kernel for the
 // fused trees and leaf-parallel leaves of the training step's layouts and the (K, K) FP32 outputs, the
-// rest as 1; 4 = as 3 with those products on the warp-specialised tree_wgmma_ws_kernel (the default).
+// rest as 1; 4 = as 3 with those products on the warp-specialised tree_wgmma_ws_kernel (the default);
+// 5 = as 4 with the ring's copies by TMA.
 extern int g_tree_form;
-constexpr int TREE_GEMM_FORMS = 5;
+constexpr int TREE_GEMM_FORMS = 6;
 
 // Whether tree_pipe_kernel can run this product with leaves [0, leaves) (layout, alignment, bounds).
 bool tree_pipe_ok(const TreeArgs& g, int leaves);

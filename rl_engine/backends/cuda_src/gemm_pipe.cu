@@ -4,11 +4,42 @@
 // entry points declared in gemm.cuh; the tree itself (leaves, steps, merges) is described there
 // and in gemm.cu's header.
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 #include "gemm.cuh"
+#ifndef RL_HOST_EMU
+#include <cuda.h>  // CUtensorMap and its enums (the driver function is fetched at run time: no -lcuda)
+#endif
 
 using namespace rl;
+
+#ifndef RL_HOST_EMU  // (the host emulator has its own, tests/cuda_emu/emu.cpp)
+int rl::tma_map_bf16_2d(TmaMap* map, const void* base, uint64_t inner, uint64_t outer, uint64_t stride_bytes,
+                        uint32_t box_inner, uint32_t box_outer) {
+    static_assert(sizeof(TmaMap) == sizeof(CUtensorMap) && alignof(TmaMap) >= alignof(CUtensorMap), "TmaMap is a CUtensorMap");
+    using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                                const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static Encode encode = []() -> Encode {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+            return nullptr;
+        return reinterpret_cast<Encode>(fn);
+    }();
+    if (encode == nullptr || box_inner * 2 != 128) return 1;  // (the 128-byte swizzle: one span per box row)
+    const cuuint64_t dims[2] = {inner, outer};
+    const cuuint64_t strides[1] = {stride_bytes};
+    const cuuint32_t box[2] = {box_inner, box_outer};
+    const cuuint32_t unit[2] = {1, 1};
+    const CUresult r = encode(reinterpret_cast<CUtensorMap*>(map), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base),
+                              dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : static_cast<int>(r);
+}
+#endif
 
 namespace {
 
@@ -770,6 +801,7 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
 // 0.45 eligible warps per scheduler, the tensor pipe 34 % busy).
 constexpr int TWS_STAGES = 6;     // ring places (6 x 32 KB)
 int g_tws_persistent = 1;         // rl_tree_wgmma_ws_persistent: one block per SM looping over tiles, or one per tile
+int64_t g_tws_tma_launches = 0;   // rl_tree_wgmma_tma_launches: form 5's launches that ran with TMA copies
 constexpr int TWS_THREADS = 384;  // the copy warpgroup, then the two MMA warpgroups
 constexpr int TWS_SMEM = TWS_STAGES * TW_SLOT + 2 * TWS_STAGES * 8;  // the ring, then full[], empty[]
 // Registers per thread after the split (setmaxnreg): the launch allocates 168 per thread (ptxas's count
@@ -781,14 +813,32 @@ constexpr int TWS_COPY_REGS = 72;
 constexpr int TWS_MMA_REGS = 216;
 static_assert(128 * TWS_COPY_REGS + 256 * TWS_MMA_REGS <= TWS_THREADS * 168, "setmaxnreg beyond the launch's registers");
 
+// Form 5's tensor maps (TMA = true; form 4 passes TwNoMaps): per leaf of the block's tree (at most 4:
+// TreeArgs::bounds) one map of A and one of B over the leaf's k range [bounds[l], bounds[l + 1]) only,
+// so TMA's zero fill past the tensor's edge is the leaf's zero fill past its end, as cp.async's source
+// size gives it in form 4; `lo`: the hi / lo products' lo part of A (over all of K, as a[0] is).
+// K-major operand: inner = the leaf's k, outer = the rows (M or N), boxes 64 k x 128 rows; MN-major:
+// inner = the rows, outer = the leaf's k, boxes 64 rows x 64 k (two per operand and slot, the two
+// swizzle atoms). The same bytes land at the same places as form 4's copies.
+struct TwMaps {
+    TmaMap a[4];
+    TmaMap b[4];
+    TmaMap lo;
+};
+struct TwNoMaps {};
+
 // Persistent: block b takes tiles b, b + gridDim.x, ... (tw_tile's order); the ring runs on across
 // tiles, so the copies of a tile's first slots overlap the previous tile's last MMAs and its store.
 // HILO (DEPTH 0): tree_wgmma_kernel's hi / lo GEMM: slot s holds 64 k of part s % 2 (hi, then lo at
 // a_lo) of block s / 2, all four k16 products issued (zero-filled past K), one accumulator from acc_in
 // (or 0) over every slot.
-template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false, bool HILO = false>
+// TMA (form 5): the copy warpgroup's first thread issues each slot as TMA copies (two boxes per slot,
+// or four with an MN-major operand) with one expect-tx arrival on `full` for the slot's 32 KB; the MMA
+// warpgroups are form 4's.
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false, bool HILO = false, bool TMA = false>
 __global__ void __launch_bounds__(TWS_THREADS, 1)
-    tree_wgmma_ws_kernel(TreeArgs g, int pairs, const bf16* a_lo, const float* acc_in, int64_t s_acc) {
+    tree_wgmma_ws_kernel(TreeArgs g, int pairs, const bf16* a_lo, const float* acc_in, int64_t s_acc,
+                         const __grid_constant__ std::conditional_t<TMA, TwMaps, TwNoMaps> maps) {
     static_assert(!(OUT_F32 || LEAVES || HILO) || DEPTH == 0, "FP32 output, hi / lo and the leaf workspace are single leaves");
     static_assert(!(HILO && LEAVES), "hi / lo products have no leaf workspace");
     static_assert(HILO_BLOCK == TW_SK, "a hi / lo block is one ring slot of each part");
@@ -805,7 +855,7 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
     const uint32_t empty = full + 8 * TWS_STAGES;
     if (tid == 0) {
         for (int s = 0; s < TWS_STAGES; ++s) {
-            mbar_init(full + 8 * s, 128);  // one cp.async arrival per copy thread
+            mbar_init(full + 8 * s, TMA ? 1 : 128);  // one arrival per copy thread (TMA: one, with the bytes)
             mbar_init(empty + 8 * s, 2);   // one arrival per MMA warpgroup
         }
     }
@@ -813,6 +863,47 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
 
     if (wg == 0) {
         setmaxnreg_dec<TWS_COPY_REGS>();
+        if constexpr (TMA) {
+            if (tid != 0) return;
+            int j = 0;
+            for (int64_t pid = blockIdx.x; pid < tiles; pid += gridDim.x) {
+                int64_t m0, n0;
+                tw_tile(g, pid, m0, n0);
+                // slot j: once its ring place is empty, the boxes at k kr of the leaf's maps
+                auto slot = [&](const TmaMap* am, const TmaMap* bm, int64_t kr) {
+                    const int s = j % TWS_STAGES;
+                    if (j >= TWS_STAGES) mbar_wait(empty + 8 * s, ((j / TWS_STAGES) - 1) & 1);
+                    const uint32_t d = ring + s * TW_SLOT;
+                    const uint32_t bar = full + 8 * s;
+                    mbar_arrive_expect_tx(bar, TW_SLOT);
+                    const int32_t k = static_cast<int32_t>(kr);
+                    if (A_MN) {
+                        tma_load_2d(d, am, static_cast<int32_t>(m0), k, bar);
+                        tma_load_2d(d + 8192, am, static_cast<int32_t>(m0 + 64), k, bar);
+                    } else {
+                        tma_load_2d(d, am, k, static_cast<int32_t>(m0), bar);
+                    }
+                    if (B_MN) {
+                        tma_load_2d(d + TW_HALF, bm, static_cast<int32_t>(n0), k, bar);
+                        tma_load_2d(d + TW_HALF + 8192, bm, static_cast<int32_t>(n0 + 64), k, bar);
+                    } else {
+                        tma_load_2d(d + TW_HALF, bm, k, static_cast<int32_t>(n0), bar);
+                    }
+                    ++j;
+                };
+                if (HILO) {
+                    for (int64_t k0 = 0; k0 < g.K; k0 += HILO_BLOCK) {
+                        slot(&maps.a[0], &maps.b[0], k0);  // hi
+                        slot(&maps.lo, &maps.b[0], k0);    // lo
+                    }
+                } else {
+                    for (int lf = first; lf < first + NL; ++lf)
+                        for (int64_t k0 = 0; k0 < tp_bound(g, lf + 1) - tp_bound(g, lf); k0 += TW_SK)
+                            slot(&maps.a[lf], &maps.b[lf], k0);
+                }
+            }
+            return;
+        }
         // The copies, slot by slot in the order the MMA warpgroups consume them: per tile, leaf lf from
         // its first index in 64-k slots (empty leaves have none).
         int j = 0;
@@ -894,10 +985,29 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
     }
 }
 
-template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false, bool HILO = false>
-int launch_tree_wgmma_ws_as(const TreeArgs& g, cudaStream_t st, int leaves = 1, const bf16* lo = nullptr,
-                            const float* acc_in = nullptr, int64_t s_acc = 0) {
-    auto kernel = tree_wgmma_ws_kernel<DEPTH, OUT_F32, A_MN, B_MN, LEAVES, HILO>;
+// The tensor maps of form 5 (TwMaps) for this product's leaves [0, leaves); false where the driver refuses
+// one (form 4's copies then run).
+template <bool A_MN, bool B_MN>
+bool tw_maps(TwMaps& m, const TreeArgs& g, int leaves, const bf16* lo) {
+    // one operand's map over k [k0, k1) of rows [0, rows): row stride s_r, k stride s_k (elements)
+    auto map = [](TmaMap* t, const bf16* x, bool mn, int64_t rows, int64_t s_r, int64_t s_k, int64_t k0, int64_t k1) {
+        const uint64_t w = static_cast<uint64_t>(k1 - k0);
+        if (mn) return tma_map_bf16_2d(t, x + k0 * s_k, static_cast<uint64_t>(rows), w, 2 * static_cast<uint64_t>(s_k), 64, 64) == 0;
+        return tma_map_bf16_2d(t, x + k0, w, static_cast<uint64_t>(rows), 2 * static_cast<uint64_t>(s_r), 64, TW_BM) == 0;
+    };
+    for (int l = 0; l < leaves; ++l) {
+        const int64_t k0 = g.bounds[l], k1 = g.bounds[l + 1];
+        if (k1 <= k0) continue;  // an empty leaf has no slots
+        if (!map(&m.a[l], g.a, A_MN, g.M, g.s_am, g.s_ak, k0, k1)) return false;
+        if (!map(&m.b[l], g.b, B_MN, g.N, g.s_bn, g.s_bk, k0, k1)) return false;
+    }
+    return lo == nullptr || map(&m.lo, lo, A_MN, g.M, g.s_am, g.s_ak, 0, g.K);
+}
+
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES, bool HILO, bool TMA, class Maps>
+int launch_tree_wgmma_ws_grid(const TreeArgs& g, cudaStream_t st, int leaves, const bf16* lo, const float* acc_in,
+                              int64_t s_acc, const Maps& maps) {
+    auto kernel = tree_wgmma_ws_kernel<DEPTH, OUT_F32, A_MN, B_MN, LEAVES, HILO, TMA>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TWS_SMEM))
         return static_cast<int>(e);
     const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
@@ -912,8 +1022,23 @@ int launch_tree_wgmma_ws_as(const TreeArgs& g, cudaStream_t st, int leaves = 1, 
         if (per_leaf < blocks) blocks = per_leaf;
     }
     const dim3 grid(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(LEAVES ? leaves : 1));
-    kernel<<<grid, TWS_THREADS, TWS_SMEM, st>>>(g, pairs, lo, acc_in, s_acc);
+    kernel<<<grid, TWS_THREADS, TWS_SMEM, st>>>(g, pairs, lo, acc_in, s_acc, maps);
     return launch_status();
+}
+
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false, bool HILO = false>
+int launch_tree_wgmma_ws_as(const TreeArgs& g, cudaStream_t st, int leaves = 1, const bf16* lo = nullptr,
+                            const float* acc_in = nullptr, int64_t s_acc = 0) {
+    static_assert(TW_BN == TW_BM, "one box geometry for both operands");
+    const int map_leaves = LEAVES ? leaves : (HILO ? 1 : 1 << DEPTH);
+    if (g_tree_form == 5) {
+        TwMaps maps{};  // (copied into the launch's parameters)
+        if (tw_maps<A_MN, B_MN>(maps, g, map_leaves, HILO ? lo : nullptr)) {
+            ++g_tws_tma_launches;
+            return launch_tree_wgmma_ws_grid<DEPTH, OUT_F32, A_MN, B_MN, LEAVES, HILO, true>(g, st, leaves, lo, acc_in, s_acc, maps);
+        }
+    }
+    return launch_tree_wgmma_ws_grid<DEPTH, OUT_F32, A_MN, B_MN, LEAVES, HILO, false>(g, st, leaves, lo, acc_in, s_acc, TwNoMaps{});
 }
 
 // Whether tree_wgmma_kernel can run this product with leaves [0, leaves) (host side): the layouts
@@ -931,7 +1056,7 @@ bool tree_wgmma_ok(const TreeArgs& g, int leaves) {
 // LEAVES: one block per (tile, leaf) of [0, leaves) into the workspace g.c (tree_wgmma_kernel's LEAVES).
 template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false>
 int launch_tree_wgmma_as(const TreeArgs& g, cudaStream_t st, int leaves = 1) {
-    if (g_tree_form == 4) return launch_tree_wgmma_ws_as<DEPTH, OUT_F32, A_MN, B_MN, LEAVES>(g, st, leaves);
+    if (g_tree_form >= 4) return launch_tree_wgmma_ws_as<DEPTH, OUT_F32, A_MN, B_MN, LEAVES>(g, st, leaves);
     auto kernel = tree_wgmma_kernel<DEPTH, OUT_F32, A_MN, B_MN, false, LEAVES>;
     constexpr int smem = TW_STAGES * TW_SLOT;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
@@ -945,7 +1070,7 @@ int launch_tree_wgmma_as(const TreeArgs& g, cudaStream_t st, int leaves = 1) {
 
 template <bool OUT_F32, bool A_MN>
 int launch_hilo_wgmma_as(const TreeArgs& g, const bf16* lo, const float* acc_in, int64_t s_acc, cudaStream_t st) {
-    if (g_tree_form == 4) return launch_tree_wgmma_ws_as<0, OUT_F32, A_MN, true, false, true>(g, st, 1, lo, acc_in, s_acc);
+    if (g_tree_form >= 4) return launch_tree_wgmma_ws_as<0, OUT_F32, A_MN, true, false, true>(g, st, 1, lo, acc_in, s_acc);
     auto kernel = tree_wgmma_kernel<0, OUT_F32, A_MN, true, true>;
     constexpr int smem = TW_STAGES * TW_SLOT;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
@@ -1063,6 +1188,10 @@ RL_EXPORT int64_t rl_tree_wgmma_ws_persistent(int64_t on) {
     g_tws_persistent = static_cast<int>(on);
     return old;
 }
+
+// How many launches of this process ran form 5's TMA copies (a product whose tensor maps the driver
+// refuses runs form 4's copies instead; for the tests, which must know that the form they compare ran).
+RL_EXPORT int64_t rl_tree_wgmma_tma_launches(void) { return g_tws_tma_launches; }
 
 // 1 if the pipelined kernel can run rl_det_gemm with these arguments (leaves 0 .. 2^depth - 1; for the
 // tests, which must know that the form they compare did run), else 0.

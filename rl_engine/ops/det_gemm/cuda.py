@@ -156,7 +156,7 @@ def set_warp_gemv_variant(variant: int) -> int:
     return _set_variant("warp gemv variant", "rl_gemv_warp_variant", variant, WARP_GEMV_VARIANTS)
 
 
-TREE_GEMM_FORMS = 5
+TREE_GEMM_FORMS = 6
 """Forms of the GEMMs at training sizes (the fused tree, the leaf-parallel form's leaves where the decode
 GEMVs do not run, and the FP32-output GEMM): 0 = the WMMA kernels
 (``tree_gemm_kernel`` / ``tree_leaf_kernel``: one 32-wide K step at a time through shared memory,
@@ -188,7 +188,14 @@ profile of form 3 (``evidence/2026-12-05-h200-split-decode-52da2a0/``: 0.41x cuB
 599 ms against 770; the persistent grid kept the bits and measured about even with one block per
 tile (``evidence/2026-12-05-h100-det-gemm-ws-50b3bad/``). On the H200 the same bits at 0.46-0.69x
 cuBLAS (M = 8192), and the whole gate with it kept every bit of the gate before
-(``evidence/2026-12-06-h200-form4-fc8dac6/``, ``evidence/2026-12-06-h200-gate-fc8dac6/``)."""
+(``evidence/2026-12-06-h200-form4-fc8dac6/``, ``evidence/2026-12-06-h200-gate-fc8dac6/``). Form 5:
+form 4 with the ring's copies made by TMA (one thread issues a slot as two to four tensor-map boxes
+and one expect-tx arrival; a map per leaf and operand spans only the leaf's k range, so TMA's zero
+fill past the tensor's edge is the leaf's zero fill past its end), written for the ncu profile of form
+4 (L1/TEX 54 % busy with the copy warpgroup's cp.async); the same bytes land at the same places, the
+MMA warpgroups are form 4's. Where the driver refuses a map, form 4's copies run
+(:func:`tma_launches` counts the launches that used TMA). Emulated on the host (tests); not yet run on
+a GPU, so not the default."""
 
 
 def set_tree_gemm_form(form: int) -> int:
@@ -215,6 +222,15 @@ def set_tree_wgmma_ws_persistent(on: int) -> int:
         ``on`` not 0 or 1.
     """
     return _set_variant("form 4 persistent grid", "rl_tree_wgmma_ws_persistent", on, 2)
+
+
+def tma_launches() -> int:
+    """How many launches of this process ran form 5's TMA copies (for the tests: a product whose tensor
+    maps the driver refuses runs form 4's copies, with the same bits, so a comparison of form 5 must
+    also see this count rise)."""
+    from rl_engine.backends.cuda_launch import query
+
+    return query("rl_tree_wgmma_tma_launches")
 
 
 def tree_pipe_ok(a: torch.Tensor, b: torch.Tensor, depth: int) -> bool:
