@@ -311,6 +311,7 @@ inline void wg_commit() {}
 inline void wg_wait0() {}
 inline void wg_wait1() {}
 inline void fence_proxy_async() {}
+inline void fence_mbar_init() {}
 // Shared-memory barriers (gemm.cuh mbar_*): 8 bytes at the shared-window address, the arrival count of
 // a phase and (pending arrivals | phase parity << 31). cp.async copies land at once here, so their
 // arrival is an arrival; a wait yields to the other fibers until the phase of that parity has completed

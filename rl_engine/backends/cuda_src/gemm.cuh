@@ -72,6 +72,9 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+// Makes the barriers' initialisation visible to the asynchronous proxy (TMA's complete_tx) before they
+// are used (PTX ISA, fence.mbarrier_init; with the block barrier after it).
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 // An arrival that also expects `bytes` more of asynchronous copies (TMA) to complete in this phase
 // (PTX ISA, mbarrier.arrive.expect_tx; the phase completes when both counts are spent).
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {

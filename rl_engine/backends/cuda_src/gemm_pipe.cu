@@ -858,6 +858,7 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
             mbar_init(full + 8 * s, TMA ? 1 : 128);  // one arrival per copy thread (TMA: one, with the bytes)
             mbar_init(empty + 8 * s, 2);   // one arrival per MMA warpgroup
         }
+        if constexpr (TMA) fence_mbar_init();
     }
     __syncthreads();
 
