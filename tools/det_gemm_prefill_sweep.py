@@ -19,7 +19,7 @@ ratios to cuBLAS. Usage on the H200::
 ``--cuda-forms 0,1,2,3,4,4n,5`` adds the ``cuda_bf16`` det_gemm in those forms of its training-size GEMMs
 (:data:`rl_engine.ops.det_gemm.cuda.TREE_GEMM_FORMS`: 0 the WMMA kernel, 1 and 2 the pipelined
 mma.sync kernel in 128 x 128 and 128 x 256 tiles, 3 wgmma for the three training products, 4 the same
-warp-specialised and persistent, 4n with one block per tile, 5 form 4 with TMA copies, 5n) as ``cuda0`` .. ``cuda5n``, with their bits against the Triton fused form (the two backends
+warp-specialised and persistent, 4n with one block per tile, 5 form 4 with TMA copies, 6 form 5 in 128 x 256 tiles, 5n, 6n) as ``cuda0`` .. ``cuda6n``, with their bits against the Triton fused form (the two backends
 give the same det_gemm bits).
 
 A configuration is ``BMxBNxWARPSxSTAGESxGROUPx<LOOP><PARK>[xBK]`` (LOOP: the kernel's loop
@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     configs = {c: parse_config(c) for c in args.configs.split(",") if c}
     cuda_forms = [f for f in args.cuda_forms.split(",") if f]
     for f in cuda_forms:
-        if not (f.isdigit() or f in ("4n", "5n")):
-            raise SystemExit(f"--cuda-forms: {f!r}: a form number (4n, 5n: form 4 or 5, one block per tile)")
+        if not (f.isdigit() or f in ("4n", "5n", "6n")):
+            raise SystemExit(f"--cuda-forms: {f!r}: a form number (4n, 5n, 6n: form 4, 5 or 6, one block per tile)")
     cuda = CudaForms() if cuda_forms else None
     rows = []
     t_start = time.time()

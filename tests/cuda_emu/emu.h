@@ -279,6 +279,10 @@ template <int TA, int TB>
 inline void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
     emu_wgmma<128>(d, [&](int row, int k) { return emu_desc_elem(da, TA != 0, row, k); }, db, TB != 0, true);
 }
+template <int TA, int TB>
+inline void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db) {
+    emu_wgmma<256>(d, [&](int row, int k) { return emu_desc_elem(da, TA != 0, row, k); }, db, TB != 0, true);
+}
 // attention_tc.cu: S = Q K^T (both K-major, scale-d from `accumulate`) and P V with P in registers (the
 // thread's m16n8k16 A fragment: a[0] row g, columns 2 t, + 1; a[1] row g + 8; a[2], a[3] columns + 8),
 // exchanged through the warp's scratch; V MN-major.

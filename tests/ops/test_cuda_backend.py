@@ -316,7 +316,7 @@ def _pipe_layouts(device, m, k, n):
     return {"k-k": (x, w.t()), "k-n": (x, wt), "m-n": (xt.t(), wt), "m-k": (xt.t(), w.t())}
 
 
-@pytest.mark.parametrize("form", [1, 2, 3, 4, 5])  # (a separate case each: a form that faults on the GPU
+@pytest.mark.parametrize("form", [1, 2, 3, 4, 5, 6])  # (a separate case each: a form that faults on the GPU
 @pytest.mark.parametrize("m,k,n", [(130, 256, 136), (66, 1056, 75), (1024, 4096, 4096)])  # cannot hide another)
 def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
     """Forms 1 to 4 of the training-size GEMMs give the WMMA kernels' (form 0) bits for each operand
@@ -334,11 +334,12 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
     overwritten before it is read, and has 2 SMs, so a persistent block runs several tiles). The test
     first checks that the pipelined kernel can run each case (tree_pipe_ok). Control: a depth-1 tree
     in the same form differs from the depth-2 one. Form 5 (form 4 with TMA copies: in the emulation
-    the boxes land with zero fill outside each leaf's map and the barriers count their bytes) must
-    also have run its TMA copies (the launch count rises), not form 4's in their place."""
+    the boxes land with zero fill outside each leaf's map and the barriers count their bytes) and form
+    6 (form 5's fused trees in 128 x 256 tiles) must also have run their own kernels (the launch count
+    rises), not form 4's in their place."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
-    tma_before = dg_cuda.tma_launches()
+    own_before = dg_cuda.form_launches(form) if form >= 5 else None
 
     if cuda_device.type == "cpu" and m * k * n > 130 * 256 * 136 * 2:
         pytest.skip("the Qwen3-8B-sized case runs on the GPU only (the host emulation runs one fiber per CUDA thread)")
@@ -351,7 +352,7 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
             with _tree_gemm_form(form):
                 pipe = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
                 assert _bits_equal(pipe, wmma), f"{name} depth {depth} form {form}"
-                if form in (4, 5):  # one block per tile as well as the persistent grid (the emulation: 2 SMs)
+                if form >= 4:  # one block per tile as well as the persistent grid (the emulation: 2 SMs)
                     with _library_setting(dg_cuda.set_tree_wgmma_ws_persistent, 0):
                         assert _bits_equal(dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False), wmma), \
                             f"{name} depth {depth} form {form}, a block per tile"
@@ -367,8 +368,8 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
         with _tree_gemm_form(form):
             one = dg_cuda.det_gemm_launch(a, b, 1, leaf_split=False)
             assert not _bits_equal(one, pipe), f"{name}: depth 1 and 2 agree, the comparison cannot fail"
-    if form == 5:
-        assert dg_cuda.tma_launches() > tma_before, "form 5 never ran its TMA copies"
+    if own_before is not None:
+        assert dg_cuda.form_launches(form) > own_before, f"form {form} never ran its own kernel"
     if form == 1:  # A K-contiguous operand 2 bytes off a 16-byte boundary: form 1 cannot run it, form 0 does.
         x, wt = _pipe_layouts(cuda_device, m, k, n)["k-k"]
         wide = torch.zeros((m, k + 8), dtype=torch.bfloat16, device=cuda_device)
@@ -1501,7 +1502,7 @@ def test_gemm_hilo_equals_the_triton_backward_kernels(cuda_device):
     lo = torch.empty_like(hi)
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
-    tma_before = dg_cuda.tma_launches()
+    tma_before = dg_cuda.form_launches(5)
     for form in (0, 3, 4, 5):
         acc_c = torch.empty((t, e), dtype=torch.float32)
         dh_c = torch.empty((t, e), dtype=torch.bfloat16)
@@ -1520,7 +1521,7 @@ def test_gemm_hilo_equals_the_triton_backward_kernels(cuda_device):
                 ll_cuda._gemm_hilo(h_c.t(), l_c.t(), hidden, dw_c[v_base:v_base + n_local], None)
         assert _bits_equal(dh_c, dh_t), f"dhidden, form {form}"
         assert _bits_equal(dw_c, dw_t), f"dweight, form {form}"
-    assert dg_cuda.tma_launches() > tma_before, "form 5 never ran its TMA copies"
+    assert dg_cuda.form_launches(5) > tma_before, "form 5 never ran its TMA copies"
     zero = torch.zeros_like(hi)
     no_lo = torch.empty((n0, e), dtype=torch.bfloat16)
     launch(cuda_device, "rl_split_hilo", d[0], d[0].stride(0), hi, lo, hi.stride(0), t, n0)

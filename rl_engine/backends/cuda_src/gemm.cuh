@@ -126,9 +126,10 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64
 // 1 and 2 = tree_pipe_kernel (2: the fused tree in 128 x 256 tiles), 3 = tree_wgmma_kernel for the
 // fused trees and leaf-parallel leaves of the training step's layouts and the (K, K) FP32 outputs, the
 // rest as 1; 4 = as 3 with those products on the warp-specialised tree_wgmma_ws_kernel (the default);
-// 5 = as 4 with the ring's copies by TMA.
+// 5 = as 4 with the ring's copies by TMA; 6 = as 5 with the fused BF16 trees in 128 x 256 tiles
+// (tree_wgmma_wide_kernel).
 extern int g_tree_form;
-constexpr int TREE_GEMM_FORMS = 6;
+constexpr int TREE_GEMM_FORMS = 7;
 
 // Whether tree_pipe_kernel can run this product with leaves [0, leaves) (layout, alignment, bounds).
 bool tree_pipe_ok(const TreeArgs& g, int leaves);
@@ -138,5 +139,12 @@ bool tree_pipe_ok(const TreeArgs& g, int leaves);
 int launch_pipe_fused(const TreeArgs& g, int depth, cudaStream_t st);
 int launch_pipe_f32(const TreeArgs& g, cudaStream_t st);
 int launch_pipe_leaves(const TreeArgs& g, int leaves, bf16* w, cudaStream_t st);
+// Form 6's fused BF16 tree of depth 0 .. 2 in 128 x 256 tiles (gemm_wide.cu) for the layouts of
+// tree_wgmma_ok: the launch's cudaError_t, or -1 (nothing launched) where the driver refuses a tensor map.
+int launch_wide_fused(const TreeArgs& g, int depth, cudaStream_t st);
+// Form 4's grid (rl_tree_wgmma_ws_persistent; forms 5 and 6 too): 1 one block per SM looping over tiles,
+// 0 one block per tile. And the launches of form 6's kernel (rl_tree_form_launches).
+extern int g_tws_persistent;
+extern int64_t g_tww_launches;
 
 }  // namespace rl

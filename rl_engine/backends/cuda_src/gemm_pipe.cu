@@ -8,6 +8,7 @@
 
 #include "common.cuh"
 #include "gemm.cuh"
+#include "gemm_tw.cuh"
 #ifndef RL_HOST_EMU
 #include <cuda.h>  // CUtensorMap and its enums (the driver function is fetched at run time: no -lcuda)
 #endif
@@ -71,7 +72,6 @@ namespace {
 // Tiles run TP_GROUP_M tile rows at a time down the tile columns, so neighbouring blocks share B.
 constexpr int TP_K = TB_K;
 constexpr int TP_THREADS = 256;
-constexpr int TP_GROUP_M = 8;
 constexpr int TP_LDK = TP_K + 8;  // K-contiguous slot rows: 40 elements (80 bytes: the 8 rows of an
                                   // ldmatrix matrix fall on distinct banks)
 
@@ -163,32 +163,6 @@ struct TpCopies {
         }
     }
 };
-
-// The bound of leaf edge i (0 .. 4) without indexing a parameter array at run time.
-__device__ __forceinline__ int64_t tp_bound(const TreeArgs& g, int i) {
-    return i == 0 ? g.bounds[0] : i == 1 ? g.bounds[1] : i == 2 ? g.bounds[2] : i == 3 ? g.bounds[3] : g.bounds[4];
-}
-
-// Two BF16 values in one register (low half: the first), and back (exact).
-__device__ __forceinline__ uint32_t tp_pack(bf16 lo, bf16 hi) {
-    return static_cast<uint32_t>(static_cast<__nv_bfloat16_raw>(lo).x) |
-           (static_cast<uint32_t>(static_cast<__nv_bfloat16_raw>(hi).x) << 16);
-}
-__device__ __forceinline__ bf16 tp_lo(uint32_t v) {
-    __nv_bfloat16_raw r;
-    r.x = static_cast<unsigned short>(v & 0xffffu);
-    return bf16(r);
-}
-__device__ __forceinline__ bf16 tp_hi(uint32_t v) {
-    __nv_bfloat16_raw r;
-    r.x = static_cast<unsigned short>(v >> 16);
-    return bf16(r);
-}
-// round_leaf of two neighbouring sums, and merge_into of two packed pairs.
-__device__ __forceinline__ uint32_t tp_round2(float lo, float hi) { return tp_pack(to_bf16(lo), to_bf16(hi)); }
-__device__ __forceinline__ uint32_t tp_merge2(uint32_t l, uint32_t r) {
-    return tp_pack(to_bf16(f32(tp_lo(l)) + f32(tp_lo(r))), to_bf16(f32(tp_hi(l)) + f32(tp_hi(r))));
-}
 
 // The rounded leaf sums a block keeps for later merges: two sets (h0: l0, then l0 + l1, then the
 // result; h1: l2, then l2 + l3) of this thread's MI x NI x 2 packed pairs, in registers or in this
@@ -431,15 +405,10 @@ bool rl::tree_pipe_ok(const TreeArgs& g, int leaves) {
 // its persistent grid too), the same on the H200 at 0.49-0.69x (evidence/2026-12-06-h200-form4-fc8dac6), and is
 // the default since the whole gate kept every bit with it (evidence/2026-12-06-h200-gate-fc8dac6).
 int rl::g_tree_form = 4;
+int rl::g_tws_persistent = 1;
 
 namespace {
 
-// Whether neighbouring output columns are one aligned store apart (4 bytes for BF16, 8 for FP32): the
-// epilogues' `pairs` argument.
-inline int tp_pairs(const void* out, int64_t s_om, int64_t s_on, bool out_f32) {
-    const uintptr_t align = out_f32 ? 7u : 3u;
-    return s_on == 1 && (s_om % 2) == 0 && (reinterpret_cast<uintptr_t>(out) & align) == 0;
-}
 
 template <class G, int DEPTH, bool OUT_F32, bool LEAVES, bool A_MN, bool B_MN>
 int launch_tree_pipe_as(const TreeArgs& g, int z, void* out, int64_t s_om, int64_t s_on, cudaStream_t st) {
@@ -498,11 +467,6 @@ int launch_hilo_as(const TreeArgs& g, const bf16* lo, const float* acc_in, int64
 // combinations (K, K), (K, MN) and (MN, MN). Needs 16-byte aligned data, the non-unit stride a multiple
 // of 8 and, with a K-contiguous operand, every leaf bound a multiple of 8 (tree_wgmma_ok); other
 // products run form 1.
-constexpr int TW_BM = 128;
-constexpr int TW_BN = 128;
-constexpr int TW_SK = 2 * TB_K;                     // k per ring slot
-constexpr int TW_HALF = TW_BM * TW_SK * 2;          // bytes of one operand in a slot
-constexpr int TW_SLOT = 2 * TW_HALF;                // A rows, then B rows
 constexpr int TW_AHEAD = 3;               // slots whose copies are in flight ahead of the MMAs
 constexpr int TW_STAGES = TW_AHEAD + 2;   // + the slot being multiplied + the one whose MMAs may still run
 constexpr int TW_THREADS = 256;
@@ -587,16 +551,6 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t
 }
 #endif
 
-// The tile of a block's i-th work item: tree_pipe_kernel's grouped order (TP_GROUP_M tile rows at a time).
-__device__ __forceinline__ void tw_tile(const TreeArgs& g, int64_t pid, int64_t& m0, int64_t& n0) {
-    const int64_t tiles_m = cdiv(g.M, TW_BM);
-    const int64_t tiles_n = cdiv(g.N, TW_BN);
-    const int64_t group = static_cast<int64_t>(TP_GROUP_M) * tiles_n;
-    const int64_t first_m = (pid / group) * TP_GROUP_M;
-    const int64_t rows_here = tiles_m - first_m < TP_GROUP_M ? tiles_m - first_m : TP_GROUP_M;
-    m0 = (first_m + (pid % group) % rows_here) * TW_BM;
-    n0 = ((pid % group) / rows_here) * TW_BN;
-}
 
 // The accumulators' start: acc_in (HILO, when given) at the thread's fragment places of a warpgroup tile
 // whose warp rows start at row0 (d[e]: row row0 + g (+ 8), column n0 + 8 (e / 4) + 2 t (+ 1)), else 0.
@@ -800,8 +754,7 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
 // a warpgroup's MMAs (ncu of form 3: 240 instructions per warp and slot, a block barrier per slot,
 // 0.45 eligible warps per scheduler, the tensor pipe 34 % busy).
 constexpr int TWS_STAGES = 6;     // ring places (6 x 32 KB)
-int g_tws_persistent = 1;         // rl_tree_wgmma_ws_persistent: one block per SM looping over tiles, or one per tile
-int64_t g_tws_tma_launches = 0;   // rl_tree_wgmma_tma_launches: form 5's launches that ran with TMA copies
+int64_t g_tws_tma_launches = 0;   // rl_tree_form_launches(5): form 5's launches that ran with TMA copies
 constexpr int TWS_THREADS = 384;  // the copy warpgroup, then the two MMA warpgroups
 constexpr int TWS_SMEM = TWS_STAGES * TW_SLOT + 2 * TWS_STAGES * 8;  // the ring, then full[], empty[]
 // Registers per thread after the split (setmaxnreg): the launch allocates 168 per thread (ptxas's count
@@ -813,19 +766,6 @@ constexpr int TWS_COPY_REGS = 72;
 constexpr int TWS_MMA_REGS = 216;
 static_assert(128 * TWS_COPY_REGS + 256 * TWS_MMA_REGS <= TWS_THREADS * 168, "setmaxnreg beyond the launch's registers");
 
-// Form 5's tensor maps (TMA = true; form 4 passes TwNoMaps): per leaf of the block's tree (at most 4:
-// TreeArgs::bounds) one map of A and one of B over the leaf's k range [bounds[l], bounds[l + 1]) only,
-// so TMA's zero fill past the tensor's edge is the leaf's zero fill past its end, as cp.async's source
-// size gives it in form 4; `lo`: the hi / lo products' lo part of A (over all of K, as a[0] is).
-// K-major operand: inner = the leaf's k, outer = the rows (M or N), boxes 64 k x 128 rows; MN-major:
-// inner = the rows, outer = the leaf's k, boxes 64 rows x 64 k (two per operand and slot, the two
-// swizzle atoms). The same bytes land at the same places as form 4's copies.
-struct TwMaps {
-    TmaMap a[4];
-    TmaMap b[4];
-    TmaMap lo;
-};
-struct TwNoMaps {};
 
 // Persistent: block b takes tiles b, b + gridDim.x, ... (tw_tile's order); the ring runs on across
 // tiles, so the copies of a tile's first slots overlap the previous tile's last MMAs and its store.
@@ -986,24 +926,7 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
     }
 }
 
-// The tensor maps of form 5 (TwMaps) for this product's leaves [0, leaves); false where the driver refuses
-// one (form 4's copies then run).
-template <bool A_MN, bool B_MN>
-bool tw_maps(TwMaps& m, const TreeArgs& g, int leaves, const bf16* lo) {
-    // one operand's map over k [k0, k1) of rows [0, rows): row stride s_r, k stride s_k (elements)
-    auto map = [](TmaMap* t, const bf16* x, bool mn, int64_t rows, int64_t s_r, int64_t s_k, int64_t k0, int64_t k1) {
-        const uint64_t w = static_cast<uint64_t>(k1 - k0);
-        if (mn) return tma_map_bf16_2d(t, x + k0 * s_k, static_cast<uint64_t>(rows), w, 2 * static_cast<uint64_t>(s_k), 64, 64) == 0;
-        return tma_map_bf16_2d(t, x + k0, w, static_cast<uint64_t>(rows), 2 * static_cast<uint64_t>(s_r), 64, TW_BM) == 0;
-    };
-    for (int l = 0; l < leaves; ++l) {
-        const int64_t k0 = g.bounds[l], k1 = g.bounds[l + 1];
-        if (k1 <= k0) continue;  // an empty leaf has no slots
-        if (!map(&m.a[l], g.a, A_MN, g.M, g.s_am, g.s_ak, k0, k1)) return false;
-        if (!map(&m.b[l], g.b, B_MN, g.N, g.s_bn, g.s_bk, k0, k1)) return false;
-    }
-    return lo == nullptr || map(&m.lo, lo, A_MN, g.M, g.s_am, g.s_ak, 0, g.K);
-}
+
 
 template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES, bool HILO, bool TMA, class Maps>
 int launch_tree_wgmma_ws_grid(const TreeArgs& g, cudaStream_t st, int leaves, const bf16* lo, const float* acc_in,
@@ -1032,7 +955,7 @@ int launch_tree_wgmma_ws_as(const TreeArgs& g, cudaStream_t st, int leaves = 1, 
                             const float* acc_in = nullptr, int64_t s_acc = 0) {
     static_assert(TW_BN == TW_BM, "one box geometry for both operands");
     const int map_leaves = LEAVES ? leaves : (HILO ? 1 : 1 << DEPTH);
-    if (g_tree_form == 5) {
+    if (g_tree_form >= 5) {
         TwMaps maps{};  // (copied into the launch's parameters)
         if (tw_maps<A_MN, B_MN>(maps, g, map_leaves, HILO ? lo : nullptr)) {
             ++g_tws_tma_launches;
@@ -1057,6 +980,10 @@ bool tree_wgmma_ok(const TreeArgs& g, int leaves) {
 // LEAVES: one block per (tile, leaf) of [0, leaves) into the workspace g.c (tree_wgmma_kernel's LEAVES).
 template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false>
 int launch_tree_wgmma_as(const TreeArgs& g, cudaStream_t st, int leaves = 1) {
+    if (g_tree_form == 6 && !OUT_F32 && !LEAVES) {  // the fused BF16 trees in 128 x 256 tiles (gemm_wide.cu)
+        const int r = launch_wide_fused(g, DEPTH, st);
+        if (r >= 0) return r;
+    }
     if (g_tree_form >= 4) return launch_tree_wgmma_ws_as<DEPTH, OUT_F32, A_MN, B_MN, LEAVES>(g, st, leaves);
     auto kernel = tree_wgmma_kernel<DEPTH, OUT_F32, A_MN, B_MN, false, LEAVES>;
     constexpr int smem = TW_STAGES * TW_SLOT;
@@ -1190,9 +1117,12 @@ RL_EXPORT int64_t rl_tree_wgmma_ws_persistent(int64_t on) {
     return old;
 }
 
-// How many launches of this process ran form 5's TMA copies (a product whose tensor maps the driver
-// refuses runs form 4's copies instead; for the tests, which must know that the form they compare ran).
-RL_EXPORT int64_t rl_tree_wgmma_tma_launches(void) { return g_tws_tma_launches; }
+// How many launches of this process ran form 5's own kernel (the warp-specialised one with TMA copies) or
+// form 6's (the 128 x 256 tiles); -1 for another form. A product whose tensor maps the driver refuses
+// runs form 4's copies instead (for the tests, which must know that the form they compare ran).
+RL_EXPORT int64_t rl_tree_form_launches(int64_t form) {
+    return form == 5 ? g_tws_tma_launches : form == 6 ? g_tww_launches : -1;
+}
 
 // 1 if the pipelined kernel can run rl_det_gemm with these arguments (leaves 0 .. 2^depth - 1; for the
 // tests, which must know that the form they compare did run), else 0.

@@ -156,7 +156,7 @@ def set_warp_gemv_variant(variant: int) -> int:
     return _set_variant("warp gemv variant", "rl_gemv_warp_variant", variant, WARP_GEMV_VARIANTS)
 
 
-TREE_GEMM_FORMS = 6
+TREE_GEMM_FORMS = 7
 """Forms of the GEMMs at training sizes (the fused tree, the leaf-parallel form's leaves where the decode
 GEMVs do not run, and the FP32-output GEMM): 0 = the WMMA kernels
 (``tree_gemm_kernel`` / ``tree_leaf_kernel``: one 32-wide K step at a time through shared memory,
@@ -194,11 +194,16 @@ and one expect-tx arrival; a map per leaf and operand spans only the leaf's k ra
 fill past the tensor's edge is the leaf's zero fill past its end), written for the ncu profile of form
 4 (L1/TEX 54 % busy with the copy warpgroup's cp.async); the same bytes land at the same places, the
 MMA warpgroups are form 4's. Where the driver refuses a map, form 4's copies run
-(:func:`tma_launches` counts the launches that used TMA). On an H100 it gave form 0's bits at every
+(:func:`form_launches` counts the launches that used TMA). On an H100 it gave form 0's bits at every
 Qwen3-8B projection shape and product (168 sweep rows) at 0.50-0.76x cuBLAS for M = 8192 against
 0.43-0.69x for form 4 in the same run, and the cuda_bf16 train step took 516 ms against 582
 (``evidence/2026-12-06-h100-det-gemm-tma-bc88c58/``). It becomes the default once a whole gate has
-run with it (``tools/README.md``)."""
+run with it (``tools/README.md``). Form 6: form 5 with the fused BF16 trees in 128 x 256 tiles
+(``tree_wgmma_wide_kernel``: each MMA warpgroup m64n256k16, ring slots of 64 k x (128 + 256) rows,
+48 KB, four of them; a depth-2 tree's first merged sum parked in its output places while leaves 2 and
+3 run), written for the ncu profile of form 5 (the L2 72 % busy: a slot's reads now feed twice the
+products); the leaf-parallel leaves, FP32 outputs and hi / lo products run as form 5. Emulated on the
+host (tests); not yet run on a GPU."""
 
 
 def set_tree_gemm_form(form: int) -> int:
@@ -227,13 +232,23 @@ def set_tree_wgmma_ws_persistent(on: int) -> int:
     return _set_variant("form 4 persistent grid", "rl_tree_wgmma_ws_persistent", on, 2)
 
 
-def tma_launches() -> int:
-    """How many launches of this process ran form 5's TMA copies (for the tests: a product whose tensor
-    maps the driver refuses runs form 4's copies, with the same bits, so a comparison of form 5 must
-    also see this count rise)."""
-    from rl_engine.backends.cuda_launch import query
+def form_launches(form: int) -> int:
+    """How many launches of this process ran form ``form``'s own kernel: 5, the warp-specialised kernel
+    with TMA copies; 6, the 128 x 256 tiles (for the tests: a product whose tensor maps the driver
+    refuses runs form 4's copies, with the same bits, so a comparison of form 5 or 6 must also see its
+    count rise).
 
-    return query("rl_tree_wgmma_tma_launches")
+    Raises
+    ------
+    InputError
+        ``form`` not 5 or 6.
+    """
+    from rl_engine.backends.cuda_launch import query
+    from rl_engine.errors import InputError
+
+    if form not in (5, 6) or isinstance(form, bool):
+        raise InputError(f"form_launches: form must be 5 or 6, got {form!r}")
+    return query("rl_tree_form_launches", form)
 
 
 def tree_pipe_ok(a: torch.Tensor, b: torch.Tensor, depth: int) -> bool:

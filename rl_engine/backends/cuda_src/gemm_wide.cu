@@ -1,0 +1,273 @@
+// Form 6 of the cuda_bf16 backend's training-size GEMMs (rl_tree_gemm_form): the fused BF16 trees in
+// 128 x 256 tiles (tree_wgmma_wide_kernel), in a translation unit of its own so that it compiles beside
+// gemm_pipe.cu (the build compiles the .cu files in parallel). gemm_pipe.cu calls rl::launch_wide_fused.
+#include <cstdint>
+
+#include "common.cuh"
+#include "gemm.cuh"
+#include "gemm_tw.cuh"
+
+using namespace rl;
+
+int64_t rl::g_tww_launches = 0;
+
+namespace {
+
+#ifndef RL_HOST_EMU  // (the host emulator, tests/cuda_emu/emu.h, has its own)
+// d[128] += A (64 x 16, descriptor da) @ B (16 x 256, descriptor db): wgmma_n128's instruction with 32
+// column groups of 8 (form 6's 128 x 256 tiles).
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1, %131, %132;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+}
+#endif
+
+// Form 5 with 256-column tiles for the fused BF16 trees (the leaf-parallel leaves, FP32 outputs and
+// hi / lo products run as form 5): each MMA warpgroup multiplies 64 rows x 256 columns with wgmma
+// m64n256k16 (128 FP32 accumulators per thread) from ring slots of 64 k x (128 A rows + 256 B rows),
+// 48 KB, filled by TMA as form 5's (B's boxes 256 rows K-major, four 64-wide swizzle atoms MN-major).
+// A slot's 48 KB of L2 reads feed twice the products of form 5's 32 KB (ncu of form 5: the L2 the
+// busiest unit). Same leaves, k16 products in the same order, roundings and merges per output element,
+// so the same bits. Registers: the accumulators and one held set of rounded pairs (64 per thread) fit
+// under setmaxnreg; a depth-2 tree's first merged sum (l0 + l1) leaves them for its output places in C
+// after leaf 1, and the same thread reads it back (its own writes) for the last merge.
+constexpr int TWW_BN = 256;
+constexpr int TWW_THREADS = 384;  // a copy warpgroup, then two MMA warpgroups (form 4's block)
+constexpr int TWW_SLOT = TW_HALF + TWW_BN * TW_SK * 2;  // A's 128 rows (16 KB), then B's 256 rows (32 KB)
+constexpr int TWW_STAGES = 4;
+constexpr int TWW_SMEM = TWW_STAGES * TWW_SLOT + 2 * TWW_STAGES * 8;  // the ring, then full[], empty[]
+constexpr int TWW_COPY_REGS = 40;   // one thread issues the TMA copies
+constexpr int TWW_MMA_REGS = 232;
+static_assert(128 * TWW_COPY_REGS + 256 * TWW_MMA_REGS <= TWW_THREADS * 168, "setmaxnreg beyond the launch's registers");
+static_assert(TWW_SLOT % 1024 == 0, "ring slots on 1024-byte boundaries (the 128-byte swizzle)");
+
+// Slot i's MMAs for a warpgroup (tw_slot_mmas with the 256-column instruction).
+template <bool A_MN, bool B_MN>
+__device__ __forceinline__ void tww_slot_mmas(float (&acc)[128], uint64_t da, uint64_t db, int64_t i, int64_t steps) {
+    constexpr uint64_t A_K16 = A_MN ? 2048 >> 4 : 32 >> 4;
+    constexpr uint64_t B_K16 = B_MN ? 2048 >> 4 : 32 >> 4;
+    constexpr int TA = A_MN ? 1 : 0;
+    constexpr int TB = B_MN ? 1 : 0;
+    wg_fence();
+    wgmma_n256<TA, TB>(acc, da, db);
+    wgmma_n256<TA, TB>(acc, da + A_K16, db + B_K16);
+    if (2 * i + 1 < steps) {
+        wgmma_n256<TA, TB>(acc, da + 2 * A_K16, db + 2 * B_K16);
+        wgmma_n256<TA, TB>(acc, da + 3 * A_K16, db + 3 * B_K16);
+    }
+    wg_commit();
+    wg_wait1();
+}
+
+// A warp's 16 rows x 256 columns of rounded pairs h (pair q = 2 j + p: column group j, row half p, as
+// tw_store's) to (LOAD false) or from (LOAD true) their places in the BF16 output g.c; a pair's second
+// column past N is neither stored nor read (read as 0).
+template <bool LOAD>
+__device__ __forceinline__ void tww_pairs_io(const TreeArgs& g, uint32_t (&h)[64], int64_t row0, int64_t n0, int pairs) {
+    const int lane = threadIdx.x & 31;
+    const int gq = lane >> 2;
+    const int t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < TWW_BN / 8; ++j)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int q = 2 * j + p;
+            const int64_t r = row0 + gq + 8 * p;
+            const int64_t c = n0 + 8 * j + 2 * t;
+            if (r >= g.M || c >= g.N) continue;
+            bf16* o = static_cast<bf16*>(g.c) + r * g.s_cm + c * g.s_cn;
+            const bool two = c + 1 < g.N;
+            if (LOAD) {
+                if (two && pairs) h[q] = *reinterpret_cast<const uint32_t*>(o);
+                else h[q] = tp_pack(o[0], two ? o[g.s_cn] : to_bf16(0.0f));
+            } else if (two && pairs) {
+                *reinterpret_cast<uint32_t*>(o) = h[q];
+            } else {
+                o[0] = tp_lo(h[q]);
+                if (two) o[g.s_cn] = tp_hi(h[q]);
+            }
+        }
+}
+
+template <int DEPTH, bool A_MN, bool B_MN>
+__global__ void __launch_bounds__(TWW_THREADS, 1)
+    tree_wgmma_wide_kernel(TreeArgs g, int pairs, const __grid_constant__ TwMaps maps) {
+    constexpr int NL = 1 << DEPTH;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;  // 0: copies; 1, 2: rows 64 (wg - 1) .. + 63 of the tile
+    const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TWW_BN);
+
+    const uint32_t ring = smem_u32(smem_raw);
+    if (ring & 1023u) __trap();  // dynamic shared memory starts 1024-byte aligned
+    const uint32_t full = ring + TWW_STAGES * TWW_SLOT;
+    const uint32_t empty = full + 8 * TWW_STAGES;
+    if (tid == 0) {
+        for (int s = 0; s < TWW_STAGES; ++s) {
+            mbar_init(full + 8 * s, 1);   // the copying thread's expect-tx arrival
+            mbar_init(empty + 8 * s, 2);  // one arrival per MMA warpgroup
+        }
+        fence_mbar_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        setmaxnreg_dec<TWW_COPY_REGS>();
+        if (tid != 0) return;
+        int j = 0;
+        for (int64_t pid = blockIdx.x; pid < tiles; pid += gridDim.x) {
+            int64_t m0, n0;
+            tw_tile<TWW_BN>(g, pid, m0, n0);
+            for (int lf = 0; lf < NL; ++lf)
+                for (int64_t k0 = 0; k0 < tp_bound(g, lf + 1) - tp_bound(g, lf); k0 += TW_SK) {
+                    const int s = j % TWW_STAGES;
+                    if (j >= TWW_STAGES) mbar_wait(empty + 8 * s, ((j / TWW_STAGES) - 1) & 1);
+                    const uint32_t d = ring + s * TWW_SLOT;
+                    const uint32_t bar = full + 8 * s;
+                    mbar_arrive_expect_tx(bar, TWW_SLOT);
+                    const int32_t k = static_cast<int32_t>(k0);
+                    if (A_MN) {
+                        tma_load_2d(d, &maps.a[lf], static_cast<int32_t>(m0), k, bar);
+                        tma_load_2d(d + 8192, &maps.a[lf], static_cast<int32_t>(m0 + 64), k, bar);
+                    } else {
+                        tma_load_2d(d, &maps.a[lf], k, static_cast<int32_t>(m0), bar);
+                    }
+                    if (B_MN) {
+#pragma unroll
+                        for (int h = 0; h < TWW_BN / 64; ++h)
+                            tma_load_2d(d + TW_HALF + 8192 * h, &maps.b[lf], static_cast<int32_t>(n0 + 64 * h), k, bar);
+                    } else {
+                        tma_load_2d(d + TW_HALF, &maps.b[lf], k, static_cast<int32_t>(n0), bar);
+                    }
+                    ++j;
+                }
+        }
+        return;
+    }
+
+    setmaxnreg_inc<TWW_MMA_REGS>();
+    const int cw = wg - 1;
+    const int warp = (tid >> 5) & 3;
+    const bool leader = (tid & 127) == 0;
+    const uint64_t desc0 = A_MN ? wg_desc_sw128_mn(ring + cw * 8192, 8192) : wg_desc_sw128(ring + cw * (64 * 128));
+    const uint64_t descb0 = B_MN ? wg_desc_sw128_mn(ring + TW_HALF, 8192) : wg_desc_sw128(ring + TW_HALF);
+    float acc[128];
+    uint32_t h[64];
+    int consumed = 0;
+    int released = 0;
+    for (int64_t pid = blockIdx.x; pid < tiles; pid += gridDim.x) {
+        int64_t m0, n0;
+        tw_tile<TWW_BN>(g, pid, m0, n0);
+        const int64_t row0 = m0 + 64 * cw + 16 * warp;
+#pragma unroll
+        for (int l = 0; l < NL; ++l) {
+            const int64_t width = tp_bound(g, l + 1) - tp_bound(g, l);
+            const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
+            const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));
+#pragma unroll
+            for (int e = 0; e < 128; ++e) acc[e] = 0.0f;
+            for (int64_t i = 0; i < slots; ++i, ++consumed) {
+                const int s = consumed % TWW_STAGES;
+                mbar_wait(full + 8 * s, (consumed / TWW_STAGES) & 1);
+                fence_proxy_async();
+                const uint64_t off = static_cast<uint64_t>((s * TWW_SLOT) >> 4);
+                tww_slot_mmas<A_MN, B_MN>(acc, desc0 + off, descb0 + off, i, steps);
+                if (released < consumed) {
+                    if (leader) mbar_arrive(empty + 8 * (released % TWW_STAGES));
+                    ++released;
+                }
+            }
+            wg_wait0();
+            for (; released < consumed; ++released)
+                if (leader) mbar_arrive(empty + 8 * (released % TWW_STAGES));
+            // the leaf rounded to BF16 pairs and merged as tw_hold's ((l0 + l1) + (l2 + l3)), with l0 + l1
+            // parked in C during leaves 2 and 3 of a depth-2 tree
+#pragma unroll
+            for (int q = 0; q < 64; ++q) {
+                const uint32_t v = tp_round2(acc[2 * q], acc[2 * q + 1]);
+                h[q] = (l == 1 || l == 3) ? tp_merge2(h[q], v) : v;  // l0 + l1; l2 + l3 (h holds l2)
+            }
+            if (DEPTH == 2 && l == 1) tww_pairs_io<false>(g, h, row0, n0, pairs);
+            if (DEPTH == 2 && l == 3) {
+                uint32_t h0[64];
+                tww_pairs_io<true>(g, h0, row0, n0, pairs);
+#pragma unroll
+                for (int q = 0; q < 64; ++q) h[q] = tp_merge2(h0[q], h[q]);
+            }
+        }
+        tww_pairs_io<false>(g, h, row0, n0, pairs);
+    }
+}
+
+template <int DEPTH, bool A_MN, bool B_MN>
+int launch_tree_wgmma_wide_as(const TreeArgs& g, cudaStream_t st, const TwMaps& maps) {
+    auto kernel = tree_wgmma_wide_kernel<DEPTH, A_MN, B_MN>;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TWW_SMEM))
+        return static_cast<int>(e);
+    const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TWW_BN);
+    int64_t blocks = tiles;
+    if (g_tws_persistent) {
+        int dev = 0, sms = 0;
+        if (cudaError_t e = cudaGetDevice(&dev)) return static_cast<int>(e);
+        if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) return static_cast<int>(e);
+        if (sms < blocks) blocks = sms;
+    }
+    ++g_tww_launches;
+    kernel<<<static_cast<unsigned>(blocks), TWW_THREADS, TWW_SMEM, st>>>(g, tp_pairs(g.c, g.s_cm, g.s_cn, false), maps);
+    return launch_status();
+}
+
+template <int DEPTH, bool A_MN, bool B_MN>
+int launch_wide_as(const TreeArgs& g, cudaStream_t st) {
+    TwMaps maps{};  // (copied into the launch's parameters)
+    if (!tw_maps<A_MN, B_MN, TWW_BN>(maps, g, 1 << DEPTH, nullptr)) return -1;
+    return launch_tree_wgmma_wide_as<DEPTH, A_MN, B_MN>(g, st, maps);
+}
+
+template <int DEPTH>
+int launch_wide_depth(const TreeArgs& g, cudaStream_t st) {
+    if (g.s_ak == 1) return g.s_bk == 1 ? launch_wide_as<DEPTH, false, false>(g, st) : launch_wide_as<DEPTH, false, true>(g, st);
+    return launch_wide_as<DEPTH, true, true>(g, st);
+}
+
+}  // namespace
+
+int rl::launch_wide_fused(const TreeArgs& g, int depth, cudaStream_t st) {
+    if (g.s_ak != 1 && g.s_bk == 1) return -1;  // (MN, K) is not a product of the training step
+    if (depth == 0) return launch_wide_depth<0>(g, st);
+    if (depth == 1) return launch_wide_depth<1>(g, st);
+    if (depth == 2) return launch_wide_depth<2>(g, st);
+    return -1;
+}
