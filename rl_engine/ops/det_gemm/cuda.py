@@ -220,7 +220,7 @@ def set_tree_gemm_form(form: int) -> int:
 
 
 def set_tree_wgmma_ws_persistent(on: int) -> int:
-    """Form 4's grid for every later launch of this process: 1 (the default) one block per SM, each
+    """The grid of forms 4-6 for every later launch of this process: 1 (the default) one block per SM, each
     looping over tiles in the grouped order with the ring running on from tile to tile; 0 one block per
     tile. Returns the previous setting. For the tests and the timing tools: the bits do not depend on it.
 
