@@ -1,6 +1,7 @@
 // Pipelined tensor-core tree GEMM of the cuda_bf16 backend: tree_pipe_kernel (cp.async ring, ldmatrix +
-// mma.sync; forms 1 and 2 of rl_tree_gemm_form), tree_wgmma_kernel (the warpgroup MMA; form 3) and the
-// hi / lo GEMM of linear_logp's tensor-core backward (rl_gemm_hilo). gemm.cu's launchers call the
+// mma.sync; forms 1 and 2 of rl_tree_gemm_form), tree_wgmma_kernel (the warpgroup MMA; form 3),
+// tree_wgmma_ws_kernel (warp-specialised; forms 4 and, with TMA copies, 5; form 6's kernel is in
+// gemm_wide.cu) and the hi / lo GEMM of linear_logp's tensor-core backward (rl_gemm_hilo). gemm.cu's launchers call the
 // entry points declared in gemm.cuh; the tree itself (leaves, steps, merges) is described there
 // and in gemm.cu's header.
 #include <cstdint>
@@ -1097,8 +1098,9 @@ RL_EXPORT int rl_gemm_hilo(const void* hi, const void* lo, const void* b, void* 
 // GEMM, wherever the decode GEMVs do not run) for every later launch of this process: 0 = the WMMA
 // kernels, 1 and 2 = the pipelined kernel (tree_pipe_kernel) in TpForm1, or TpForm2 for the fused tree,
 // wherever its layout needs hold, else the WMMA kernels; 3 = the warpgroup kernel (tree_wgmma_kernel)
-// for the fused tree (layouts (K, K), (K, MN), (MN, MN)) and the (K, K) FP32 output, the rest as 1.
-// Returns the previous form, or -1 (and changes nothing) for another number. The bits do not
+// for the fused tree (layouts (K, K), (K, MN), (MN, MN)) and the (K, K) FP32 output, the rest as 1;
+// 4 = those products on the warp-specialised tree_wgmma_ws_kernel; 5 = as 4 with TMA copies; 6 = as 5
+// with the fused BF16 trees in 128 x 256 tiles (gemm_wide.cu). Returns the previous form, or -1 (and changes nothing) for another number. The bits do not
 // depend on the form (tested).
 RL_EXPORT int64_t rl_tree_gemm_form(int64_t form) {
     if (form < 0 || form >= TREE_GEMM_FORMS) return -1;
