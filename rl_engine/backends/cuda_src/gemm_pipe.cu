@@ -819,18 +819,8 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
                     const uint32_t bar = full + 8 * s;
                     mbar_arrive_expect_tx(bar, TW_SLOT);
                     const int32_t k = static_cast<int32_t>(kr);
-                    if (A_MN) {
-                        tma_load_2d(d, am, static_cast<int32_t>(m0), k, bar);
-                        tma_load_2d(d + 8192, am, static_cast<int32_t>(m0 + 64), k, bar);
-                    } else {
-                        tma_load_2d(d, am, k, static_cast<int32_t>(m0), bar);
-                    }
-                    if (B_MN) {
-                        tma_load_2d(d + TW_HALF, bm, static_cast<int32_t>(n0), k, bar);
-                        tma_load_2d(d + TW_HALF + 8192, bm, static_cast<int32_t>(n0 + 64), k, bar);
-                    } else {
-                        tma_load_2d(d + TW_HALF, bm, k, static_cast<int32_t>(n0), bar);
-                    }
+                    tw_tma_operand<A_MN, TW_BM>(d, am, m0, k, bar);
+                    tw_tma_operand<B_MN, TW_BN>(d + TW_HALF, bm, n0, k, bar);
                     ++j;
                 };
                 if (HILO) {

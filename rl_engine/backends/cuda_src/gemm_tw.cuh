@@ -96,6 +96,19 @@ bool tw_maps(TwMaps& m, const TreeArgs& g, int leaves, const bf16* lo) {
     return lo == nullptr || map(&m.lo, lo, A_MN, g.M, g.s_am, g.s_ak, 0, g.K, TW_BM);
 }
 
+// One operand's TMA boxes of a ring slot at d: ROWS rows (M or N, from row0) x 64 k (from k of the leaf's
+// map) as one box of ROWS x 64 k (K-major) or ROWS / 64 boxes of 64 rows x 64 k, the 64-element swizzle
+// atoms 8192 bytes apart (MN-major), their bytes completing on the barrier at bar.
+template <bool MN, int ROWS>
+__device__ __forceinline__ void tw_tma_operand(uint32_t d, const TmaMap* map, int64_t row0, int32_t k, uint32_t bar) {
+    if (MN) {
+#pragma unroll
+        for (int h = 0; h < ROWS / 64; ++h) tma_load_2d(d + 8192 * h, map, static_cast<int32_t>(row0 + 64 * h), k, bar);
+    } else {
+        tma_load_2d(d, map, k, static_cast<int32_t>(row0), bar);
+    }
+}
+
 // Whether neighbouring output columns are one aligned store apart (4 bytes for BF16, 8 for FP32): the
 // epilogues' `pairs` argument.
 inline int tp_pairs(const void* out, int64_t s_om, int64_t s_on, bool out_f32) {

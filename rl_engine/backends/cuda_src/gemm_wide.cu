@@ -158,19 +158,8 @@ __global__ void __launch_bounds__(TWW_THREADS, 1)
                     const uint32_t bar = full + 8 * s;
                     mbar_arrive_expect_tx(bar, TWW_SLOT);
                     const int32_t k = static_cast<int32_t>(k0);
-                    if (A_MN) {
-                        tma_load_2d(d, &maps.a[lf], static_cast<int32_t>(m0), k, bar);
-                        tma_load_2d(d + 8192, &maps.a[lf], static_cast<int32_t>(m0 + 64), k, bar);
-                    } else {
-                        tma_load_2d(d, &maps.a[lf], k, static_cast<int32_t>(m0), bar);
-                    }
-                    if (B_MN) {
-#pragma unroll
-                        for (int h = 0; h < TWW_BN / 64; ++h)
-                            tma_load_2d(d + TW_HALF + 8192 * h, &maps.b[lf], static_cast<int32_t>(n0 + 64 * h), k, bar);
-                    } else {
-                        tma_load_2d(d + TW_HALF, &maps.b[lf], k, static_cast<int32_t>(n0), bar);
-                    }
+                    tw_tma_operand<A_MN, TW_BM>(d, &maps.a[lf], m0, k, bar);
+                    tw_tma_operand<B_MN, TWW_BN>(d + TW_HALF, &maps.b[lf], n0, k, bar);
                     ++j;
                 }
         }
