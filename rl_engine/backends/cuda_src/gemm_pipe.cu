@@ -813,15 +813,7 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
                 tw_tile(g, pid, m0, n0);
                 // slot j: once its ring place is empty, the boxes at k kr of the leaf's maps
                 auto slot = [&](const TmaMap* am, const TmaMap* bm, int64_t kr) {
-                    const int s = j % TWS_STAGES;
-                    if (j >= TWS_STAGES) mbar_wait(empty + 8 * s, ((j / TWS_STAGES) - 1) & 1);
-                    const uint32_t d = ring + s * TW_SLOT;
-                    const uint32_t bar = full + 8 * s;
-                    mbar_arrive_expect_tx(bar, TW_SLOT);
-                    const int32_t k = static_cast<int32_t>(kr);
-                    tw_tma_operand<A_MN, TW_BM>(d, am, m0, k, bar);
-                    tw_tma_operand<B_MN, TW_BN>(d + TW_HALF, bm, n0, k, bar);
-                    ++j;
+                    tw_tma_slot<A_MN, B_MN, TW_BN, TWS_STAGES, TW_SLOT>(j++, ring, full, empty, am, bm, m0, n0, kr);
                 };
                 if (HILO) {
                     for (int64_t k0 = 0; k0 < g.K; k0 += HILO_BLOCK) {

@@ -109,6 +109,21 @@ __device__ __forceinline__ void tw_tma_operand(uint32_t d, const TmaMap* map, in
     }
 }
 
+// Ring slot j of a TMA-fed ring of STAGES places of SLOT bytes (A's 128 rows, then B's BN rows at
+// TW_HALF): once its place is empty (the `empty` barrier's phase of the slot STAGES before), one
+// expect-tx arrival for the slot's bytes on its `full` barrier, then the boxes at k of the leaf's maps.
+template <bool A_MN, bool B_MN, int BN, int STAGES, int SLOT>
+__device__ __forceinline__ void tw_tma_slot(int j, uint32_t ring, uint32_t full, uint32_t empty, const TmaMap* am,
+                                            const TmaMap* bm, int64_t m0, int64_t n0, int64_t k) {
+    const int s = j % STAGES;
+    if (j >= STAGES) mbar_wait(empty + 8 * s, ((j / STAGES) - 1) & 1);
+    const uint32_t d = ring + s * SLOT;
+    const uint32_t bar = full + 8 * s;
+    mbar_arrive_expect_tx(bar, SLOT);
+    tw_tma_operand<A_MN, TW_BM>(d, am, m0, static_cast<int32_t>(k), bar);
+    tw_tma_operand<B_MN, BN>(d + TW_HALF, bm, n0, static_cast<int32_t>(k), bar);
+}
+
 // Whether neighbouring output columns are one aligned store apart (4 bytes for BF16, 8 for FP32): the
 // epilogues' `pairs` argument.
 inline int tp_pairs(const void* out, int64_t s_om, int64_t s_on, bool out_f32) {

@@ -151,17 +151,8 @@ __global__ void __launch_bounds__(TWW_THREADS, 1)
             int64_t m0, n0;
             tw_tile<TWW_BN>(g, pid, m0, n0);
             for (int lf = 0; lf < NL; ++lf)
-                for (int64_t k0 = 0; k0 < tp_bound(g, lf + 1) - tp_bound(g, lf); k0 += TW_SK) {
-                    const int s = j % TWW_STAGES;
-                    if (j >= TWW_STAGES) mbar_wait(empty + 8 * s, ((j / TWW_STAGES) - 1) & 1);
-                    const uint32_t d = ring + s * TWW_SLOT;
-                    const uint32_t bar = full + 8 * s;
-                    mbar_arrive_expect_tx(bar, TWW_SLOT);
-                    const int32_t k = static_cast<int32_t>(k0);
-                    tw_tma_operand<A_MN, TW_BM>(d, &maps.a[lf], m0, k, bar);
-                    tw_tma_operand<B_MN, TWW_BN>(d + TW_HALF, &maps.b[lf], n0, k, bar);
-                    ++j;
-                }
+                for (int64_t k0 = 0; k0 < tp_bound(g, lf + 1) - tp_bound(g, lf); k0 += TW_SK)
+                    tw_tma_slot<A_MN, B_MN, TWW_BN, TWW_STAGES, TWW_SLOT>(j++, ring, full, empty, &maps.a[lf], &maps.b[lf], m0, n0, k0);
         }
         return;
     }
