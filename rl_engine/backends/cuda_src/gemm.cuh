@@ -141,6 +141,8 @@ int launch_pipe_f32(const TreeArgs& g, cudaStream_t st);
 int launch_pipe_leaves(const TreeArgs& g, int leaves, bf16* w, cudaStream_t st);
 // Form 6's fused BF16 tree of depth 0 .. 2 in 128 x 256 tiles (gemm_wide.cu) for the layouts of
 // tree_wgmma_ok: the launch's cudaError_t, or -1 (nothing launched) where the driver refuses a tensor map.
+// C must not overlap A or B (a depth-2 tree's partial sums pass through C; the det_gemm launchers
+// allocate C).
 int launch_wide_fused(const TreeArgs& g, int depth, cudaStream_t st);
 // Form 4's grid (rl_tree_wgmma_ws_persistent; forms 5 and 6 too): 1 one block per SM looping over tiles,
 // 0 one block per tile. And the launches of form 6's kernel (rl_tree_form_launches).
