@@ -390,6 +390,10 @@ def test_tree_gemm_form_is_checked(cuda_device):
     for bad in (-1, dg_cuda.TREE_GEMM_FORMS, True, 1.0):
         with pytest.raises(InputError, match="tree gemm form"):
             dg_cuda.set_tree_gemm_form(bad)
+    for bad in (4, 7, True):  # only forms 5 and 6 have kernels of their own to count
+        with pytest.raises(InputError, match="form_launches"):
+            dg_cuda.form_launches(bad)
+    assert dg_cuda.form_launches(5) >= 0 and dg_cuda.form_launches(6) >= 0
 
 
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (1056, 72)])
