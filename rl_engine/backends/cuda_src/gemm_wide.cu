@@ -68,8 +68,13 @@ constexpr int TWW_THREADS = 384;  // a copy warpgroup, then two MMA warpgroups (
 constexpr int TWW_SLOT = TW_HALF + TWW_BN * TW_SK * 2;  // A's 128 rows (16 KB), then B's 256 rows (32 KB)
 constexpr int TWW_STAGES = 4;
 constexpr int TWW_SMEM = TWW_STAGES * TWW_SLOT + 2 * TWW_STAGES * 8;  // the ring, then full[], empty[]
-constexpr int TWW_COPY_REGS = 40;   // one thread issues the TMA copies
-constexpr int TWW_MMA_REGS = 232;
+// Registers per thread after the split (setmaxnreg; the launch allocates 168): one thread issues the TMA
+// copies, and the MMA warpgroups take the rest (ptxas -v, nvcc 13.0: bytes spilled by the depth-1 / 2
+// kernels 176 / 264 at 40 / 232, 132-156 / 200 at 24 / 240, all of them outside the MMA slot loops and
+// the copying thread's TMA issue (nvdisasm of the depth-2 kernel: no local load or store in a loop that
+// holds the HGMMA instructions' slot loop)).
+constexpr int TWW_COPY_REGS = 24;
+constexpr int TWW_MMA_REGS = 240;
 static_assert(128 * TWW_COPY_REGS + 256 * TWW_MMA_REGS <= TWW_THREADS * 168, "setmaxnreg beyond the launch's registers");
 static_assert(TWW_SLOT % 1024 == 0, "ring slots on 1024-byte boundaries (the 128-byte swizzle)");
 
