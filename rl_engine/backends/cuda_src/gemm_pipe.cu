@@ -523,34 +523,6 @@ struct TwCopies {
     }
 };
 
-#ifndef RL_HOST_EMU  // (the host emulator, tests/cuda_emu/emu.h, has its own)
-// d[64] += A (64 x 16, descriptor da) @ B (16 x 128, descriptor db), FP32 accumulation; TA / TB: the
-// operand is MN-major (the instruction's transpose flags). Fragment as wgmma_n64's, with 16 column
-// groups of 8.
-template <int TA, int TB>
-__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1, %67, %68;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
-}
-#endif
 
 
 // The accumulators' start: acc_in (HILO, when given) at the thread's fragment places of a warpgroup tile
@@ -571,25 +543,6 @@ __device__ __forceinline__ void tw_acc_start(float (&acc)[64], const TreeArgs& g
     }
 }
 
-// Slot i's MMAs for a warpgroup: steps 2 i (k 0..15, 16..31 of the slot) and 2 i + 1 (k 32..63) unless
-// the leaf has only `steps` < 2 i + 2 (uniform: no step past the leaf's last), one commit, then the wait
-// for the MMAs of the slot before.
-template <bool A_MN, bool B_MN>
-__device__ __forceinline__ void tw_slot_mmas(float (&acc)[64], uint64_t da, uint64_t db, int64_t i, int64_t steps) {
-    constexpr uint64_t A_K16 = A_MN ? 2048 >> 4 : 32 >> 4;  // a k16 product 32 bytes (K-major) or
-    constexpr uint64_t B_K16 = B_MN ? 2048 >> 4 : 32 >> 4;  // 16 k rows = 2048 bytes (MN-major) further on
-    constexpr int TA = A_MN ? 1 : 0;
-    constexpr int TB = B_MN ? 1 : 0;
-    wg_fence();
-    wgmma_n128<TA, TB>(acc, da, db);
-    wgmma_n128<TA, TB>(acc, da + A_K16, db + B_K16);
-    if (2 * i + 1 < steps) {
-        wgmma_n128<TA, TB>(acc, da + 2 * A_K16, db + 2 * B_K16);
-        wgmma_n128<TA, TB>(acc, da + 3 * A_K16, db + 3 * B_K16);
-    }
-    wg_commit();
-    wg_wait1();  // this warpgroup's MMAs of the slot before have completed
-}
 
 // Leaf l (0 .. 3) of a fused tree, rounded to BF16 and held for the merges ((l0 + l1) + (l2 + l3)):
 // h0 takes l0, then l0 + l1, then the result; h1 takes l2 (tree_pipe_kernel's merges, in pairs).

@@ -49,6 +49,102 @@ constexpr int TW_SK = 2 * TB_K;                     // k per ring slot
 constexpr int TW_HALF = TW_BM * TW_SK * 2;          // bytes of one operand in a slot
 constexpr int TW_SLOT = 2 * TW_HALF;                // A rows, then B rows
 
+#ifndef RL_HOST_EMU  // (the host emulator, tests/cuda_emu/emu.h, has its own)
+// d[64] += A (64 x 16, descriptor da) @ B (16 x 128, descriptor db), FP32 accumulation; TA / TB: the
+// operand is MN-major (the instruction's transpose flags). Fragment as wgmma_n64's, with 16 column
+// groups of 8.
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, %67, %68;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+}
+#endif
+#ifndef RL_HOST_EMU  // (the host emulator, tests/cuda_emu/emu.h, has its own)
+// d[128] += A (64 x 16, descriptor da) @ B (16 x 256, descriptor db): wgmma_n128's instruction with 32
+// column groups of 8 (form 6's 128 x 256 tiles).
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1, %131, %132;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+}
+#endif
+
+// The warpgroup MMA of an accumulator set's width: m64n128k16 for 64 accumulators, m64n256k16 for 128.
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_nacc(float (&d)[64], uint64_t da, uint64_t db) { wgmma_n128<TA, TB>(d, da, db); }
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_nacc(float (&d)[128], uint64_t da, uint64_t db) { wgmma_n256<TA, TB>(d, da, db); }
+
+// Slot i's MMAs for a warpgroup (NACC accumulators: 64 with m64n128k16, 128 with m64n256k16): steps 2 i (k 0..15, 16..31 of the slot) and 2 i + 1 (k 32..63) unless
+// the leaf has only `steps` < 2 i + 2 (uniform: no step past the leaf's last), one commit, then the wait
+// for the MMAs of the slot before.
+template <bool A_MN, bool B_MN, int NACC>
+__device__ __forceinline__ void tw_slot_mmas(float (&acc)[NACC], uint64_t da, uint64_t db, int64_t i, int64_t steps) {
+    static_assert(NACC == 64 || NACC == 128, "m64n128k16 (forms 3-5) or m64n256k16 (form 6)");
+    constexpr uint64_t A_K16 = A_MN ? 2048 >> 4 : 32 >> 4;  // a k16 product 32 bytes (K-major) or
+    constexpr uint64_t B_K16 = B_MN ? 2048 >> 4 : 32 >> 4;  // 16 k rows = 2048 bytes (MN-major) further on
+    constexpr int TA = A_MN ? 1 : 0;
+    constexpr int TB = B_MN ? 1 : 0;
+    wg_fence();
+    wgmma_nacc<TA, TB>(acc, da, db);
+    wgmma_nacc<TA, TB>(acc, da + A_K16, db + B_K16);
+    if (2 * i + 1 < steps) {
+        wgmma_nacc<TA, TB>(acc, da + 2 * A_K16, db + 2 * B_K16);
+        wgmma_nacc<TA, TB>(acc, da + 3 * A_K16, db + 3 * B_K16);
+    }
+    wg_commit();
+    wg_wait1();  // this warpgroup's MMAs of the slot before have completed
+}
+
 // The tile of a block's i-th work item: tree_pipe_kernel's grouped order (TP_GROUP_M tile rows at a time);
 // BN: the tile's columns (form 6: 256).
 template <int BN = TW_BN>
