@@ -316,6 +316,29 @@ def _pipe_layouts(device, m, k, n):
     return {"k-k": (x, w.t()), "k-n": (x, wt), "m-n": (xt.t(), wt), "m-k": (xt.t(), w.t())}
 
 
+_FORM0_PRODUCTS: dict = {}
+
+
+def _form0_products(device, m, k, n):
+    """Form 0's (the WMMA kernels') products of :func:`_pipe_layouts` per ``(layout, depth)``: the
+    whole tree and the leaf-parallel form (depth 2), and per ``(layout, "f32")`` the FP32 output;
+    computed once per device and shape for all the forms compared against them (the emulated WMMA
+    kernels are the slowest part of those cases)."""
+    from rl_engine.ops.det_gemm import cuda as dg_cuda
+
+    key = (str(device), m, k, n)
+    if key not in _FORM0_PRODUCTS:
+        refs = {}
+        with _tree_gemm_form(0):
+            for name, (a, b) in _pipe_layouts(device, m, k, n).items():
+                for depth in (0, 2):
+                    refs[name, depth] = (dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False),
+                                         dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True) if depth else None)
+                refs[name, "f32"] = gemm_f32_out(a, b)
+        _FORM0_PRODUCTS[key] = refs
+    return _FORM0_PRODUCTS[key]
+
+
 @pytest.mark.parametrize("form", [1, 2, 3, 4, 5, 6])  # (a separate case each: a form that faults on the GPU
 @pytest.mark.parametrize("m,k,n", [(130, 256, 136), (66, 1056, 75), (1024, 4096, 4096)])  # cannot hide another)
 def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
@@ -343,12 +366,13 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
 
     if cuda_device.type == "cpu" and m * k * n > 130 * 256 * 136 * 2:
         pytest.skip("the Qwen3-8B-sized case runs on the GPU only (the host emulation runs one fiber per CUDA thread)")
+    refs = _form0_products(cuda_device, m, k, n)
     for name, (a, b) in _pipe_layouts(cuda_device, m, k, n).items():
         for depth in (0, 2):  # (depth 1's merge is depth 2's first one)
             assert dg_cuda.tree_pipe_ok(a, b, depth), f"{name} depth {depth}: the pipelined kernel cannot run it"
-            with _tree_gemm_form(0):
-                wmma = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
-                wmma_leaves = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True) if depth and form != 2 else None
+            wmma, wmma_leaves = refs[name, depth]
+            if form == 2:
+                wmma_leaves = None
             with _tree_gemm_form(form):
                 pipe = dg_cuda.det_gemm_launch(a, b, depth, leaf_split=False)
                 assert _bits_equal(pipe, wmma), f"{name} depth {depth} form {form}"
@@ -360,8 +384,7 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
                     assert _bits_equal(dg_cuda.det_gemm_launch(a, b, depth, leaf_split=True), wmma_leaves), \
                         f"{name} depth {depth} leaf-parallel"
         if form != 2:  # (form 2 runs the FP32 output as form 1 does)
-            with _tree_gemm_form(0):
-                f32 = gemm_f32_out(a, b)
+            f32 = refs[name, "f32"]
             with _tree_gemm_form(form):
                 assert torch.equal(gemm_f32_out(a, b).view(torch.int32), f32.view(torch.int32)), \
                     f"{name} FP32 output form {form}"
