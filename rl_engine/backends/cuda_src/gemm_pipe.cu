@@ -403,9 +403,12 @@ bool rl::tree_pipe_ok(const TreeArgs& g, int leaves) {
 // The warpgroup MMA form (3): same bits as form 0 on the H200, 0.37-0.46x cuBLAS against 0.04-0.06x
 // (evidence/2026-12-04-h200-issue33-e035223). Form 4 gave form 0's bits on an H100 at every Qwen3-8B
 // projection shape and product at 0.44-0.77x cuBLAS (M = 8192; evidence/2026-12-05-h100-det-gemm-ws-50b3bad,
-// its persistent grid too), the same on the H200 at 0.49-0.69x (evidence/2026-12-06-h200-form4-fc8dac6), and is
-// the default since the whole gate kept every bit with it (evidence/2026-12-06-h200-gate-fc8dac6).
-int rl::g_tree_form = 4;
+// its persistent grid too), the same on the H200 at 0.49-0.69x (evidence/2026-12-06-h200-form4-fc8dac6), and was
+// the default from fc8dac6 (evidence/2026-12-06-h200-gate-fc8dac6). Form 5 (TMA copies) gave the same bits at
+// 0.51-0.77x cuBLAS (M = 8192, H100), form 6 (128 x 256 tiles) the same bits at 0.36-0.79x, slower in most
+// products (evidence/2026-12-06-h100-form5-form6-716923f); form 5 is the default since the whole gate kept every
+// bit with it (evidence/2026-12-06-h100-gate-716923f).
+int rl::g_tree_form = 5;
 int rl::g_tws_persistent = 1;
 
 namespace {
