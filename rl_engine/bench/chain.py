@@ -416,10 +416,8 @@ def _tf_ours(train: bool):
         from rl_engine.chain.weights import weights_from_named
 
         weights = st["weights"]
-        how = ("packed varlen, Qwen3Model.training_ops (residual adds and QK-norm + RoPE "
-               + ("fused into the RMSNorm kernels" if backend == "triton_cuda_bf16"
-                  else "as the backend's separate kernels")
-               + "), linear_logp head")
+        how = ("packed varlen, Qwen3Model.training_ops (residual adds and QK-norm + RoPE fused into the RMSNorm "
+               "kernels), linear_logp head")
         if not train:
             model = Qwen3Model(weights, backend)
             return no_grad(teacher_forcing_fn(model, st, model.training_ops())), _tf_note(st, how, False)

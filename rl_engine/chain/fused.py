@@ -31,6 +31,7 @@ import triton.language as tl
 
 from rl_engine.errors import InputError
 from rl_engine.ops._triton_common import FP_FUSION, cdiv
+from rl_engine.ops.rms_norm import cuda as _cuda_norm
 from rl_engine.ops.rms_norm.triton import _norm_rope_row
 
 FUSED_BACKENDS = ("triton_cuda_bf16", "cuda_bf16")
@@ -90,7 +91,7 @@ def _check_add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
     _check_rows("add_rms_norm delta", delta, tuple(x.shape), x.device)
 
 
-CUDA_ADD_RMS_MAX_E = 8192
+CUDA_ADD_RMS_MAX_E = _cuda_norm.ADD_RMS_MAX_E
 """Longest row of :func:`add_rms_norm_cuda` (the row's x, delta and weight are staged in 48 KiB of
 shared memory)."""
 
@@ -114,7 +115,7 @@ def add_rms_norm_cuda(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor
     s = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
     y = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
     if t and e:
-        launch(x.device, "rl_add_rms_norm_fwd", x, delta, weight, s, y, t, e, x.stride(0), delta.stride(0),
+        launch(x.device, "rl_add_rms_norm_fwd", x, delta, weight, s, y, None, t, e, x.stride(0), delta.stride(0),
                s.stride(0), y.stride(0), float(eps), 1 if order == "hf" else 0)
     return s, y
 

@@ -260,10 +260,10 @@ class Qwen3Model:
         RMSNorm (:func:`rl_engine.ops.rms_norm.add_rms_norm_kernel`: each residual add runs inside
         the next norm) and QK-norm + RoPE (:func:`rl_engine.ops.qk_norm.op.qk_norm_rope_kernel`:
         one launch for q and one for k forward), the same bits as :attr:`ops` forward and backward
-        (tested). On ``triton_cuda_bf16`` the backward adds the residual gradient in the norm's dx
-        store and rotates the q / k gradients back inside the norm's backward loads: 4 launches
-        fewer per layer forward; on ``cuda_bf16`` the same kernels as before (its norm and rope
-        kernels and ``torch.add``) until it has the fused forms. The attention and the sites of the
+        (tested). On both backends the backward adds the residual gradient in the norm's dx store
+        and rotates the q / k gradients back inside the norm's backward loads: 4 launches fewer per
+        layer forward (``cuda_bf16`` since its norm kernels have the fused forms too; above their
+        row limits it runs the separate launches, the same bits). The attention and the sites of the
         other norms are unchanged; the ``attn_residual`` / ``mlp_residual`` sites and the q / k norm
         and rope sites become the norms' and ``qk_norm_rope``. On ``triton_cuda_bf16``, calls
         without gradients (``torch.no_grad``: teacher forcing for scoring) run the gate / up

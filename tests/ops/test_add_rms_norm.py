@@ -94,10 +94,11 @@ NAMES = ("s", "y", "dx", "ddelta", "dweight")
 
 @pytest.mark.parametrize("one_kernel", [False, True])
 @pytest.mark.parametrize("order", ["hf", "fused"])
-@pytest.mark.parametrize("t,e", [(0, 64), (1, 256), (5, 200), (2 * rn.ROWS_PER_PROGRAM + 5, 256)])
+@pytest.mark.parametrize("t,e", [(0, 64), (1, 256), (5, 200), (3, 264), (2 * rn.ROWS_PER_PROGRAM + 5, 256)])
 def test_same_bits_as_the_separate_ops(t, e, order, one_kernel, backend, device, monkeypatch):
     """Both backward forms of the Triton norm (``one_kernel``: the dx-and-dweight kernel, which
-    the row count chooses from 264 x 64 rows on; forced here); cuda_bf16 has one form."""
+    the row count chooses from 264 x 64 rows on; forced here); cuda_bf16 has one form per row
+    length (E <= 256: a warp per row; E = 264: a block per row)."""
     name, ctx = backend
     if one_kernel:
         if name != TRITON:

@@ -46,9 +46,10 @@ NAMES = ("y", "dx", "dweight")
 
 @pytest.mark.parametrize("one_kernel", [False, True])
 @pytest.mark.parametrize("t,h,d,order", [(0, 4, 128, "hf"), (1, 3, 128, "fused"), (5, 2, 64, "hf"),
-                                         (rn.ROWS_PER_PROGRAM + 3, 2, 128, "hf")])
+                                         (3, 3, 256, "fused"), (rn.ROWS_PER_PROGRAM + 3, 2, 128, "hf")])
 def test_same_bits_as_the_separate_ops(t, h, d, order, one_kernel, backend, device, monkeypatch):
-    """Both rounding orders, an empty batch, D = 64 and 128, and more rows than two dweight chunks
+    """Both rounding orders, an empty batch, D = 64, 128 and 256 (cuda_bf16's rows form with one and
+    two columns per virtual thread), and more rows than two dweight chunks
     (134 head rows: a partial third chunk, and a partial last tile of the rows kernels; the
     interpreter is slow: each shape runs with one order)."""
     name, ctx = backend
@@ -132,3 +133,122 @@ def test_training_table_refuses_a_cache_and_checks_k_before_launching_q(monkeypa
     assert launches == []
     f("qk_norm_rope", "qk_norm_rope", q=x, k=x, v=x, q_weight=w, k_weight=w, eps=EPS, order="hf", cos=cos, sin=sin)
     assert len(launches) == 2
+
+
+def test_cuda_bf16_fusions_are_one_launch_each_way(cuda_context, monkeypatch):
+    """cuda_bf16 runs the training fusions as the Triton backend does (the bits are the other
+    tests'): the add + RMSNorm forward and the QK-norm + RoPE forward are one launch each, their
+    backward the norm's dx and dweight launches with no ``torch.add`` or ``rl_rope`` between.
+    A head longer than the one-launch kernel takes (D = 512) runs the separate launches, with the
+    separate ops' bits."""
+    from rl_engine.ops.rms_norm import add_rms_norm_kernel
+    from rl_engine.ops.rms_norm import cuda as rc
+    from rl_engine.ops.rope import cuda as ropec
+
+    names = []
+
+    def recording(real):
+        def wrapped(device, name, *args):
+            names.append(name)
+            return real(device, name, *args)
+        return wrapped
+
+    monkeypatch.setattr(rc, "launch", recording(rc.launch))
+    monkeypatch.setattr(ropec, "launch", recording(ropec.launch))
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    with cuda_context():
+        x, w, dy, cos, sin = _inputs(3, 2, 128, dev)
+        _run(lambda a, b: qk_norm_rope_kernel(a, b, EPS, "hf", cos, sin, backend="cuda_bf16"), x, w, dy)
+        assert names == ["rl_norm_rope_fwd", "rl_rms_norm_bwd_dx", "rl_rms_norm_bwd_dw"], names
+        names.clear()
+        e = 256
+        xs, d, ws, ds = (randn((3, e), make_generator(3), device=dev), randn((3, e), make_generator(4), device=dev),
+                         (1 + 0.25 * randn((e,), make_generator(5), device=dev).float()).to(torch.bfloat16),
+                         randn((3, e), make_generator(6), device=dev))
+        leaves = [t.clone().requires_grad_(True) for t in (xs, d, ws)]
+        s, y = add_rms_norm_kernel(*leaves, EPS, "hf", backend="cuda_bf16")
+        torch.autograd.grad((s, y), leaves, (ds, ds))
+        assert names == ["rl_add_rms_norm_fwd", "rl_rms_norm_bwd_dx", "rl_rms_norm_bwd_dw"], names
+        names.clear()
+        x, w, dy, cos, sin = _inputs(2, 1, 2 * rc.NORM_ROPE_MAX_D, dev)
+        got = _run(lambda a, b: qk_norm_rope_kernel(a, b, EPS, "hf", cos, sin, backend="cuda_bf16"), x, w, dy)
+        assert names[:2] == ["rl_rms_norm_fwd", "rl_rope"], names
+        want = _run(lambda a, b: rope_kernel(qk_norm_kernel(a, b, EPS, "hf", backend="cuda_bf16"), cos, sin,
+                                             backend="cuda_bf16"), x, w, dy)
+    for n, a, b in zip(NAMES, got, want):
+        assert bits_equal(a, b), f"D = {2 * rc.NORM_ROPE_MAX_D}: {n} differs from the separate ops"
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_cuda_bf16_rows_form_adds_the_warp_sums_in_the_block_order(cuda_context, d):
+    """cuda_bf16's rows form (a warp per head row, its lanes playing the block's four warps) must
+    add the four warp sums as the block form and the Triton kernels do, ``(w0 + w1) + (w2 + w3)``.
+    Rows built so that the order decides the result, the terms in lane 5 (and 6) of each virtual
+    warp (for D = 256 in the second column of its virtual threads): the backward's dot has warp
+    sums 2^24, -2^24, 1, 1 (that order: 2; (w0 + w2) + (w1 + w3): 1), the forward's sum of squares
+    6144^2, 0, 2, 2 (that order: 6144^2 + 4; the other: 6144^2, each 2 absorbed, ties to even).
+    The results are compared with the Triton launchers' (the spec both follow) and with the value
+    each order gives (control: the other order's value differs). Six rows: a partial second
+    block of four."""
+    from rl_engine.ops.rms_norm import cuda as rc
+
+    t, h = 3, 2
+    m = d // 128 - 1
+
+    def col(j, lane):  # column of virtual warp j, lane, second index m
+        return 32 * j + lane + 128 * m
+
+    big, sq = 2.0 ** 12, 6144.0
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    w = torch.ones(d, dtype=torch.bfloat16, device=dev)
+    xf, xb, dy = (torch.zeros((t, h, d), dtype=torch.bfloat16, device=dev) for _ in range(3))
+    xf[:, :, col(0, 5)] = sq
+    for j in (2, 3):
+        xf[:, :, col(j, 5)] = 1.0
+        xf[:, :, col(j, 6)] = 1.0
+    for j, xv, g in zip(range(4), (big, big, 1.0, 1.0), (big, -big, 1.0, 1.0)):
+        xb[:, :, col(j, 5)] = xv
+        dy[:, :, col(j, 5)] = g
+    rstd = torch.ones(t * h, dtype=torch.float32, device=dev)
+    cos, sin = (a.to(dev) for a in cos_sin(torch.arange(t) * 5 + 1, 1_000_000.0, d))
+    ref_y, ref_rstd = rn.rms_norm_fwd(xf, w, EPS, True)  # Triton: on the GPU, else its interpreter
+    ref_dx, _ = rn.rms_norm_bwd(xb, w, dy, rstd, True, True, split=True)
+    with cuda_context():
+        _, got_rstd = rc.norm_rope_train_fwd(xf, w, cos, sin, EPS, True)
+        got_dx, _ = rc.rms_norm_bwd(xb, w, dy, rstd, True, False)
+    ref_rstd, ref_dx, got_rstd, got_dx = (a.cpu() for a in (ref_rstd, ref_dx, got_rstd, got_dx))
+
+    def r_of(total):
+        f32 = torch.float32
+        return 1.0 / torch.sqrt(torch.tensor(total, dtype=f32) / torch.tensor(float(d), dtype=f32)
+                                + torch.tensor(EPS, dtype=f32))
+
+    assert bits_equal(got_rstd, ref_rstd), "the forward's rows form differs from the Triton kernel's rstd"
+    assert bool((got_rstd == r_of(sq * sq + 4)).all()) and bool(r_of(sq * sq) != r_of(sq * sq + 4))
+    assert bits_equal(got_dx, ref_dx), "the backward's rows form differs from the Triton kernel's dx"
+    dx_at = got_dx[:, :, col(2, 5)].float()  # 1 - 1 * k with k = (dot / D) * r^2, r = 1
+    want, other = torch.tensor(1 - 2 / d).to(torch.bfloat16).float(), torch.tensor(1 - 1 / d).to(torch.bfloat16).float()
+    assert bool((dx_at == want).all()) and bool(want != other)
+
+
+def test_both_launchers_refuse_bad_fused_extras():
+    """Both backends' norm-backward launchers refuse a residual gradient for head rows or of
+    another shape, and RoPE tables for [T, E] rows, of another shape or not FP32, before any launch
+    (ValueError: the op layer checks its inputs first; this guards direct calls)."""
+    from rl_engine.ops.rms_norm import cuda as rc
+
+    w = torch.ones(8, dtype=torch.bfloat16)
+    x2, x3 = torch.zeros((4, 8), dtype=torch.bfloat16), torch.zeros((4, 2, 8), dtype=torch.bfloat16)
+    rstd = torch.ones(8, dtype=torch.float32)
+    good = (torch.ones((4, 4), dtype=torch.float32), torch.zeros((4, 4), dtype=torch.float32))
+    for mod in (rn, rc):
+        with pytest.raises(ValueError, match="residual_grad"):
+            mod.rms_norm_bwd(x3, w, x3, rstd, True, True, residual_grad=x3)
+        with pytest.raises(ValueError, match="residual_grad"):
+            mod.rms_norm_bwd(x2, w, x2, rstd, True, True, residual_grad=x2[:3])
+        with pytest.raises(ValueError, match="rope tables"):
+            mod.rms_norm_bwd(x2, w, x2, rstd, True, True, rope=good)
+        with pytest.raises(ValueError, match="rope tables"):
+            mod.rms_norm_bwd(x3, w, x3, rstd, True, True, rope=(good[0].double(), good[1]))
+        with pytest.raises(ValueError, match="rope tables"):
+            mod.rms_norm_bwd(x3, w, x3, rstd, True, True, rope=(good[0][:3], good[1][:3]))

@@ -14,6 +14,10 @@
 //   dn = dy * w;  dx = r * (dn - x * ((sum(dn * x) / n) * (r * r)))
 //   dw[c] = sum over rows of dy * (x * r), two stages without atomics: FP32 partial sums over
 //   fixed chunks of NORM_DW_ROWS rows in row order, then the chunk partials in chunk order.
+// The training fusions (the Triton backend's, the same bits as the separate ops): with a residual
+// gradient res (add + RMSNorm) dx = bf16(f32(bf16(dx)) + f32(res)), autograd's sum of the two
+// gradients of s; with RoPE (QK-norm + RoPE) every load of dy is the rotation's backward first,
+// bf16 of the rotation by -sin as rope_kernel computes it (norm_grad).
 #include "common.cuh"
 
 using namespace rl;
@@ -68,35 +72,123 @@ rms_fwd_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __r
     if (threadIdx.x == 0) rstd[row] = r;
 }
 
+// The gradient of the norm's output at column c of a row whose upstream gradient is dyr: dyr[c], or
+// with ROPE (the row one head of n = 2 * half columns, cr / sr the token's cos / sin) the rotation's
+// backward of dyr as rope_kernel computes it with -sin (each product rounded, then the add), rounded
+// to BF16: the gradient the separate norm backward reads.
+template <bool ROPE>
+__device__ __forceinline__ float norm_grad(const bf16* dyr, int64_t c, int64_t half, const float* cr,
+                                           const float* sr) {
+    if (!ROPE) return f32(dyr[c]);
+    const bool first = c < half;
+    const int64_t j = first ? c : c - half;
+    const float d = f32(dyr[c]);
+    const float p = f32(dyr[first ? c + half : c - half]);
+    const float cs = cr[j];
+    const float ns = -sr[j];
+    return f32(to_bf16(first ? d * cs - p * ns : d * cs + p * ns));
+}
+
+// RES: res [rows, n] (row stride srt; rows of a [T, E] input) is added to the BF16 dx; ROPE: dy is
+// the gradient of the rotated output (cos / sin [T, n / 2], row strides sct / sst, T = row / n_inner).
+template <bool RES, bool ROPE>
 __global__ void __launch_bounds__(NORM_THREADS)
 rms_bwd_dx_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ dy,
-                  const float* __restrict__ rstd, bf16* __restrict__ dx, int64_t n_inner, int64_t n, int64_t sxo,
-                  int64_t sxi, int64_t sdyo, int64_t sdyi, int64_t sdxo, int64_t sdxi) {
+                  const float* __restrict__ rstd, bf16* __restrict__ dx, const bf16* __restrict__ res,
+                  const float* __restrict__ cosv, const float* __restrict__ sinv, int64_t n_inner, int64_t n,
+                  int64_t sxo, int64_t sxi, int64_t sdyo, int64_t sdyi, int64_t sdxo, int64_t sdxi, int64_t srt,
+                  int64_t sct, int64_t sst) {
     __shared__ float red[NORM_THREADS / 32];
     const int64_t row = blockIdx.x;
     const bf16* xr = x + row_offset(row, n_inner, sxo, sxi);
     const bf16* dyr = dy + row_offset(row, n_inner, sdyo, sdyi);
     bf16* dxr = dx + row_offset(row, n_inner, sdxo, sdxi);
+    const float* cr = ROPE ? cosv + (row / n_inner) * sct : nullptr;
+    const float* sr = ROPE ? sinv + (row / n_inner) * sst : nullptr;
+    const int64_t half = n / 2;
     const float r = rstd[row];
     float dot = 0.0f;
     for (int64_t c = threadIdx.x; c < n; c += NORM_THREADS) {
-        const float dn = f32(dyr[c]) * f32(w[c]);
+        const float dn = norm_grad<ROPE>(dyr, c, half, cr, sr) * f32(w[c]);
         dot += dn * f32(xr[c]);
     }
     dot = block_sum(dot, red);
     const float k = (dot / static_cast<float>(n)) * (r * r);
     for (int64_t c = threadIdx.x; c < n; c += NORM_THREADS) {
         const float xv = f32(xr[c]);
-        const float dn = f32(dyr[c]) * f32(w[c]);
-        dxr[c] = to_bf16(r * (dn - xv * k));
+        const float dn = norm_grad<ROPE>(dyr, c, half, cr, sr) * f32(w[c]);
+        float v = r * (dn - xv * k);
+        if (RES) v = f32(to_bf16(v)) + f32(res[row * srt + c]);
+        dxr[c] = to_bf16(v);
     }
 }
 
-// Stage 1: partial[chunk, c] = sum over the rows of the chunk (in order) of dy * (x * r).
+// The rows form of the 128-thread row for short rows (n <= 128 * VPT: the heads of qk_norm), a warp
+// per row and four rows per block in place of a block per row of one or two columns per thread: lane l
+// plays the block's threads l, l + 32, l + 64 and l + 96 (its virtual warps j = 0..3), element (j, m)
+// being column 32 j + l + 128 m, so each virtual thread adds the columns of its thread in the same
+// order; the four butterflies and ((w0 + w1) + (w2 + w3)) are block_sum's. The same bits as the block
+// form, a quarter of its blocks and every thread busy.
+constexpr int NORM_ROWS_PER_BLOCK = NORM_THREADS / 32;
+constexpr int NORM_ROWS_MAX_N = 2 * NORM_THREADS;
+
+__device__ __forceinline__ int64_t rows_form_col(int j, int m) {
+    return 32 * j + (threadIdx.x & 31) + static_cast<int64_t>(NORM_THREADS) * m;
+}
+__device__ __forceinline__ float rows_form_sum(const float (&p)[NORM_ROWS_PER_BLOCK]) {
+    return (warp_sum(p[0]) + warp_sum(p[1])) + (warp_sum(p[2]) + warp_sum(p[3]));
+}
+
+template <bool RES, bool ROPE, int VPT>
+__global__ void __launch_bounds__(NORM_THREADS)
+rms_bwd_dx_rows_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ dy,
+                       const float* __restrict__ rstd, bf16* __restrict__ dx, const bf16* __restrict__ res,
+                       const float* __restrict__ cosv, const float* __restrict__ sinv, int64_t rows, int64_t n_inner,
+                       int64_t n, int64_t sxo, int64_t sxi, int64_t sdyo, int64_t sdyi, int64_t sdxo, int64_t sdxi,
+                       int64_t srt, int64_t sct, int64_t sst) {
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * NORM_ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    if (row >= rows) return;  // the whole warp: no block barrier below
+    const bf16* xr = x + row_offset(row, n_inner, sxo, sxi);
+    const bf16* dyr = dy + row_offset(row, n_inner, sdyo, sdyi);
+    bf16* dxr = dx + row_offset(row, n_inner, sdxo, sdxi);
+    const float* cr = ROPE ? cosv + (row / n_inner) * sct : nullptr;
+    const float* sr = ROPE ? sinv + (row / n_inner) * sst : nullptr;
+    const int64_t half = n / 2;
+    const float r = rstd[row];
+    float p[NORM_ROWS_PER_BLOCK];
+#pragma unroll
+    for (int j = 0; j < NORM_ROWS_PER_BLOCK; ++j) {
+        p[j] = 0.0f;
+#pragma unroll
+        for (int m = 0; m < VPT; ++m) {
+            const int64_t c = rows_form_col(j, m);
+            if (c < n) p[j] += (norm_grad<ROPE>(dyr, c, half, cr, sr) * f32(w[c])) * f32(xr[c]);
+        }
+    }
+    const float k = (rows_form_sum(p) / static_cast<float>(n)) * (r * r);
+#pragma unroll
+    for (int j = 0; j < NORM_ROWS_PER_BLOCK; ++j) {
+#pragma unroll
+        for (int m = 0; m < VPT; ++m) {
+            const int64_t c = rows_form_col(j, m);
+            if (c < n) {
+                const float dn = norm_grad<ROPE>(dyr, c, half, cr, sr) * f32(w[c]);
+                float v = r * (dn - f32(xr[c]) * k);
+                if (RES) v = f32(to_bf16(v)) + f32(res[row * srt + c]);
+                dxr[c] = to_bf16(v);
+            }
+        }
+    }
+}
+
+// Stage 1: partial[chunk, c] = sum over the rows of the chunk (in order) of dy * (x * r) (ROPE: of
+// norm_grad's rotated-back dy).
+template <bool ROPE>
 __global__ void __launch_bounds__(NORM_DW_THREADS)
 rms_bwd_dw_partial_kernel(const bf16* __restrict__ x, const bf16* __restrict__ dy, const float* __restrict__ rstd,
-                          float* __restrict__ partial, int64_t rows, int64_t n_inner, int64_t n, int64_t sxo,
-                          int64_t sxi, int64_t sdyo, int64_t sdyi) {
+                          float* __restrict__ partial, const float* __restrict__ cosv, const float* __restrict__ sinv,
+                          int64_t rows, int64_t n_inner, int64_t n, int64_t sxo, int64_t sxi, int64_t sdyo,
+                          int64_t sdyi, int64_t sct, int64_t sst) {
     const int64_t chunk = blockIdx.x;
     const int64_t c = static_cast<int64_t>(blockIdx.y) * NORM_DW_THREADS + threadIdx.x;
     if (c >= n) return;
@@ -105,7 +197,9 @@ rms_bwd_dw_partial_kernel(const bf16* __restrict__ x, const bf16* __restrict__ d
     float acc = 0.0f;
     for (int64_t row = r0; row < r1; ++row) {
         const float xv = f32(x[row_offset(row, n_inner, sxo, sxi) + c]);
-        const float g = f32(dy[row_offset(row, n_inner, sdyo, sdyi) + c]);
+        const int64_t t = row / n_inner;
+        const float g = norm_grad<ROPE>(dy + row_offset(row, n_inner, sdyo, sdyi), c, n / 2,
+                                        ROPE ? cosv + t * sct : nullptr, ROPE ? sinv + t * sst : nullptr);
         acc += g * (xv * rstd[row]);
     }
     partial[chunk * n + c] = acc;
@@ -167,8 +261,8 @@ __device__ __forceinline__ void add_rms_row(const bf16* __restrict__ xr, const b
 template <bool HF>
 __global__ void __launch_bounds__(NORM_THREADS)
 add_rms_fwd_kernel(const bf16* __restrict__ x, const bf16* __restrict__ delta, const bf16* __restrict__ w,
-                   bf16* __restrict__ s_out, bf16* __restrict__ y, int64_t n, int64_t sx, int64_t sd, int64_t ss,
-                   int64_t sy, float eps, int vec_in, int vec_out, int early_w) {
+                   bf16* __restrict__ s_out, bf16* __restrict__ y, float* __restrict__ rstd, int64_t n, int64_t sx,
+                   int64_t sd, int64_t ss, int64_t sy, float eps, int vec_in, int vec_out, int early_w) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ float red[NORM_THREADS / 32];
     bf16* xs = reinterpret_cast<bf16*>(smem_raw);  // [n]: x, then s
@@ -184,6 +278,7 @@ add_rms_fwd_kernel(const bf16* __restrict__ x, const bf16* __restrict__ delta, c
     }
     sq = block_sum(sq, red);  // its barriers also publish every thread's s in xs
     const float r = rms_rstd(sq, n, eps);
+    if (rstd != nullptr && threadIdx.x == 0) rstd[row] = r;  // training: kept for the backward
     bf16* so = s_out + row * ss;
     bf16* yo = y + row * sy;
     if (vec_out) {
@@ -276,10 +371,83 @@ qk_norm_rope_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, cons
     }
 }
 
+// Training's QK-norm + RoPE of [T, H, d] rows (row t * H + h) in the rows form: rms_fwd_kernel's norm
+// (its column order per thread and block_sum, by rows_form_sum) rounded to BF16, then rope_kernel's
+// rotation of that output (y1 = x1 c - x2 s, y2 = x2 c + x1 s, rounded once), and the norm's r kept.
+template <bool HF, int VPT>
+__global__ void __launch_bounds__(NORM_THREADS)
+norm_rope_rows_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, const float* __restrict__ cosv,
+                      const float* __restrict__ sinv, bf16* __restrict__ y, float* __restrict__ rstd, int64_t rows,
+                      int64_t n_inner, int64_t d, int64_t sxo, int64_t sxi, int64_t sct, int64_t sst, int64_t syo,
+                      int64_t syi, float eps) {
+    __shared__ float ys[NORM_ROWS_PER_BLOCK][NORM_ROWS_MAX_N];
+    const int warp = threadIdx.x >> 5;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * NORM_ROWS_PER_BLOCK + warp;
+    if (row >= rows) return;  // the whole warp: it only waits for itself (__syncwarp)
+    const int64_t t = row / n_inner;
+    const bf16* xr = x + row_offset(row, n_inner, sxo, sxi);
+    float xv[NORM_ROWS_PER_BLOCK][VPT];
+    float p[NORM_ROWS_PER_BLOCK];
+#pragma unroll
+    for (int j = 0; j < NORM_ROWS_PER_BLOCK; ++j) {
+        p[j] = 0.0f;
+#pragma unroll
+        for (int m = 0; m < VPT; ++m) {
+            const int64_t c = rows_form_col(j, m);
+            xv[j][m] = c < d ? f32(xr[c]) : 0.0f;
+            if (c < d) p[j] += xv[j][m] * xv[j][m];
+        }
+    }
+    const float rs = rms_rstd(rows_form_sum(p), d, eps);
+    if ((threadIdx.x & 31) == 0) rstd[row] = rs;
+    float* yr = ys[warp];
+#pragma unroll
+    for (int j = 0; j < NORM_ROWS_PER_BLOCK; ++j)
+#pragma unroll
+        for (int m = 0; m < VPT; ++m) {
+            const int64_t c = rows_form_col(j, m);
+            if (c < d) yr[c] = f32(rms_out<HF>(xv[j][m], rs, w[c]));
+        }
+    __syncwarp();
+    const int64_t half = d / 2;
+    bf16* out = y + row_offset(row, n_inner, syo, syi);
+#pragma unroll
+    for (int j = 0; j < NORM_ROWS_PER_BLOCK; ++j)
+#pragma unroll
+        for (int m = 0; m < VPT; ++m) {
+            const int64_t c = rows_form_col(j, m);
+            if (c < d) {
+                const int64_t i = c < half ? c : c - half;
+                const float cs = cosv[t * sct + i];
+                const float sn = sinv[t * sst + i];
+                const float x1 = yr[i];
+                const float x2 = yr[i + half];
+                out[c] = to_bf16(c < half ? x1 * cs - x2 * sn : x2 * cs + x1 * sn);
+            }
+        }
+}
+
 }  // namespace
 
-// Decode fusion: s = x + delta and y = rms_norm(s) over [T, n] rows (unit stride on n); n <= 8192.
-RL_EXPORT int rl_add_rms_norm_fwd(const void* x, const void* delta, const void* w, void* s, void* y, int64_t rows, int64_t n, int64_t sx, int64_t sd, int64_t ss, int64_t sy, float eps, int64_t hf_order, void* stream) {
+// Training's QK-norm + RoPE: y = rope(qk_norm(x)) of [tokens, heads, d] rows and rstd [tokens * heads] FP32;
+// d even, d <= 256; cos / sin [tokens, d / 2] (row strides sct / sst).
+RL_EXPORT int rl_norm_rope_fwd(const void* x, const void* w, const void* cosv, const void* sinv, void* y, void* rstd, int64_t tokens, int64_t heads, int64_t d, int64_t sxo, int64_t sxi, int64_t sct, int64_t sst, int64_t syo, int64_t syi, float eps, int64_t hf_order, void* stream) {
+    const int64_t rows = tokens * heads;
+    if (rows == 0 || d == 0) return 0;
+    if (heads <= 0 || (d & 1) || d > NORM_ROWS_MAX_N || cdiv(rows, NORM_ROWS_PER_BLOCK) >= 2147483647LL)
+        return static_cast<int>(cudaErrorInvalidValue);
+    const auto kernel = d <= NORM_THREADS ? (hf_order ? norm_rope_rows_kernel<true, 1> : norm_rope_rows_kernel<false, 1>)
+                                          : (hf_order ? norm_rope_rows_kernel<true, 2> : norm_rope_rows_kernel<false, 2>);
+    kernel<<<static_cast<unsigned>(cdiv(rows, NORM_ROWS_PER_BLOCK)), NORM_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const bf16*>(x), static_cast<const bf16*>(w), static_cast<const float*>(cosv),
+        static_cast<const float*>(sinv), static_cast<bf16*>(y), static_cast<float*>(rstd), rows, heads, d, sxo, sxi,
+        sct, sst, syo, syi, eps);
+    return launch_status();
+}
+
+// Decode fusion: s = x + delta and y = rms_norm(s) over [T, n] rows (unit stride on n); n <= 8192. Training
+// passes rstd ([T] FP32, the norm's r per row, for the backward); the decode step nullptr.
+RL_EXPORT int rl_add_rms_norm_fwd(const void* x, const void* delta, const void* w, void* s, void* y, void* rstd, int64_t rows, int64_t n, int64_t sx, int64_t sd, int64_t ss, int64_t sy, float eps, int64_t hf_order, void* stream) {
     if (rows == 0 || n == 0) return 0;
     if (rows >= 2147483647LL || n > ADD_RMS_MAX_N) return static_cast<int>(cudaErrorInvalidValue);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
@@ -292,7 +460,7 @@ RL_EXPORT int rl_add_rms_norm_fwd(const void* x, const void* delta, const void* 
     if (e != cudaSuccess) return static_cast<int>(e);
     return launch_pdl(kernel, dim3(static_cast<unsigned>(rows)), dim3(NORM_THREADS), smem, st, static_cast<const bf16*>(x),
                       static_cast<const bf16*>(delta), static_cast<const bf16*>(w), static_cast<bf16*>(s),
-                      static_cast<bf16*>(y), n, sx, sd, ss, sy, eps, vec_in, vec_out,
+                      static_cast<bf16*>(y), static_cast<float*>(rstd), n, sx, sd, ss, sy, eps, vec_in, vec_out,
                       static_cast<int>(pdl_early_weights()));
 }
 
@@ -341,28 +509,61 @@ RL_EXPORT int rl_rms_norm_fwd(const void* x, const void* w, void* y, void* rstd,
     return launch_status();
 }
 
-RL_EXPORT int rl_rms_norm_bwd_dx(const void* x, const void* w, const void* dy, const void* rstd, void* dx, int64_t rows, int64_t n_inner, int64_t n, int64_t sxo, int64_t sxi, int64_t sdyo, int64_t sdyi, int64_t sdxo, int64_t sdxi, void* stream) {
+// res: nullptr, or the residual gradient [rows, n] (row stride srt) added to the BF16 dx (add + RMSNorm);
+// cosv / sinv: nullptr, or the RoPE tables [rows / n_inner, n / 2] (row strides sct / sst) whose rotation
+// dy's loads take back first (QK-norm + RoPE; n even).
+RL_EXPORT int rl_rms_norm_bwd_dx(const void* x, const void* w, const void* dy, const void* rstd, void* dx, const void* res, const void* cosv, const void* sinv, int64_t rows, int64_t n_inner, int64_t n, int64_t sxo, int64_t sxi, int64_t sdyo, int64_t sdyi, int64_t sdxo, int64_t sdxi, int64_t srt, int64_t sct, int64_t sst, void* stream) {
     if (rows == 0 || n == 0) return 0;
-    if (rows >= 2147483647LL || n_inner <= 0) return static_cast<int>(cudaErrorInvalidValue);
-    rms_bwd_dx_kernel<<<static_cast<unsigned>(rows), NORM_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const bf16*>(x), static_cast<const bf16*>(w), static_cast<const bf16*>(dy),
-        static_cast<const float*>(rstd), static_cast<bf16*>(dx), n_inner, n, sxo, sxi, sdyo, sdyi, sdxo, sdxi);
+    const bool rope = cosv != nullptr;
+    if (rows >= 2147483647LL || n_inner <= 0 || rope != (sinv != nullptr) || (rope && (n & 1)))
+        return static_cast<int>(cudaErrorInvalidValue);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    const auto* xp = static_cast<const bf16*>(x);
+    const auto* wp = static_cast<const bf16*>(w);
+    const auto* dyp = static_cast<const bf16*>(dy);
+    const auto* rp = static_cast<const float*>(rstd);
+    auto* dxp = static_cast<bf16*>(dx);
+    const auto* resp = static_cast<const bf16*>(res);
+    const auto* cp = static_cast<const float*>(cosv);
+    const auto* sp = static_cast<const float*>(sinv);
+    if (n <= NORM_ROWS_MAX_N) {  // short rows (the heads of qk_norm): a warp per row, the same bits
+#define RL_DX_ROWS(R, P, V)                                                                                      \
+    rms_bwd_dx_rows_kernel<R, P, V><<<static_cast<unsigned>(cdiv(rows, NORM_ROWS_PER_BLOCK)), NORM_THREADS, 0, st>>>( \
+        xp, wp, dyp, rp, dxp, resp, cp, sp, rows, n_inner, n, sxo, sxi, sdyo, sdyi, sdxo, sdxi, srt, sct, sst)
+        const bool two = n > NORM_THREADS;
+        if (res) {
+            if (rope) { if (two) RL_DX_ROWS(true, true, 2); else RL_DX_ROWS(true, true, 1); }
+            else { if (two) RL_DX_ROWS(true, false, 2); else RL_DX_ROWS(true, false, 1); }
+        } else {
+            if (rope) { if (two) RL_DX_ROWS(false, true, 2); else RL_DX_ROWS(false, true, 1); }
+            else { if (two) RL_DX_ROWS(false, false, 2); else RL_DX_ROWS(false, false, 1); }
+        }
+#undef RL_DX_ROWS
+        return launch_status();
+    }
+    const auto kernel = res ? (rope ? rms_bwd_dx_kernel<true, true> : rms_bwd_dx_kernel<true, false>)
+                            : (rope ? rms_bwd_dx_kernel<false, true> : rms_bwd_dx_kernel<false, false>);
+    kernel<<<static_cast<unsigned>(rows), NORM_THREADS, 0, st>>>(xp, wp, dyp, rp, dxp, resp, cp, sp, n_inner, n, sxo,
+                                                                  sxi, sdyo, sdyi, sdxo, sdxi, srt, sct, sst);
     return launch_status();
 }
 
 // partial: FP32 scratch of rl_rms_norm_dw_chunks(rows) * n elements. dw: [n] BF16 (0 when rows == 0).
-RL_EXPORT int rl_rms_norm_bwd_dw(const void* x, const void* dy, const void* rstd, void* partial, void* dw, int64_t rows, int64_t n_inner, int64_t n, int64_t sxo, int64_t sxi, int64_t sdyo, int64_t sdyi, void* stream) {
+// cosv / sinv: as rl_rms_norm_bwd_dx.
+RL_EXPORT int rl_rms_norm_bwd_dw(const void* x, const void* dy, const void* rstd, void* partial, void* dw, const void* cosv, const void* sinv, int64_t rows, int64_t n_inner, int64_t n, int64_t sxo, int64_t sxi, int64_t sdyo, int64_t sdyi, int64_t sct, int64_t sst, void* stream) {
     if (n == 0) return 0;
-    if (n_inner <= 0) return static_cast<int>(cudaErrorInvalidValue);
+    const bool rope = cosv != nullptr;
+    if (n_inner <= 0 || rope != (sinv != nullptr) || (rope && (n & 1))) return static_cast<int>(cudaErrorInvalidValue);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     const int64_t chunks = cdiv(rows, NORM_DW_ROWS);
     const int64_t col_blocks = cdiv(n, NORM_DW_THREADS);
     if (chunks >= 2147483647LL || col_blocks > 65535) return static_cast<int>(cudaErrorInvalidValue);
     if (chunks > 0) {
-        rms_bwd_dw_partial_kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(col_blocks)),
-                                    NORM_DW_THREADS, 0, st>>>(
+        const auto kernel = rope ? rms_bwd_dw_partial_kernel<true> : rms_bwd_dw_partial_kernel<false>;
+        kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(col_blocks)), NORM_DW_THREADS, 0, st>>>(
             static_cast<const bf16*>(x), static_cast<const bf16*>(dy), static_cast<const float*>(rstd),
-            static_cast<float*>(partial), rows, n_inner, n, sxo, sxi, sdyo, sdyi);
+            static_cast<float*>(partial), static_cast<const float*>(cosv), static_cast<const float*>(sinv), rows,
+            n_inner, n, sxo, sxi, sdyo, sdyi, sct, sst);
     }
     rms_bwd_dw_final_kernel<<<static_cast<unsigned>(col_blocks), NORM_DW_THREADS, 0, st>>>(
         static_cast<const float*>(partial), static_cast<bf16*>(dw), chunks, n);

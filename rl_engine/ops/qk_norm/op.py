@@ -46,9 +46,9 @@ def qk_norm_rope_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float, order
     declared arithmetic (``docs/declared-arithmetic.md``), its output rounded to BF16, rotated in
     FP32 without fused multiply-adds and rounded once (as :func:`rl_engine.ops.rope.op.rope_kernel`).
     Backward: the rotation by ``-sin`` rounded to BF16, then the norm's backward: dx [T, H, D],
-    dweight [D] bfloat16 (cos / sin take no gradient). ``triton_cuda_bf16`` runs one kernel
-    forward and the norm's backward kernels with the rotation inside their loads; ``cuda_bf16``
-    runs its separate kernels (same bits, no fusion yet).
+    dweight [D] bfloat16 (cos / sin take no gradient). Both backends run one kernel forward and
+    the norm's backward kernels with the rotation inside their loads (``cuda_bf16`` for D <= 256;
+    longer heads run its separate kernels, the same bits).
 
     Raises
     ------

@@ -15,7 +15,20 @@ Backward (FP32, from ``y = w * x * r``; rounding treated as identity): ``g = dy 
 ``dx = r * (g - x * ((sum(g * x) / n) * (r * r)))`` per row with the same fixed reduction, rounded
 once (``rl_rms_norm_bwd_dx``); ``dweight = sum over rows of dy * (x * r)`` in two stages without
 atomics (``rl_rms_norm_bwd_dw``): FP32 partials over fixed chunks of 64 rows in row order, then
-the partials in chunk order, rounded once.
+the partials in chunk order, rounded once. Rows of at most 256 columns (the heads of
+``qk_norm``) run dx in the rows form: a warp per row, its lanes playing the block's 128 threads
+(four columns each per 128), the same column order per thread and the same sums, so the same bits
+with a quarter of the blocks.
+
+Training fusions (:data:`FUSED_ADD_NORM`, :data:`FUSED_NORM_ROPE`; the Triton backend's, the same
+bits as the separate ops): the residual add + RMSNorm forward in one launch (the decode step's
+``rl_add_rms_norm_fwd``, also keeping ``rstd``), the QK-norm + RoPE forward in one launch
+(``rl_norm_rope_fwd`` in the rows form: the norm's steps, then ``rl_rope``'s rotation of its BF16
+output), and their backward inside the norm's backward
+kernels: ``residual_grad`` added to the BF16 dx in FP32 and rounded once, and ``rope``: every load
+of dy takes the rotation's backward first (by -sin, rounded to BF16, as ``rl_rope`` computes it).
+Rows longer than those kernels take (E > :data:`ADD_RMS_MAX_E`, D > :data:`NORM_ROPE_MAX_D`) run
+the separate launches, with the same bits.
 """
 
 from __future__ import annotations
@@ -23,6 +36,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.backends.cuda_launch import launch, query
+from rl_engine.ops.rms_norm._fused_args import check_fused_bwd_args
 
 
 def _rows_view(x: torch.Tensor) -> tuple[int, int, int, int, int]:
@@ -49,21 +63,88 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, hf: bool,
 
 
 def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: torch.Tensor, need_dx: bool,
-                 need_dw: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                 need_dw: bool, residual_grad: torch.Tensor | None = None,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Launch the backward (dy BF16 with unit stride on the last axis); returns (dx like x or
-    None, dweight [E] or None), BF16, each launched only when needed."""
+    None, dweight [E] or None), BF16, each launched only when needed. ``residual_grad`` ([T, E]
+    BF16, unit stride on E; [T, E] rows only): added to the BF16 dx in FP32 and rounded once (the
+    add + norm backward). ``rope`` = (cos, sin) [T, D/2] FP32 with unit stride on the last axis
+    ([T, H, D] rows only): dy is the gradient of the rotated norm output, taken back by each load.
+
+    Raises ValueError for a ``residual_grad`` or ``rope`` tables of another shape (the op layer
+    checks them before it calls)."""
     t, h, n, sxt, sxh = _rows_view(x)
     _, _, _, sdyt, sdyh = _rows_view(dy)
+    check_fused_bwd_args(x, residual_grad, rope)
+    cos, sin = rope if rope is not None else (None, None)
+    sct, sst = (cos.stride(0), sin.stride(0)) if rope is not None else (0, 0)
+    srt = residual_grad.stride(0) if residual_grad is not None else 0
     rows = t * h
     dx = dw = None
     if need_dx:
         dx = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
         _, _, _, sdxt, sdxh = _rows_view(dx)
-        launch(x.device, "rl_rms_norm_bwd_dx", x, weight, dy, rstd, dx, rows, max(h, 1), n, sxt, sxh, sdyt, sdyh,
-               sdxt, sdxh)
+        launch(x.device, "rl_rms_norm_bwd_dx", x, weight, dy, rstd, dx, residual_grad, cos, sin, rows, max(h, 1), n,
+               sxt, sxh, sdyt, sdyh, sdxt, sdxh, srt, sct, sst)
     if need_dw:
         dw = torch.empty((n,), dtype=torch.bfloat16, device=x.device)
         chunks = query("rl_rms_norm_dw_chunks", rows)
         partial = torch.empty((max(chunks, 1), n), dtype=torch.float32, device=x.device)
-        launch(x.device, "rl_rms_norm_bwd_dw", x, dy, rstd, partial, dw, rows, max(h, 1), n, sxt, sxh, sdyt, sdyh)
+        launch(x.device, "rl_rms_norm_bwd_dw", x, dy, rstd, partial, dw, cos, sin, rows, max(h, 1), n, sxt, sxh,
+               sdyt, sdyh, sct, sst)
     return dx, dw
+
+
+ADD_RMS_MAX_E = 8192
+"""The longest row of the one-launch add + RMSNorm (``ADD_RMS_MAX_N`` in ``norm.cu``: its row, delta
+and weight staged in shared memory)."""
+
+NORM_ROPE_MAX_D = 256
+"""The longest head of the one-launch QK-norm + RoPE (``NORM_ROWS_MAX_N`` in ``norm.cu``)."""
+
+FUSED_ADD_NORM = True
+"""This backend has the residual add + RMSNorm for training (:func:`add_rms_norm_train_fwd`,
+:func:`rms_norm_bwd` with ``residual_grad``)."""
+
+FUSED_NORM_ROPE = True
+"""This backend has the QK-norm + RoPE for training (:func:`norm_rope_train_fwd`, :func:`rms_norm_bwd`
+with ``rope``)."""
+
+
+def add_rms_norm_train_fwd(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                           hf: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(s = x + delta, y = rms_norm(s), rstd [T] FP32)`` of validated [T, E] BF16 rows (unit
+    stride on E) in one launch (E > :data:`ADD_RMS_MAX_E`: ``torch.add`` and the norm's launch),
+    bitwise the separate ops."""
+    t, e = x.shape
+    if e > ADD_RMS_MAX_E:
+        s = x + delta
+        y, rstd = rms_norm_fwd(s, weight, eps, hf)
+        return s, y, rstd
+    s = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
+    y = torch.empty((t, e), dtype=torch.bfloat16, device=x.device)
+    rstd = torch.empty((t,), dtype=torch.float32, device=x.device)
+    if t and e:
+        launch(x.device, "rl_add_rms_norm_fwd", x, delta, weight, s, y, rstd, t, e, x.stride(0), delta.stride(0),
+               s.stride(0), y.stride(0), float(eps), 1 if hf else 0)
+    return s, y, rstd
+
+
+def norm_rope_train_fwd(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
+                        hf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """QK-norm then RoPE of validated [T, H, D] BF16 rows (D even; cos / sin FP32 [T, D/2] with
+    unit stride on the last axis) in one launch (D > :data:`NORM_ROPE_MAX_D`: the norm's launch,
+    then ``rl_rope`` on its BF16 output): ``(y [T, H, D] BF16, rstd [T * H] FP32)``, bitwise the
+    separate launches."""
+    t, h, d = x.shape
+    if d > NORM_ROPE_MAX_D:
+        from rl_engine.ops.rope.cuda import rope_rotate
+
+        yn, rstd = rms_norm_fwd(x, weight, eps, hf)
+        return rope_rotate(yn, cos, sin, False), rstd
+    y = torch.empty((t, h, d), dtype=torch.bfloat16, device=x.device)
+    rstd = torch.empty((t * h,), dtype=torch.float32, device=x.device)
+    if t and h and d:
+        launch(x.device, "rl_norm_rope_fwd", x, weight, cos, sin, y, rstd, t, h, d, x.stride(0), x.stride(1),
+               cos.stride(0), sin.stride(0), y.stride(0), y.stride(1), float(eps), 1 if hf else 0)
+    return y, rstd

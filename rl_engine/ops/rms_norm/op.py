@@ -170,9 +170,9 @@ def add_rms_norm_kernel(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
     FP32 inside: the add (rounded once, as ``torch.add``), the norm's declared arithmetic
     (``docs/declared-arithmetic.md``). Backward: the norm's dx rounded to BF16 plus the gradient
     of s, in FP32, rounded once (autograd's sum of the two gradients of the separate ops' s), as
-    the gradient of both x and delta; dweight as :func:`rms_norm_kernel`. ``triton_cuda_bf16``
-    runs one kernel each way; ``cuda_bf16`` runs its norm kernels and ``torch.add`` (same bits,
-    no fusion yet).
+    the gradient of both x and delta; dweight as :func:`rms_norm_kernel`. Both backends run one
+    kernel forward and add the residual gradient in the norm's dx kernel (``cuda_bf16`` for E <=
+    8192; longer rows run ``torch.add`` and its norm kernels, the same bits).
 
     Raises
     ------

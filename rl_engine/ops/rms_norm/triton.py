@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from rl_engine.ops._triton_common import FP_FUSION, cdiv, next_power_of_2, row_sum_fixed, row_sum_fixed_rows
+from rl_engine.ops.rms_norm._fused_args import check_fused_bwd_args
 
 ROWS_PER_PROGRAM = 64
 """Rows per backward stage-1 program (fixed; sets the dweight partial-sum tree; the CUDA
@@ -560,17 +561,11 @@ def rms_norm_bwd(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, rstd: 
     each load of it takes the rotation's backward first (the fused QK-norm + RoPE backward,
     :func:`_load_grad`)."""
     t, h, e, sxt, sxh = _rows_view(x)
-    if rope is not None and (x.dim() != 3 or e % 2 or any(
-            tuple(a.shape) != (t, e // 2) or a.stride(-1) != 1 or a.dtype != torch.float32 for a in rope)):
-        raise ValueError(f"rms_norm_bwd: rope tables must be FP32 [T, D/2] with unit stride for [T, H, D] rows, "
-                         f"got {[list(a.shape) for a in rope]} for x {list(x.shape)}")
+    check_fused_bwd_args(x, residual_grad, rope)
     cos, sin = rope if rope is not None else (dy, dy)
     sct, sst = (cos.stride(0), sin.stride(0)) if rope is not None else (0, 0)
     rp = rope is not None
     res = residual_grad is not None
-    if res and (x.dim() != 2 or tuple(residual_grad.shape) != tuple(x.shape) or residual_grad.stride(-1) != 1):
-        raise ValueError(f"rms_norm_bwd: residual_grad must be like x [T, E] with unit stride on E, got "
-                         f"{list(residual_grad.shape)} for x {list(x.shape)}")
     res_t, srt = (residual_grad, residual_grad.stride(0)) if res else (dy, 0)
     if rows and res:
         raise ValueError("rms_norm_bwd: the rows form takes no residual_grad")
