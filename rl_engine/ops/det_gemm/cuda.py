@@ -176,7 +176,7 @@ bits (forms 1 to 3 tested against form 0 in the host emulation, whose warpgroup 
 operands through a decoder of the PTX ISA's canonical descriptor layouts). On the H200 all three gave
 form 0's bits at every Qwen3-8B projection shape and product, at 0.19-0.46x cuBLAS for form 3 against
 0.04-0.17x for form 0 (``evidence/2026-12-04-h200-issue33-e035223/``), so form 3 became the default
-then. Form 4 (the default from fc8dac6 to 716923f, ``g_tree_form`` in ``gemm_pipe.cu``): form 3 with its fused trees, leaves and FP32 logits on
+then. Form 4 (the default from fc8dac6 to 12b63cb, ``g_tree_form`` in ``gemm_pipe.cu``): form 3 with its fused trees, leaves and FP32 logits on
 ``tree_wgmma_ws_kernel``, warp-specialised: one warpgroup issues the copies of a six-place ring and
 two only multiply, handing ring places back and forth through shared-memory barriers instead of a
 block barrier per slot; same tiles, slots, k16 products and roundings (also for ``linear_logp``'s hi /
@@ -197,7 +197,7 @@ MMA warpgroups are form 4's. Where the driver refuses a map, form 4's copies run
 (:func:`form_launches` counts the launches that used TMA). On an H100 it gave form 0's bits at every
 Qwen3-8B projection shape and product (168 sweep rows) at 0.50-0.76x cuBLAS for M = 8192 against
 0.43-0.69x for form 4 in the same run, and the cuda_bf16 train step took 516 ms against 582
-(``evidence/2026-12-06-h100-det-gemm-tma-bc88c58/``); the default since 716923f, with which the whole gate
+(``evidence/2026-12-06-h100-det-gemm-tma-bc88c58/``); the default since 12b63cb, whose source (as 716923f) the whole gate ran with and
 kept every bit of fc8dac6's (``evidence/2026-12-06-h100-gate-716923f/``, on an H100). Form 6: form 5 with the fused BF16 trees in 128 x 256 tiles
 (``tree_wgmma_wide_kernel``: each MMA warpgroup m64n256k16, ring slots of 64 k x (128 + 256) rows,
 48 KB, four of them; a depth-2 tree's first merged sum parked in its output places while leaves 2 and
