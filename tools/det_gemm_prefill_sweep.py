@@ -19,8 +19,9 @@ ratios to cuBLAS. Usage on the H200::
 ``--cuda-forms 0,1,2,3,4,4n,5`` adds the ``cuda_bf16`` det_gemm in those forms of its training-size GEMMs
 (:data:`rl_engine.ops.det_gemm.cuda.TREE_GEMM_FORMS`: 0 the WMMA kernel, 1 and 2 the pipelined
 mma.sync kernel in 128 x 128 and 128 x 256 tiles, 3 wgmma for the three training products, 4 the same
-warp-specialised and persistent, 4n with one block per tile, 5 form 4 with TMA copies, 6 form 5 in 128 x 256 tiles, 5n, 6n) as ``cuda0`` .. ``cuda6n``, with their bits against the Triton fused form (the two backends
-give the same det_gemm bits).
+warp-specialised and persistent, 4n with one block per tile, 5 form 4 with TMA copies, 6 form 5 in 128 x 256 tiles,
+7 form 5 with the depth-2 trees' sibling leaves side by side, 5n, 6n, 7n) as ``cuda0`` .. ``cuda7n``, with their bits
+against the Triton fused form (the two backends give the same det_gemm bits).
 
 A configuration is ``BMxBNxWARPSxSTAGESxGROUPx<LOOP><PARK>[xBK]`` (LOOP: the kernel's loop
 structure, 4 all leaves of a tile side by side, 3 two sibling leaves side by side, 2 one loop over

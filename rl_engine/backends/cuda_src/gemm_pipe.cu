@@ -565,6 +565,18 @@ __device__ __forceinline__ void tw_hold(int l, const float (&acc)[64], uint32_t 
     }
 }
 
+// Sibling leaves 2p and 2p + 1 of a depth-2 fused tree (form 7), summed side by side in acc0 and acc1:
+// each rounded to BF16 and the two merged; for p = 2 that sum is then merged into h0 (l0 + l1). The
+// same roundings and merges as tw_hold over leaves 0 .. 3 (a merge is one FP32 addition, so the order of
+// its two operands does not matter).
+__device__ __forceinline__ void tw_hold_pair(int p, const float (&acc0)[64], const float (&acc1)[64], uint32_t (&h0)[32]) {
+#pragma unroll
+    for (int q = 0; q < 32; ++q) {
+        const uint32_t v = tp_merge2(tp_round2(acc0[2 * q], acc0[2 * q + 1]), tp_round2(acc1[2 * q], acc1[2 * q + 1]));
+        h0[q] = p == 0 ? v : tp_merge2(h0[q], v);
+    }
+}
+
 // The store of one warp's 16 rows x 128 columns of a warpgroup tile (row0: the warp's first row, n0 the
 // tile's first column): the FP32 sums (OUT_F32) or the merged BF16 tree h0, to g.c (LEAVES: leaf
 // `first`'s [M, N] slice of the workspace); pairs: whether two neighbouring columns may be stored as one.
@@ -712,6 +724,7 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
 // 0.45 eligible warps per scheduler, the tensor pipe 34 % busy).
 constexpr int TWS_STAGES = 6;     // ring places (6 x 32 KB)
 int64_t g_tws_tma_launches = 0;   // rl_tree_form_launches(5): form 5's launches that ran with TMA copies
+int64_t g_tws_pair_launches = 0;  // rl_tree_form_launches(7): form 7's launches with the paired leaves
 constexpr int TWS_THREADS = 384;  // the copy warpgroup, then the two MMA warpgroups
 constexpr int TWS_SMEM = TWS_STAGES * TW_SLOT + 2 * TWS_STAGES * 8;  // the ring, then full[], empty[]
 // Registers per thread after the split (setmaxnreg): the launch allocates 168 per thread (ptxas's count
@@ -732,12 +745,22 @@ static_assert(128 * TWS_COPY_REGS + 256 * TWS_MMA_REGS <= TWS_THREADS * 168, "se
 // TMA (form 5): the copy warpgroup's first thread issues each slot as TMA copies (two boxes per slot,
 // or four with an MN-major operand) with one expect-tx arrival on `full` for the slot's 32 KB; the MMA
 // warpgroups are form 4's.
-template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false, bool HILO = false, bool TMA = false>
+// PAIR (form 7; the fused BF16 depth-2 tree with TMA copies): sibling leaves 2p and 2p + 1 run side by
+// side, one accumulator each: the ring's slots alternate between them (tw_pair_slots' order, the same
+// for the copies and the MMAs) and each accumulator takes its own leaf's k16 products in the order form 5
+// gives them, from 0; once both are summed, they are rounded and merged as tw_hold merges them. So
+// the same products, roundings and merges as form 5, and half the leaf ends at which the MMA
+// warpgroups wait for every MMA in flight (ncu of form 5: the tensor pipe 64 % busy; the Triton
+// backend's persistent kernel gained 0.52-0.78x -> 0.64-0.82x cuBLAS from the same pairing, its
+// PersistentTiles.loop = 3).
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false, bool HILO = false, bool TMA = false,
+          bool PAIR = false>
 __global__ void __launch_bounds__(TWS_THREADS, 1)
     tree_wgmma_ws_kernel(TreeArgs g, int pairs, const bf16* a_lo, const float* acc_in, int64_t s_acc,
                          const __grid_constant__ std::conditional_t<TMA, TwMaps, TwNoMaps> maps) {
     static_assert(!(OUT_F32 || LEAVES || HILO) || DEPTH == 0, "FP32 output, hi / lo and the leaf workspace are single leaves");
     static_assert(!(HILO && LEAVES), "hi / lo products have no leaf workspace");
+    static_assert(!PAIR || (DEPTH == 2 && TMA), "the paired leaves are form 7's: the depth-2 fused tree with TMA copies");
     static_assert(HILO_BLOCK == TW_SK, "a hi / lo block is one ring slot of each part");
     constexpr int NL = 1 << DEPTH;
     const int first = LEAVES ? static_cast<int>(blockIdx.z) : 0;  // the block's first leaf
@@ -776,6 +799,9 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
                         slot(&maps.a[0], &maps.b[0], k0);  // hi
                         slot(&maps.lo, &maps.b[0], k0);    // lo
                     }
+                } else if (PAIR) {
+                    for (int p = 0; p < NL; p += 2)
+                        tw_pair_slots(g, p, [&](int lf, int64_t i) { slot(&maps.a[lf], &maps.b[lf], i * TW_SK); });
                 } else {
                     for (int lf = first; lf < first + NL; ++lf)
                         for (int64_t k0 = 0; k0 < tp_bound(g, lf + 1) - tp_bound(g, lf); k0 += TW_SK)
@@ -834,6 +860,47 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
     uint32_t h0[32], h1[32];
     int consumed = 0;  // slots whose MMAs this warpgroup has issued
     int released = 0;  // slots it has given back (released == consumed or consumed - 1)
+    if constexpr (PAIR) {
+        float acc2[64];  // leaf 2p + 1's sums (acc: leaf 2p's)
+        // slot `consumed`: wait for its copies, issue its MMAs into `d` (product i of a leaf of `steps`
+        // k32 steps), then give back the slot before it, whose MMAs wg_wait1 has seen complete
+        auto consume = [&](float (&d)[64], int64_t i, int64_t steps) {
+            const int s = consumed % TWS_STAGES;
+            mbar_wait(full + 8 * s, (consumed / TWS_STAGES) & 1);
+            fence_proxy_async();  // (as form 5, so that a timing against it measures the pairing alone)
+            const uint64_t off = static_cast<uint64_t>((s * TW_SLOT) >> 4);
+            tw_slot_mmas<A_MN, B_MN>(d, desc0 + off, descb0 + off, i, steps);
+            if (released < consumed) {
+                if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
+                ++released;
+            }
+            ++consumed;
+        };
+        for (int64_t pid = blockIdx.x; pid < tiles; pid += gridDim.x) {
+            int64_t m0, n0;
+            tw_tile(g, pid, m0, n0);
+#pragma unroll
+            for (int p = 0; p < NL; p += 2) {
+                const int64_t steps0 = cdiv(tp_bound(g, p + 1) - tp_bound(g, p), static_cast<int64_t>(TB_K));
+                const int64_t steps1 = cdiv(tp_bound(g, p + 2) - tp_bound(g, p + 1), static_cast<int64_t>(TB_K));
+                tw_acc_start<false>(acc, g, nullptr, 0, 0, 0);
+                tw_acc_start<false>(acc2, g, nullptr, 0, 0, 0);
+                tw_pair_slots(g, p, [&](int lf, int64_t i) {
+                    if (lf == p) {
+                        consume(acc, i, steps0);
+                    } else {
+                        consume(acc2, i, steps1);
+                    }
+                });
+                wg_wait0();  // both leaves' sums are in acc / acc2, and every slot's MMAs have read their operands
+                for (; released < consumed; ++released)
+                    if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
+                tw_hold_pair(p, acc, acc2, h0);
+            }
+            tw_store<false, false>(g, acc, h0, m0 + 64 * cw + 16 * warp, n0, first, pairs);
+        }
+        return;
+    }
     for (int64_t pid = blockIdx.x; pid < tiles; pid += gridDim.x) {
         int64_t m0, n0;
         tw_tile(g, pid, m0, n0);
@@ -867,10 +934,10 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
 
 
 
-template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES, bool HILO, bool TMA, class Maps>
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES, bool HILO, bool TMA, class Maps, bool PAIR = false>
 int launch_tree_wgmma_ws_grid(const TreeArgs& g, cudaStream_t st, int leaves, const bf16* lo, const float* acc_in,
                               int64_t s_acc, const Maps& maps) {
-    auto kernel = tree_wgmma_ws_kernel<DEPTH, OUT_F32, A_MN, B_MN, LEAVES, HILO, TMA>;
+    auto kernel = tree_wgmma_ws_kernel<DEPTH, OUT_F32, A_MN, B_MN, LEAVES, HILO, TMA, PAIR>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TWS_SMEM))
         return static_cast<int>(e);
     const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
@@ -898,6 +965,13 @@ int launch_tree_wgmma_ws_as(const TreeArgs& g, cudaStream_t st, int leaves = 1, 
         TwMaps maps{};  // (copied into the launch's parameters)
         if (tw_maps<A_MN, B_MN>(maps, g, map_leaves, HILO ? lo : nullptr)) {
             ++g_tws_tma_launches;
+            if constexpr (DEPTH == 2 && !OUT_F32 && !LEAVES && !HILO) {
+                if (g_tree_form == 7) {  // the sibling leaves side by side
+                    ++g_tws_pair_launches;
+                    return launch_tree_wgmma_ws_grid<DEPTH, false, A_MN, B_MN, false, false, true, TwMaps, true>(
+                        g, st, leaves, lo, acc_in, s_acc, maps);
+                }
+            }
             return launch_tree_wgmma_ws_grid<DEPTH, OUT_F32, A_MN, B_MN, LEAVES, HILO, true>(g, st, leaves, lo, acc_in, s_acc, maps);
         }
     }
@@ -1038,8 +1112,9 @@ RL_EXPORT int rl_gemm_hilo(const void* hi, const void* lo, const void* b, void* 
 // wherever its layout needs hold, else the WMMA kernels; 3 = the warpgroup kernel (tree_wgmma_kernel)
 // for the fused tree (layouts (K, K), (K, MN), (MN, MN)) and the (K, K) FP32 output, the rest as 1;
 // 4 = those products on the warp-specialised tree_wgmma_ws_kernel; 5 = as 4 with TMA copies; 6 = as 5
-// with the fused BF16 trees in 128 x 256 tiles (gemm_wide.cu). Returns the previous form, or -1 (and changes nothing) for another number. The bits do not
-// depend on the form (tested).
+// with the fused BF16 trees in 128 x 256 tiles (gemm_wide.cu); 7 = as 5 with the depth-2 fused BF16 trees'
+// sibling leaves side by side (tree_wgmma_ws_kernel's PAIR). Returns the previous form, or -1 (and changes
+// nothing) for another number. The bits do not depend on the form (tested).
 RL_EXPORT int64_t rl_tree_gemm_form(int64_t form) {
     if (form < 0 || form >= TREE_GEMM_FORMS) return -1;
     const int64_t old = g_tree_form;
@@ -1057,11 +1132,12 @@ RL_EXPORT int64_t rl_tree_wgmma_ws_persistent(int64_t on) {
     return old;
 }
 
-// How many launches of this process ran form 5's own kernel (the warp-specialised one with TMA copies) or
-// form 6's (the 128 x 256 tiles); -1 for another form. A product whose tensor maps the driver refuses
+// How many launches of this process ran form 5's own kernel (the warp-specialised one with TMA copies; form
+// 7's launches count here too), form 6's (the 128 x 256 tiles) or form 7's (the paired leaves); -1 for
+// another form. A product whose tensor maps the driver refuses
 // runs form 4's copies instead (for the tests, which must know that the form they compare ran).
 RL_EXPORT int64_t rl_tree_form_launches(int64_t form) {
-    return form == 5 ? g_tws_tma_launches : form == 6 ? g_tww_launches : -1;
+    return form == 5 ? g_tws_tma_launches : form == 6 ? g_tww_launches : form == 7 ? g_tws_pair_launches : -1;
 }
 
 // 1 if the pipelined kernel can run rl_det_gemm with these arguments (leaves 0 .. 2^depth - 1; for the

@@ -220,6 +220,21 @@ __device__ __forceinline__ void tw_tma_slot(int j, uint32_t ring, uint32_t full,
     tw_tma_operand<B_MN, BN>(d + TW_HALF, bm, n0, static_cast<int32_t>(k), bar);
 }
 
+// Form 7's order of the ring slots of sibling leaves p and p + 1 (p even; no leaf-parallel workspace, so
+// the tree's leaves are 0 .. 3): slot i of leaf p, then slot i of leaf p + 1, for i = 0, 1, ... while
+// either leaf has one (a leaf of w k has cdiv(w, TW_SK) slots, none when empty). f(leaf, i); the copy
+// warpgroup and the MMA warpgroups both walk this order, so a ring place holds what its consumer expects.
+template <class F>
+__device__ __forceinline__ void tw_pair_slots(const TreeArgs& g, int p, F&& f) {
+    const int64_t n0 = cdiv(tp_bound(g, p + 1) - tp_bound(g, p), static_cast<int64_t>(TW_SK));
+    const int64_t n1 = cdiv(tp_bound(g, p + 2) - tp_bound(g, p + 1), static_cast<int64_t>(TW_SK));
+    const int64_t n = n0 > n1 ? n0 : n1;
+    for (int64_t i = 0; i < n; ++i) {
+        if (i < n0) f(p, i);
+        if (i < n1) f(p + 1, i);
+    }
+}
+
 // Whether neighbouring output columns are one aligned store apart (4 bytes for BF16, 8 for FP32): the
 // epilogues' `pairs` argument.
 inline int tp_pairs(const void* out, int64_t s_om, int64_t s_on, bool out_f32) {

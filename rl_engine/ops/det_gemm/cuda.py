@@ -156,7 +156,7 @@ def set_warp_gemv_variant(variant: int) -> int:
     return _set_variant("warp gemv variant", "rl_gemv_warp_variant", variant, WARP_GEMV_VARIANTS)
 
 
-TREE_GEMM_FORMS = 7
+TREE_GEMM_FORMS = 8
 """Forms of the GEMMs at training sizes (the fused tree, the leaf-parallel form's leaves where the decode
 GEMVs do not run, and the FP32-output GEMM): 0 = the WMMA kernels
 (``tree_gemm_kernel`` / ``tree_leaf_kernel``: one 32-wide K step at a time through shared memory,
@@ -205,7 +205,15 @@ kept every bit of fc8dac6's (``evidence/2026-12-06-h100-gate-716923f/``, on an H
 products); the leaf-parallel leaves, FP32 outputs and hi / lo products run as form 5. On an H100 it
 gave form 0's bits (192 sweep rows, the pipelined GPU tests) but was slower than form 5 in most
 products (0.36-0.79x cuBLAS at M = 8192 against 0.51-0.77x; ``evidence/2026-12-06-h100-form5-form6-716923f/``):
-halving the tile count leaves SMs idle at these shapes, and the operand reads were not the limit."""
+halving the tile count leaves SMs idle at these shapes, and the operand reads were not the limit.
+Form 7: form 5 with the depth-2 fused BF16 trees' sibling leaves side by side
+(``tree_wgmma_ws_kernel``'s ``PAIR``): the ring's slots alternate between leaves 0 and 1 (then 2 and
+3), each MMA warpgroup holds one accumulator per leaf, and the two leaves are rounded and merged once
+both are summed: the same k16 products per accumulator in the same order, the same roundings and
+merges, and half the leaf ends at which the MMA warpgroups wait for every MMA in flight. Written for
+form 5's profile (the tensor pipe 64 % busy) after the Triton backend's persistent kernel gained from
+the same pairing (``PersistentTiles.loop``); other depths and products run as form 5. Emulated on the
+host (tests); not yet run on a GPU."""
 
 
 def set_tree_gemm_form(form: int) -> int:
@@ -236,20 +244,20 @@ def set_tree_wgmma_ws_persistent(on: int) -> int:
 
 def form_launches(form: int) -> int:
     """How many launches of this process ran form ``form``'s own kernel: 5, the warp-specialised kernel
-    with TMA copies; 6, the 128 x 256 tiles (for the tests: a product whose tensor maps the driver
-    refuses runs form 4's copies, with the same bits, so a comparison of form 5 or 6 must also see its
-    count rise).
+    with TMA copies (form 7's launches included); 6, the 128 x 256 tiles; 7, the paired sibling leaves
+    (for the tests: a product whose tensor maps the driver refuses runs form 4's copies, with the same
+    bits, so a comparison of forms 5 to 7 must also see its count rise).
 
     Raises
     ------
     InputError
-        ``form`` not 5 or 6.
+        ``form`` not 5, 6 or 7.
     """
     from rl_engine.backends.cuda_launch import query
     from rl_engine.errors import InputError
 
-    if form not in (5, 6) or isinstance(form, bool):
-        raise InputError(f"form_launches: form must be 5 or 6, got {form!r}")
+    if form not in (5, 6, 7) or isinstance(form, bool):
+        raise InputError(f"form_launches: form must be 5, 6 or 7, got {form!r}")
     return query("rl_tree_form_launches", form)
 
 
