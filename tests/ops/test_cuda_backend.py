@@ -1621,6 +1621,53 @@ def test_rms_norm_p2_rounding_orders_exact_bits(cuda_device):
     assert q[:, :, :4].reshape(-1, 4).cpu().view(torch.int16).tolist() == [[0x3F92, 0x3F92, 0x3F92, 0x4012]] * 12
 
 
+@pytest.mark.parametrize("shape", [(64 * 37 + 5, 320), (600, 4, 128)], ids=["rows", "heads-rope"])
+def test_rms_norm_dweight_sums_its_chunks_in_order(cuda_device, shape):
+    """The CUDA backend's weight gradient (partials over 64-row chunks, head rows in 128-column blocks
+    stepping each row's token and head; then the partials added in chunk order, loaded 16 at a time)
+    gives the Triton backend's dweight bits over more than 32 chunks with a partial last one, for
+    [T, E] rows and for QK-norm + RoPE head rows (the rotation taken back in the loads). The input
+    makes the chunk order decide the BF16 result: chunks 1 and 2 hold only 2^30-sized contributions
+    that cancel exactly (one token each, same x and rotation, opposite dy; every other row of the two
+    chunks has dy = 0), so in chunk order chunk 0's small partial is swallowed and chunk 3's survives,
+    while a pairwise grouping ((0 + 1) + (2 + 3)) swallows both and the reverse order keeps chunk 0's
+    (each seen to fail the comparison with the kernel changed so). Control: the tokens in reverse
+    order give other dweight bits on the CUDA backend."""
+    from rl_engine.ops.rms_norm import cuda as rn_cuda
+    from rl_engine.ops.rms_norm import triton as rn_triton
+    from rl_engine.ops.rope.api import cos_sin
+
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=g).to(torch.bfloat16)
+    dy = torch.randn(shape, generator=g).to(torch.bfloat16)
+    heads = len(shape) == 3
+    per_chunk = 64 // shape[1] if heads else 64  # tokens per 64-row chunk
+    first, second = per_chunk, 2 * per_chunk  # the first tokens of chunks 1 and 2
+    dy[first:second + per_chunk] = 0.0
+    x[second] = x[first]
+    dy[first] = 2.0 ** 30  # a power of two: exact in BF16
+    dy[second] = -(2.0 ** 30)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(torch.bfloat16)
+    x, dy, w = x.to(cuda_device), dy.to(cuda_device), w.to(cuda_device)
+    rope = None
+    if heads:
+        cos, sin = cos_sin(torch.arange(shape[0], device=cuda_device), 1e6, shape[-1])
+        cos[second], sin[second] = cos[first], sin[first]  # the same rotation for the cancelling rows
+        rope = (cos.contiguous(), sin.contiguous())
+    _, rstd = rn_triton.rms_norm_fwd(x, w, 1e-6, True)
+
+    def dweight(impl, x, dy, rstd, rope):
+        return impl.rms_norm_bwd(x, w, dy, rstd, False, True, rope=rope)[1]
+
+    want = dweight(rn_triton, x, dy, rstd, rope)
+    got = dweight(rn_cuda, x, dy, rstd, rope)
+    assert _bits_equal(got, want), "the CUDA dweight differs from the Triton backend's"
+    flip_rope = None if rope is None else tuple(a.flip(0).contiguous() for a in rope)
+    rstd_flip = rstd.view(shape[0], -1).flip(0).reshape(-1).contiguous()
+    flipped = dweight(rn_cuda, x.flip(0).contiguous(), dy.flip(0).contiguous(), rstd_flip, flip_rope)
+    assert not _bits_equal(flipped, got), "the chunk order does not decide this input's dweight"
+
+
 def test_rms_norm_p12_eps_from_config(cuda_device):
     x = torch.full((1, 4), 0.003, dtype=torch.bfloat16, device=cuda_device)
     w = torch.ones(4, dtype=torch.bfloat16, device=cuda_device)

@@ -26,7 +26,7 @@ namespace {
 
 constexpr int NORM_THREADS = 128;
 constexpr int NORM_DW_ROWS = 64;     // rows per partial of the weight gradient
-constexpr int NORM_DW_THREADS = 256;  // columns per block of the weight-gradient kernels
+constexpr int NORM_DW_THREADS = 256;  // columns per block of the weight-gradient kernels (128 for rows of <= 128)
 
 __device__ __forceinline__ float block_sum(float v, float* red) {
     v = warp_sum(v);
@@ -190,28 +190,47 @@ rms_bwd_dw_partial_kernel(const bf16* __restrict__ x, const bf16* __restrict__ d
                           int64_t rows, int64_t n_inner, int64_t n, int64_t sxo, int64_t sxi, int64_t sdyo,
                           int64_t sdyi, int64_t sct, int64_t sst) {
     const int64_t chunk = blockIdx.x;
-    const int64_t c = static_cast<int64_t>(blockIdx.y) * NORM_DW_THREADS + threadIdx.x;
+    const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
     if (c >= n) return;
     const int64_t r0 = chunk * NORM_DW_ROWS;
     const int64_t r1 = (r0 + NORM_DW_ROWS) < rows ? (r0 + NORM_DW_ROWS) : rows;
+    // row = t * n_inner + h, stepped from the chunk's first row (row_offset's places without a division
+    // per row)
+    int64_t t = r0 / n_inner;
+    int64_t h = r0 - t * n_inner;
     float acc = 0.0f;
     for (int64_t row = r0; row < r1; ++row) {
-        const float xv = f32(x[row_offset(row, n_inner, sxo, sxi) + c]);
-        const int64_t t = row / n_inner;
-        const float g = norm_grad<ROPE>(dy + row_offset(row, n_inner, sdyo, sdyi), c, n / 2,
-                                        ROPE ? cosv + t * sct : nullptr, ROPE ? sinv + t * sst : nullptr);
+        const float xv = f32(x[t * sxo + h * sxi + c]);
+        const float g = norm_grad<ROPE>(dy + t * sdyo + h * sdyi, c, n / 2, ROPE ? cosv + t * sct : nullptr,
+                                        ROPE ? sinv + t * sst : nullptr);
         acc += g * (xv * rstd[row]);
+        if (++h == n_inner) {
+            h = 0;
+            ++t;
+        }
     }
     partial[chunk * n + c] = acc;
 }
 
-// Stage 2: dw[c] = bf16(sum over chunks, in chunk order, of partial[chunk, c]).
+// Stage 2: dw[c] = bf16(sum over chunks, in chunk order, of partial[chunk, c]). The partials are loaded
+// NORM_DW_LOADS at a time before they are added (in the same order): the q / k norms' head rows have
+// 2048 chunks per column at 4096 tokens, and one dependent load per add left this stage 6.2 ms of a
+// 4 x 1024-token train step (evidence/2026-12-06-h100-cuda-norm-fusions-af90ca4, prof/).
+constexpr int NORM_DW_LOADS = 16;
 __global__ void __launch_bounds__(NORM_DW_THREADS)
 rms_bwd_dw_final_kernel(const float* __restrict__ partial, bf16* __restrict__ dw, int64_t chunks, int64_t n) {
-    const int64_t c = static_cast<int64_t>(blockIdx.x) * NORM_DW_THREADS + threadIdx.x;
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (c >= n) return;
     float acc = 0.0f;
-    for (int64_t k = 0; k < chunks; ++k) acc += partial[k * n + c];
+    int64_t k = 0;
+    for (; k + NORM_DW_LOADS <= chunks; k += NORM_DW_LOADS) {
+        float v[NORM_DW_LOADS];
+#pragma unroll
+        for (int u = 0; u < NORM_DW_LOADS; ++u) v[u] = partial[(k + u) * n + c];
+#pragma unroll
+        for (int u = 0; u < NORM_DW_LOADS; ++u) acc += v[u];
+    }
+    for (; k < chunks; ++k) acc += partial[k * n + c];
     dw[c] = to_bf16(acc);
 }
 
@@ -556,16 +575,19 @@ RL_EXPORT int rl_rms_norm_bwd_dw(const void* x, const void* dy, const void* rstd
     if (n_inner <= 0 || rope != (sinv != nullptr) || (rope && (n & 1))) return static_cast<int>(cudaErrorInvalidValue);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     const int64_t chunks = cdiv(rows, NORM_DW_ROWS);
-    const int64_t col_blocks = cdiv(n, NORM_DW_THREADS);
+    // columns per block: half of NORM_DW_THREADS for head rows of at most that many columns (the q / k
+    // norms' 128: no idle half block); a column's sums do not depend on its block
+    const int threads = n <= NORM_DW_THREADS / 2 ? NORM_DW_THREADS / 2 : NORM_DW_THREADS;
+    const int64_t col_blocks = cdiv(n, static_cast<int64_t>(threads));
     if (chunks >= 2147483647LL || col_blocks > 65535) return static_cast<int>(cudaErrorInvalidValue);
     if (chunks > 0) {
         const auto kernel = rope ? rms_bwd_dw_partial_kernel<true> : rms_bwd_dw_partial_kernel<false>;
-        kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(col_blocks)), NORM_DW_THREADS, 0, st>>>(
+        kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(col_blocks)), threads, 0, st>>>(
             static_cast<const bf16*>(x), static_cast<const bf16*>(dy), static_cast<const float*>(rstd),
             static_cast<float*>(partial), static_cast<const float*>(cosv), static_cast<const float*>(sinv), rows,
             n_inner, n, sxo, sxi, sdyo, sdyi, sct, sst);
     }
-    rms_bwd_dw_final_kernel<<<static_cast<unsigned>(col_blocks), NORM_DW_THREADS, 0, st>>>(
+    rms_bwd_dw_final_kernel<<<static_cast<unsigned>(col_blocks), threads, 0, st>>>(
         static_cast<const float*>(partial), static_cast<bf16*>(dw), chunks, n);
     return launch_status();
 }
