@@ -1668,6 +1668,38 @@ def test_rms_norm_dweight_sums_its_chunks_in_order(cuda_device, shape):
     assert not _bits_equal(flipped, got), "the chunk order does not decide this input's dweight"
 
 
+def test_swiglu_both_load_widths_give_the_triton_bits(cuda_device):
+    """SwiGLU forward and backward on the CUDA backend give the Triton backend's bits in the 16-byte
+    form (columns a multiple of 8, rows 16-byte aligned: a packed [T, 2F] projection's gate / up
+    halves, a partial last block of 2048 columns) and in the 2-byte form (odd columns; an operand
+    one element off a 16-byte boundary), on values whose sigmoid saturates both ways. Control: the
+    16-byte form's output differs from the same call with gate and up swapped (SwiGLU is not
+    symmetric), so a kernel that read its operands from the wrong places would fail."""
+    from rl_engine.ops.swiglu import cuda as sw_cuda
+    from rl_engine.ops.swiglu import triton as sw_triton
+
+    g = torch.Generator().manual_seed(SEED + 61)
+    t, f = 5, 2 * 2048 + 8 * 3
+
+    def draw(*shape):
+        v = torch.randn(*shape, generator=g) * 4.0
+        v.view(-1)[:4] = torch.tensor([-100.0, 100.0, -0.0, 1e-8])  # sigmoid 0, 1; signed zero; tiny
+        return v.to(torch.bfloat16).to(cuda_device)
+
+    packed = draw(t, 2 * f)
+    cases = {"16-byte": (packed[:, :f], packed[:, f:], draw(t, f)),
+             "odd columns": (draw(t, f + 1), draw(t, f + 1), draw(t, f + 1)),
+             "misaligned": (draw(t, f + 1)[:, 1:], draw(t, f), draw(t, f))}
+    for name, (gate, up, dy) in cases.items():
+        y = sw_cuda.swiglu_fwd(gate, up)
+        assert _bits_equal(y, sw_triton.swiglu_fwd(gate, up)), f"{name}: forward"
+        for got, want, what in zip(sw_cuda.swiglu_bwd(gate, up, dy), sw_triton.swiglu_bwd(gate, up, dy),
+                                   ("dgate", "dup")):
+            assert _bits_equal(got, want), f"{name}: {what}"
+    gate, up, _ = cases["16-byte"]
+    assert not _bits_equal(sw_cuda.swiglu_fwd(up, gate), sw_cuda.swiglu_fwd(gate, up))
+
+
 def test_rms_norm_p12_eps_from_config(cuda_device):
     x = torch.full((1, 4), 0.003, dtype=torch.bfloat16, device=cuda_device)
     w = torch.ones(4, dtype=torch.bfloat16, device=cuda_device)

@@ -2,6 +2,9 @@
 // SiLU, SwiGLU, pack / unpack. Every output element depends only on its own inputs (no reduction
 // except the embedding backward, which sums a host-sorted segment in a fixed order), so batch
 // invariance holds by construction.
+#include <initializer_list>
+#include <utility>
+
 #include "common.cuh"
 
 using namespace rl;
@@ -70,6 +73,69 @@ swiglu_fwd_kernel(const bf16* __restrict__ gate, const bf16* __restrict__ up, bf
         const float v = g[j] / (1.0f + expf(-g[j])) * u[j];
         if (c < cols) y[row * sy + c] = to_bf16(v);
     }
+}
+
+// The 16-byte form of the SwiGLU kernels (the host picks it where every row starts 16-byte aligned
+// and the columns are a multiple of 8: Qwen3's packed gate / up halves): thread i of a block takes
+// columns 8 i .. 8 i + 7 of the block's EW_VEC_COLS, one 16-byte load per operand and one 16-byte
+// store per output, every load issued before the first product. The same FP32 expression per
+// element as the 2-byte kernels below, so the same bits (an element's value does not depend on
+// which thread computes it). The 2-byte backward moved 500 MB per Qwen3-8B layer at 4096 tokens in
+// 0.22 ms (2.3 TB/s; the Triton kernel 2.9 TB/s; evidence/2026-12-06-h100-cuda-norm-fusions-af90ca4).
+constexpr int EW_VEC = 8;
+constexpr int EW_VEC_COLS = EW_THREADS * EW_VEC;
+
+__device__ __forceinline__ void ld8_f32(const bf16* p, float (&v)[EW_VEC]) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const bf16* e = reinterpret_cast<const bf16*>(&raw);
+#pragma unroll
+    for (int i = 0; i < EW_VEC; ++i) v[i] = f32(e[i]);
+}
+
+__device__ __forceinline__ void st8_bf16(bf16* p, const float (&v)[EW_VEC]) {
+    uint4 raw;
+    bf16* e = reinterpret_cast<bf16*>(&raw);
+#pragma unroll
+    for (int i = 0; i < EW_VEC; ++i) e[i] = to_bf16(v[i]);
+    *reinterpret_cast<uint4*>(p) = raw;
+}
+
+// Launched through launch_pdl, as swiglu_fwd_kernel.
+__global__ void __launch_bounds__(EW_THREADS)
+swiglu_fwd_vec_kernel(const bf16* __restrict__ gate, const bf16* __restrict__ up, bf16* __restrict__ y, int64_t cols,
+                      int64_t sg, int64_t su, int64_t sy) {
+    const int64_t row = blockIdx.x;
+    const int64_t c = static_cast<int64_t>(blockIdx.y) * EW_VEC_COLS + EW_VEC * static_cast<int64_t>(threadIdx.x);
+    pdl_wait();
+    pdl_launch_dependents();
+    if (c >= cols) return;
+    float g[EW_VEC], u[EW_VEC], v[EW_VEC];
+    ld8_f32(gate + row * sg + c, g);
+    ld8_f32(up + row * su + c, u);
+#pragma unroll
+    for (int i = 0; i < EW_VEC; ++i) v[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    st8_bf16(y + row * sy + c, v);
+}
+
+__global__ void __launch_bounds__(EW_THREADS)
+swiglu_bwd_vec_kernel(const bf16* __restrict__ gate, const bf16* __restrict__ up, const bf16* __restrict__ dy,
+                      bf16* __restrict__ dgate, bf16* __restrict__ dup, int64_t cols, int64_t sg, int64_t su,
+                      int64_t sdy, int64_t sdg, int64_t sdu) {
+    const int64_t row = blockIdx.x;
+    const int64_t c = static_cast<int64_t>(blockIdx.y) * EW_VEC_COLS + EW_VEC * static_cast<int64_t>(threadIdx.x);
+    if (c >= cols) return;
+    float g[EW_VEC], u[EW_VEC], d[EW_VEC], dg[EW_VEC], du[EW_VEC];
+    ld8_f32(gate + row * sg + c, g);
+    ld8_f32(up + row * su + c, u);
+    ld8_f32(dy + row * sdy + c, d);
+#pragma unroll
+    for (int i = 0; i < EW_VEC; ++i) {
+        const float s = 1.0f / (1.0f + expf(-g[i]));
+        dg[i] = d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+        du[i] = d[i] * g[i] * s;
+    }
+    st8_bf16(dgate + row * sdg + c, dg);
+    st8_bf16(dup + row * sdu + c, du);
 }
 
 __global__ void __launch_bounds__(EW_THREADS)
@@ -200,6 +266,19 @@ inline bool grid_ok(int64_t rows, int64_t cols) {
     return rows > 0 && cols > 0 && rows < 2147483647LL && cdiv(cols, EW_COLS) <= 65535;
 }
 
+// Whether the 16-byte SwiGLU kernels can run: columns a multiple of 8, every row of every operand
+// 16-byte aligned (base and row stride).
+inline bool vec_rows_ok(int64_t cols, std::initializer_list<std::pair<const void*, int64_t>> operands) {
+    if (cols % EW_VEC) return false;
+    for (const auto& [p, stride] : operands)
+        if ((reinterpret_cast<uintptr_t>(p) & 15u) || (stride % EW_VEC)) return false;
+    return true;
+}
+
+inline dim3 vec_grid(int64_t rows, int64_t cols) {
+    return dim3(static_cast<unsigned>(rows), static_cast<unsigned>(cdiv(cols, EW_VEC_COLS)));
+}
+
 }  // namespace
 
 RL_EXPORT int rl_silu_fwd(const void* x, void* y, int64_t rows, int64_t cols, int64_t sx, int64_t sy, void* stream) {
@@ -221,6 +300,10 @@ RL_EXPORT int rl_silu_bwd(const void* x, const void* dy, void* dx, int64_t rows,
 RL_EXPORT int rl_swiglu_fwd(const void* gate, const void* up, void* y, int64_t rows, int64_t cols, int64_t sg, int64_t su, int64_t sy, void* stream) {
     if (rows == 0 || cols == 0) return 0;
     if (!grid_ok(rows, cols)) return static_cast<int>(cudaErrorInvalidValue);
+    if (vec_rows_ok(cols, {{gate, sg}, {up, su}, {y, sy}}))
+        return launch_pdl(swiglu_fwd_vec_kernel, vec_grid(rows, cols), dim3(EW_THREADS), 0,
+                          static_cast<cudaStream_t>(stream), static_cast<const bf16*>(gate), static_cast<const bf16*>(up),
+                          static_cast<bf16*>(y), cols, sg, su, sy);
     return launch_pdl(swiglu_fwd_kernel, row_grid(rows, cols), dim3(EW_THREADS), 0, static_cast<cudaStream_t>(stream),
                       static_cast<const bf16*>(gate), static_cast<const bf16*>(up), static_cast<bf16*>(y), cols, sg, su,
                       sy);
@@ -229,6 +312,12 @@ RL_EXPORT int rl_swiglu_fwd(const void* gate, const void* up, void* y, int64_t r
 RL_EXPORT int rl_swiglu_bwd(const void* gate, const void* up, const void* dy, void* dgate, void* dup, int64_t rows, int64_t cols, int64_t sg, int64_t su, int64_t sdy, int64_t sdg, int64_t sdu, void* stream) {
     if (rows == 0 || cols == 0) return 0;
     if (!grid_ok(rows, cols)) return static_cast<int>(cudaErrorInvalidValue);
+    if (vec_rows_ok(cols, {{gate, sg}, {up, su}, {dy, sdy}, {dgate, sdg}, {dup, sdu}})) {
+        swiglu_bwd_vec_kernel<<<vec_grid(rows, cols), EW_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const bf16*>(gate), static_cast<const bf16*>(up), static_cast<const bf16*>(dy),
+            static_cast<bf16*>(dgate), static_cast<bf16*>(dup), cols, sg, su, sdy, sdg, sdu);
+        return launch_status();
+    }
     swiglu_bwd_kernel<<<row_grid(rows, cols), EW_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const bf16*>(gate), static_cast<const bf16*>(up), static_cast<const bf16*>(dy),
         static_cast<bf16*>(dgate), static_cast<bf16*>(dup), cols, sg, su, sdy, sdg, sdu);
