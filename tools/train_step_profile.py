@@ -347,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
                          "linear_logp's tensor-core backward; a: and the attention backward's tensor-core form; d: its declared "
                          "form, the default), "
                          "comma-separated, e.g. 3t,3ta (label <backend>#<form>); for --backend cuda_bf16")
+    ap.add_argument("--calls-only", type=int, default=0,
+                    help="run each call this many times with no profiler and no timing, then stop (for ncu, which "
+                         "picks its kernels by name: tools/h200_issue33.sh's NCU_KERNELS)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-persistent", action="store_true",
                     help="Triton det_gemm without its persistent TMA form (the fused form, as before issue #33)")
@@ -381,6 +384,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.hf:
             impls["hf_sdpa"] = lambda: hf(weights, ids, targets, train)
         for label, make in impls.items():
+            if args.calls_only:
+                call = make()
+                for _ in range(args.calls_only):
+                    call()
+                torch.cuda.synchronize()
+                print(f"== {mode}/{label}: {args.calls_only} call(s), not timed")
+                continue
             try:
                 grads = sum(t.numel() * 2 for _, t in weights.named_tensors()) if train else 0
                 call = make()
