@@ -286,17 +286,19 @@ def with_cuda_forms(text: str, make):
     (``rl_engine.ops.det_gemm.cuda.TREE_GEMM_FORMS``), with a ``t`` in the suffix linear_logp's
     tensor-core backward (``TENSOR_CORE_BWD_ON_CUDA``, else its FP32 one) and with an ``a`` the
     attention backward's tensor-core form, with a ``d`` its declared form (the default since
-    ws1-c1-v8; ``attention.cuda.BWD_FORMS``), else ``fma``, e.g. ``3ta``, ``4td``; all are set around
-    each call and restored after it."""
+    ws1-c1-v8; ``attention.cuda.BWD_FORMS``), else ``fma``, e.g. ``3ta``, ``4td``; with an ``s`` the
+    one-launch gate / up + SwiGLU of teacher forcing (``det_gemm.cuda.GATE_UP_SWIGLU_FUSED``), e.g.
+    ``5tds``; all are set around each call and restored after it."""
     from rl_engine.ops.attention import cuda as attention_cuda
     from rl_engine.ops.det_gemm import cuda as det_gemm_cuda
     from rl_engine.ops.linear_logp import cuda as linear_logp_cuda
 
-    digits, suffix = text.rstrip("tad"), text.lstrip("0123456789")
+    digits, suffix = text.rstrip("tads"), text.lstrip("0123456789")
     if not digits.isdigit() or digits + suffix != text or ("a" in suffix and "d" in suffix):
-        raise SystemExit(f"--cuda-forms: {text!r}: a form number, then t and / or one of a, d")
+        raise SystemExit(f"--cuda-forms: {text!r}: a form number, then t, s and / or one of a, d")
     form = int(digits)
     tc = "t" in suffix
+    swiglu = "s" in suffix
     attn = "declared" if "d" in suffix else ("tensor_cores" if "a" in suffix else "fma")
 
     def configured():
@@ -306,13 +308,16 @@ def with_cuda_forms(text: str, make):
             old_form = det_gemm_cuda.set_tree_gemm_form(form)
             old_tc = linear_logp_cuda.TENSOR_CORE_BWD_ON_CUDA
             old_attn = attention_cuda.set_bwd_form(attn)
+            old_swiglu = det_gemm_cuda.GATE_UP_SWIGLU_FUSED
             linear_logp_cuda.TENSOR_CORE_BWD_ON_CUDA = tc
+            det_gemm_cuda.GATE_UP_SWIGLU_FUSED = swiglu
             try:
                 return call()
             finally:
                 det_gemm_cuda.set_tree_gemm_form(old_form)
                 linear_logp_cuda.TENSOR_CORE_BWD_ON_CUDA = old_tc
                 attention_cuda.set_bwd_form(old_attn)
+                det_gemm_cuda.GATE_UP_SWIGLU_FUSED = old_swiglu
 
         return run
 

@@ -181,6 +181,18 @@ class _Step:
     cache_seqlens: torch.Tensor | None  # decode: int32 [B] = positions + 1
 
 
+def _packed_halves(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor | None:
+    """The ``[2F, E]`` tensor whose rows 0 .. F - 1 are ``w_gate`` and F .. 2F - 1 ``w_up`` (both
+    ``[F, E]``, unit stride along E, ``w_up`` directly after ``w_gate`` in one storage: the packed
+    weight's two slices), as a view; None when they are not laid out so."""
+    ffn = w_gate.shape[0]
+    if (w_gate.shape != w_up.shape or w_gate.stride() != w_up.stride() or w_gate.dtype != w_up.dtype
+            or w_gate.stride(-1) != 1 or w_gate.untyped_storage().data_ptr() != w_up.untyped_storage().data_ptr()
+            or w_up.storage_offset() != w_gate.storage_offset() + ffn * w_gate.stride(0)):
+        return None
+    return w_gate.as_strided((2 * ffn, w_gate.shape[1]), w_gate.stride())
+
+
 class Qwen3Model:
     """Qwen3 dense model on one backend.
 
@@ -265,12 +277,15 @@ class Qwen3Model:
         layer forward (``cuda_bf16`` since its norm kernels have the fused forms too; above their
         row limits it runs the separate launches, the same bits). The attention and the sites of the
         other norms are unchanged; the ``attn_residual`` / ``mlp_residual`` sites and the q / k norm
-        and rope sites become the norms' and ``qk_norm_rope``. On ``triton_cuda_bf16``, calls
-        without gradients (``torch.no_grad``: teacher forcing for scoring) run the gate / up
-        projections and SwiGLU as one ``gate_up_swiglu`` site
-        (:func:`rl_engine.ops.det_gemm.triton.det_gemm_swiglu_launch`, the same bits; its fused
-        kernel only where ``GATE_UP_SWIGLU_ON_CUDA`` allows, otherwise two det_gemm launches, one
-        per weight even for packed weights, then swiglu); with gradients the MLP is unchanged.
+        and rope sites become the norms' and ``qk_norm_rope``. Calls without gradients
+        (``torch.no_grad``: teacher forcing for scoring) run the gate / up projections and SwiGLU
+        as one ``gate_up_swiglu`` site, the same bits: on ``triton_cuda_bf16``
+        :func:`rl_engine.ops.det_gemm.triton.det_gemm_swiglu_launch` (its fused kernel only where
+        ``GATE_UP_SWIGLU_ON_CUDA`` allows, otherwise two det_gemm launches, one per weight even for
+        packed weights, then swiglu); on ``cuda_bf16``
+        :func:`rl_engine.ops.det_gemm.cuda.det_gemm_swiglu_launch` for packed weights (one launch
+        where ``GATE_UP_SWIGLU_FUSED`` allows, otherwise the packed product then swiglu), two
+        products then swiglu for separate ones. With gradients the MLP is unchanged.
 
         Raises
         ------
@@ -306,6 +321,23 @@ class Qwen3Model:
                 # against the contract as the op checks it on every call)
                 check_contract_topology(dg.TREE_DEPTH, "the Triton det_gemm kernel")
                 return dg.det_gemm_swiglu_launch(a, w_gate.t(), w_up.t(), dg.TREE_DEPTH)
+
+            extra["gate_up_swiglu"] = gate_up_swiglu
+        else:  # cuda_bf16
+            from rl_engine.ops.det_gemm import cuda as dg_cuda
+            from rl_engine.ops.det_gemm.topology import check_contract_topology
+            from rl_engine.ops.swiglu.cuda import swiglu_fwd
+
+            def gate_up_swiglu(a, w_gate, w_up):
+                # the packed [gate; up] weight's two halves: one product [T, 2F] (or, with
+                # dg_cuda.GATE_UP_SWIGLU_FUSED, one launch that writes only swiglu's output);
+                # separate weights: two products, then swiglu (the same bits either way)
+                check_contract_topology(dg_cuda.TREE_DEPTH, "the CUDA det_gemm kernel")
+                packed = _packed_halves(w_gate, w_up)
+                if packed is not None:
+                    return dg_cuda.det_gemm_swiglu_launch(a, packed.t(), dg_cuda.TREE_DEPTH)
+                return swiglu_fwd(dg_cuda.det_gemm_launch(a, w_gate.t(), dg_cuda.TREE_DEPTH),
+                                  dg_cuda.det_gemm_launch(a, w_up.t(), dg_cuda.TREE_DEPTH))
 
             extra["gate_up_swiglu"] = gate_up_swiglu
         return self.ops.replace(add_rms_norm=lambda **kw: add_rms_norm_kernel(**kw, backend=b),

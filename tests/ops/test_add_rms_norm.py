@@ -251,3 +251,60 @@ def test_training_table_without_gradients_fuses_gate_up_and_swiglu(device):
         assert len(calls) == 2 * cfg.num_hidden_layers
         bad = model.forward(ids, pos, cu_seqlens=cu, ops=model.training_ops().replace(gate_up_swiglu=swapped))
         assert not bits_equal(bad, base)
+
+
+def test_cuda_training_table_without_gradients_fuses_gate_up_and_swiglu(cuda_context, monkeypatch):
+    """The same on ``cuda_bf16`` (on the GPU, else emulated): under ``torch.no_grad`` its training
+    table's ``gate_up_swiglu`` site gives the plain table's hidden states bit for bit, unpacked and
+    packed, with the one-launch kernel off and on (``GATE_UP_SWIGLU_FUSED``; on, packed, the kernel
+    must have run once per layer); the site gives the same bits for a packed weight's halves (one
+    launch) and for separate copies of them (two products, then swiglu). Control: the site with gate
+    and up exchanged gives other hidden states."""
+    import dataclasses
+
+    from rl_engine.backends.registry import get_backend
+    from rl_engine.chain.config import get_config
+    from rl_engine.chain.model import Qwen3Model
+    from rl_engine.chain.weights import synthetic_weights
+    from rl_engine.ops.det_gemm import cuda as dg_cuda
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":  # the host emulation stands in for the GPU the backend's probe asks for
+        monkeypatch.setitem(get_backend("cuda_bf16")._cache, "answer", (True, "host emulation (tests only)"))
+    cfg = dataclasses.replace(get_config("tiny-smoke"), num_hidden_layers=1)
+    b, s = 2, 5
+    with cuda_context():
+        ids = torch.randint(0, cfg.vocab_size, (b * s,), generator=torch.Generator().manual_seed(4)).to(device)
+        pos = torch.arange(s, device=device).repeat(b)
+        cu = torch.arange(0, b * s + 1, s, dtype=torch.int32, device=device)
+        model = Qwen3Model(synthetic_weights(cfg, 0, logit_scale=2.0, device=device), "cuda_bf16")
+        table = model.training_ops()
+        assert table.has("gate_up_swiglu")
+        with torch.no_grad():
+            base = model.forward(ids, pos, cu_seqlens=cu, ops=model.ops)
+            for fused in (False, True):
+                monkeypatch.setattr(dg_cuda, "GATE_UP_SWIGLU_FUSED", fused)
+                for packed in (False, True):
+                    before = dg_cuda.swiglu_launches()
+                    got = model.forward(ids, pos, cu_seqlens=cu, ops=model.training_ops(), packed=packed)
+                    assert bits_equal(got, base), (fused, packed)
+                    ran = dg_cuda.swiglu_launches() - before
+                    if packed or not fused:
+                        assert ran == (cfg.num_hidden_layers if fused else 0), (fused, packed, ran)
+            site = model.training_ops().impl("gate_up_swiglu")
+            gate_up = model.packed_projections()[0].gate_up
+            ffn = gate_up.shape[0] // 2
+            a = torch.randn((7, gate_up.shape[1]), generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+            a = a.to(device)
+            before = dg_cuda.swiglu_launches()
+            one = site(a, gate_up[:ffn], gate_up[ffn:])
+            assert dg_cuda.swiglu_launches() == before + 1
+            assert bits_equal(site(a, gate_up[:ffn].clone(), gate_up[ffn:].clone()), one)
+            assert dg_cuda.swiglu_launches() == before + 1  # separate copies: two products, then swiglu
+
+            def swapped(a, w_gate, w_up):  # NEGATIVE CONTROL
+                return site(a, w_up, w_gate)
+
+            bad = model.forward(ids, pos, cu_seqlens=cu, ops=model.training_ops().replace(gate_up_swiglu=swapped),
+                                packed=True)
+            assert not bits_equal(bad, base)

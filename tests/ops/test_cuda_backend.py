@@ -405,6 +405,43 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
                                dg_cuda.det_gemm_launch(x, wt, 2, leaf_split=False))
 
 
+@pytest.mark.parametrize("m,k,f", [(130, 256, 136), (66, 1056, 75)])
+def test_det_gemm_swiglu_is_det_gemm_then_swiglu(cuda_device, m, k, f):
+    """The one-launch gate / up projections + SwiGLU (``rl_det_gemm_swiglu``: the depth-2 fused tree of
+    each half of the packed weight, the gate tile's result parked while the up tile runs, SwiGLU in
+    the store) gives the bits of det_gemm into [M, 2F] then swiglu on its halves: partial tiles along
+    M and F, leaves that end inside a slot (1056: leaves of 264), an odd F (single-element stores).
+    It must have run its own kernel (the launch count rises). Control: the packed weight with its
+    halves swapped gives other bits (SwiGLU is not symmetric). Refused before any launch: odd
+    columns, a K that is not a's, a forced fused call at depth 1 or in form 4."""
+    from rl_engine.ops.det_gemm import cuda as dg_cuda
+    from rl_engine.ops.swiglu.cuda import swiglu_fwd
+
+    if cuda_device.type == "cpu" and m * k * f > 130 * 256 * 136 * 2:
+        pytest.skip("the host emulation runs one fiber per CUDA thread")
+    g = torch.Generator().manual_seed(m + k + f)
+    x = (torch.randn(m, k, generator=g) * 0.5).to(torch.bfloat16).to(cuda_device)
+    w = (torch.randn(2 * f, k, generator=g) * 0.1).to(torch.bfloat16).to(cuda_device)  # [gate; up], packed
+    gu = dg_cuda.det_gemm_launch(x, w.t(), 2, leaf_split=False)
+    want = swiglu_fwd(gu[:, :f], gu[:, f:])
+    assert dg_cuda.det_gemm_swiglu_ok(x, w.t(), 2), "the one-launch kernel cannot run this case"
+    before = dg_cuda.swiglu_launches()
+    got = dg_cuda.det_gemm_swiglu_launch(x, w.t(), 2, fused=True)
+    assert dg_cuda.swiglu_launches() > before, "rl_det_gemm_swiglu never ran"
+    assert _bits_equal(got, want)
+    assert _bits_equal(dg_cuda.det_gemm_swiglu_launch(x, w.t(), 2, fused=False), want)
+    swapped = torch.cat([w[f:], w[:f]])
+    assert not _bits_equal(dg_cuda.det_gemm_swiglu_launch(x, swapped.t(), 2, fused=True), got)
+    with pytest.raises(ValueError, match="2F"):
+        dg_cuda.det_gemm_swiglu_launch(x, w[1:].t(), 2)
+    with pytest.raises(ValueError, match="2F"):
+        dg_cuda.det_gemm_swiglu_launch(x[:, 8:], w.t(), 2)
+    with pytest.raises(ValueError, match="cannot run"):
+        dg_cuda.det_gemm_swiglu_launch(x, w.t(), 1, fused=True)
+    with _tree_gemm_form(4), pytest.raises(ValueError, match="cannot run"):
+        dg_cuda.det_gemm_swiglu_launch(x, w.t(), 2, fused=True)
+
+
 def test_tree_gemm_form_is_checked(cuda_device):
     """Forms outside TREE_GEMM_FORMS are refused before anything runs."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda

@@ -617,6 +617,41 @@ __device__ __forceinline__ void tw_store(const TreeArgs& g, const float (&acc)[6
         }
 }
 
+// SwiGLU of one neighbouring pair: y = g / (1 + exp(-g)) * u in FP32, rounded once (swiglu_fwd_kernel's
+// expression, elementwise.cu).
+__device__ __forceinline__ bf16 tw_swiglu1(bf16 gb, bf16 ub) {
+    const float g = f32(gb);
+    return to_bf16(g / (1.0f + expf(-g)) * f32(ub));
+}
+
+// tw_store's places for the SWIGLU kernel (g.N = F columns of y = g.c): swiglu of the gate tile's merged
+// tree (pair q at hg[256 q], parked in shared memory by this thread) and the up tile's h0, pair by pair.
+__device__ __forceinline__ void tw_store_swiglu(const TreeArgs& g, const uint32_t* hg, const uint32_t (&h0)[32],
+                                                int64_t row0, int64_t n0, int pairs) {
+    const int lane = threadIdx.x & 31;
+    const int gq = lane >> 2;
+    const int t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < TW_BN / 8; ++j)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int q = 2 * j + p;
+            const int64_t r = row0 + gq + 8 * p;
+            const int64_t c = n0 + 8 * j + 2 * t;
+            if (r >= g.M || c >= g.N) continue;
+            bf16* o = static_cast<bf16*>(g.c) + r * g.s_cm + c * g.s_cn;
+            const uint32_t gate = hg[256 * q];
+            const bf16 lo = tw_swiglu1(tp_lo(gate), tp_lo(h0[q]));
+            const bf16 hi = tw_swiglu1(tp_hi(gate), tp_hi(h0[q]));
+            if (c + 1 < g.N && pairs) {
+                *reinterpret_cast<uint32_t*>(o) = tp_pack(lo, hi);
+            } else {
+                o[0] = lo;
+                if (c + 1 < g.N) o[g.s_cn] = hi;
+            }
+        }
+}
+
 // HILO (DEPTH 0): the hi / lo GEMM of rl_gemm_hilo (tree_pipe_kernel's HILO) with the warpgroup MMA:
 // slot s holds 64 k of part s % 2 (hi, then lo at a_lo) of block s / 2, all four k16 products issued
 // (zero-filled past K), one accumulator from acc_in (or 0) over every slot.
@@ -727,6 +762,11 @@ int64_t g_tws_tma_launches = 0;   // rl_tree_form_launches(5): form 5's launches
 int64_t g_tws_pair_launches = 0;  // rl_tree_form_launches(7): form 7's launches with the paired leaves
 constexpr int TWS_THREADS = 384;  // the copy warpgroup, then the two MMA warpgroups
 constexpr int TWS_SMEM = TWS_STAGES * TW_SLOT + 2 * TWS_STAGES * 8;  // the ring, then full[], empty[]
+// SWIGLU: then, 128-byte aligned, the gate tile's merged tree parked while the up tile runs (32 packed
+// pairs per MMA thread, word q of thread i at q * 256 + i: no bank conflicts); in registers it spilled
+// 268 bytes per thread (ptxas -v).
+constexpr int TWS_PARK = (TWS_SMEM + 127) / 128 * 128;
+constexpr int TWS_SMEM_SWIGLU = TWS_PARK + 32 * 256 * 4;
 // Registers per thread after the split (setmaxnreg): the launch allocates 168 per thread (ptxas's count
 // under __launch_bounds__(384, 1)); the copy warpgroup gives some back so that the MMA warpgroups hold a
 // DEPTH-2 tile's sums (64 FP32 and 2 x 32 packed BF16 pairs) and the tile loop's state (ptxas -v, nvcc
@@ -753,14 +793,21 @@ static_assert(128 * TWS_COPY_REGS + 256 * TWS_MMA_REGS <= TWS_THREADS * 168, "se
 // warpgroups wait for every MMA in flight (ncu of form 5: the tensor pipe 64 % busy; the Triton
 // backend's persistent kernel gained 0.52-0.78x -> 0.64-0.82x cuBLAS from the same pairing, its
 // PersistentTiles.loop = 3).
+// SWIGLU (rl_det_gemm_swiglu; the depth-2 fused tree, K-major operands, TMA copies): g.N = F, and B holds
+// 2F columns, the gate projection's at 0 .. F - 1 and the up projection's from s_acc (= F) on; a block
+// computes the gate tile (n0) and then the up tile (s_acc + n0) of its rows, each the fused tree of
+// the rest of this kernel (the same slots, products, roundings and merges), holds the gate tile's
+// BF16 result, and stores only swiglu(gate, up) (tw_store_swiglu): neither projection is written.
 template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false, bool HILO = false, bool TMA = false,
-          bool PAIR = false>
+          bool PAIR = false, bool SWIGLU = false>
 __global__ void __launch_bounds__(TWS_THREADS, 1)
     tree_wgmma_ws_kernel(TreeArgs g, int pairs, const bf16* a_lo, const float* acc_in, int64_t s_acc,
                          const __grid_constant__ std::conditional_t<TMA, TwMaps, TwNoMaps> maps) {
     static_assert(!(OUT_F32 || LEAVES || HILO) || DEPTH == 0, "FP32 output, hi / lo and the leaf workspace are single leaves");
     static_assert(!(HILO && LEAVES), "hi / lo products have no leaf workspace");
     static_assert(!PAIR || (DEPTH == 2 && TMA), "the paired leaves are form 7's: the depth-2 fused tree with TMA copies");
+    static_assert(!SWIGLU || (DEPTH == 2 && TMA && !PAIR && !A_MN && !B_MN),
+                  "the SwiGLU epilogue runs the depth-2 fused tree of x @ w^T with TMA copies");
     static_assert(HILO_BLOCK == TW_SK, "a hi / lo block is one ring slot of each part");
     constexpr int NL = 1 << DEPTH;
     const int first = LEAVES ? static_cast<int>(blockIdx.z) : 0;  // the block's first leaf
@@ -798,6 +845,14 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
                     for (int64_t k0 = 0; k0 < g.K; k0 += HILO_BLOCK) {
                         slot(&maps.a[0], &maps.b[0], k0);  // hi
                         slot(&maps.lo, &maps.b[0], k0);    // lo
+                    }
+                } else if (SWIGLU) {  // the gate tile's leaves, then the up tile's
+                    for (int half = 0; half < 2; ++half) {
+                        const int64_t nb = n0 + (half ? s_acc : 0);
+                        for (int lf = 0; lf < NL; ++lf)
+                            for (int64_t k0 = 0; k0 < tp_bound(g, lf + 1) - tp_bound(g, lf); k0 += TW_SK)
+                                tw_tma_slot<A_MN, B_MN, TW_BN, TWS_STAGES, TW_SLOT>(j++, ring, full, empty, &maps.a[lf],
+                                                                                   &maps.b[lf], m0, nb, k0);
                     }
                 } else if (PAIR) {
                     for (int p = 0; p < NL; p += 2)
@@ -901,6 +956,44 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
         }
         return;
     }
+    if constexpr (SWIGLU) {
+        uint32_t* park = reinterpret_cast<uint32_t*>(smem_raw + TWS_PARK) + (tid - 128);  // the gate tile's tree
+        for (int64_t pid = blockIdx.x; pid < tiles; pid += gridDim.x) {
+            int64_t m0, n0;
+            tw_tile(g, pid, m0, n0);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+#pragma unroll
+                for (int l = 0; l < NL; ++l) {
+                    const int64_t width = tp_bound(g, l + 1) - tp_bound(g, l);
+                    const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
+                    const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));
+                    tw_acc_start<false>(acc, g, nullptr, 0, 0, 0);
+                    for (int64_t i = 0; i < slots; ++i, ++consumed) {
+                        const int s = consumed % TWS_STAGES;
+                        mbar_wait(full + 8 * s, (consumed / TWS_STAGES) & 1);
+                        fence_proxy_async();
+                        const uint64_t off = static_cast<uint64_t>((s * TW_SLOT) >> 4);
+                        tw_slot_mmas<A_MN, B_MN>(acc, desc0 + off, descb0 + off, i, steps);
+                        if (released < consumed) {
+                            if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
+                            ++released;
+                        }
+                    }
+                    wg_wait0();
+                    for (; released < consumed; ++released)
+                        if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
+                    tw_hold(l, acc, h0, h1);
+                }
+                if (half == 0) {
+#pragma unroll
+                    for (int q = 0; q < 32; ++q) park[256 * q] = h0[q];  // read back by this thread only
+                }
+            }
+            tw_store_swiglu(g, park, h0, m0 + 64 * cw + 16 * warp, n0, pairs);
+        }
+        return;
+    }
     for (int64_t pid = blockIdx.x; pid < tiles; pid += gridDim.x) {
         int64_t m0, n0;
         tw_tile(g, pid, m0, n0);
@@ -934,11 +1027,13 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
 
 
 
-template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES, bool HILO, bool TMA, class Maps, bool PAIR = false>
+template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES, bool HILO, bool TMA, class Maps, bool PAIR = false,
+          bool SWIGLU = false>
 int launch_tree_wgmma_ws_grid(const TreeArgs& g, cudaStream_t st, int leaves, const bf16* lo, const float* acc_in,
                               int64_t s_acc, const Maps& maps) {
-    auto kernel = tree_wgmma_ws_kernel<DEPTH, OUT_F32, A_MN, B_MN, LEAVES, HILO, TMA, PAIR>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TWS_SMEM))
+    auto kernel = tree_wgmma_ws_kernel<DEPTH, OUT_F32, A_MN, B_MN, LEAVES, HILO, TMA, PAIR, SWIGLU>;
+    constexpr int smem = SWIGLU ? TWS_SMEM_SWIGLU : TWS_SMEM;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
         return static_cast<int>(e);
     const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
     const int pairs = tp_pairs(g.c, g.s_cm, g.s_cn, OUT_F32);
@@ -952,7 +1047,7 @@ int launch_tree_wgmma_ws_grid(const TreeArgs& g, cudaStream_t st, int leaves, co
         if (per_leaf < blocks) blocks = per_leaf;
     }
     const dim3 grid(static_cast<unsigned>(blocks), 1, static_cast<unsigned>(LEAVES ? leaves : 1));
-    kernel<<<grid, TWS_THREADS, TWS_SMEM, st>>>(g, pairs, lo, acc_in, s_acc, maps);
+    kernel<<<grid, TWS_THREADS, smem, st>>>(g, pairs, lo, acc_in, s_acc, maps);
     return launch_status();
 }
 
@@ -1139,6 +1234,50 @@ RL_EXPORT int64_t rl_tree_wgmma_ws_persistent(int64_t on) {
 RL_EXPORT int64_t rl_tree_form_launches(int64_t form) {
     return form == 5 ? g_tws_tma_launches : form == 6 ? g_tww_launches : form == 7 ? g_tws_pair_launches : -1;
 }
+
+// The gate / up projections and SwiGLU of a Qwen3 MLP in one launch (tree_wgmma_ws_kernel's SWIGLU):
+// y [M, F] bf16 = swiglu(A @ B[:, 0 .. F), A @ B[:, F .. 2F)), both products the depth-2 fused tree over
+// the leaf bounds b0 .. b4 of K, swiglu in FP32 rounded once: the bits of rl_det_gemm into [M, 2F] then
+// rl_swiglu_fwd on its two halves, without writing the projections. A [M, K] and B [K, 2F] K-major (unit
+// stride along K: x and the packed weight [2F, K] transposed; row / column strides s_am, s_bn), y with
+// row stride s_ym and unit column stride. rl_det_gemm_swiglu_ok: 1 where it can run (training-size form
+// 5 or later, tree_wgmma_ok's layout and leaf bounds for all 2F columns, tensor maps the driver takes),
+// else 0 (the caller runs rl_det_gemm and rl_swiglu_fwd); rl_det_gemm_swiglu returns
+// cudaErrorInvalidValue before any launch where _ok says 0.
+namespace {
+int64_t g_swiglu_launches = 0;
+
+bool swiglu_args(TreeArgs& g, const void* a, const void* b, void* y, int64_t M, int64_t F, int64_t K, int64_t s_am,
+                 int64_t s_bn, int64_t s_ym, const int64_t (&bounds)[5]) {
+    g = TreeArgs{static_cast<const bf16*>(a), static_cast<const bf16*>(b), y, M, 2 * F, K, s_am, 1, 1, s_bn, s_ym, 1,
+                 {bounds[0], bounds[1], bounds[2], bounds[3], bounds[4]}};
+    if (g_tree_form < 5 || M <= 0 || F <= 0 || K <= 0 || bounds[0] != 0 || bounds[4] != K) return false;
+    for (int i = 0; i < 4; ++i)
+        if (bounds[i + 1] < bounds[i]) return false;
+    TwMaps maps{};
+    return tree_wgmma_ok(g, 4) && tw_maps<false, false>(maps, g, 4, nullptr);
+}
+}  // namespace
+
+RL_EXPORT int64_t rl_det_gemm_swiglu_ok(const void* a, const void* b, int64_t M, int64_t F, int64_t K, int64_t s_am, int64_t s_bn, int64_t b0, int64_t b1, int64_t b2, int64_t b3, int64_t b4) {
+    TreeArgs g{};
+    return swiglu_args(g, a, b, nullptr, M, F, K, s_am, s_bn, 0, {b0, b1, b2, b3, b4}) ? 1 : 0;
+}
+
+RL_EXPORT int rl_det_gemm_swiglu(const void* a, const void* b, void* y, int64_t M, int64_t F, int64_t K, int64_t s_am, int64_t s_bn, int64_t s_ym, int64_t b0, int64_t b1, int64_t b2, int64_t b3, int64_t b4, void* stream) {
+    TreeArgs g{};
+    if (!swiglu_args(g, a, b, y, M, F, K, s_am, s_bn, s_ym, {b0, b1, b2, b3, b4}))
+        return static_cast<int>(cudaErrorInvalidValue);
+    TwMaps maps{};  // over all 2F columns of B
+    tw_maps<false, false>(maps, g, 4, nullptr);
+    g.N = F;  // the tiles and stores: y's columns
+    ++g_swiglu_launches;
+    return launch_tree_wgmma_ws_grid<2, false, false, false, false, false, true, TwMaps, false, true>(
+        g, static_cast<cudaStream_t>(stream), 1, nullptr, nullptr, F, maps);
+}
+
+// How many launches of this process ran rl_det_gemm_swiglu's kernel (for the tests).
+RL_EXPORT int64_t rl_det_gemm_swiglu_launches() { return g_swiglu_launches; }
 
 // 1 if the pipelined kernel can run rl_det_gemm with these arguments (leaves 0 .. 2^depth - 1; for the
 // tests, which must know that the form they compare did run), else 0.

@@ -309,3 +309,71 @@ def det_gemm_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fp32_merge: bo
     launch(a.device, "rl_det_gemm", a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
            c.stride(0), c.stride(1), depth, *bounds)
     return c
+
+
+GATE_UP_SWIGLU_FUSED = False
+"""Whether :func:`det_gemm_swiglu_launch` takes the one-launch kernel (``rl_det_gemm_swiglu``) by
+default where it can run. False until it has run on a GPU (its bits against det_gemm then swiglu,
+and a time below theirs); the tests force it."""
+
+
+def _swiglu_bounds(k: int, depth: int) -> list[int]:
+    bounds = mid_split_bounds(0, k, depth)
+    return bounds + [k] * (5 - len(bounds))
+
+
+def det_gemm_swiglu_ok(a: torch.Tensor, b: torch.Tensor, depth: int) -> bool:
+    """Whether ``rl_det_gemm_swiglu`` can run ``swiglu(a @ b[:, :F], a @ b[:, F:])`` for ``a [M, K]``
+    and ``b [K, 2F]`` (bf16 on the device): a depth-2 tree, both operands unit-stride along K (``x`` and
+    the packed gate / up weight ``[2F, K]`` transposed), the training-size GEMM form 5 or later,
+    16-byte aligned rows and leaf bounds, and tensor maps the driver accepts."""
+    from rl_engine.backends.cuda_launch import query
+
+    m, k = a.shape
+    two_f = b.shape[1]
+    if depth != 2 or two_f % 2 or m == 0 or k == 0 or a.stride(1) != 1 or b.stride(0) != 1:
+        return False
+    return query("rl_det_gemm_swiglu_ok", a.data_ptr(), b.data_ptr(), m, two_f // 2, k, a.stride(0), b.stride(1),
+                 *_swiglu_bounds(k, depth)) == 1
+
+
+def det_gemm_swiglu_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fused: bool | None = None) -> torch.Tensor:
+    """``y [M, F]`` bf16 = ``swiglu(a @ b[:, :F], a @ b[:, F:])``: a Qwen3 MLP's gate / up projections
+    (``a [M, K]`` the normed hidden rows, ``b [K, 2F]`` the packed ``[gate; up]`` weight transposed,
+    bf16) and SwiGLU, each product tree-reduced over K as :func:`det_gemm_launch` reduces it (FP32 leaf
+    sums rounded to BF16, BF16 merges), SwiGLU in FP32 rounded once as
+    :func:`rl_engine.ops.swiglu.cuda.swiglu_fwd` computes it: the same bits as those two launches
+    (tested), in one launch that writes neither projection where ``fused`` (None:
+    :data:`GATE_UP_SWIGLU_FUSED` and :func:`det_gemm_swiglu_ok`) says so.
+
+    Raises
+    ------
+    ValueError
+        ``b``'s columns are odd (no two halves), its K is not ``a``'s, or ``fused`` is True where
+        :func:`det_gemm_swiglu_ok` is False; all before any launch.
+    """
+    from rl_engine.ops.swiglu.cuda import swiglu_fwd
+
+    m, k = a.shape
+    if b.shape[0] != k or b.shape[1] % 2:
+        raise ValueError(f"det_gemm_swiglu: b must be [K, 2F] with K = {k}, got {list(b.shape)}")
+    ffn = b.shape[1] // 2
+    ok = det_gemm_swiglu_ok(a, b, depth)
+    if fused is None:
+        fused = GATE_UP_SWIGLU_FUSED and ok
+    if fused and not ok:
+        raise ValueError("det_gemm_swiglu: the one-launch kernel cannot run these operands (det_gemm_swiglu_ok)")
+    if not fused:
+        gu = det_gemm_launch(a, b, depth)
+        return swiglu_fwd(gu[:, :ffn], gu[:, ffn:])
+    y = torch.empty((m, ffn), dtype=torch.bfloat16, device=a.device)
+    launch(a.device, "rl_det_gemm_swiglu", a, b, y, m, ffn, k, a.stride(0), b.stride(1), y.stride(0),
+           *_swiglu_bounds(k, depth))
+    return y
+
+
+def swiglu_launches() -> int:
+    """How many launches of this process ran ``rl_det_gemm_swiglu``'s kernel (for the tests)."""
+    from rl_engine.backends.cuda_launch import query
+
+    return query("rl_det_gemm_swiglu_launches")
