@@ -917,18 +917,11 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
     int released = 0;  // slots it has given back (released == consumed or consumed - 1)
     if constexpr (PAIR) {
         float acc2[64];  // leaf 2p + 1's sums (acc: leaf 2p's)
-        // slot `consumed`: wait for its copies, issue its MMAs into `d` (product i of a leaf of `steps`
-        // k32 steps), then give back the slot before it, whose MMAs wg_wait1 has seen complete
+        // slot `consumed` into `d` (form 5's steps, fence.proxy.async included, so that a timing against
+        // form 5 measures the pairing alone)
         auto consume = [&](float (&d)[64], int64_t i, int64_t steps) {
-            const int s = consumed % TWS_STAGES;
-            mbar_wait(full + 8 * s, (consumed / TWS_STAGES) & 1);
-            fence_proxy_async();  // (as form 5, so that a timing against it measures the pairing alone)
-            const uint64_t off = static_cast<uint64_t>((s * TW_SLOT) >> 4);
-            tw_slot_mmas<A_MN, B_MN>(d, desc0 + off, descb0 + off, i, steps);
-            if (released < consumed) {
-                if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
-                ++released;
-            }
+            tw_consume_slot<A_MN, B_MN, TWS_STAGES, TW_SLOT>(d, i, steps, consumed, released, full, empty, desc0, descb0,
+                                                            leader);
             ++consumed;
         };
         for (int64_t pid = blockIdx.x; pid < tiles; pid += gridDim.x) {
@@ -969,20 +962,8 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
                     const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
                     const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));
                     tw_acc_start<false>(acc, g, nullptr, 0, 0, 0);
-                    for (int64_t i = 0; i < slots; ++i, ++consumed) {
-                        const int s = consumed % TWS_STAGES;
-                        mbar_wait(full + 8 * s, (consumed / TWS_STAGES) & 1);
-                        fence_proxy_async();
-                        const uint64_t off = static_cast<uint64_t>((s * TW_SLOT) >> 4);
-                        tw_slot_mmas<A_MN, B_MN>(acc, desc0 + off, descb0 + off, i, steps);
-                        if (released < consumed) {
-                            if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
-                            ++released;
-                        }
-                    }
-                    wg_wait0();
-                    for (; released < consumed; ++released)
-                        if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
+                    tw_leaf_mmas<A_MN, B_MN, TWS_STAGES, TW_SLOT>(acc, slots, steps, consumed, released, full, empty,
+                                                                  desc0, descb0, leader);
                     tw_hold(l, acc, h0, h1);
                 }
                 if (half == 0) {
@@ -1003,22 +984,8 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
             const int64_t steps = HILO ? 4 * cdiv(g.K, static_cast<int64_t>(HILO_BLOCK)) : cdiv(width, static_cast<int64_t>(TB_K));
             const int64_t slots = HILO ? 2 * cdiv(g.K, static_cast<int64_t>(HILO_BLOCK)) : cdiv(width, static_cast<int64_t>(TW_SK));
             tw_acc_start<HILO>(acc, g, acc_in, s_acc, m0 + 64 * cw + 16 * warp, n0);
-            for (int64_t i = 0; i < slots; ++i, ++consumed) {
-                const int s = consumed % TWS_STAGES;
-                mbar_wait(full + 8 * s, (consumed / TWS_STAGES) & 1);  // the slot's copies have landed
-                fence_proxy_async();  // ... and are visible to the warpgroup MMA's reads
-                const uint64_t off = static_cast<uint64_t>((s * TW_SLOT) >> 4);
-                const uint64_t da = desc0 + off;
-                const uint64_t db = descb0 + off;
-                tw_slot_mmas<A_MN, B_MN>(acc, da, db, i, steps);
-                if (released < consumed) {
-                    if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
-                    ++released;
-                }
-            }
-            wg_wait0();  // the leaf's sums are in acc, and every slot's MMAs have read their operands
-            for (; released < consumed; ++released)
-                if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
+            tw_leaf_mmas<A_MN, B_MN, TWS_STAGES, TW_SLOT>(acc, slots, steps, consumed, released, full, empty, desc0,
+                                                          descb0, leader);
             if (!OUT_F32) tw_hold(l, acc, h0, h1);
         }
         tw_store<OUT_F32, LEAVES>(g, acc, h0, m0 + 64 * cw + 16 * warp, n0, first, pairs);

@@ -145,6 +145,38 @@ __device__ __forceinline__ void tw_slot_mmas(float (&acc)[NACC], uint64_t da, ui
     wg_wait1();  // this warpgroup's MMAs of the slot before have completed
 }
 
+// The MMA warpgroup's side of a warp-specialised ring (forms 4-7; STAGES places of SLOT bytes, the
+// `full` / `empty` barriers 8 bytes apart). tw_consume_slot: wait until ring slot `consumed` has
+// landed, issue its MMAs into acc (tw_slot_mmas: product i of a leaf of `steps` k32 steps) and give
+// back the slot before it, whose MMAs wg_wait1 has seen complete; the caller then counts the slot
+// (++consumed). tw_leaf_mmas: one leaf's `slots` slots, then wait for every MMA in flight and give
+// back the rest. `consumed` / `released` count this warpgroup's slots across leaves and tiles.
+template <bool A_MN, bool B_MN, int STAGES, int SLOT, int NACC>
+__device__ __forceinline__ void tw_consume_slot(float (&acc)[NACC], int64_t i, int64_t steps, int& consumed,
+                                                int& released, uint32_t full, uint32_t empty, uint64_t desc0,
+                                                uint64_t descb0, bool leader) {
+    const int s = consumed % STAGES;
+    mbar_wait(full + 8 * s, (consumed / STAGES) & 1);  // the slot's copies have landed
+    fence_proxy_async();  // ... and are visible to the warpgroup MMA's reads
+    const uint64_t off = static_cast<uint64_t>((s * SLOT) >> 4);
+    tw_slot_mmas<A_MN, B_MN>(acc, desc0 + off, descb0 + off, i, steps);
+    if (released < consumed) {
+        if (leader) mbar_arrive(empty + 8 * (released % STAGES));
+        ++released;
+    }
+}
+
+template <bool A_MN, bool B_MN, int STAGES, int SLOT, int NACC>
+__device__ __forceinline__ void tw_leaf_mmas(float (&acc)[NACC], int64_t slots, int64_t steps, int& consumed,
+                                             int& released, uint32_t full, uint32_t empty, uint64_t desc0,
+                                             uint64_t descb0, bool leader) {
+    for (int64_t i = 0; i < slots; ++i, ++consumed)
+        tw_consume_slot<A_MN, B_MN, STAGES, SLOT>(acc, i, steps, consumed, released, full, empty, desc0, descb0, leader);
+    wg_wait0();  // the leaf's sums are in acc, and every slot's MMAs have read their operands
+    for (; released < consumed; ++released)
+        if (leader) mbar_arrive(empty + 8 * (released % STAGES));
+}
+
 // The tile of a block's i-th work item: tree_pipe_kernel's grouped order (TP_GROUP_M tile rows at a time);
 // BN: the tile's columns (form 6: 256).
 template <int BN = TW_BN>

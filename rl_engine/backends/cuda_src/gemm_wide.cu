@@ -126,20 +126,8 @@ __global__ void __launch_bounds__(TWW_THREADS, 1)
             const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));
 #pragma unroll
             for (int e = 0; e < 128; ++e) acc[e] = 0.0f;
-            for (int64_t i = 0; i < slots; ++i, ++consumed) {
-                const int s = consumed % TWW_STAGES;
-                mbar_wait(full + 8 * s, (consumed / TWW_STAGES) & 1);
-                fence_proxy_async();
-                const uint64_t off = static_cast<uint64_t>((s * TWW_SLOT) >> 4);
-                tw_slot_mmas<A_MN, B_MN>(acc, desc0 + off, descb0 + off, i, steps);
-                if (released < consumed) {
-                    if (leader) mbar_arrive(empty + 8 * (released % TWW_STAGES));
-                    ++released;
-                }
-            }
-            wg_wait0();
-            for (; released < consumed; ++released)
-                if (leader) mbar_arrive(empty + 8 * (released % TWW_STAGES));
+            tw_leaf_mmas<A_MN, B_MN, TWW_STAGES, TWW_SLOT>(acc, slots, steps, consumed, released, full, empty, desc0,
+                                                            descb0, leader);
             // the leaf rounded to BF16 pairs and merged as tw_hold's ((l0 + l1) + (l2 + l3)), with l0 + l1
             // parked in C during leaves 2 and 3 of a depth-2 tree
 #pragma unroll
