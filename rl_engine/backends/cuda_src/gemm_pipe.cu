@@ -628,28 +628,18 @@ __device__ __forceinline__ bf16 tw_swiglu1(bf16 gb, bf16 ub) {
 // tree (pair q at hg[256 q], parked in shared memory by this thread) and the up tile's h0, pair by pair.
 __device__ __forceinline__ void tw_store_swiglu(const TreeArgs& g, const uint32_t* hg, const uint32_t (&h0)[32],
                                                 int64_t row0, int64_t n0, int pairs) {
-    const int lane = threadIdx.x & 31;
-    const int gq = lane >> 2;
-    const int t = lane & 3;
-#pragma unroll
-    for (int j = 0; j < TW_BN / 8; ++j)
-#pragma unroll
-        for (int p = 0; p < 2; ++p) {
-            const int q = 2 * j + p;
-            const int64_t r = row0 + gq + 8 * p;
-            const int64_t c = n0 + 8 * j + 2 * t;
-            if (r >= g.M || c >= g.N) continue;
-            bf16* o = static_cast<bf16*>(g.c) + r * g.s_cm + c * g.s_cn;
-            const uint32_t gate = hg[256 * q];
-            const bf16 lo = tw_swiglu1(tp_lo(gate), tp_lo(h0[q]));
-            const bf16 hi = tw_swiglu1(tp_hi(gate), tp_hi(h0[q]));
-            if (c + 1 < g.N && pairs) {
-                *reinterpret_cast<uint32_t*>(o) = tp_pack(lo, hi);
-            } else {
-                o[0] = lo;
-                if (c + 1 < g.N) o[g.s_cn] = hi;
-            }
+    tw_for_pairs<TW_BN>(g, row0, n0, [&](int q, int64_t r, int64_t c) {
+        bf16* o = static_cast<bf16*>(g.c) + r * g.s_cm + c * g.s_cn;
+        const uint32_t gate = hg[256 * q];
+        const bf16 lo = tw_swiglu1(tp_lo(gate), tp_lo(h0[q]));
+        const bf16 hi = tw_swiglu1(tp_hi(gate), tp_hi(h0[q]));
+        if (c + 1 < g.N && pairs) {
+            *reinterpret_cast<uint32_t*>(o) = tp_pack(lo, hi);
+        } else {
+            o[0] = lo;
+            if (c + 1 < g.N) o[g.s_cn] = hi;
         }
+    });
 }
 
 // HILO (DEPTH 0): the hi / lo GEMM of rl_gemm_hilo (tree_pipe_kernel's HILO) with the warpgroup MMA:

@@ -267,6 +267,26 @@ __device__ __forceinline__ void tw_pair_slots(const TreeArgs& g, int p, F&& f) {
     }
 }
 
+// The output places of a warp's 16 rows x BN columns of a warpgroup tile (row0: the warp's first row,
+// n0 the tile's first column) in the wgmma accumulator fragment's order: f(q, r, c) for pair q = 2 j + p
+// (column group j, row half p: row row0 + lane / 4 + 8 p, columns c and c + 1 = n0 + 8 j + 2 (lane % 4)
+// and the next), skipping pairs whose row or first column lies outside [M, N).
+template <int BN, class F>
+__device__ __forceinline__ void tw_for_pairs(const TreeArgs& g, int64_t row0, int64_t n0, F&& f) {
+    const int lane = threadIdx.x & 31;
+    const int gq = lane >> 2;
+    const int t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int64_t r = row0 + gq + 8 * p;
+            const int64_t c = n0 + 8 * j + 2 * t;
+            if (r >= g.M || c >= g.N) continue;
+            f(2 * j + p, r, c);
+        }
+}
+
 // Whether neighbouring output columns are one aligned store apart (4 bytes for BF16, 8 for FP32): the
 // epilogues' `pairs` argument.
 inline int tp_pairs(const void* out, int64_t s_om, int64_t s_on, bool out_f32) {

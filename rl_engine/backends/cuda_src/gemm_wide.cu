@@ -44,29 +44,19 @@ static_assert(TWW_SLOT % 1024 == 0, "ring slots on 1024-byte boundaries (the 128
 // column past N is neither stored nor read (read as 0).
 template <bool LOAD>
 __device__ __forceinline__ void tww_pairs_io(const TreeArgs& g, uint32_t (&h)[64], int64_t row0, int64_t n0, int pairs) {
-    const int lane = threadIdx.x & 31;
-    const int gq = lane >> 2;
-    const int t = lane & 3;
-#pragma unroll
-    for (int j = 0; j < TWW_BN / 8; ++j)
-#pragma unroll
-        for (int p = 0; p < 2; ++p) {
-            const int q = 2 * j + p;
-            const int64_t r = row0 + gq + 8 * p;
-            const int64_t c = n0 + 8 * j + 2 * t;
-            if (r >= g.M || c >= g.N) continue;
-            bf16* o = static_cast<bf16*>(g.c) + r * g.s_cm + c * g.s_cn;
-            const bool two = c + 1 < g.N;
-            if (LOAD) {
-                if (two && pairs) h[q] = *reinterpret_cast<const uint32_t*>(o);
-                else h[q] = tp_pack(o[0], two ? o[g.s_cn] : to_bf16(0.0f));
-            } else if (two && pairs) {
-                *reinterpret_cast<uint32_t*>(o) = h[q];
-            } else {
-                o[0] = tp_lo(h[q]);
-                if (two) o[g.s_cn] = tp_hi(h[q]);
-            }
+    tw_for_pairs<TWW_BN>(g, row0, n0, [&](int q, int64_t r, int64_t c) {
+        bf16* o = static_cast<bf16*>(g.c) + r * g.s_cm + c * g.s_cn;
+        const bool two = c + 1 < g.N;
+        if (LOAD) {
+            if (two && pairs) h[q] = *reinterpret_cast<const uint32_t*>(o);
+            else h[q] = tp_pack(o[0], two ? o[g.s_cn] : to_bf16(0.0f));
+        } else if (two && pairs) {
+            *reinterpret_cast<uint32_t*>(o) = h[q];
+        } else {
+            o[0] = tp_lo(h[q]);
+            if (two) o[g.s_cn] = tp_hi(h[q]);
         }
+    });
 }
 
 template <int DEPTH, bool A_MN, bool B_MN>
