@@ -1204,29 +1204,29 @@ RL_EXPORT int64_t rl_tree_form_launches(int64_t form) {
 namespace {
 int64_t g_swiglu_launches = 0;
 
-bool swiglu_args(TreeArgs& g, const void* a, const void* b, void* y, int64_t M, int64_t F, int64_t K, int64_t s_am,
-                 int64_t s_bn, int64_t s_ym, const int64_t (&bounds)[5]) {
+// The product's arguments over all 2F columns of B, and its tensor maps; false where it cannot run.
+bool swiglu_args(TreeArgs& g, TwMaps& maps, const void* a, const void* b, void* y, int64_t M, int64_t F, int64_t K,
+                 int64_t s_am, int64_t s_bn, int64_t s_ym, const int64_t (&bounds)[5]) {
     g = TreeArgs{static_cast<const bf16*>(a), static_cast<const bf16*>(b), y, M, 2 * F, K, s_am, 1, 1, s_bn, s_ym, 1,
                  {bounds[0], bounds[1], bounds[2], bounds[3], bounds[4]}};
     if (g_tree_form < 5 || M <= 0 || F <= 0 || K <= 0 || bounds[0] != 0 || bounds[4] != K) return false;
     for (int i = 0; i < 4; ++i)
         if (bounds[i + 1] < bounds[i]) return false;
-    TwMaps maps{};
     return tree_wgmma_ok(g, 4) && tw_maps<false, false>(maps, g, 4, nullptr);
 }
 }  // namespace
 
 RL_EXPORT int64_t rl_det_gemm_swiglu_ok(const void* a, const void* b, int64_t M, int64_t F, int64_t K, int64_t s_am, int64_t s_bn, int64_t b0, int64_t b1, int64_t b2, int64_t b3, int64_t b4) {
     TreeArgs g{};
-    return swiglu_args(g, a, b, nullptr, M, F, K, s_am, s_bn, 0, {b0, b1, b2, b3, b4}) ? 1 : 0;
+    TwMaps maps{};
+    return swiglu_args(g, maps, a, b, nullptr, M, F, K, s_am, s_bn, 0, {b0, b1, b2, b3, b4}) ? 1 : 0;
 }
 
 RL_EXPORT int rl_det_gemm_swiglu(const void* a, const void* b, void* y, int64_t M, int64_t F, int64_t K, int64_t s_am, int64_t s_bn, int64_t s_ym, int64_t b0, int64_t b1, int64_t b2, int64_t b3, int64_t b4, void* stream) {
     TreeArgs g{};
-    if (!swiglu_args(g, a, b, y, M, F, K, s_am, s_bn, s_ym, {b0, b1, b2, b3, b4}))
+    TwMaps maps{};  // over all 2F columns of B (copied into the launch's parameters)
+    if (!swiglu_args(g, maps, a, b, y, M, F, K, s_am, s_bn, s_ym, {b0, b1, b2, b3, b4}))
         return static_cast<int>(cudaErrorInvalidValue);
-    TwMaps maps{};  // over all 2F columns of B
-    tw_maps<false, false>(maps, g, 4, nullptr);
     g.N = F;  // the tiles and stores: y's columns
     ++g_swiglu_launches;
     return launch_tree_wgmma_ws_grid<2, false, false, false, false, false, true, TwMaps, false, true>(

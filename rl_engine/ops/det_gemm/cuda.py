@@ -358,10 +358,9 @@ def det_gemm_swiglu_launch(a: torch.Tensor, b: torch.Tensor, depth: int, fused: 
     if b.shape[0] != k or b.shape[1] % 2:
         raise ValueError(f"det_gemm_swiglu: b must be [K, 2F] with K = {k}, got {list(b.shape)}")
     ffn = b.shape[1] // 2
-    ok = det_gemm_swiglu_ok(a, b, depth)
-    if fused is None:
-        fused = GATE_UP_SWIGLU_FUSED and ok
-    if fused and not ok:
+    if fused is None:  # (the capability query builds tensor maps on the host: asked only when it matters)
+        fused = GATE_UP_SWIGLU_FUSED and det_gemm_swiglu_ok(a, b, depth)
+    elif fused and not det_gemm_swiglu_ok(a, b, depth):
         raise ValueError("det_gemm_swiglu: the one-launch kernel cannot run these operands (det_gemm_swiglu_ok)")
     if not fused:
         gu = det_gemm_launch(a, b, depth)
