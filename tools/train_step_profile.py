@@ -54,9 +54,12 @@ def build_inputs(cfg, batch: int, seq_len: int, device):
     return ids, targets
 
 
-def ours(weights, backend: str, ids, targets, train: bool, plain: bool = False):
+def ours(weights, backend: str, ids, targets, train: bool, plain: bool = False, packed: bool = False):
     """The chain's call; ``plain``: the model's own table (separate residual adds, norms and rotations) instead of
-    :meth:`Qwen3Model.training_ops` (the bench's)."""
+    :meth:`Qwen3Model.training_ops` (the bench's); ``packed``: teacher forcing over the stacked q/k/v and gate/up
+    weights (``forward(packed=True)``, the rollout engine's form; no-grad calls only)."""
+    if packed and train:
+        raise SystemExit("--packed: teacher forcing only (the stacked weights carry no gradients)")
     from rl_engine.chain.model import Qwen3Model
 
     model = Qwen3Model(weights, backend)
@@ -78,7 +81,8 @@ def ours(weights, backend: str, ids, targets, train: bool, plain: bool = False):
                 p.grad = None
             return lp.detach()
         with torch.no_grad():
-            return model.logprobs(model.forward(flat, positions, cu_seqlens=cu, checked=True, ops=ops), tflat)
+            return model.logprobs(model.forward(flat, positions, cu_seqlens=cu, checked=True, ops=ops, packed=packed),
+                                  tflat)
 
     return call
 
@@ -355,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls-only", type=int, default=0,
                     help="run each call this many times with no profiler and no timing, then stop (for ncu, which "
                          "picks its kernels by name: tools/h200_issue33.sh's NCU_KERNELS)")
+    ap.add_argument("--packed", action="store_true",
+                    help="teacher forcing over a second copy of the weights with q/k/v and gate/up stacked "
+                         "(forward(packed=True): where the cuda_bf16 one-launch gate / up + SwiGLU, --cuda-forms "
+                         "suffix s, can run); the copy is freed before the train step")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-persistent", action="store_true",
                     help="Triton det_gemm without its persistent TMA form (the fused form, as before issue #33)")
@@ -378,14 +386,22 @@ def main(argv: list[str] | None = None) -> int:
            "persistent_det_gemm": not args.no_persistent, "results": {}}
     for mode in args.modes.split(","):
         train = mode == "train_step"
-        impls = {args.backend: lambda: ours(weights, args.backend, ids, targets, train)}
+        packed = args.packed and not train
+        # the stacked copy (pack_projections re-points its fields): the trained weights stay as they are
+        w = synthetic_weights(cfg, 0, logit_scale=2.0, device="cuda") if packed else weights
+        if packed:
+            print(f"== {mode}: q/k/v and gate/up stacked (forward(packed=True)) on a copy of the weights")
+
+        def mine(plain=False, w=w, train=train, packed=packed):
+            return ours(w, args.backend, ids, targets, train, plain=plain, packed=packed)
+
+        impls = {args.backend: mine}
         if args.plain:
-            impls[f"{args.backend}/plain"] = lambda: ours(weights, args.backend, ids, targets, train, plain=True)
+            impls[f"{args.backend}/plain"] = lambda: mine(plain=True)
         for text in filter(None, args.persistent_configs.split(",")):
-            impls[f"{args.backend}@{text}"] = with_persistent_tiles(
-                text, lambda: ours(weights, args.backend, ids, targets, train))
+            impls[f"{args.backend}@{text}"] = with_persistent_tiles(text, mine)
         for text in filter(None, args.cuda_forms.split(",")):
-            impls[f"{args.backend}#{text}"] = with_cuda_forms(text, lambda: ours(weights, args.backend, ids, targets, train))
+            impls[f"{args.backend}#{text}"] = with_cuda_forms(text, mine)
         if args.hf:
             impls["hf_sdpa"] = lambda: hf(weights, ids, targets, train)
         for label, make in impls.items():
@@ -413,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 report(f"{mode}/{label}", r, tokens)
             torch.cuda.empty_cache()
+        del w, impls, mine
+        torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
