@@ -7,13 +7,17 @@
 # set, the linear_logp sweep (tools/linear_logp_sweep.py), if SWIGLU_ARGS is set, the fused gate / up +
 # SwiGLU sweep (tools/gate_up_swiglu_sweep.py), if REDUCE_ARGS is set, the norm dweight stage-2 sweep
 # (tools/rms_dw_reduce_sweep.py), if DECLARED_ATTN_ARGS is set, the declared attention forms' bits and
-# time (tools/attention_declared_time.py), if NCU_KERNELS is set, one `ncu --set full` profile per
-# kernel of that ';'-separated list of regular expressions over demangled names (template arguments
-# included, e.g. "tree_wgmma_ws_kernel<2, false, false, true, false, false, true, true>;rms_bwd_dx_rows"),
-# each the launch after NCU_SKIP (default 2) matching ones in `tools/train_step_profile.py $NCU_PROF_ARGS
-# --calls-only 1` (default: cuda_bf16, the train step at 4 x 1024 tokens), and if BENCH_ARGS is set,
-# `rl-engine bench $BENCH_ARGS`. SKIP_TESTS=1 / SKIP_SWEEP=1 /
-# SKIP_PROF=1 skip a step. Everything lands in $OUT/issue33.tgz (the only file it leaves).
+# time (tools/attention_declared_time.py), if BENCH_ARGS is set, `rl-engine bench $BENCH_ARGS`, and
+# last (a diagnostic: the step a short call loses first), if NCU_KERNELS is set, one `ncu --set full`
+# profile per kernel of that ';'-separated list of regular expressions over the names as ncu demangles
+# them, template arguments written as casts: form 5's forward is
+# "tree_wgmma_ws_kernel<.int.2, .bool.0, .bool.0, .bool.0, .bool.0, .bool.0, .bool.1, .bool.0, .bool.0>"
+# (`.` for the parentheses of "(int)2" / "(bool)0"; written as in C++, "<2, false, ...>", it matched
+# nothing and ncu said "No kernels were profiled" on 2026-12-06), e.g. "<that>;rms_bwd_dx_rows",
+# each the launch after NCU_SKIP (default 2) matching ones in `tools/train_step_profile.py
+# $NCU_PROF_ARGS --calls-only 1` (default: cuda_bf16, the train step at 4 x 1024 tokens).
+# SKIP_TESTS=1 / SKIP_SWEEP=1 / SKIP_PROF=1 skip a step. Everything lands in $OUT/issue33.tgz (the only
+# file it leaves).
 set -u
 R=$OUT/issue33
 . tools/device_setup.sh "$R"
@@ -43,6 +47,12 @@ sweep "${LOGP_ARGS:-}" "${LOGP_TIMEOUT:-90}" linear_logp_sweep.py linear_logp_sw
 sweep "${SWIGLU_ARGS:-}" "${SWIGLU_TIMEOUT:-90}" gate_up_swiglu_sweep.py gate_up_swiglu_sweep
 sweep "${REDUCE_ARGS:-}" "${REDUCE_TIMEOUT:-60}" rms_dw_reduce_sweep.py rms_dw_reduce_sweep
 sweep "${DECLARED_ATTN_ARGS:-}" "${DECLARED_ATTN_TIMEOUT:-150}" attention_declared_time.py attention_declared
+if [ -n "${BENCH_ARGS:-}" ]; then
+  # shellcheck disable=SC2086
+  timeout "$(left "${BENCH_TIMEOUT:-200}")" rl-engine bench $BENCH_ARGS --out "$R/bench" >"$R/bench-stdout.txt" 2>"$R/bench-progress.log"
+  echo "bench rc $?"
+  grep -v "Warn" "$R/bench-progress.log" | tail -n 40
+fi
 if [ -n "${NCU_KERNELS:-}" ]; then
   IFS=';' read -ra ncu_kernels <<<"$NCU_KERNELS"
   i=0
@@ -55,11 +65,5 @@ if [ -n "${NCU_KERNELS:-}" ]; then
       >"$R/ncu-$i.txt" 2>&1
     echo "ncu $i ($k): rc $?"
   done
-fi
-if [ -n "${BENCH_ARGS:-}" ]; then
-  # shellcheck disable=SC2086
-  timeout "$(left "${BENCH_TIMEOUT:-200}")" rl-engine bench $BENCH_ARGS --out "$R/bench" >"$R/bench-stdout.txt" 2>"$R/bench-progress.log"
-  echo "bench rc $?"
-  grep -v "Warn" "$R/bench-progress.log" | tail -n 40
 fi
 cd "$OUT" && tar czf issue33.tgz issue33 && rm -rf issue33

@@ -907,10 +907,11 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
     int released = 0;  // slots it has given back (released == consumed or consumed - 1)
     if constexpr (PAIR) {
         float acc2[64];  // leaf 2p + 1's sums (acc: leaf 2p's)
-        // slot `consumed` into `d` (form 5's steps, fence.proxy.async included, so that a timing against
-        // form 5 measures the pairing alone)
+        // slot `consumed` into `d` (form 5's steps with the fence.proxy.async that form 5 no longer issues:
+        // the pairing alone measured no gain on an H100, 0.65 against 0.66x cuBLAS, so form 7 against form 5
+        // in one sweep now says what the fence costs)
         auto consume = [&](float (&d)[64], int64_t i, int64_t steps) {
-            tw_consume_slot<A_MN, B_MN, TWS_STAGES, TW_SLOT>(d, i, steps, consumed, released, full, empty, desc0, descb0,
+            tw_consume_slot<A_MN, B_MN, TWS_STAGES, TW_SLOT, true>(d, i, steps, consumed, released, full, empty, desc0, descb0,
                                                             leader);
             ++consumed;
         };
@@ -952,7 +953,7 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
                     const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
                     const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));
                     tw_acc_start<false>(acc, g, nullptr, 0, 0, 0);
-                    tw_leaf_mmas<A_MN, B_MN, TWS_STAGES, TW_SLOT>(acc, slots, steps, consumed, released, full, empty,
+                    tw_leaf_mmas<A_MN, B_MN, TWS_STAGES, TW_SLOT, false>(acc, slots, steps, consumed, released, full, empty,
                                                                   desc0, descb0, leader);
                     tw_hold(l, acc, h0, h1);
                 }
@@ -974,7 +975,7 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
             const int64_t steps = HILO ? 4 * cdiv(g.K, static_cast<int64_t>(HILO_BLOCK)) : cdiv(width, static_cast<int64_t>(TB_K));
             const int64_t slots = HILO ? 2 * cdiv(g.K, static_cast<int64_t>(HILO_BLOCK)) : cdiv(width, static_cast<int64_t>(TW_SK));
             tw_acc_start<HILO>(acc, g, acc_in, s_acc, m0 + 64 * cw + 16 * warp, n0);
-            tw_leaf_mmas<A_MN, B_MN, TWS_STAGES, TW_SLOT>(acc, slots, steps, consumed, released, full, empty, desc0,
+            tw_leaf_mmas<A_MN, B_MN, TWS_STAGES, TW_SLOT, !TMA>(acc, slots, steps, consumed, released, full, empty, desc0,
                                                           descb0, leader);
             if (!OUT_F32) tw_hold(l, acc, h0, h1);
         }

@@ -151,13 +151,17 @@ __device__ __forceinline__ void tw_slot_mmas(float (&acc)[NACC], uint64_t da, ui
 // back the slot before it, whose MMAs wg_wait1 has seen complete; the caller then counts the slot
 // (++consumed). tw_leaf_mmas: one leaf's `slots` slots, then wait for every MMA in flight and give
 // back the rest. `consumed` / `released` count this warpgroup's slots across leaves and tiles.
-template <bool A_MN, bool B_MN, int STAGES, int SLOT, int NACC>
+// FENCE: a fence.proxy.async after the `full` wait, for rings filled by cp.async (form 4), whose writes
+// are the generic proxy's while wgmma reads shared memory through the async proxy. A ring filled by TMA
+// (cp.async.bulk.tensor: the async proxy writes, and the mbarrier's transaction count completing makes
+// them visible to the threads that observe the phase) needs none between the wait and the MMAs.
+template <bool A_MN, bool B_MN, int STAGES, int SLOT, bool FENCE, int NACC>
 __device__ __forceinline__ void tw_consume_slot(float (&acc)[NACC], int64_t i, int64_t steps, int& consumed,
                                                 int& released, uint32_t full, uint32_t empty, uint64_t desc0,
                                                 uint64_t descb0, bool leader) {
     const int s = consumed % STAGES;
     mbar_wait(full + 8 * s, (consumed / STAGES) & 1);  // the slot's copies have landed
-    fence_proxy_async();  // ... and are visible to the warpgroup MMA's reads
+    if constexpr (FENCE) fence_proxy_async();  // ... and cp.async's are visible to the warpgroup MMA's reads
     const uint64_t off = static_cast<uint64_t>((s * SLOT) >> 4);
     tw_slot_mmas<A_MN, B_MN>(acc, desc0 + off, descb0 + off, i, steps);
     if (released < consumed) {
@@ -166,12 +170,12 @@ __device__ __forceinline__ void tw_consume_slot(float (&acc)[NACC], int64_t i, i
     }
 }
 
-template <bool A_MN, bool B_MN, int STAGES, int SLOT, int NACC>
+template <bool A_MN, bool B_MN, int STAGES, int SLOT, bool FENCE, int NACC>
 __device__ __forceinline__ void tw_leaf_mmas(float (&acc)[NACC], int64_t slots, int64_t steps, int& consumed,
                                              int& released, uint32_t full, uint32_t empty, uint64_t desc0,
                                              uint64_t descb0, bool leader) {
     for (int64_t i = 0; i < slots; ++i, ++consumed)
-        tw_consume_slot<A_MN, B_MN, STAGES, SLOT>(acc, i, steps, consumed, released, full, empty, desc0, descb0, leader);
+        tw_consume_slot<A_MN, B_MN, STAGES, SLOT, FENCE>(acc, i, steps, consumed, released, full, empty, desc0, descb0, leader);
     wg_wait0();  // the leaf's sums are in acc, and every slot's MMAs have read their operands
     for (; released < consumed; ++released)
         if (leader) mbar_arrive(empty + 8 * (released % STAGES));

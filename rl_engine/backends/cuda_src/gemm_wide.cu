@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(TWW_THREADS, 1)
             const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));
 #pragma unroll
             for (int e = 0; e < 128; ++e) acc[e] = 0.0f;
-            tw_leaf_mmas<A_MN, B_MN, TWW_STAGES, TWW_SLOT>(acc, slots, steps, consumed, released, full, empty, desc0,
+            tw_leaf_mmas<A_MN, B_MN, TWW_STAGES, TWW_SLOT, true>(acc, slots, steps, consumed, released, full, empty, desc0,
                                                             descb0, leader);
             // the leaf rounded to BF16 pairs and merged as tw_hold's ((l0 + l1) + (l2 + l3)), with l0 + l1
             // parked in C during leaves 2 and 3 of a depth-2 tree
