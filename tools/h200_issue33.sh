@@ -15,7 +15,11 @@
 # (`.` for the parentheses of "(int)2" / "(bool)0"; written as in C++, "<2, false, ...>", it matched
 # nothing and ncu said "No kernels were profiled" on 2026-12-06), e.g. "<that>;rms_bwd_dx_rows",
 # each the launch after NCU_SKIP (default 2) matching ones in `tools/train_step_profile.py
-# $NCU_PROF_ARGS --calls-only 1` (default: cuda_bf16, the train step at 4 x 1024 tokens).
+# $NCU_PROF_ARGS --calls-only 1` (default: cuda_bf16, the train step at 4 x 1024 tokens), or in NCU_CMD
+# when set (split at spaces), e.g. one product of the det_gemm sweep with NCU_SKIP=0: "python3
+# tools/det_gemm_prefill_sweep.py --ms 8192 --shapes q_o --products forward --configs 128x128x8x3x8x3r
+# --cuda-forms 5 --rep-ms 5 --out /tmp/ncu-sweep.json", where both backends' kernels run the same
+# product (Triton's is named `_det_gemm_persistent_kernel`).
 # SKIP_TESTS=1 / SKIP_SWEEP=1 / SKIP_PROF=1 skip a step. Everything lands in $OUT/issue33.tgz (the only
 # file it leaves).
 set -u
@@ -61,7 +65,7 @@ if [ -n "${NCU_KERNELS:-}" ]; then
     # shellcheck disable=SC2086
     timeout "$(left "${NCU_TIMEOUT:-120}")" ncu --kernel-name-base demangled --kernel-name "regex:$k" \
       --launch-skip "${NCU_SKIP:-2}" --launch-count 1 --set full \
-      python3 tools/train_step_profile.py ${NCU_PROF_ARGS:---backend cuda_bf16 --modes train_step} --calls-only 1 \
+      ${NCU_CMD:-python3 tools/train_step_profile.py ${NCU_PROF_ARGS:---backend cuda_bf16 --modes train_step} --calls-only 1} \
       >"$R/ncu-$i.txt" 2>&1
     echo "ncu $i ($k): rc $?"
   done
