@@ -809,14 +809,21 @@ __global__ void __launch_bounds__(128) gemv_wgmma_kernel(TreeArgs g, void* out, 
         fence_proxy_async();  // ... and is visible to the warpgroup MMA's reads
         const uint64_t da = desc0 + static_cast<uint64_t>((q * WG_SLOT) >> 4);
         const uint64_t db = da + (WG_A_BYTES >> 4);
-        wg_fence();
-        wgmma_n64(acc, da, db);          // step 2 i: k 0..15
-        wgmma_n64(acc, da + 2, db + 2);  //           k 16..31 (32 bytes on)
-        if (2 * i + 1 < steps) {         // uniform: no step past the leaf's last
+        // step 2 i (k 0..15, 16..31: 32 bytes on), then step 2 i + 1 unless the leaf ends before it
+        // (uniform); each branch commits its own group (gemm_tw.cuh's tw_slot_mmas says why)
+        if (2 * i + 1 < steps) {
+            wg_fence();
+            wgmma_n64(acc, da, db);
+            wgmma_n64(acc, da + 2, db + 2);
             wgmma_n64(acc, da + 4, db + 4);
             wgmma_n64(acc, da + 6, db + 6);
+            wg_commit();
+        } else {
+            wg_fence();
+            wgmma_n64(acc, da, db);
+            wgmma_n64(acc, da + 2, db + 2);
+            wg_commit();
         }
-        wg_commit();
         wg_wait1();       // this warp's MMAs of slot i - 1 have completed
         __syncthreads();  // ... every warp's: its ring place takes slot i + STAGES - 1
         if (i + STAGES - 1 < slots) issue(i + STAGES - 1, qn);

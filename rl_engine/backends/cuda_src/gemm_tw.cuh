@@ -126,7 +126,12 @@ __device__ __forceinline__ void wgmma_nacc(float (&d)[128], uint64_t da, uint64_
 
 // Slot i's MMAs for a warpgroup (NACC accumulators: 64 with m64n128k16, 128 with m64n256k16): steps 2 i (k 0..15, 16..31 of the slot) and 2 i + 1 (k 32..63) unless
 // the leaf has only `steps` < 2 i + 2 (uniform: no step past the leaf's last), one commit, then the wait
-// for the MMAs of the slot before.
+// for the MMAs of the slot before. Each branch issues and commits a whole group: with the branch
+// around the last two MMAs alone (as until 2026-12-07), ptxas closed a group before the branch and
+// another after it, and put the commit on an empty MMA of its own (SASS: HGMMA.64x8x16 RZ with gsb0),
+// so "wait until at most one group is pending" left only that empty one pending and waited for the
+// slot's own MMAs: no warpgroup had a slot's MMAs in flight while it waited for the next slot. The
+// same MMAs in the same order either way (the same bits).
 template <bool A_MN, bool B_MN, int NACC>
 __device__ __forceinline__ void tw_slot_mmas(float (&acc)[NACC], uint64_t da, uint64_t db, int64_t i, int64_t steps) {
     static_assert(NACC == 64 || NACC == 128, "m64n128k16 (forms 3-5) or m64n256k16 (form 6)");
@@ -134,14 +139,19 @@ __device__ __forceinline__ void tw_slot_mmas(float (&acc)[NACC], uint64_t da, ui
     constexpr uint64_t B_K16 = B_MN ? 2048 >> 4 : 32 >> 4;  // 16 k rows = 2048 bytes (MN-major) further on
     constexpr int TA = A_MN ? 1 : 0;
     constexpr int TB = B_MN ? 1 : 0;
-    wg_fence();
-    wgmma_nacc<TA, TB>(acc, da, db);
-    wgmma_nacc<TA, TB>(acc, da + A_K16, db + B_K16);
     if (2 * i + 1 < steps) {
+        wg_fence();
+        wgmma_nacc<TA, TB>(acc, da, db);
+        wgmma_nacc<TA, TB>(acc, da + A_K16, db + B_K16);
         wgmma_nacc<TA, TB>(acc, da + 2 * A_K16, db + 2 * B_K16);
         wgmma_nacc<TA, TB>(acc, da + 3 * A_K16, db + 3 * B_K16);
+        wg_commit();
+    } else {
+        wg_fence();
+        wgmma_nacc<TA, TB>(acc, da, db);
+        wgmma_nacc<TA, TB>(acc, da + A_K16, db + B_K16);
+        wg_commit();
     }
-    wg_commit();
     wg_wait1();  // this warpgroup's MMAs of the slot before have completed
 }
 
