@@ -27,6 +27,8 @@ namespace {
 constexpr int NORM_THREADS = 128;
 constexpr int NORM_DW_ROWS = 64;     // rows per partial of the weight gradient
 constexpr int NORM_DW_THREADS = 256;  // columns per block of the weight-gradient kernels (128 for rows of <= 128)
+constexpr int NORM_DW_UNROLL = 8;     // rows loaded ahead of their adds in the weight gradient's stage 1
+static_assert(NORM_DW_ROWS % NORM_DW_UNROLL == 0, "a chunk's rows must be whole unrolled steps");
 
 __device__ __forceinline__ float block_sum(float v, float* red) {
     v = warp_sum(v);
@@ -123,6 +125,54 @@ rms_bwd_dx_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, const 
     }
 }
 
+// rms_bwd_dx_kernel for rows of at most NORM_THREADS * VPT columns (the hidden size of Qwen3-8B with
+// VPT = 32): each thread loads its columns' dn and x once, all of them before the first add, and keeps
+// them in registers for the second pass. The block form re-read them and left one dependent load per
+// add in flight (5.3 ms of a 4 x 1024-token train step against Triton's 4.5 ms, H100,
+// evidence/2026-12-06-h100-norm-dw-loads-0baaf9a). Thread i's columns are still i, i + 128, ... added
+// in that order, then block_sum: the block form's bits.
+template <bool RES, bool ROPE, int VPT>
+__global__ void __launch_bounds__(NORM_THREADS)
+rms_bwd_dx_regs_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ dy,
+                       const float* __restrict__ rstd, bf16* __restrict__ dx, const bf16* __restrict__ res,
+                       const float* __restrict__ cosv, const float* __restrict__ sinv, int64_t n_inner, int64_t n,
+                       int64_t sxo, int64_t sxi, int64_t sdyo, int64_t sdyi, int64_t sdxo, int64_t sdxi, int64_t srt,
+                       int64_t sct, int64_t sst) {
+    __shared__ float red[NORM_THREADS / 32];
+    const int64_t row = blockIdx.x;
+    const bf16* xr = x + row_offset(row, n_inner, sxo, sxi);
+    const bf16* dyr = dy + row_offset(row, n_inner, sdyo, sdyi);
+    bf16* dxr = dx + row_offset(row, n_inner, sdxo, sdxi);
+    const float* cr = ROPE ? cosv + (row / n_inner) * sct : nullptr;
+    const float* sr = ROPE ? sinv + (row / n_inner) * sst : nullptr;
+    const int64_t half = n / 2;
+    const float r = rstd[row];
+    float dn[VPT];
+    float xv[VPT];
+#pragma unroll
+    for (int m = 0; m < VPT; ++m) {
+        const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * m;
+        dn[m] = c < n ? norm_grad<ROPE>(dyr, c, half, cr, sr) * f32(w[c]) : 0.0f;
+        xv[m] = c < n ? f32(xr[c]) : 0.0f;
+    }
+    float dot = 0.0f;
+#pragma unroll
+    for (int m = 0; m < VPT; ++m)
+        if (threadIdx.x + static_cast<int64_t>(NORM_THREADS) * m < n) dot += dn[m] * xv[m];
+    dot = block_sum(dot, red);
+    const float k = (dot / static_cast<float>(n)) * (r * r);
+#pragma unroll
+    for (int m = 0; m < VPT; ++m) {
+        const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * m;
+        if (c < n) {
+            float v = r * (dn[m] - xv[m] * k);
+            if (RES) v = f32(to_bf16(v)) + f32(res[row * srt + c]);
+            dxr[c] = to_bf16(v);
+        }
+    }
+}
+constexpr int NORM_DX_REGS_VPT = 32;
+
 // The rows form of the 128-thread row for short rows (n <= 128 * VPT: the heads of qk_norm), a warp
 // per row and four rows per block in place of a block per row of one or two columns per thread: lane l
 // plays the block's threads l, l + 32, l + 64 and l + 96 (its virtual warps j = 0..3), element (j, m)
@@ -199,7 +249,28 @@ rms_bwd_dw_partial_kernel(const bf16* __restrict__ x, const bf16* __restrict__ d
     int64_t t = r0 / n_inner;
     int64_t h = r0 - t * n_inner;
     float acc = 0.0f;
-    for (int64_t row = r0; row < r1; ++row) {
+    int64_t row = r0;
+    // NORM_DW_UNROLL rows at a time: their loads and products first, then the adds in row order (the
+    // same adds as the plain loop below; one row per dependent load left this kernel at 9.3 ms of a
+    // 4 x 1024-token train step against Triton's unrolled 6.2, H100, evidence/2026-12-06-h100-norm-dw-loads-0baaf9a)
+    for (; row + NORM_DW_UNROLL <= r1; row += NORM_DW_UNROLL) {
+        float g[NORM_DW_UNROLL];
+        float xr[NORM_DW_UNROLL];
+#pragma unroll
+        for (int u = 0; u < NORM_DW_UNROLL; ++u) {
+            const float xv = f32(x[t * sxo + h * sxi + c]);
+            g[u] = norm_grad<ROPE>(dy + t * sdyo + h * sdyi, c, n / 2, ROPE ? cosv + t * sct : nullptr,
+                                   ROPE ? sinv + t * sst : nullptr);
+            xr[u] = xv * rstd[row + u];
+            if (++h == n_inner) {
+                h = 0;
+                ++t;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_DW_UNROLL; ++u) acc += g[u] * xr[u];
+    }
+    for (; row < r1; ++row) {
         const float xv = f32(x[t * sxo + h * sxi + c]);
         const float g = norm_grad<ROPE>(dy + t * sdyo + h * sdyi, c, n / 2, ROPE ? cosv + t * sct : nullptr,
                                         ROPE ? sinv + t * sst : nullptr);
@@ -560,8 +631,12 @@ RL_EXPORT int rl_rms_norm_bwd_dx(const void* x, const void* w, const void* dy, c
 #undef RL_DX_ROWS
         return launch_status();
     }
-    const auto kernel = res ? (rope ? rms_bwd_dx_kernel<true, true> : rms_bwd_dx_kernel<true, false>)
-                            : (rope ? rms_bwd_dx_kernel<false, true> : rms_bwd_dx_kernel<false, false>);
+    const bool regs = n <= static_cast<int64_t>(NORM_THREADS) * NORM_DX_REGS_VPT;  // the same bits, loads ahead
+    constexpr int V = NORM_DX_REGS_VPT;
+    const auto kernel = regs ? (res ? (rope ? rms_bwd_dx_regs_kernel<true, true, V> : rms_bwd_dx_regs_kernel<true, false, V>)
+                                    : (rope ? rms_bwd_dx_regs_kernel<false, true, V> : rms_bwd_dx_regs_kernel<false, false, V>))
+                             : (res ? (rope ? rms_bwd_dx_kernel<true, true> : rms_bwd_dx_kernel<true, false>)
+                                    : (rope ? rms_bwd_dx_kernel<false, true> : rms_bwd_dx_kernel<false, false>));
     kernel<<<static_cast<unsigned>(rows), NORM_THREADS, 0, st>>>(xp, wp, dyp, rp, dxp, resp, cp, sp, n_inner, n, sxo,
                                                                   sxi, sdyo, sdyi, sdxo, sdxi, srt, sct, sst);
     return launch_status();
