@@ -205,15 +205,24 @@ rms_bwd_dx_rows_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, c
     const float* sr = ROPE ? sinv + (row / n_inner) * sst : nullptr;
     const int64_t half = n / 2;
     const float r = rstd[row];
+    // every column's dn and x loaded once, all before the first add, and kept for the second pass
+    float dn[NORM_ROWS_PER_BLOCK][VPT];
+    float xv[NORM_ROWS_PER_BLOCK][VPT];
+#pragma unroll
+    for (int j = 0; j < NORM_ROWS_PER_BLOCK; ++j)
+#pragma unroll
+        for (int m = 0; m < VPT; ++m) {
+            const int64_t c = rows_form_col(j, m);
+            dn[j][m] = c < n ? norm_grad<ROPE>(dyr, c, half, cr, sr) * f32(w[c]) : 0.0f;
+            xv[j][m] = c < n ? f32(xr[c]) : 0.0f;
+        }
     float p[NORM_ROWS_PER_BLOCK];
 #pragma unroll
     for (int j = 0; j < NORM_ROWS_PER_BLOCK; ++j) {
         p[j] = 0.0f;
 #pragma unroll
-        for (int m = 0; m < VPT; ++m) {
-            const int64_t c = rows_form_col(j, m);
-            if (c < n) p[j] += (norm_grad<ROPE>(dyr, c, half, cr, sr) * f32(w[c])) * f32(xr[c]);
-        }
+        for (int m = 0; m < VPT; ++m)
+            if (rows_form_col(j, m) < n) p[j] += dn[j][m] * xv[j][m];
     }
     const float k = (rows_form_sum(p) / static_cast<float>(n)) * (r * r);
 #pragma unroll
@@ -222,8 +231,7 @@ rms_bwd_dx_rows_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, c
         for (int m = 0; m < VPT; ++m) {
             const int64_t c = rows_form_col(j, m);
             if (c < n) {
-                const float dn = norm_grad<ROPE>(dyr, c, half, cr, sr) * f32(w[c]);
-                float v = r * (dn - f32(xr[c]) * k);
+                float v = r * (dn[j][m] - xv[j][m] * k);
                 if (RES) v = f32(to_bf16(v)) + f32(res[row * srt + c]);
                 dxr[c] = to_bf16(v);
             }
