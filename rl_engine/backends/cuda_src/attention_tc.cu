@@ -163,6 +163,37 @@ struct TfSeq {
           k_len(static_cast<int64_t>(cu_k[b + 1]) - cu_k[b]) {}
 };
 
+// Longest programs first, as the Triton kernels' _heavy_first: block i of a 1-D grid of n_blocks * batch *
+// heads owns (sequence b, head h, tile blk), the tile varying slowest, from the last down when REVERSE
+// (the forward's and dQ's query tiles: causal work grows with the index) or from tile 0 up (dK / dV's key
+// blocks: work shrinks with it), then the sequence, then the head (adjacent query heads share a KV head).
+// Blocks start roughly in launch order, so the longest no longer start last and leave SMs idle at the end
+// of the launch. Only which block computes which tile changes, never a tile's arithmetic.
+struct TfTile {
+    int64_t b, h, blk;
+    __device__ __forceinline__ TfTile(int64_t n_blocks, int64_t heads, bool reverse) {
+        const int64_t pid = blockIdx.x;
+        const int64_t per_tile = static_cast<int64_t>(gridDim.x) / n_blocks;  // batch * heads
+        const int64_t i = pid / per_tile, rem = pid % per_tile;
+        blk = reverse ? n_blocks - 1 - i : i;
+        b = rem / heads;
+        h = rem % heads;
+    }
+};
+
+// x clamped to [-1, TF_ROWS]: compared with a column c in [0, TF_ROWS) it gives the same answer as the
+// 64-bit x, in 32 bits (a block's visibility test per element without 64-bit compares).
+__device__ __forceinline__ int tf_rel(int64_t x) {
+    return x < -1 ? -1 : (x > TF_ROWS ? TF_ROWS : static_cast<int>(x));
+}
+
+// The size of TfTile's 1-D grid (0: nothing to launch), or -1 when it does not fit a grid's x dimension.
+inline int64_t tf_tile_grid(int64_t n_blocks, int64_t batch, int64_t heads) {
+    if (n_blocks <= 0 || batch <= 0 || heads <= 0) return 0;
+    const int64_t n = n_blocks * batch * heads;  // n_blocks * batch and heads are already within a 2-D grid
+    return n < 2147483647LL ? n : -1;
+}
+
 // Rows r < rows of a [64, D] accumulator tile rounded once to BF16 (times `mul` first when SCALE)
 // at base + r * stride.
 template <int D, bool SCALE>
@@ -433,19 +464,21 @@ __device__ __forceinline__ void tf_store(const TfState<D>& st, bf16* o_base, int
     }
 }
 
-// Varlen prefill: block (b * n_mblocks + qblock, h) owns queries [q0, q0 + 64) of sequence b, head h.
+// Varlen prefill: a block owns queries [q0, q0 + 64) of sequence b, head h (TfTile: the last query
+// tiles first).
 template <int D>
 __global__ void __launch_bounds__(TF_THREADS)
 attn_fwd_tc_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                    bf16* __restrict__ out, float* __restrict__ lse, const int32_t* __restrict__ cu_q,
-                   const int32_t* __restrict__ cu_k, int64_t n_mblocks, int64_t group, int64_t s_qt, int64_t s_qh,
-                   int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_ot, int64_t s_oh, int64_t s_lh,
-                   float scale) {
+                   const int32_t* __restrict__ cu_k, int64_t n_mblocks, int64_t heads, int64_t group, int64_t s_qt,
+                   int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_ot, int64_t s_oh,
+                   int64_t s_lh, float scale) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];  // the swizzle needs 1024-byte tiles
     if (smem_u32(smem_raw) & 1023u) __trap();
-    const int64_t q0 = (blockIdx.x % n_mblocks) * TF_ROWS;
-    const int64_t h = blockIdx.y;
-    const TfSeq sq(cu_q, cu_k, blockIdx.x / n_mblocks);
+    const TfTile tile(n_mblocks, heads, true);
+    const int64_t q0 = tile.blk * TF_ROWS;
+    const int64_t h = tile.h;
+    const TfSeq sq(cu_q, cu_k, tile.b);
     const int64_t q_start = sq.q_start, q_len = sq.q_len, k_start = sq.k_start, k_len = sq.k_len;
     if (q0 >= q_len) return;  // uniform over the block
     const int64_t kvh = h / group;
@@ -707,12 +740,13 @@ int launch_fwd_tc_d(const void* q, const void* k, const void* v, void* out, void
                     int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_ot, int64_t s_oh,
                     int64_t s_lh, float scale, cudaStream_t st) {
     constexpr size_t smem = TfShape<D>::SMEM;
+    const int64_t grid = tf_tile_grid(n_mblocks, batch, heads);
+    if (grid <= 0) return grid == 0 ? 0 : static_cast<int>(cudaErrorInvalidValue);
     if (int e = prepare(attn_fwd_tc_kernel<D>, smem)) return e;
-    dim3 grid(static_cast<unsigned>(batch * n_mblocks), static_cast<unsigned>(heads));
-    attn_fwd_tc_kernel<D><<<grid, TF_THREADS, smem, st>>>(
+    attn_fwd_tc_kernel<D><<<static_cast<unsigned>(grid), TF_THREADS, smem, st>>>(
         static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<bf16*>(out),
         static_cast<float*>(lse), static_cast<const int32_t*>(cu_q), static_cast<const int32_t*>(cu_k), n_mblocks,
-        group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh, s_lh, scale);
+        heads, group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh, s_lh, scale);
     return launch_status();
 }
 
@@ -819,15 +853,16 @@ __global__ void __launch_bounds__(TF_THREADS)
 attn_bwd_dq_declared_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                             const bf16* __restrict__ dout, const float* __restrict__ lse,
                             const float* __restrict__ delta, bf16* __restrict__ dq, const int32_t* __restrict__ cu_q,
-                            const int32_t* __restrict__ cu_k, int64_t n_mblocks, int64_t group, int64_t s_qt,
-                            int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh, int64_t s_dt,
-                            int64_t s_dh, int64_t s_lh, int64_t s_gt, int64_t s_gh, float scale) {
+                            const int32_t* __restrict__ cu_k, int64_t n_mblocks, int64_t heads, int64_t group,
+                            int64_t s_qt, int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt, int64_t s_vh,
+                            int64_t s_dt, int64_t s_dh, int64_t s_lh, int64_t s_gt, int64_t s_gh, float scale) {
     using S = TbShape<D>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     if (smem_u32(smem_raw) & 1023u) __trap();
-    const int64_t m0 = (blockIdx.x % n_mblocks) * TF_ROWS;
-    const int64_t h = blockIdx.y;
-    const TfSeq sq(cu_q, cu_k, blockIdx.x / n_mblocks);
+    const TfTile tile(n_mblocks, heads, true);
+    const int64_t m0 = tile.blk * TF_ROWS;
+    const int64_t h = tile.h;
+    const TfSeq sq(cu_q, cu_k, tile.b);
     const int64_t q_start = sq.q_start, q_len = sq.q_len, k_start = sq.k_start, k_len = sq.k_len;
     if (m0 >= q_len) return;  // uniform over the block
     const int64_t kvh = h / group;
@@ -871,20 +906,31 @@ attn_bwd_dq_declared_kernel(const bf16* __restrict__ q, const bf16* __restrict__
         cp_async_wait<1>();
         __syncthreads();
         fence_proxy_async();
+        // row hh sees key kv0 + c (c in [0, 64)) when c <= rel[hh], i.e. kv0 + c <= lim[hh]
+        const int rel[2] = {tf_rel(lim[0] - kv0), tf_rel(lim[1] - kv0)};
         float sc[32], dp[32];
         wg_fence();
         tf_scores<D>(sc, base, k_tile);
+        wg_commit();
         tf_scores<D>(dp, base + S::TILE, v_tile);
         wg_commit();
+        wg_wait1();  // S has landed: the exponentials below can overlap dP's MMAs (ptxas 13.0 puts 13 of 32 before the wait)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int hh = e >> 1;
+                const float ex = tl_exp(sc[4 * j + e] * scale - lse_r[hh]);  // every element: no branch
+                sc[4 * j + e] = 8 * j + 2 * t + (e & 1) <= rel[hh] ? ex : 0.0f;
+            }
         wg_wait0();
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int hh = e >> 1;
-                const bool vis = kv0 + 8 * j + 2 * t + (e & 1) <= lim[hh];
-                const float p = vis ? tl_exp(sc[4 * j + e] * scale - lse_r[hh]) : 0.0f;
-                const float ds = p * (dp[4 * j + e] - delta_r[hh]);
+                const bool vis = 8 * j + 2 * t + (e & 1) <= rel[hh];
+                const float ds = sc[4 * j + e] * (dp[4 * j + e] - delta_r[hh]);
                 sc[4 * j + e] = full ? ds : (vis ? ds : 0.0f);
             }
         if (!full) {  // K's non-finite values -> 0 for dS K (the scores above read them unchanged)
@@ -910,15 +956,16 @@ attn_bwd_dkdv_declared_kernel(const bf16* __restrict__ q, const bf16* __restrict
                               const bf16* __restrict__ dout, const float* __restrict__ lse,
                               const float* __restrict__ delta, bf16* __restrict__ dk, bf16* __restrict__ dv,
                               const int32_t* __restrict__ cu_q, const int32_t* __restrict__ cu_k, int64_t n_nblocks,
-                              int64_t group, int64_t s_qt, int64_t s_qh, int64_t s_kt, int64_t s_kh, int64_t s_vt,
-                              int64_t s_vh, int64_t s_dt, int64_t s_dh, int64_t s_lh, int64_t s_gkt, int64_t s_gkh,
-                              int64_t s_gvt, int64_t s_gvh, float scale) {
+                              int64_t kv_heads, int64_t group, int64_t s_qt, int64_t s_qh, int64_t s_kt, int64_t s_kh,
+                              int64_t s_vt, int64_t s_vh, int64_t s_dt, int64_t s_dh, int64_t s_lh, int64_t s_gkt,
+                              int64_t s_gkh, int64_t s_gvt, int64_t s_gvh, float scale) {
     using S = TbShape<D>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     if (smem_u32(smem_raw) & 1023u) __trap();
-    const int64_t n0 = (blockIdx.x % n_nblocks) * TF_ROWS;
-    const int64_t kvh = blockIdx.y;
-    const TfSeq sq(cu_q, cu_k, blockIdx.x / n_nblocks);
+    const TfTile tile(n_nblocks, kv_heads, false);
+    const int64_t n0 = tile.blk * TF_ROWS;
+    const int64_t kvh = tile.h;
+    const TfSeq sq(cu_q, cu_k, tile.b);
     const int64_t q_start = sq.q_start, q_len = sq.q_len, k_start = sq.k_start, k_len = sq.k_len;
     if (n0 >= k_len) return;  // uniform over the block
     const int64_t offset = k_len - q_len;  // position of query 0
@@ -985,22 +1032,35 @@ attn_bwd_dkdv_declared_kernel(const bf16* __restrict__ q, const bf16* __restrict
         cp_async_wait<1>();
         __syncthreads();
         fence_proxy_async();
+        // key row hh sees query m0 + c (c in [0, 64)) when lo[hh] <= c < hi, i.e. key <= offset + m0 + c,
+        // m0 + c < q_len and key < k_len
+        const int hi = tf_rel(q_len - m0);
+        int lo[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) lo[hh] = key[hh] < k_len ? tf_rel(key[hh] - offset - m0) : TF_ROWS;
         float pt[32], dpt[32];
         wg_fence();
-        tf_scores<D>(pt, base, q_tile);             // S^T = K Q^T
+        tf_scores<D>(pt, base, q_tile);  // S^T = K Q^T
+        wg_commit();
         tf_scores<D>(dpt, base + S::TILE, do_tile);  // dP^T = V dO^T
         wg_commit();
-        wg_wait0();
+        wg_wait1();  // S^T has landed: the exponentials below can overlap dP^T's MMAs (18 of 32 before the wait)
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int c = 8 * j + 2 * t + (e & 1);  // the query m0 + c
-                const int64_t kk = key[e >> 1];
-                const bool vis = kk <= offset + m0 + c && m0 + c < q_len && kk < k_len;
-                const float p = vis ? tl_exp(pt[4 * j + e] * scale - st[c]) : 0.0f;
-                const float ds = p * (dpt[4 * j + e] - st[TF_ROWS + c]);
-                pt[4 * j + e] = p;
+                const float ex = tl_exp(pt[4 * j + e] * scale - st[c]);  // every element: no branch
+                pt[4 * j + e] = lo[e >> 1] <= c && c < hi ? ex : 0.0f;
+            }
+        wg_wait0();
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int c = 8 * j + 2 * t + (e & 1);
+                const bool vis = lo[e >> 1] <= c && c < hi;
+                const float ds = pt[4 * j + e] * (dpt[4 * j + e] - st[TF_ROWS + c]);
                 dpt[4 * j + e] = absent ? (vis ? ds : 0.0f) : ds;
             }
         if (absent) {  // dO's and Q's non-finite values -> 0 for the products (S^T and dP^T read them unchanged)
@@ -1064,15 +1124,19 @@ int launch_bwd_declared_d(const void* q, const void* k, const void* v, const voi
     const float* deb = static_cast<const float*>(delta);
     const int32_t* cq = static_cast<const int32_t*>(cu_q);
     const int32_t* ck = static_cast<const int32_t*>(cu_k);
-    attn_bwd_dkdv_declared_kernel<D>
-        <<<dim3(static_cast<unsigned>(batch * n_nblocks), static_cast<unsigned>(kv_heads)), TF_THREADS, S::DKDV_SMEM, st>>>(
-            qb, kb, vb, db, lb, deb, static_cast<bf16*>(dk), static_cast<bf16*>(dv), cq, ck, n_nblocks, group, s_qt, s_qh,
-            s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh, s_gkt, s_gkh, s_gvt, s_gvh, scale);
-    if (int e = launch_status()) return e;
-    attn_bwd_dq_declared_kernel<D>
-        <<<dim3(static_cast<unsigned>(batch * n_mblocks), static_cast<unsigned>(heads)), TF_THREADS, S::DQ_SMEM, st>>>(
-            qb, kb, vb, db, lb, deb, static_cast<bf16*>(dq), cq, ck, n_mblocks, group, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh,
-            s_dt, s_dh, s_lh, s_gqt, s_gqh, scale);
+    const int64_t kv_grid = tf_tile_grid(n_nblocks, batch, kv_heads);
+    const int64_t q_grid = tf_tile_grid(n_mblocks, batch, heads);
+    if (kv_grid < 0 || q_grid < 0) return static_cast<int>(cudaErrorInvalidValue);
+    if (kv_grid > 0) {
+        attn_bwd_dkdv_declared_kernel<D><<<static_cast<unsigned>(kv_grid), TF_THREADS, S::DKDV_SMEM, st>>>(
+            qb, kb, vb, db, lb, deb, static_cast<bf16*>(dk), static_cast<bf16*>(dv), cq, ck, n_nblocks, kv_heads, group,
+            s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_dt, s_dh, s_lh, s_gkt, s_gkh, s_gvt, s_gvh, scale);
+        if (int e = launch_status()) return e;
+    }
+    if (q_grid == 0) return 0;
+    attn_bwd_dq_declared_kernel<D><<<static_cast<unsigned>(q_grid), TF_THREADS, S::DQ_SMEM, st>>>(
+        qb, kb, vb, db, lb, deb, static_cast<bf16*>(dq), cq, ck, n_mblocks, heads, group, s_qt, s_qh, s_kt, s_kh, s_vt,
+        s_vh, s_dt, s_dh, s_lh, s_gqt, s_gqh, scale);
     return launch_status();
 }
 
