@@ -1661,7 +1661,7 @@ def test_rms_norm_p2_rounding_orders_exact_bits(cuda_device):
 @pytest.mark.parametrize("shape", [(64 * 37 + 5, 320), (600, 4, 128)], ids=["rows", "heads-rope"])
 def test_rms_norm_dweight_sums_its_chunks_in_order(cuda_device, shape):
     """The CUDA backend's weight gradient (partials over 64-row chunks, head rows in 128-column blocks
-    stepping each row's token and head; then the partials added in chunk order, loaded 16 at a time)
+    stepping each row's token and head; then the partials added in chunk order, loaded 32 at a time)
     gives the Triton backend's dweight bits over more than 32 chunks with a partial last one, for
     [T, E] rows and for QK-norm + RoPE head rows (the rotation taken back in the loads). The input
     makes the chunk order decide the BF16 result: chunks 1 and 2 hold only 2^30-sized contributions

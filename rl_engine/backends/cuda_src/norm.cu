@@ -294,8 +294,12 @@ rms_bwd_dw_partial_kernel(const bf16* __restrict__ x, const bf16* __restrict__ d
 // Stage 2: dw[c] = bf16(sum over chunks, in chunk order, of partial[chunk, c]). The partials are loaded
 // NORM_DW_LOADS at a time before they are added (in the same order): the q / k norms' head rows have
 // 2048 chunks per column at 4096 tokens, and one dependent load per add left this stage 6.2 ms of a
-// 4 x 1024-token train step (evidence/2026-12-06-h100-cuda-norm-fusions-af90ca4, prof/).
-constexpr int NORM_DW_LOADS = 16;
+// 4 x 1024-token train step (evidence/2026-12-06-h100-cuda-norm-fusions-af90ca4, prof/). Such a launch
+// is one column block whose time is the loads it keeps in flight (columns x NORM_DW_LOADS): 32 loads,
+// and blocks of NORM_DW_FINAL_NARROW columns for rows of at most 128 (the Triton stage 2's 64-column
+// programs, its fastest in the H200 sweep at 72f74f5), put two blocks and twice the loads in flight.
+constexpr int NORM_DW_LOADS = 32;
+constexpr int NORM_DW_FINAL_NARROW = 64;
 __global__ void __launch_bounds__(NORM_DW_THREADS)
 rms_bwd_dw_final_kernel(const float* __restrict__ partial, bf16* __restrict__ dw, int64_t chunks, int64_t n) {
     const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -670,7 +674,9 @@ RL_EXPORT int rl_rms_norm_bwd_dw(const void* x, const void* dy, const void* rstd
             static_cast<float*>(partial), static_cast<const float*>(cosv), static_cast<const float*>(sinv), rows,
             n_inner, n, sxo, sxi, sdyo, sdyi, sct, sst);
     }
-    rms_bwd_dw_final_kernel<<<static_cast<unsigned>(col_blocks), threads, 0, st>>>(
+    // stage 2: a column's sum does not depend on its block either
+    const int final_threads = n <= NORM_DW_THREADS / 2 ? NORM_DW_FINAL_NARROW : NORM_DW_THREADS;
+    rms_bwd_dw_final_kernel<<<static_cast<unsigned>(cdiv(n, static_cast<int64_t>(final_threads))), final_threads, 0, st>>>(
         static_cast<const float*>(partial), static_cast<bf16*>(dw), chunks, n);
     return launch_status();
 }
