@@ -183,7 +183,7 @@ def test_pinned_row_sum_keeps_accuracy_invariance_and_decode_parity(device, cont
 
 
 @pytest.mark.parametrize("d", [16, 128, 256])
-def test_head_dim_sum_adds_in_the_declared_order(d):
+def test_head_dim_sum_adds_in_the_declared_order(d, device):
     """_head_dim_sum (the backward's pinned delta sum) gives the declared order's bits on rows where
     the order shows (a cancelling 2^24 pair among small values). Control: a right fold of each group
     of 8 (Triton 3.6's ``tl.sum`` per thread on sm_90), then the same butterfly, differs on them."""
@@ -198,8 +198,9 @@ def test_head_dim_sum_adds_in_the_declared_order(d):
         tl.store(out_ptr + rows, attn_triton._head_dim_sum(x, D))
 
     x = cancelling_rows(16, d, seed=7 + d, step=5)
-    out = torch.empty(16, dtype=torch.float32)
-    head_dim_sum_kernel[(1,)](x, out, M=16, D=d)
+    out = torch.empty(16, dtype=torch.float32, device=device)
+    head_dim_sum_kernel[(1,)](x.to(device), out, M=16, D=d)  # (on a GPU the kernel needs device tensors)
+    out = out.cpu()
     expected = declared_head_dim_sum(x)
     assert_bitwise(out, expected, f"_head_dim_sum vs the declared order (D = {d})")
     groups = x.reshape(16, d // 8, 8)
