@@ -125,54 +125,6 @@ rms_bwd_dx_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, const 
     }
 }
 
-// rms_bwd_dx_kernel for rows of at most NORM_THREADS * VPT columns (the hidden size of Qwen3-8B with
-// VPT = 32): each thread loads its columns' dn and x once, all of them before the first add, and keeps
-// them in registers for the second pass. The block form re-read them and left one dependent load per
-// add in flight (5.3 ms of a 4 x 1024-token train step against Triton's 4.5 ms, H100,
-// evidence/2026-12-06-h100-norm-dw-loads-0baaf9a). Thread i's columns are still i, i + 128, ... added
-// in that order, then block_sum: the block form's bits.
-template <bool RES, bool ROPE, int VPT>
-__global__ void __launch_bounds__(NORM_THREADS)
-rms_bwd_dx_regs_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ dy,
-                       const float* __restrict__ rstd, bf16* __restrict__ dx, const bf16* __restrict__ res,
-                       const float* __restrict__ cosv, const float* __restrict__ sinv, int64_t n_inner, int64_t n,
-                       int64_t sxo, int64_t sxi, int64_t sdyo, int64_t sdyi, int64_t sdxo, int64_t sdxi, int64_t srt,
-                       int64_t sct, int64_t sst) {
-    __shared__ float red[NORM_THREADS / 32];
-    const int64_t row = blockIdx.x;
-    const bf16* xr = x + row_offset(row, n_inner, sxo, sxi);
-    const bf16* dyr = dy + row_offset(row, n_inner, sdyo, sdyi);
-    bf16* dxr = dx + row_offset(row, n_inner, sdxo, sdxi);
-    const float* cr = ROPE ? cosv + (row / n_inner) * sct : nullptr;
-    const float* sr = ROPE ? sinv + (row / n_inner) * sst : nullptr;
-    const int64_t half = n / 2;
-    const float r = rstd[row];
-    float dn[VPT];
-    float xv[VPT];
-#pragma unroll
-    for (int m = 0; m < VPT; ++m) {
-        const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * m;
-        dn[m] = c < n ? norm_grad<ROPE>(dyr, c, half, cr, sr) * f32(w[c]) : 0.0f;
-        xv[m] = c < n ? f32(xr[c]) : 0.0f;
-    }
-    float dot = 0.0f;
-#pragma unroll
-    for (int m = 0; m < VPT; ++m)
-        if (threadIdx.x + static_cast<int64_t>(NORM_THREADS) * m < n) dot += dn[m] * xv[m];
-    dot = block_sum(dot, red);
-    const float k = (dot / static_cast<float>(n)) * (r * r);
-#pragma unroll
-    for (int m = 0; m < VPT; ++m) {
-        const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * m;
-        if (c < n) {
-            float v = r * (dn[m] - xv[m] * k);
-            if (RES) v = f32(to_bf16(v)) + f32(res[row * srt + c]);
-            dxr[c] = to_bf16(v);
-        }
-    }
-}
-constexpr int NORM_DX_REGS_VPT = 32;
-
 // The rows form of the 128-thread row for short rows (n <= 128 * VPT: the heads of qk_norm), a warp
 // per row and four rows per block in place of a block per row of one or two columns per thread: lane l
 // plays the block's threads l, l + 32, l + 64 and l + 96 (its virtual warps j = 0..3), element (j, m)
@@ -643,12 +595,11 @@ RL_EXPORT int rl_rms_norm_bwd_dx(const void* x, const void* w, const void* dy, c
 #undef RL_DX_ROWS
         return launch_status();
     }
-    const bool regs = n <= static_cast<int64_t>(NORM_THREADS) * NORM_DX_REGS_VPT;  // the same bits, loads ahead
-    constexpr int V = NORM_DX_REGS_VPT;
-    const auto kernel = regs ? (res ? (rope ? rms_bwd_dx_regs_kernel<true, true, V> : rms_bwd_dx_regs_kernel<true, false, V>)
-                                    : (rope ? rms_bwd_dx_regs_kernel<false, true, V> : rms_bwd_dx_regs_kernel<false, false, V>))
-                             : (res ? (rope ? rms_bwd_dx_kernel<true, true> : rms_bwd_dx_kernel<true, false>)
-                                    : (rope ? rms_bwd_dx_kernel<false, true> : rms_bwd_dx_kernel<false, false>));
+    // (a form that loaded each thread's 32 columns of dn and x into registers before the first add, same
+    // bits, took 14.7 ms of a 4 x 1024 train step on an H100 where this one took 5.4:
+    // evidence/2026-12-07-h100-attn-norm-ff1f261/)
+    const auto kernel = res ? (rope ? rms_bwd_dx_kernel<true, true> : rms_bwd_dx_kernel<true, false>)
+                            : (rope ? rms_bwd_dx_kernel<false, true> : rms_bwd_dx_kernel<false, false>);
     kernel<<<static_cast<unsigned>(rows), NORM_THREADS, 0, st>>>(xp, wp, dyp, rp, dxp, resp, cp, sp, n_inner, n, sxo,
                                                                   sxi, sdyo, sdyi, sdxo, sdxi, srt, sct, sst);
     return launch_status();
