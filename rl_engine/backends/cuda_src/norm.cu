@@ -247,9 +247,11 @@ rms_bwd_dw_partial_kernel(const bf16* __restrict__ x, const bf16* __restrict__ d
 // NORM_DW_LOADS at a time before they are added (in the same order): the q / k norms' head rows have
 // 2048 chunks per column at 4096 tokens, and one dependent load per add left this stage 6.2 ms of a
 // 4 x 1024-token train step (evidence/2026-12-06-h100-cuda-norm-fusions-af90ca4, prof/). Such a launch
-// is one column block whose time is the loads it keeps in flight (columns x NORM_DW_LOADS): 32 loads,
-// and blocks of NORM_DW_FINAL_NARROW columns for rows of at most 128 (the Triton stage 2's 64-column
-// programs, its fastest in the H200 sweep at 72f74f5), put two blocks and twice the loads in flight.
+// is one column block whose time is the loads it keeps in flight (columns x NORM_DW_LOADS): 32 loads per
+// thread (twice the bytes of 16), and for rows of at most 128 columns blocks of NORM_DW_FINAL_NARROW
+// columns (the Triton stage 2's 64-column programs, its fastest in the H200 sweep at 72f74f5), which
+// spread those loads over two SMs instead of one. Measured with b0a1c06: 6.2 -> 2.0 ms
+// (evidence/2026-12-07-h100-attn-norm-ff1f261).
 constexpr int NORM_DW_LOADS = 32;
 constexpr int NORM_DW_FINAL_NARROW = 64;
 __global__ void __launch_bounds__(NORM_DW_THREADS)
