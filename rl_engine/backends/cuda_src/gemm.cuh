@@ -126,8 +126,8 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64
 // 1 and 2 = tree_pipe_kernel (2: the fused tree in 128 x 256 tiles), 3 = tree_wgmma_kernel for the
 // fused trees and leaf-parallel leaves of the training step's layouts and the (K, K) FP32 outputs, the
 // rest as 1; 4 = as 3 with those products on the warp-specialised tree_wgmma_ws_kernel;
-// 5 = as 4 with the ring's copies by TMA (the default); 6 = as 5 with the fused BF16 trees in 128 x 256 tiles
-// (tree_wgmma_wide_kernel); 7 = as 5 with the depth-2 fused BF16 trees' sibling leaves side by side.
+// 5 = as 4 with the ring's copies by TMA; 6 = as 5 with the fused BF16 trees in 128 x 256 tiles
+// (tree_wgmma_wide_kernel); 7 = as 5 with the depth-2 fused BF16 trees' sibling leaves side by side (the default).
 extern int g_tree_form;
 constexpr int TREE_GEMM_FORMS = 8;
 

@@ -407,8 +407,12 @@ bool rl::tree_pipe_ok(const TreeArgs& g, int leaves) {
 // the default from fc8dac6 (evidence/2026-12-06-h200-gate-fc8dac6). Form 5 (TMA copies) gave the same bits at
 // 0.51-0.77x cuBLAS (M = 8192, H100), form 6 (128 x 256 tiles) the same bits at 0.36-0.79x, slower in most
 // products (evidence/2026-12-06-h100-form5-form6-716923f); form 5 is the default since the whole gate kept every
-// bit with it (evidence/2026-12-06-h100-gate-716923f).
-int rl::g_tree_form = 5;
+// bit with it (evidence/2026-12-06-h100-gate-716923f). Form 7 (form 5 with the depth-2 trees' sibling leaves side
+// by side) gave form 5's bits in every sweep row (evidence/2026-12-07-h100-issue34-50f44c6) and, in the 4 x 1024
+// train step on an H100, 471.9 ms of kernels against form 5's 485.3 in the same process (the layer GEMMs 319.2
+// against 332.2; evidence/2026-12-07-h100-chain-c163ce5): the default since the whole gate kept every bit
+// with it (that folder's README says which gate).
+int rl::g_tree_form = 7;
 int rl::g_tws_persistent = 1;
 
 namespace {
@@ -907,12 +911,11 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
     int released = 0;  // slots it has given back (released == consumed or consumed - 1)
     if constexpr (PAIR) {
         float acc2[64];  // leaf 2p + 1's sums (acc: leaf 2p's)
-        // slot `consumed` into `d` (form 5's steps with the fence.proxy.async that form 5 no longer issues:
-        // the pairing alone measured no gain on an H100, 0.65 against 0.66x cuBLAS, so form 7 against form 5
-        // in one sweep now says what the fence costs)
+        // slot `consumed` into `d` (form 5's steps; until 2026-12-07 with the fence.proxy.async form 5 dropped
+        // in 5a6cb3b, kept here so that a sweep could isolate the pairing; a TMA-filled ring needs none)
         auto consume = [&](float (&d)[64], int64_t i, int64_t steps) {
-            tw_consume_slot<A_MN, B_MN, TWS_STAGES, TW_SLOT, true>(d, i, steps, consumed, released, full, empty, desc0, descb0,
-                                                            leader);
+            tw_consume_slot<A_MN, B_MN, TWS_STAGES, TW_SLOT, false>(d, i, steps, consumed, released, full, empty, desc0, descb0,
+                                                             leader);
             ++consumed;
         };
         for (int64_t pid = blockIdx.x; pid < tiles; pid += gridDim.x) {

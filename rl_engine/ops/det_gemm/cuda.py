@@ -212,8 +212,13 @@ Form 7: form 5 with the depth-2 fused BF16 trees' sibling leaves side by side
 both are summed: the same k16 products per accumulator in the same order, the same roundings and
 merges, and half the leaf ends at which the MMA warpgroups wait for every MMA in flight. Written for
 form 5's profile (the tensor pipe 64 % busy) after the Triton backend's persistent kernel gained from
-the same pairing (``PersistentTiles.loop``); other depths and products run as form 5. Emulated on the
-host (tests); not yet run on a GPU."""
+the same pairing (``PersistentTiles.loop``); other depths and products run as form 5. On an H100 it
+gave form 5's bits in every sweep row (``evidence/2026-12-07-h100-issue34-50f44c6/``, with the
+``fence.proxy.async`` form 5 had dropped) and, in one process, the 4 x 1024 ``cuda_bf16`` train step's
+kernels took 471.9 ms against form 5's 485.3 (the layer GEMMs 319.2 against 332.2 ms;
+``evidence/2026-12-07-h100-chain-c163ce5/``). The default since then, without the fence (a
+TMA-filled ring needs none), once the whole gate kept every bit with it (that folder's README names
+the gate)."""
 
 
 def set_tree_gemm_form(form: int) -> int:
