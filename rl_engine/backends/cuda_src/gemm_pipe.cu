@@ -410,8 +410,8 @@ bool rl::tree_pipe_ok(const TreeArgs& g, int leaves) {
 // bit with it (evidence/2026-12-06-h100-gate-716923f). Form 7 (form 5 with the depth-2 trees' sibling leaves side
 // by side) gave form 5's bits in every sweep row (evidence/2026-12-07-h100-issue34-50f44c6) and, in the 4 x 1024
 // train step on an H100, 471.9 ms of kernels against form 5's 485.3 in the same process (the layer GEMMs 319.2
-// against 332.2; evidence/2026-12-07-h100-chain-c163ce5): the default since the whole gate kept every bit
-// with it (that folder's README says which gate).
+// against 332.2; evidence/2026-12-07-h100-chain-c163ce5): the default since 56d6ddf, whose whole gate kept every
+// bit (evidence/2026-12-07-h100-gate-56d6ddf).
 int rl::g_tree_form = 7;
 int rl::g_tws_persistent = 1;
 

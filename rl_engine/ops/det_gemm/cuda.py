@@ -216,9 +216,11 @@ the same pairing (``PersistentTiles.loop``); other depths and products run as fo
 gave form 5's bits in every sweep row (``evidence/2026-12-07-h100-issue34-50f44c6/``, with the
 ``fence.proxy.async`` form 5 had dropped) and, in one process, the 4 x 1024 ``cuda_bf16`` train step's
 kernels took 471.9 ms against form 5's 485.3 (the layer GEMMs 319.2 against 332.2 ms;
-``evidence/2026-12-07-h100-chain-c163ce5/``). The default since then, without the fence (a
-TMA-filled ring needs none), once the whole gate kept every bit with it (that folder's README names
-the gate)."""
+``evidence/2026-12-07-h100-chain-c163ce5/``). The default since 56d6ddf, without the fence (a
+TMA-filled ring needs none): the whole gate kept every bit with it (``evidence/2026-12-07-h100-gate-56d6ddf/``,
+an H100), and the chain bench's ``cuda_bf16`` / Triton tokens/s went 0.842 -> 0.874 (teacher forcing
+8 x 1024), 0.867 -> 0.891 (2 x 8192) and 0.910 -> 0.943 (train step;
+``evidence/2026-12-07-h100-chain-56d6ddf/``)."""
 
 
 def set_tree_gemm_form(form: int) -> int:
