@@ -327,6 +327,70 @@ def test_report_bad_evidence(capsys, tmp_path):
     assert rc == 2 and "schema" in err
 
 
+def _gzipped_copy(src: Path, folder: Path) -> Path:
+    """``folder/evidence.json.gz`` holding ``src``'s bytes, as older committed gate folders store it."""
+    import gzip
+
+    folder.mkdir()
+    (folder / "evidence.json.gz").write_bytes(gzip.compress(src.read_bytes(), compresslevel=9, mtime=0))
+    return folder / "evidence.json.gz"
+
+
+def test_report_and_diff_read_a_gzipped_evidence_folder(capsys, gate_dir, tmp_path):
+    """Gate folders other than the newest are committed with evidence.json.gz (evidence/README.md):
+    the loader, report and diff read it as the folder's evidence, or as a path given directly."""
+    from rl_engine.gate import evidence as evidence_io
+
+    _, out = gate_dir
+    gz = _gzipped_copy(out / "evidence.json", tmp_path / "gz")
+    plain = evidence_io.load(out / "evidence.json")
+    assert evidence_io.load(gz.parent) == evidence_io.load(gz) == plain == evidence_io.load(out)
+    rc, stdout, _ = run(capsys, "report", gz.parent)
+    assert rc == 0 and "report.md" in stdout
+    assert (gz.parent / "report.md").read_text() == (out / "report.md").read_text()
+    assert (gz.parent / "report.html").is_file()
+    for new in (gz.parent, gz):
+        rc, stdout, _ = run(capsys, "diff", "--same-bits", out, new)
+        assert rc == 0 and "same bits: yes" in stdout, stdout
+
+
+def test_a_folder_with_both_evidence_files_is_refused(capsys, gate_dir, tmp_path):
+    from rl_engine.errors import RLEngineError
+    from rl_engine.gate import evidence as evidence_io
+
+    _, out = gate_dir
+    both = _gzipped_copy(out / "evidence.json", tmp_path / "both").parent
+    shutil.copy(out / "evidence.json", both / "evidence.json")
+    with pytest.raises(RLEngineError, match="ambiguous"):
+        evidence_io.load(both)
+    for argv in (("report", both), ("diff", out, both)):
+        rc, _, err = run(capsys, *argv)
+        assert rc == 2 and "ambiguous" in err and str(both) in err, err
+    assert not (both / "report.md").exists()
+    # naming one of the two files picks it, with nothing to guess
+    assert evidence_io.load(both / "evidence.json") == evidence_io.load(both / "evidence.json.gz")
+
+
+def test_a_corrupt_gzipped_evidence_file_is_an_error_naming_it(capsys, gate_dir, tmp_path):
+    import gzip
+
+    from rl_engine.errors import RLEngineError
+    from rl_engine.gate import evidence as evidence_io
+
+    _, out = gate_dir
+    gz = _gzipped_copy(out / "evidence.json", tmp_path / "bad")
+    whole = gz.read_bytes()
+    for name, data, says in (("not gzip", b"{ plain JSON, not gzip }", "gzip"),
+                             ("cut short", whole[:len(whole) // 2], "gzip"),
+                             ("gzip of no JSON", gzip.compress(b"{ not json", mtime=0), "line 1")):
+        gz.write_bytes(data)
+        with pytest.raises(RLEngineError) as ei:
+            evidence_io.load(gz.parent)
+        assert str(gz) in str(ei.value) and says in str(ei.value), (name, ei.value)
+        rc, _, err = run(capsys, "report", gz.parent)
+        assert rc == 2 and str(gz) in err and "Traceback" not in err, (name, err)
+
+
 def test_diff_lists_changed_cells(capsys, gate_dir, tmp_path):
     _, out = gate_dir
     ev = json.loads((out / "evidence.json").read_text())

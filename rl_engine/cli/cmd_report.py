@@ -10,9 +10,11 @@ from pathlib import Path
 def register(sub) -> None:
     from rl_engine.cli.args import command
 
-    p = command(sub, "report", "re-render report.md and report.html from DIR/evidence.json and print the verdict",
+    p = command(sub, "report", "re-render report.md and report.html from DIR/evidence.json (or .json.gz) and print "
+                               "the verdict",
                 ["rl-engine report gate-out", "rl-engine report evidence/2026-11-30-h200-gate-f40096f"])
-    p.add_argument("dir", help="a gate output folder (holding evidence.json), or the evidence.json file")
+    p.add_argument("dir", help="a gate output folder (holding evidence.json, or evidence.json.gz), or the evidence "
+                               "file (.json or .json.gz)")
     p.set_defaults(func=run_report)
     d = command(sub, "diff", "cells whose status changed and error deltas between two evidence artifacts",
                 ["rl-engine diff old-run new-run", "rl-engine diff old-run/evidence.json new-run --json"],
@@ -22,8 +24,8 @@ def register(sub) -> None:
                             "differ); 2 when the two cannot be compared: a different workload or contract (unless\n"
                             "--allow-different), or no cell in common (other ops, backends or judgments), so that\n"
                             "nothing would be compared.")
-    d.add_argument("old", help="evidence.json or its folder")
-    d.add_argument("new", help="evidence.json or its folder")
+    d.add_argument("old", help="evidence.json (or .json.gz) or its folder")
+    d.add_argument("new", help="evidence.json (or .json.gz) or its folder")
     d.add_argument("--json", action="store_true", help="print the changes as JSON")
     d.add_argument("--allow-different", action="store_true", help="diff artifacts of different workloads or contracts")
     d.add_argument("--same-bits", action="store_true",
@@ -33,8 +35,11 @@ def register(sub) -> None:
 
 
 def _path(p: str) -> Path:
-    q = Path(p)
-    return q / "evidence.json" if q.is_dir() else q
+    """The evidence file of argument ``p``: a folder's evidence.json or evidence.json.gz (older
+    committed gate folders are gzipped), or the file given."""
+    from rl_engine.gate import evidence as evidence_io
+
+    return evidence_io.find(Path(p))
 
 
 def run_report(args) -> int:
@@ -44,17 +49,18 @@ def run_report(args) -> int:
     from rl_engine.gate import evidence as evidence_io
     from rl_engine.gate.report import recount, summary_lines, write_reports
 
-    ev = recount(evidence_io.load(_path(args.dir)))
+    path = _path(args.dir)
+    ev = recount(evidence_io.load(path))
     try:
-        md, html = write_reports(ev, _path(args.dir).parent)
+        md, html = write_reports(ev, path.parent)
     except OSError as exc:
-        raise RLEngineError(f"cannot write the reports into {_path(args.dir).parent}: "
+        raise RLEngineError(f"cannot write the reports into {path.parent}: "
                             f"{exc.strerror or exc} ({exc.filename or ''})") from exc
     print("\n".join(summary_lines(ev)))
     print(f"wrote {md} and {html}")
     if not ev.get("complete"):
-        print(f"rl-engine report: {_path(args.dir)} is an INCOMPLETE run (finish it with rl-engine gate --resume "
-              f"{_path(args.dir).parent}); not a pass", file=sys.stderr)
+        print(f"rl-engine report: {path} is an INCOMPLETE run (finish it with rl-engine gate --resume "
+              f"{path.parent}); not a pass", file=sys.stderr)
         return 1
     return 0 if ev["summary"].get("red", 0) == 0 else 1
 
