@@ -256,3 +256,30 @@ def test_both_launchers_refuse_bad_fused_extras():
             mod.rms_norm_bwd(x3, w, x3, rstd, True, True, rope=(good[0].double(), good[1]))
         with pytest.raises(ValueError, match="rope tables"):
             mod.rms_norm_bwd(x3, w, x3, rstd, True, True, rope=(good[0][:3], good[1][:3]))
+
+
+@pytest.mark.parametrize("t,h,d", [(3, 2, 32), (5, 2, 64), (2, 3, 128), (3, 2, 256)])
+def test_cuda_rotation_in_registers_and_through_shared_memory_agree(t, h, d, cuda_context):
+    """``rl_norm_rope_fwd``'s two ways to rotate (``set_norm_rope_in_lane``: in registers for heads
+    of 64, 128 and 256 columns, through shared memory otherwise and when asked) give the bits of the
+    norm's launch then ``rl_rope``'s, with the norm's rstd; D = 32 always takes shared memory (its
+    partner columns sit in other lanes). Control: the same launch with the sine negated differs."""
+    from rl_engine.ops.rms_norm import cuda as rc
+    from rl_engine.ops.rope.cuda import rope_rotate
+
+    with cuda_context():
+        dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        x, w, _, cos, sin = _inputs(t, h, d, dev, seed=11)
+        ref_y, ref_rstd = rc.rms_norm_fwd(x, w, EPS, True)
+        want = rope_rotate(ref_y, cos, sin, False)
+        for on in (1, 0):
+            before = rc.set_norm_rope_in_lane(on)
+            try:
+                y, rstd = rc.norm_rope_train_fwd(x, w, cos, sin, EPS, True)
+                bad, _ = rc.norm_rope_train_fwd(x, w, cos, -sin, EPS, True)
+            finally:
+                rc.set_norm_rope_in_lane(before)
+            assert bits_equal(y, want) and bits_equal(rstd, ref_rstd), f"in lane {on}"
+            assert not bits_equal(bad, want), f"in lane {on}: the negated sine gave the same bits"
+    with pytest.raises(InputError, match="0 or 1"):
+        rc.set_norm_rope_in_lane(2)

@@ -102,6 +102,26 @@ and weight staged in shared memory)."""
 NORM_ROPE_MAX_D = 256
 """The longest head of the one-launch QK-norm + RoPE (``NORM_ROWS_MAX_N`` in ``norm.cu``)."""
 
+
+def set_norm_rope_in_lane(on: int) -> int:
+    """Choose how every later ``rl_norm_rope_fwd`` of this process rotates heads of 64, 128 or 256
+    columns: 1 (the default), in registers (column ``c`` of a lane has its rotation partner
+    ``c +- d / 2`` in the same lane, and each lane loads only its own columns' cos / sin, with x);
+    0, through shared memory, as before 2026-12-07 (other head sizes always do). Returns the previous
+    setting. For the tests and the timing tools: the same values, expressions and roundings, so the
+    bits do not depend on it (tested).
+
+    Raises
+    ------
+    InputError
+        ``on`` not 0 or 1.
+    """
+    from rl_engine.errors import InputError
+
+    if isinstance(on, bool) or on not in (0, 1):
+        raise InputError(f"norm rope in lane: expected 0 or 1, got {on!r}")
+    return query("rl_norm_rope_in_lane", on)
+
 FUSED_ADD_NORM = True
 """This backend has the residual add + RMSNorm for training (:func:`add_rms_norm_train_fwd`,
 :func:`rms_norm_bwd` with ``residual_grad``)."""
