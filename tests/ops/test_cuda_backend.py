@@ -339,7 +339,7 @@ def _form0_products(device, m, k, n):
     return _FORM0_PRODUCTS[key]
 
 
-@pytest.mark.parametrize("form", [1, 2, 3, 4, 5, 6, 7])  # (a separate case each: a form that faults on the GPU
+@pytest.mark.parametrize("form", [1, 2, 3, 4, 5, 6, 7, 8])  # (a separate case each: a form that faults on the GPU
 @pytest.mark.parametrize("m,k,n", [(130, 256, 136), (66, 1056, 75), (1024, 4096, 4096)])  # cannot hide another)
 def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
     """Forms 1 to 4 of the training-size GEMMs give the WMMA kernels' (form 0) bits for each operand
@@ -360,7 +360,9 @@ def test_det_gemm_pipelined_form_equals_wmma_form(cuda_device, m, k, n, form):
     the boxes land with zero fill outside each leaf's map and the barriers count their bytes) and form
     6 (form 5's fused trees in 128 x 256 tiles) and form 7 (form 5 with the depth-2 trees' sibling
     leaves side by side, two accumulators; 1056: leaves of 5 slots, the last one a single part-filled
-    32-wide step) must also
+    32-wide step) and form 8 (the depth-2 trees' leaves rolled: each rounded after the next one's
+    first slot, a tile's last leaf and store after the next tile's; the persistent emulation's blocks
+    run several tiles, so a tile's store under its successor's MMAs is covered) must also
     have run their own kernels (the launch count rises), not form 4's or 5's in their place."""
     from rl_engine.ops.det_gemm import cuda as dg_cuda
 
@@ -452,10 +454,10 @@ def test_tree_gemm_form_is_checked(cuda_device):
     for bad in (-1, dg_cuda.TREE_GEMM_FORMS, True, 1.0):
         with pytest.raises(InputError, match="tree gemm form"):
             dg_cuda.set_tree_gemm_form(bad)
-    for bad in (4, 8, True):  # only forms 5 to 7 have kernels of their own to count
+    for bad in (4, 9, True):  # only forms 5 to 8 have kernels of their own to count
         with pytest.raises(InputError, match="form_launches"):
             dg_cuda.form_launches(bad)
-    assert all(dg_cuda.form_launches(f) >= 0 for f in (5, 6, 7))
+    assert all(dg_cuda.form_launches(f) >= 0 for f in (5, 6, 7, 8))
 
 
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (1056, 72)])

@@ -127,9 +127,10 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64
 // fused trees and leaf-parallel leaves of the training step's layouts and the (K, K) FP32 outputs, the
 // rest as 1; 4 = as 3 with those products on the warp-specialised tree_wgmma_ws_kernel;
 // 5 = as 4 with the ring's copies by TMA; 6 = as 5 with the fused BF16 trees in 128 x 256 tiles
-// (tree_wgmma_wide_kernel); 7 = as 5 with the depth-2 fused BF16 trees' sibling leaves side by side (the default).
+// (tree_wgmma_wide_kernel); 7 = as 5 with the depth-2 fused BF16 trees' sibling leaves side by side (the default);
+// 8 = as 5 with those trees' leaves rolled: each rounded under the next one's first MMAs.
 extern int g_tree_form;
-constexpr int TREE_GEMM_FORMS = 8;
+constexpr int TREE_GEMM_FORMS = 9;
 
 // Whether tree_pipe_kernel can run this product with leaves [0, leaves) (layout, alignment, bounds).
 bool tree_pipe_ok(const TreeArgs& g, int leaves);

@@ -581,6 +581,51 @@ __device__ __forceinline__ void tw_hold_pair(int p, const float (&acc0)[64], con
     }
 }
 
+// Leaf L (0 .. 3) of a depth-2 fused tree in form 8: tw_hold's rounding and merges with h1 (leaf 2, rounded)
+// parked in shared memory at park[256 q] (this thread's words only: no barrier); leaf 3 leaves the tile's
+// merged tree there too, in leaf 2's places (for tw_store_parked).
+template <int L>
+__device__ __forceinline__ void tw_roll_hold(const float (&acc)[64], uint32_t (&h0)[32], uint32_t* park) {
+#pragma unroll
+    for (int q = 0; q < 32; ++q) {
+        const uint32_t v = tp_round2(acc[2 * q], acc[2 * q + 1]);
+        if (L == 0) {
+            h0[q] = v;
+        } else if (L == 1) {
+            h0[q] = tp_merge2(h0[q], v);
+        } else if (L == 2) {
+            park[256 * q] = v;
+        } else {
+            park[256 * q] = tp_merge2(h0[q], tp_merge2(park[256 * q], v));
+        }
+    }
+}
+
+// tw_store's BF16 stores (no leaf workspace) of the merged tree parked at park[256 q] by tw_roll_hold<3>: the
+// same places and values; a loop over the pairs that ptxas need not unroll, so the stores' addresses are not
+// all live at once beside the next tile's accumulator (form 8 stores while that tile's first MMAs run).
+__device__ __forceinline__ void tw_store_parked(const TreeArgs& g, const uint32_t* park, int64_t row0, int64_t n0,
+                                                int pairs) {
+    const int lane = threadIdx.x & 31;
+    const int gq = lane >> 2;
+    const int t = lane & 3;
+#pragma unroll 4
+    for (int q = 0; q < 32; ++q) {
+        const int64_t r = row0 + gq + 8 * (q & 1);
+        const int64_t c = n0 + 8 * (q >> 1) + 2 * t;
+        if (r >= g.M || c >= g.N) continue;
+        const uint32_t v = park[256 * q];
+        bf16* o = static_cast<bf16*>(g.c) + r * g.s_cm + c * g.s_cn;
+        const bool two = c + 1 < g.N;
+        if (two && pairs) {
+            *reinterpret_cast<uint32_t*>(o) = v;
+        } else {
+            o[0] = tp_lo(v);
+            if (two) o[g.s_cn] = tp_hi(v);
+        }
+    }
+}
+
 // The store of one warp's 16 rows x 128 columns of a warpgroup tile (row0: the warp's first row, n0 the
 // tile's first column): the FP32 sums (OUT_F32) or the merged BF16 tree h0, to g.c (LEAVES: leaf
 // `first`'s [M, N] slice of the workspace); pairs: whether two neighbouring columns may be stored as one.
@@ -754,6 +799,7 @@ __global__ void __launch_bounds__(TW_THREADS, 1)
 constexpr int TWS_STAGES = 6;     // ring places (6 x 32 KB)
 int64_t g_tws_tma_launches = 0;   // rl_tree_form_launches(5): form 5's launches that ran with TMA copies
 int64_t g_tws_pair_launches = 0;  // rl_tree_form_launches(7): form 7's launches with the paired leaves
+int64_t g_tws_roll_launches = 0;  // rl_tree_form_launches(8): form 8's launches with the rolled leaves
 constexpr int TWS_THREADS = 384;  // the copy warpgroup, then the two MMA warpgroups
 constexpr int TWS_SMEM = TWS_STAGES * TW_SLOT + 2 * TWS_STAGES * 8;  // the ring, then full[], empty[]
 // SWIGLU: then, 128-byte aligned, the gate tile's merged tree parked while the up tile runs (32 packed
@@ -769,6 +815,11 @@ constexpr int TWS_SMEM_SWIGLU = TWS_PARK + 32 * 256 * 4;
 constexpr int TWS_COPY_REGS = 72;
 constexpr int TWS_MMA_REGS = 216;
 static_assert(128 * TWS_COPY_REGS + 256 * TWS_MMA_REGS <= TWS_THREADS * 168, "setmaxnreg beyond the launch's registers");
+// Form 8 (ROLL) holds two accumulators and the merged sums while a leaf's MMAs are in flight: at 72 / 216 ptxas
+// spilled 812 bytes per thread, at 40 / 232 8 bytes (ptxas -v, nvcc 13.0); its copy warpgroup is one TMA thread.
+constexpr int TWS_ROLL_COPY_REGS = 40;
+constexpr int TWS_ROLL_MMA_REGS = 232;
+static_assert(128 * TWS_ROLL_COPY_REGS + 256 * TWS_ROLL_MMA_REGS <= TWS_THREADS * 168, "setmaxnreg beyond the launch's registers");
 
 
 // Persistent: block b takes tiles b, b + gridDim.x, ... (tw_tile's order); the ring runs on across
@@ -787,13 +838,23 @@ static_assert(128 * TWS_COPY_REGS + 256 * TWS_MMA_REGS <= TWS_THREADS * 168, "se
 // warpgroups wait for every MMA in flight (ncu of form 5: the tensor pipe 64 % busy; the Triton
 // backend's persistent kernel gained 0.52-0.78x -> 0.64-0.82x cuBLAS from the same pairing, its
 // PersistentTiles.loop = 3).
+// ROLL (form 8; the fused BF16 depth-2 tree with TMA copies): the leaves run one after another as in form 5
+// (the same slots in the same order, for the copies too), leaf l summed into accumulator l % 2 from 0; a
+// leaf is rounded and merged (tw_roll_hold: tw_hold's steps, leaf 2's rounded sums parked in shared memory
+// in place of h1) only once the first slot of the next leaf has been issued and wgmma.wait_group has seen
+// every earlier group complete, so the tensor pipe has that slot's MMAs while the MMA warpgroups round; a
+// tile's last leaf is rounded and the tile stored the same way, after the first slot of the block's next
+// tile. So the same products per accumulator in the same order, the same roundings and merges, and no
+// wait for every MMA in flight but after the block's last tile (form 7 waits at two per tile; a product
+// with an empty leaf runs form 5; ncu of form 7's q projection on an H100: the tensor pipe 65.5 % busy against the Triton
+// kernel's 74.5 %, evidence/2026-12-07-h100-chain-56d6ddf).
 // SWIGLU (rl_det_gemm_swiglu; the depth-2 fused tree, K-major operands, TMA copies): g.N = F, and B holds
 // 2F columns, the gate projection's at 0 .. F - 1 and the up projection's from s_acc (= F) on; a block
 // computes the gate tile (n0) and then the up tile (s_acc + n0) of its rows, each the fused tree of
 // the rest of this kernel (the same slots, products, roundings and merges), holds the gate tile's
 // BF16 result, and stores only swiglu(gate, up) (tw_store_swiglu): neither projection is written.
 template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES = false, bool HILO = false, bool TMA = false,
-          bool PAIR = false, bool SWIGLU = false>
+          bool PAIR = false, bool SWIGLU = false, bool ROLL = false>
 __global__ void __launch_bounds__(TWS_THREADS, 1)
     tree_wgmma_ws_kernel(TreeArgs g, int pairs, const bf16* a_lo, const float* acc_in, int64_t s_acc,
                          const __grid_constant__ std::conditional_t<TMA, TwMaps, TwNoMaps> maps) {
@@ -803,6 +864,8 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
     static_assert(!SWIGLU || (DEPTH == 2 && TMA && !PAIR && !A_MN && !B_MN),
                   "the SwiGLU epilogue runs the depth-2 fused tree of x @ w^T with TMA copies");
     static_assert(HILO_BLOCK == TW_SK, "a hi / lo block is one ring slot of each part");
+    static_assert(!ROLL || (DEPTH == 2 && TMA && !OUT_F32 && !LEAVES && !HILO && !PAIR && !SWIGLU),
+                  "the rolled leaves are form 8's: the depth-2 fused BF16 tree with TMA copies");
     constexpr int NL = 1 << DEPTH;
     const int first = LEAVES ? static_cast<int>(blockIdx.z) : 0;  // the block's first leaf
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -824,7 +887,7 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
     __syncthreads();
 
     if (wg == 0) {
-        setmaxnreg_dec<TWS_COPY_REGS>();
+        setmaxnreg_dec<ROLL ? TWS_ROLL_COPY_REGS : TWS_COPY_REGS>();
         if constexpr (TMA) {
             if (tid != 0) return;
             int j = 0;
@@ -899,7 +962,7 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
         return;
     }
 
-    setmaxnreg_inc<TWS_MMA_REGS>();
+    setmaxnreg_inc<ROLL ? TWS_ROLL_MMA_REGS : TWS_MMA_REGS>();
     const int cw = wg - 1;                   // the MMA warpgroup: rows 64 cw .. 64 cw + 63 of the tile
     const int warp = (tid >> 5) & 3;         // warp in the warpgroup: 16 of those rows
     const bool leader = (tid & 127) == 0;    // arrives on `empty` for the warpgroup
@@ -940,6 +1003,59 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
                 tw_hold_pair(p, acc, acc2, h0);
             }
             tw_store<false, false>(g, acc, h0, m0 + 64 * cw + 16 * warp, n0, first, pairs);
+        }
+        return;
+    }
+    if constexpr (ROLL) {
+        float acc2[64];  // the odd leaves' sums (acc: the even leaves')
+        uint32_t* park = reinterpret_cast<uint32_t*>(smem_raw + TWS_PARK) + (tid - 128);  // leaf 2, rounded
+        int64_t pm0 = 0, pn0 = 0;  // the tile whose leaf 3 is summed but not yet rounded (after the first tile)
+        // the tile (pm0, pn0) whose leaf 3 is rounded and merged into h0: stored (once the loop of the next tile's
+        // leaf 0 has issued its slots: inside it, the store's addresses beside two accumulators spilled 1.7 KB per
+        // thread, ptxas -v)
+        auto store = [&]() { tw_store_parked(g, park, pm0 + 64 * cw + 16 * warp, pn0, pairs); };
+        // leaf L of tile (m0, n0) into a (acc for even L, acc2 for odd: one compile-time array each); once its
+        // first slot is issued, every earlier group has completed (wg_wait1): the leaf before is rounded then
+        auto leaf = [&](auto lc, float (&a)[64], bool after_tile) {
+            constexpr int L = decltype(lc)::value;
+            const int64_t width = tp_bound(g, L + 1) - tp_bound(g, L);
+            const int64_t steps = cdiv(width, static_cast<int64_t>(TB_K));
+            const int64_t slots = cdiv(width, static_cast<int64_t>(TW_SK));  // >= 1 (the launcher checks)
+            tw_acc_start<false>(a, g, nullptr, 0, 0, 0);  // (leaf L - 2, its last user, is rounded)
+            for (int64_t i = 0; i < slots; ++i, ++consumed) {
+                tw_consume_slot<A_MN, B_MN, TWS_STAGES, TW_SLOT, false>(a, i, steps, consumed, released, full, empty, desc0,
+                                                                       descb0, leader);
+                if (i == 0) {
+                    if constexpr (L == 1) tw_roll_hold<0>(acc, h0, park);
+                    if constexpr (L == 2) tw_roll_hold<1>(acc2, h0, park);
+                    if constexpr (L == 3) tw_roll_hold<2>(acc, h0, park);
+                    if constexpr (L == 0) {
+                        if (after_tile) tw_roll_hold<3>(acc2, h0, park);
+                    }
+                }
+            }
+            if constexpr (L == 0) {
+                if (after_tile) store();
+            }
+        };
+        bool after_tile = false;
+        for (int64_t pid = blockIdx.x; pid < tiles; pid += gridDim.x) {
+            int64_t m0, n0;
+            tw_tile(g, pid, m0, n0);
+            leaf(std::integral_constant<int, 0>{}, acc, after_tile);
+            leaf(std::integral_constant<int, 1>{}, acc2, after_tile);
+            leaf(std::integral_constant<int, 2>{}, acc, after_tile);
+            leaf(std::integral_constant<int, 3>{}, acc2, after_tile);
+            pm0 = m0;
+            pn0 = n0;
+            after_tile = true;
+        }
+        wg_wait0();  // the block's last leaf
+        for (; released < consumed; ++released)
+            if (leader) mbar_arrive(empty + 8 * (released % TWS_STAGES));
+        if (after_tile) {
+            tw_roll_hold<3>(acc2, h0, park);
+            store();
         }
         return;
     }
@@ -989,11 +1105,11 @@ __global__ void __launch_bounds__(TWS_THREADS, 1)
 
 
 template <int DEPTH, bool OUT_F32, bool A_MN, bool B_MN, bool LEAVES, bool HILO, bool TMA, class Maps, bool PAIR = false,
-          bool SWIGLU = false>
+          bool SWIGLU = false, bool ROLL = false>
 int launch_tree_wgmma_ws_grid(const TreeArgs& g, cudaStream_t st, int leaves, const bf16* lo, const float* acc_in,
                               int64_t s_acc, const Maps& maps) {
-    auto kernel = tree_wgmma_ws_kernel<DEPTH, OUT_F32, A_MN, B_MN, LEAVES, HILO, TMA, PAIR, SWIGLU>;
-    constexpr int smem = SWIGLU ? TWS_SMEM_SWIGLU : TWS_SMEM;
+    auto kernel = tree_wgmma_ws_kernel<DEPTH, OUT_F32, A_MN, B_MN, LEAVES, HILO, TMA, PAIR, SWIGLU, ROLL>;
+    constexpr int smem = (SWIGLU || ROLL) ? TWS_SMEM_SWIGLU : TWS_SMEM;  // (ROLL parks leaf 2 as SWIGLU parks its gate)
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
         return static_cast<int>(e);
     const int64_t tiles = cdiv(g.M, TW_BM) * cdiv(g.N, TW_BN);
@@ -1026,6 +1142,12 @@ int launch_tree_wgmma_ws_as(const TreeArgs& g, cudaStream_t st, int leaves = 1, 
                     ++g_tws_pair_launches;
                     return launch_tree_wgmma_ws_grid<DEPTH, false, A_MN, B_MN, false, false, true, TwMaps, true>(
                         g, st, leaves, lo, acc_in, s_acc, maps);
+                }
+                if (g_tree_form == 8 && g.bounds[1] > g.bounds[0] && g.bounds[2] > g.bounds[1] && g.bounds[3] > g.bounds[2] &&
+                    g.bounds[4] > g.bounds[3]) {  // the leaves rolled (every leaf has a slot): each rounded under the next one's first MMAs
+                    ++g_tws_roll_launches;
+                    return launch_tree_wgmma_ws_grid<DEPTH, false, A_MN, B_MN, false, false, true, TwMaps, false, false,
+                                                     true>(g, st, leaves, lo, acc_in, s_acc, maps);
                 }
             }
             return launch_tree_wgmma_ws_grid<DEPTH, OUT_F32, A_MN, B_MN, LEAVES, HILO, true>(g, st, leaves, lo, acc_in, s_acc, maps);
@@ -1169,7 +1291,8 @@ RL_EXPORT int rl_gemm_hilo(const void* hi, const void* lo, const void* b, void* 
 // for the fused tree (layouts (K, K), (K, MN), (MN, MN)) and the (K, K) FP32 output, the rest as 1;
 // 4 = those products on the warp-specialised tree_wgmma_ws_kernel; 5 = as 4 with TMA copies; 6 = as 5
 // with the fused BF16 trees in 128 x 256 tiles (gemm_wide.cu); 7 = as 5 with the depth-2 fused BF16 trees'
-// sibling leaves side by side (tree_wgmma_ws_kernel's PAIR). Returns the previous form, or -1 (and changes
+// sibling leaves side by side (tree_wgmma_ws_kernel's PAIR); 8 = as 5 with those trees' leaves rolled (each rounded
+// under the next one's first MMAs; ROLL). Returns the previous form, or -1 (and changes
 // nothing) for another number. The bits do not depend on the form (tested).
 RL_EXPORT int64_t rl_tree_gemm_form(int64_t form) {
     if (form < 0 || form >= TREE_GEMM_FORMS) return -1;
@@ -1193,7 +1316,11 @@ RL_EXPORT int64_t rl_tree_wgmma_ws_persistent(int64_t on) {
 // another form. A product whose tensor maps the driver refuses
 // runs form 4's copies instead (for the tests, which must know that the form they compare ran).
 RL_EXPORT int64_t rl_tree_form_launches(int64_t form) {
-    return form == 5 ? g_tws_tma_launches : form == 6 ? g_tww_launches : form == 7 ? g_tws_pair_launches : -1;
+    return form == 5 ? g_tws_tma_launches
+         : form == 6 ? g_tww_launches
+         : form == 7 ? g_tws_pair_launches
+         : form == 8 ? g_tws_roll_launches
+                     : -1;
 }
 
 // The gate / up projections and SwiGLU of a Qwen3 MLP in one launch (tree_wgmma_ws_kernel's SWIGLU):

@@ -156,7 +156,7 @@ def set_warp_gemv_variant(variant: int) -> int:
     return _set_variant("warp gemv variant", "rl_gemv_warp_variant", variant, WARP_GEMV_VARIANTS)
 
 
-TREE_GEMM_FORMS = 8
+TREE_GEMM_FORMS = 9
 """Forms of the GEMMs at training sizes (the fused tree, the leaf-parallel form's leaves where the decode
 GEMVs do not run, and the FP32-output GEMM): 0 = the WMMA kernels
 (``tree_gemm_kernel`` / ``tree_leaf_kernel``: one 32-wide K step at a time through shared memory,
@@ -220,7 +220,16 @@ kernels took 471.9 ms against form 5's 485.3 (the layer GEMMs 319.2 against 332.
 TMA-filled ring needs none): the whole gate kept every bit with it (``evidence/2026-12-07-h100-gate-56d6ddf/``,
 an H100), and the chain bench's ``cuda_bf16`` / Triton tokens/s went 0.842 -> 0.874 (teacher forcing
 8 x 1024), 0.867 -> 0.891 (2 x 8192) and 0.910 -> 0.943 (train step;
-``evidence/2026-12-07-h100-chain-56d6ddf/``)."""
+``evidence/2026-12-07-h100-chain-56d6ddf/``).
+Form 8: form 5 with the depth-2 fused BF16 trees' leaves rolled (``tree_wgmma_ws_kernel``'s ``ROLL``):
+the leaves run one after another in form 5's slot order, leaf ``l`` summed into accumulator ``l % 2``,
+and a leaf is rounded and merged (leaf 2's rounded sums parked in shared memory) only after the next
+leaf's first slot has been issued, a tile's last leaf and its store after the next tile's first slot:
+the same products per accumulator in the same order, the same roundings and merges, and no wait for
+every MMA in flight but at an empty leaf and after a block's last tile (form 7 waits at two per
+tile). Written for the ncu pair of form 7 and Triton's kernel on the q projection (the tensor pipe
+65.5 % against 74.5 % busy, ``evidence/2026-12-07-h100-chain-56d6ddf/``); other depths and products
+run as form 5. Emulated on the host (tests); not yet run on a GPU."""
 
 
 def set_tree_gemm_form(form: int) -> int:
@@ -251,20 +260,21 @@ def set_tree_wgmma_ws_persistent(on: int) -> int:
 
 def form_launches(form: int) -> int:
     """How many launches of this process ran form ``form``'s own kernel: 5, the warp-specialised kernel
-    with TMA copies (form 7's launches included); 6, the 128 x 256 tiles; 7, the paired sibling leaves
+    with TMA copies (form 7's and 8's launches included); 6, the 128 x 256 tiles; 7, the paired sibling
+    leaves; 8, the rolled leaves
     (for the tests: a product whose tensor maps the driver refuses runs form 4's copies, with the same
     bits, so a comparison of forms 5 to 7 must also see its count rise).
 
     Raises
     ------
     InputError
-        ``form`` not 5, 6 or 7.
+        ``form`` not 5, 6, 7 or 8.
     """
     from rl_engine.backends.cuda_launch import query
     from rl_engine.errors import InputError
 
-    if form not in (5, 6, 7) or isinstance(form, bool):
-        raise InputError(f"form_launches: form must be 5, 6 or 7, got {form!r}")
+    if form not in (5, 6, 7, 8) or isinstance(form, bool):
+        raise InputError(f"form_launches: form must be 5, 6, 7 or 8, got {form!r}")
     return query("rl_tree_form_launches", form)
 
 
