@@ -271,7 +271,12 @@ lpd_fwd_kernel(const float* __restrict__ buf, RowIndex bi, int64_t V, float temp
 // its tiles; step 3: one thread per row runs the online update over the tiles in increasing order
 // (the same operations on the same values as the one-quad loop, hence the same bits). The one-quad
 // form (a row per quad, 64 rows per block) gave 64 blocks for 4096 rows: 9.7 ms for the 38 chunks of
-// a 4 x 1024-token train step on an H100, about 12x its bytes' time at copy bandwidth.
+// a 4 x 1024-token train step on an H100, about 12x its bytes' time at copy bandwidth; this form 3.1 ms
+// there, and 6.3 ms (about 0.8 TB/s) for the 37 chunks of 8 x 1024-token teacher forcing, with 91
+// registers (two blocks per SM) and one thread per row running step 3 at the end of each block. Since
+// 2026-12-07 (not yet timed on a GPU): three blocks per SM (__launch_bounds__(.., 3): 80 registers, no
+// spill, ptxas -v) and, where the row and its columns allow (VEC2), a thread's two neighbouring columns of
+// a fragment row in one 8-byte load (the same values: the same bits).
 constexpr int LPT_THREADS = 256;
 constexpr int LPT_QUADS = 16;                              // quads per row
 constexpr int LPT_ROWS = LPT_THREADS / (4 * LPT_QUADS);    // rows per block
@@ -280,7 +285,8 @@ constexpr int LPT_TILES = static_cast<int>(LP_CHUNK_V / LPT_TILE);  // tiles per
 constexpr int LPT_PER_QUAD = LPT_TILES / LPT_QUADS;        // tiles held by a quad
 static_assert(LPT_TILES % LPT_QUADS == 0 && LPT_ROWS >= 1, "a chunk's tiles split evenly over a row's quads");
 
-__global__ void __launch_bounds__(LPT_THREADS)
+template <bool VEC2>
+__global__ void __launch_bounds__(LPT_THREADS, 3)
 lpt_partial_kernel(const float* __restrict__ buf, int64_t s_b, int64_t col_base, int64_t V, int64_t chunk,
                    int64_t rows, int64_t n_chunks, float temperature, const int64_t* __restrict__ targets,
                    int64_t s_t, float* __restrict__ part_m, float* __restrict__ part_s, float* __restrict__ part_t) {
@@ -306,14 +312,28 @@ lpt_partial_kernel(const float* __restrict__ buf, int64_t s_b, int64_t col_base,
         const int64_t v0 = lo + LPT_TILE * i;
         float tm = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
+        for (int j = 0; j < 16; ++j) {
+            const int64_t c0 = v0 + 8 * j + 2 * t;
+            float x[2];
+            if (VEC2) {  // (V even: c0 < V means c0 + 1 < V; the row and c0 - col_base even: 8-byte aligned)
+                if (i < nt && c0 < V) {
+                    const float2 p = *reinterpret_cast<const float2*>(xr + (c0 - col_base));
+                    x[0] = p.x;
+                    x[1] = p.y;
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (i < nt && c0 + e < V) x[e] = xr[c0 + e - col_base];
+            }
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const int64_t c = v0 + 8 * j + 2 * t + e;
-                z[k][j][e] = (i < nt && c < V) ? xr[c - col_base] / temperature : -INFINITY;
+                const int64_t c = c0 + e;
+                z[k][j][e] = (i < nt && c < V) ? x[e] / temperature : -INFINITY;
                 tm = fmaxf(tm, z[k][j][e]);
                 if (i < nt && c == tgt) hit = z[k][j][e];
             }
+        }
         tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 1));
         tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 2));
         if (i < nt && t == 0) s_tmax[r][i] = tm;
@@ -498,7 +518,10 @@ RL_EXPORT int rl_logp_tiled_partial(const void* buf, int64_t s_b, int64_t col_ba
     if (rows == 0) return 0;
     const int64_t blocks = cdiv(rows, LPT_ROWS);
     if (blocks >= 2147483647LL || V <= 0 || chunk < 0 || chunk >= n_chunks) return static_cast<int>(cudaErrorInvalidValue);
-    lpt_partial_kernel<<<static_cast<unsigned>(blocks), LPT_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
+    // 8-byte loads where every pair a thread loads is aligned and inside V (V even)
+    const bool vec2 = (reinterpret_cast<uintptr_t>(buf) & 7u) == 0 && s_b % 2 == 0 && col_base % 2 == 0 && V % 2 == 0;
+    const auto kernel = vec2 ? lpt_partial_kernel<true> : lpt_partial_kernel<false>;
+    kernel<<<static_cast<unsigned>(blocks), LPT_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const float*>(buf), s_b, col_base, V, chunk, rows, n_chunks, temperature,
         static_cast<const int64_t*>(targets), s_t, static_cast<float*>(part_m), static_cast<float*>(part_s),
         static_cast<float*>(part_t));

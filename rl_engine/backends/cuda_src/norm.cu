@@ -358,6 +358,18 @@ add_rms_fwd_kernel(const bf16* __restrict__ x, const bf16* __restrict__ delta, c
     }
 }
 
+// rope_kernel's rotation of one column of a normed head (rounded once): the first half's
+// y1 = x1 c - x2 s, the second half's y2 = x2 c + x1 s, x1 / x2 the columns i and i + d / 2.
+__device__ __forceinline__ bf16 rope_out(bool first_half, float x1, float x2, float c, float s) {
+    return to_bf16(first_half ? x1 * c - x2 * s : x2 * c + x1 * s);
+}
+// Column c of a head whose normed values (FP32 of the BF16 outputs) are ys[0 .. d), rotated with the cos /
+// sin row cr / sr (d = 2 half).
+__device__ __forceinline__ bf16 rope_col(const float* ys, const float* cr, const float* sr, int64_t c, int64_t half) {
+    const int64_t i = c < half ? c : c - half;
+    return rope_out(c < half, ys[i], ys[i + half], cr[i], sr[i]);
+}
+
 // qk_norm_rope_kernel: block (t, r) for r < n_q a query head, then n_kv key heads (normed as
 // rms_fwd_kernel does a row of D, rotated as rope_kernel does: y1 = x1 c - x2 s, y2 = x2 c + x1 s on
 // the norm's BF16 output, rounded once; with a cache the rotated key is also stored there), then
@@ -415,12 +427,7 @@ qk_norm_rope_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, cons
     for (int j = 0; j < VPT; ++j) {
         const int64_t c = threadIdx.x + static_cast<int64_t>(NORM_THREADS) * j;
         if (c < d) {
-            const int64_t i = c < half ? c : c - half;
-            const float cs = cosv[t * s_ct + i];
-            const float sn = sinv[t * s_st + i];
-            const float x1 = ys[i];
-            const float x2 = ys[i + half];
-            const bf16 o = to_bf16(c < half ? x1 * cs - x2 * sn : x2 * cs + x1 * sn);
+            const bf16 o = rope_col(ys, cosv + t * s_ct, sinv + t * s_st, c, half);
             out[c] = o;
             if (kcache) kcache[c] = o;
         }
@@ -482,7 +489,7 @@ norm_rope_rows_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, co
             const int i = first ? g : g - HV;
             const float x1 = yv[i];
             const float x2 = yv[i + HV];
-            out[32 * g + lane] = to_bf16(first ? x1 * cs[i] - x2 * sn[i] : x2 * cs[i] + x1 * sn[i]);
+            out[32 * g + lane] = rope_out(first, x1, x2, cs[i], sn[i]);
         }
     } else {
         float* yr = ys[warp];
@@ -500,14 +507,7 @@ norm_rope_rows_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, co
 #pragma unroll
             for (int m = 0; m < VPT; ++m) {
                 const int64_t c = rows_form_col(j, m);
-                if (c < d) {
-                    const int64_t i = c < half ? c : c - half;
-                    const float c0 = cosv[t * sct + i];
-                    const float s0 = sinv[t * sst + i];
-                    const float x1 = yr[i];
-                    const float x2 = yr[i + half];
-                    out[c] = to_bf16(c < half ? x1 * c0 - x2 * s0 : x2 * c0 + x1 * s0);
-                }
+                if (c < d) out[c] = rope_col(yr, cosv + t * sct, sinv + t * sst, c, half);
             }
     }
 }
