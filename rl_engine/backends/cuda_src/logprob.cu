@@ -274,9 +274,10 @@ lpd_fwd_kernel(const float* __restrict__ buf, RowIndex bi, int64_t V, float temp
 // a 4 x 1024-token train step on an H100, about 12x its bytes' time at copy bandwidth; this form 3.1 ms
 // there, and 6.3 ms (about 0.8 TB/s) for the 37 chunks of 8 x 1024-token teacher forcing, with 91
 // registers (two blocks per SM) and one thread per row running step 3 at the end of each block. Since
-// 2026-12-07 (not yet timed on a GPU): three blocks per SM (__launch_bounds__(.., 3): 80 registers, no
-// spill, ptxas -v) and, where the row and its columns allow (VEC2), a thread's two neighbouring columns of
-// a fragment row in one 8-byte load (the same values: the same bits).
+// 2026-12-07 (not yet timed on a GPU): three blocks per SM (__launch_bounds__(.., 3): 80 registers; ptxas -v
+// spills 24 bytes per thread with the scalar loads and 16 with the 8-byte ones, none before VEC2) and, where
+// the row and its columns allow (VEC2), a thread's two neighbouring columns of a fragment row in one 8-byte
+// load (the same values: the same bits).
 constexpr int LPT_THREADS = 256;
 constexpr int LPT_QUADS = 16;                              // quads per row
 constexpr int LPT_ROWS = LPT_THREADS / (4 * LPT_QUADS);    // rows per block
