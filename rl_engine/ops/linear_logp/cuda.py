@@ -58,15 +58,15 @@ TENSOR_CORE_BWD_ON_CUDA = True
 docstring) instead of on CUDA cores with FP32 operands (False: the FP32 path). On since the H200 ran it:
 ``test_linear_logp_tensor_core_backward_accuracy_and_invariance`` passed there."""
 
-FWD_ROW_BLOCK: int | None = 2048
+FWD_ROW_BLOCK: int | None = None
 """Rows per pass of the declared forward (``DECLARED_LSE``): the logits chunk of at most this many rows is
 computed and reduced before the next rows' (None: all rows in one pass). A launch setting only: each row's
 logits and partials are computed by the same lanes in the same order whatever rows share a launch (the
 kernels' batch invariance), so the bits do not depend on it (``tools/cuda_linear_logp_rows.py`` checks
-that on a GPU, ``test_linear_logp_forward_row_blocks_keep_the_bits`` in the emulation). 2048 rows make a
-32 MiB FP32 chunk, which can stay in the 50 MB L2 of an H100 / H200 between the logits GEMM that writes it
-and the partial kernel that reads it (all rows at once: 128 MiB at 8192 tokens, read back from HBM).
-Chosen 2026-12-07 before a GPU timed it; the tool's first run decides whether it stays."""
+that on a GPU, ``test_linear_logp_forward_row_blocks_keep_the_bits`` in the emulation). Blocks of 2048 rows
+(a 32 MiB FP32 chunk, which can stay in L2 between the logits GEMM and the partial kernel) were slower on an
+H100 on 2026-12-07 at 8192 tokens: 23.3 ms per forward against 21.2 for one pass (1024 rows: 23.1, 4096: 22.1;
+the same bits in all four), so one pass stays the default."""
 
 GRAD_BLOCK = 64
 """Reduction block of the tensor-core backward GEMMs: each block's hi product, then its lo product
