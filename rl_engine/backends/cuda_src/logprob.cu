@@ -273,11 +273,14 @@ lpd_fwd_kernel(const float* __restrict__ buf, RowIndex bi, int64_t V, float temp
 // form (a row per quad, 64 rows per block) gave 64 blocks for 4096 rows: 9.7 ms for the 38 chunks of
 // a 4 x 1024-token train step on an H100, about 12x its bytes' time at copy bandwidth; this form 3.1 ms
 // there, and 6.3 ms (about 0.8 TB/s) for the 37 chunks of 8 x 1024-token teacher forcing, with 91
-// registers (two blocks per SM) and one thread per row running step 3 at the end of each block. Since
-// 2026-12-07 (not yet timed on a GPU): three blocks per SM (__launch_bounds__(.., 3): 80 registers; ptxas -v
-// spills 24 bytes per thread with the scalar loads and 16 with the 8-byte ones, none before VEC2) and, where
-// the row and its columns allow (VEC2), a thread's two neighbouring columns of a fragment row in one 8-byte
-// load (the same values: the same bits).
+// registers (two blocks per SM) and one thread per row running step 3 at the end of each block. Its SASS
+// showed why: each thread's 32 loads were issued one at a time, each beside the division of the value before
+// (the IEEE division's slow-path CALL is a scheduling barrier), so a block waited for 32 round trips to
+// memory; three blocks per SM (80 registers) did not change that (6.5 ms, H100, 2026-12-07). Since then
+// step 0 loads every value of the thread's tiles before step 1 divides any (the same values and
+// operations: the same bits): 32 loads in flight per thread, 108 registers without spill (two blocks per
+// SM); where the row and its columns allow (VEC2), a thread's two neighbouring columns of a fragment row
+// come in one 8-byte load.
 constexpr int LPT_THREADS = 256;
 constexpr int LPT_QUADS = 16;                              // quads per row
 constexpr int LPT_ROWS = LPT_THREADS / (4 * LPT_QUADS);    // rows per block
@@ -287,7 +290,7 @@ constexpr int LPT_PER_QUAD = LPT_TILES / LPT_QUADS;        // tiles held by a qu
 static_assert(LPT_TILES % LPT_QUADS == 0 && LPT_ROWS >= 1, "a chunk's tiles split evenly over a row's quads");
 
 template <bool VEC2>
-__global__ void __launch_bounds__(LPT_THREADS, 3)
+__global__ void __launch_bounds__(LPT_THREADS, 2)
 lpt_partial_kernel(const float* __restrict__ buf, int64_t s_b, int64_t col_base, int64_t V, int64_t chunk,
                    int64_t rows, int64_t n_chunks, float temperature, const int64_t* __restrict__ targets,
                    int64_t s_t, float* __restrict__ part_m, float* __restrict__ part_s, float* __restrict__ part_t) {
@@ -307,6 +310,32 @@ lpt_partial_kernel(const float* __restrict__ buf, int64_t s_b, int64_t col_base,
     const int nt = static_cast<int>(cdiv(hi - lo, LPT_TILE));  // the chunk's tiles (the last: part of a tile may lie past V)
     float z[LPT_PER_QUAD][16][2];
     float hit = -INFINITY;
+    // Step 0: every logit of the thread's tiles loaded before any is divided. Loads written beside the
+    // divisions were issued one at a time (the IEEE division's slow-path call is a scheduling barrier in
+    // SASS: each load into the same registers waited for the division of the one before), so a block spent
+    // its time in 32 global-memory round trips per thread.
+#pragma unroll
+    for (int k = 0; k < LPT_PER_QUAD; ++k) {
+        const int i = quad + LPT_QUADS * k;
+        const int64_t v0 = lo + LPT_TILE * i;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const int64_t c0 = v0 + 8 * j + 2 * t;
+            z[k][j][0] = 0.0f;
+            z[k][j][1] = 0.0f;
+            if (VEC2) {  // (V even: c0 < V means c0 + 1 < V; the row and c0 - col_base even: 8-byte aligned)
+                if (i < nt && c0 < V) {
+                    const float2 p = *reinterpret_cast<const float2*>(xr + (c0 - col_base));
+                    z[k][j][0] = p.x;
+                    z[k][j][1] = p.y;
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (i < nt && c0 + e < V) z[k][j][e] = xr[c0 + e - col_base];
+            }
+        }
+    }
 #pragma unroll
     for (int k = 0; k < LPT_PER_QUAD; ++k) {  // step 1: the tiles' z and maxima
         const int i = quad + LPT_QUADS * k;
@@ -315,22 +344,10 @@ lpt_partial_kernel(const float* __restrict__ buf, int64_t s_b, int64_t col_base,
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
             const int64_t c0 = v0 + 8 * j + 2 * t;
-            float x[2];
-            if (VEC2) {  // (V even: c0 < V means c0 + 1 < V; the row and c0 - col_base even: 8-byte aligned)
-                if (i < nt && c0 < V) {
-                    const float2 p = *reinterpret_cast<const float2*>(xr + (c0 - col_base));
-                    x[0] = p.x;
-                    x[1] = p.y;
-                }
-            } else {
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    if (i < nt && c0 + e < V) x[e] = xr[c0 + e - col_base];
-            }
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int64_t c = c0 + e;
-                z[k][j][e] = (i < nt && c < V) ? x[e] / temperature : -INFINITY;
+                z[k][j][e] = (i < nt && c < V) ? z[k][j][e] / temperature : -INFINITY;
                 tm = fmaxf(tm, z[k][j][e]);
                 if (i < nt && c == tgt) hit = z[k][j][e];
             }
