@@ -1476,30 +1476,6 @@ def test_linear_logp_multi_chunk_accuracy_and_rows(cuda_device):
             assert _bits_equal(linear_logp_cuda(h[r:r + 1], w, t[r:r + 1]), out.detach()[r:r + 1])
 
 
-def test_linear_logp_forward_row_blocks_keep_the_bits(cuda_device, monkeypatch):
-    """``FWD_ROW_BLOCK`` (rows per pass of the declared forward) is a launch setting: 7 rows over two V chunks
-    in one pass, in blocks of 3 (the last block short) and of 1 give the same logprobs, row max and log
-    sum-exp bits. Control: the same call with another row's targets gives other logprob bits (the blocks'
-    targets are the rows' own, so a block offset error would show)."""
-    from rl_engine.ops.linear_logp import cuda as ll_cuda
-    from rl_engine.ops.logp import declared
-
-    monkeypatch.setattr(declared, "DECLARED_LSE", True)
-    v, e = 4200, 40
-    h = _bf16((7, e), 41, cuda_device)
-    w = _bf16((v, e), 42, cuda_device, scale=0.5)
-    t = torch.randint(0, v, (7,), generator=torch.Generator().manual_seed(5)).to(cuda_device)
-    with torch.no_grad():
-        monkeypatch.setattr(ll_cuda, "FWD_ROW_BLOCK", None)
-        whole = ll_cuda.linear_logp_fwd(h, w, t, 0.9)
-        for block in (3, 1):
-            monkeypatch.setattr(ll_cuda, "FWD_ROW_BLOCK", block)
-            got = ll_cuda.linear_logp_fwd(h, w, t, 0.9)
-            assert all(_bits_equal(a, b) for a, b in zip(got, whole)), block
-        shifted = ll_cuda.linear_logp_fwd(h, w, t.roll(1), 0.9)
-        assert not _bits_equal(shifted[0], whole[0])
-
-
 @pytest.fixture
 def tensor_core_logp_bwd(monkeypatch):
     """linear_logp's backward on tensor cores (the hi / lo GEMMs) for the test."""

@@ -58,16 +58,6 @@ TENSOR_CORE_BWD_ON_CUDA = True
 docstring) instead of on CUDA cores with FP32 operands (False: the FP32 path). On since the H200 ran it:
 ``test_linear_logp_tensor_core_backward_accuracy_and_invariance`` passed there."""
 
-FWD_ROW_BLOCK: int | None = None
-"""Rows per pass of the declared forward (``DECLARED_LSE``): the logits chunk of at most this many rows is
-computed and reduced before the next rows' (None: all rows in one pass). A launch setting only: each row's
-logits and partials are computed by the same lanes in the same order whatever rows share a launch (the
-kernels' batch invariance), so the bits do not depend on it (``tools/cuda_linear_logp_rows.py`` checks
-that on a GPU, ``test_linear_logp_forward_row_blocks_keep_the_bits`` in the emulation). Blocks of 2048 rows
-(a 32 MiB FP32 chunk, which can stay in L2 between the logits GEMM and the partial kernel) were slower on an
-H100 on 2026-12-07 at 8192 tokens: 23.3 ms per forward against 21.2 for one pass (1024 rows: 23.1, 4096: 22.1;
-the same bits in all four), so one pass stays the default."""
-
 GRAD_BLOCK = 64
 """Reduction block of the tensor-core backward GEMMs: each block's hi product, then its lo product
 (``HILO_BLOCK`` in ``gemm_pipe.cu``; the Triton backend's ``GRAD_BLOCK``). Declared; never changed for speed."""
@@ -107,20 +97,18 @@ def linear_logp_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
         return out, rmax, rlog
     chunks = _chunks(v)
     n_chunks = len(chunks)
-    step = t if FWD_ROW_BLOCK is None or not declared.DECLARED_LSE else min(t, FWD_ROW_BLOCK)
-    buf = torch.empty((step, min(chunk_v(), v)), dtype=torch.float32, device=dev)
+    buf = torch.empty((t, min(chunk_v(), v)), dtype=torch.float32, device=dev)
     part_m = torch.empty((t, n_chunks), dtype=torch.float32, device=dev)
     part_s = torch.empty((t, n_chunks), dtype=torch.float32, device=dev)
     if declared.DECLARED_LSE:  # per-chunk target logits, as the Triton kernels keep them
         part_t = torch.empty((t, n_chunks), dtype=torch.float32, device=dev)
-        for r0 in range(0, t, step):  # row blocks: launch order only (every row is computed alone)
-            r1 = min(t, r0 + step)
-            for c, v0, v1 in chunks:
-                view = buf[: r1 - r0, : v1 - v0]
-                gemm_f32_out(hidden[r0:r1], weight[v0:v1].t(), out=view)
-                launch(dev, "rl_logp_tiled_partial", view, view.stride(0), v0, v, c, r1 - r0, n_chunks,
-                       float(temperature), targets[r0:r1], targets.stride(0), part_m[r0:r1], part_s[r0:r1],
-                       part_t[r0:r1])
+        # (All rows per chunk: 2048-row passes, whose FP32 chunk could stay in L2, kept the bits but were
+        # slower on an H100, 23.3 against 21.2 ms at 8192 tokens: evidence/2026-12-07-h100-chain-8c1568c/.)
+        for c, v0, v1 in chunks:
+            view = buf[:, : v1 - v0]
+            gemm_f32_out(hidden, weight[v0:v1].t(), out=view)
+            launch(dev, "rl_logp_tiled_partial", view, view.stride(0), v0, v, c, t, n_chunks, float(temperature),
+                   targets, targets.stride(0), part_m, part_s, part_t)
         launch(dev, "rl_logp_tiled_finish", part_m, part_s, part_t, t, n_chunks, out, rmax, rlog)
         return out, rmax, rlog
     part_t = torch.empty(t, dtype=torch.float32, device=dev)
