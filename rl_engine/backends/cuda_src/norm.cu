@@ -439,8 +439,9 @@ qk_norm_rope_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, cons
 // rotation of that output (y1 = x1 c - x2 s, y2 = x2 c + x1 s, rounded once), and the norm's r kept.
 // HV > 0 (d = 64 HV: the heads of 64, 128 and 256): column c = 32 g + l of lane l (g = j + 4 m, rows_form_col)
 // has its rotation partner c +- d / 2 in group g +- HV of the same lane, so the rotation reads the normed
-// values from registers, and each lane loads only the HV cos / sin pairs of its columns, issued with x
-// before the sum. HV = 0 (any other even d): the normed row goes through shared memory. The same values,
+// values from registers, and each lane loads only the HV cos / sin pairs and the 2 HV norm weights of its
+// columns, issued with x before the sum (the weights had waited behind rstd's division / sqrt calls).
+// HV = 0 (any other even d): the normed row goes through shared memory. The same values,
 // expressions and roundings either way (the same bits); 2026-12-07's H100 profile of 8 x 1024 teacher
 // forcing had the shared-memory form at 6.3 ms against Triton's 2.6 ms for the same rows.
 template <bool HF, int VPT, int HV>
@@ -458,11 +459,14 @@ norm_rope_rows_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, co
     const int64_t t = row / n_inner;
     const bf16* xr = x + row_offset(row, n_inner, sxo, sxi);
     float cs[HV > 0 ? HV : 1], sn[HV > 0 ? HV : 1];
+    bf16 wv[HV > 0 ? 2 * HV : 1];
 #pragma unroll
     for (int g = 0; g < HV; ++g) {  // (HV > 0) cos / sin of column 32 g + l and of its partner
         cs[g] = cosv[t * sct + 32 * g + lane];
         sn[g] = sinv[t * sst + 32 * g + lane];
     }
+#pragma unroll
+    for (int g = 0; g < 2 * HV; ++g) wv[g] = w[32 * g + lane];  // the norm weight, issued with x (not after rstd)
     float xv[NORM_ROWS_PER_BLOCK][VPT];
     float p[NORM_ROWS_PER_BLOCK];
 #pragma unroll
@@ -482,7 +486,7 @@ norm_rope_rows_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, co
         // the normed BF16 values of groups g = j + 4 m < 2 HV (d = 64 HV: no column of them past d)
         float yv[NORM_ROWS_PER_BLOCK * VPT];
 #pragma unroll
-        for (int g = 0; g < 2 * HV; ++g) yv[g] = f32(rms_out<HF>(xv[g % NORM_ROWS_PER_BLOCK][g / NORM_ROWS_PER_BLOCK], rs, w[32 * g + lane]));
+        for (int g = 0; g < 2 * HV; ++g) yv[g] = f32(rms_out<HF>(xv[g % NORM_ROWS_PER_BLOCK][g / NORM_ROWS_PER_BLOCK], rs, wv[g]));
 #pragma unroll
         for (int g = 0; g < 2 * HV; ++g) {
             const bool first = g < HV;  // c < d / 2
