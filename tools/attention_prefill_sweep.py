@@ -1,8 +1,8 @@
 """Sweep the launch settings of the Triton varlen attention forward on a GPU (issue #33).
 
 Causal GQA at Qwen3-8B head shapes (32 query heads, 8 KV heads, D = 128), B packed sequences of
-L tokens. For each configuration ``BLOCK_M x WARPS x STAGES`` (``BLOCK_N`` is the declared KV
-block and never varies) this checks the output and lse bits against the module's defaults and
+L tokens. For each configuration ``BLOCK_M x WARPS x STAGES[a]`` (``BLOCK_N`` is the declared KV
+block and never varies; ``a``: the scores of the next KV block issued ahead, ``QK_AHEAD``) this checks the output and lse bits against the module's defaults and
 times it with ``triton.testing.do_bench``, beside ``torch.nn.functional.scaled_dot_product_attention``
 (flash backend, ``[B, H, L, D]``, ``enable_gqa``) on the same values. A configuration with other bits
 is reported and must never be chosen. With ``--bwd-configs`` it also sweeps the backward's launch
@@ -38,7 +38,7 @@ def _launch(text: str) -> tuple[int, ...]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="4x1024,8x1024,2x8192", help="BxL, comma-separated")
-    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="BLOCK_MxWARPSxSTAGES")
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="BLOCK_MxWARPSxSTAGES[a], comma-separated (a: QK_AHEAD)")
     p.add_argument("--bwd-configs", default="", help="KVROWSxWARPSxSTAGES[xQSTEP][t]/QROWSxWARPSxSTAGES[xKVSTEP], comma-separated (t: the dK/dV "
                         "kernel's complete query blocks through TMA)")
     p.add_argument("--out", default="attention_prefill_sweep.json")
@@ -72,14 +72,15 @@ def main(argv: list[str] | None = None) -> int:
                 qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)))
         line = [f"B{b} L{n}: sdpa flash {flops / sdpa_ms / 1e9:6.1f} TF/s"]
         for cfg in args.configs.split(","):
-            bm, warps, stages = (int(x) for x in cfg.split("x"))
+            ahead = cfg.endswith("a")
+            bm, warps, stages = (int(x) for x in cfg.removesuffix("a").split("x"))
             try:
                 out, lse = at.attention_fwd(q, k, v, cu, cu, scale, plan, block_m=bm, num_warps=warps,
-                                            num_stages=stages)
+                                            num_stages=stages, qk_ahead=ahead)
                 same = bool(torch.equal(out.view(torch.int16), ref_out.view(torch.int16))
                             and torch.equal(lse.view(torch.int32), ref_lse.view(torch.int32)))
                 ms = float(do_bench(lambda: at.attention_fwd(q, k, v, cu, cu, scale, plan, block_m=bm,
-                                                             num_warps=warps, num_stages=stages)))
+                                                             num_warps=warps, num_stages=stages, qk_ahead=ahead)))
                 rows.append({"B": b, "L": n, "config": cfg, "ms": ms, "sdpa_ms": sdpa_ms, "ratio": sdpa_ms / ms,
                              "bits_equal": same})
                 line.append(f"{cfg}={sdpa_ms / ms:.2f}{'' if same else '!BITS'}")

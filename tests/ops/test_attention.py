@@ -144,6 +144,24 @@ def test_rows_independent_of_query_block_size(device):
         assert_bitwise(outs[attn_triton.BLOCK_M], o, f"BLOCK_M {bm} vs {attn_triton.BLOCK_M}")
 
 
+def test_qk_ahead_gives_the_plain_loops_bits(device):
+    """The forward with the next block's scores issued ahead (``qk_ahead``) == the plain loop, bitwise,
+    out and lse, on sequences with 0, 1 and several whole KV blocks before the diagonal (150, 37, 64 and 3
+    tokens; 128-row tiles too). The schedule is the only difference, so on the GPU too (the sweep tool's
+    ``a`` configurations check it there); this checks the loop's bounds (the prologue, the last whole block)."""
+    case = make_case(SMOKE, 12, device, (150, 37, 64, 3))
+    inp = case.inputs
+    attention_triton(**inp)
+    plan = check_varlen(inp["q"], inp["k"], inp["v"], inp["cu_seqlens_q"], inp["cu_seqlens_k"], inp["scale"],
+                        dtype=torch.bfloat16, kernel=True)
+    args = (inp["q"], inp["k"], inp["v"], inp["cu_seqlens_q"], inp["cu_seqlens_k"], inp["scale"], plan)
+    for bm in (64, 128):
+        plain = attn_triton.attention_fwd(*args, block_m=bm, qk_ahead=False)
+        ahead = attn_triton.attention_fwd(*args, block_m=bm, qk_ahead=True)
+        assert_bitwise(plain[0], ahead[0], f"out, BLOCK_M {bm}")
+        assert_bitwise(plain[1], ahead[1], f"lse, BLOCK_M {bm}")
+
+
 def test_decode_of_every_query_equals_prefill(device):
     """Every query of a 150-token sequence as one decode entry (batched) == its prefill row, bitwise."""
     _assert_every_query_decodes_as_prefilled(make_case(SMOKE, 15, device, (150,)), device)

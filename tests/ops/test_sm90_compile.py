@@ -86,12 +86,12 @@ SCRIPT = textwrap.dedent(r'''
 
         prefill = ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh")
         consts = {"GROUP": 4, "D": 128, "UPCAST": False}
-        for pinned in (False, True):
-            yield f"attention_fwd{'[pinned]' if pinned else ''}", at._attn_fwd_kernel, {
+        for pinned, ahead in ((False, False), (True, False), (True, True)):
+            yield f"attention_fwd{'[pinned]' if pinned else ''}{'[ahead]' if ahead else ''}", at._attn_fwd_kernel, {
                 **{n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")}, "lse_ptr": "*fp32", "cu_q_ptr": "*i32",
                 "cu_k_ptr": "*i32", "n_mblocks": "i32", "n_heads": "i32",
                 **{n: "i32" for n in (*prefill, "stride_ot", "stride_oh", "stride_lh")}, "scale": "fp32"}, {
-                **consts, "BLOCK_M": at.BLOCK_M, "BLOCK_N": at.BLOCK_N, "PINNED_SUM": pinned}
+                **consts, "BLOCK_M": at.BLOCK_M, "BLOCK_N": at.BLOCK_N, "PINNED_SUM": pinned, "QK_AHEAD": ahead}
         grads = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "do_ptr")}
         dkdv = {**grads, "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16",
                 "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "n_nblocks": "i32", "n_kv_heads": "i32",
@@ -281,6 +281,7 @@ def test_control_a_type_changing_loop_value_fails_to_compile(compiled):
 
 KERNELS = ("gumbel_partial[False]", "gumbel_partial[True]", "gumbel_reduce", "attention_decode[1]",
            "attention_decode[8]", "attention_decode[1,pinned]", "attention_fwd", "attention_fwd[pinned]",
+           "attention_fwd[pinned][ahead]",
            "attention_bwd_dkdv", "attention_bwd_dq", "attention_bwd_delta[128]", "attention_bwd_delta[128,pinned]",
            "attention_bwd_delta[16,pinned]", "attention_bwd_delta[256,pinned]",
            "det_gemm_leaves[merge]", "det_gemm_leaves[merge,M=1]", "det_gemm_persistent[forward]",

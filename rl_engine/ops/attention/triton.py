@@ -85,6 +85,11 @@ BLOCK_T_DELTA = 64
 """Rows per program of the ``delta = rowsum(dO * O)`` kernel."""
 NUM_WARPS = 4
 NUM_STAGES = 2
+QK_AHEAD = False
+"""Whether the prefill forward issues the scores of KV block j + 1 before block j's softmax (the blocks
+every row sees whole; FlashAttention-3's overlap of the exponentials with the next ``q kᵀ``). The same
+operations on the same values in the same order per row, so the same bits (tested); only the
+schedule changes. Off until a GPU run times it against the plain loop. Read at every launch."""
 ROW_SUM_PINNED = True
 """Whether the forward's and decode's row sum of the probabilities runs in the fixed order of
 :func:`~rl_engine.ops._triton_common.fragment_row_sum` (key index bits 0, 3, 4, 5, then 2, 1 for a
@@ -147,9 +152,22 @@ def _online_update(l_i, m_i, s, PINNED_SUM: tl.constexpr):
 
 
 @triton.jit
+def _full_step(acc, l_i, m_i, s, v_base, offs_n, stride_vn, offs_dv, scale, UPCAST: tl.constexpr,
+               PINNED_SUM: tl.constexpr):
+    """One KV block that every real row sees whole, from its raw scores ``s = mma(q, kᵀ)``: scale, a
+    visible -inf score made NaN, the online update, ``acc = mma(P, V, acc * alpha)``."""
+    s = s * scale
+    s = tl.where(s == float("-inf"), float("nan"), s)
+    p, alpha, l_i, m_i = _online_update(l_i, m_i, s, PINNED_SUM)
+    v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_dv[None, :])  # [BLOCK_N, DV]
+    acc = mma(p.to(tl.bfloat16), v, acc * alpha[:, None], UPCAST)
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kn, stride_vn, kv_len, n_full, n_stop, scale, dv0,
              D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             UPCAST: tl.constexpr, PINNED_SUM: tl.constexpr):
+             UPCAST: tl.constexpr, PINNED_SUM: tl.constexpr, QK_AHEAD: tl.constexpr = False):
     """Online softmax over KV blocks ``[0, n_stop)`` in increasing order (rows see keys <= limit).
 
     Blocks ``[0, n_full)`` are visible to every real row of the tile (no masked entry; padding rows
@@ -166,15 +184,28 @@ def _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kn, stride_vn, kv_l
     offs_d = tl.arange(0, D)
     offs_dv = dv0 + tl.arange(0, DV)
     offs_j = tl.arange(0, BLOCK_N)
-    for start_n in range(0, n_full, BLOCK_N):
-        offs_n = start_n + offs_j
-        kt = tl.load(k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_d[:, None])  # [D, BLOCK_N]
-        s = mma(q, kt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
-        s = s * scale
-        s = tl.where(s == float("-inf"), float("nan"), s)
-        p, alpha, l_i, m_i = _online_update(l_i, m_i, s, PINNED_SUM)
-        v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_dv[None, :])  # [BLOCK_N, DV]
-        acc = mma(p.to(tl.bfloat16), v, acc * alpha[:, None], UPCAST)
+    if QK_AHEAD:
+        # The same steps, with the scores of block j + 1 issued before block j's softmax (FA3's
+        # intra-warpgroup overlap: the tensor cores run q k^T while the FP32 units run the exponentials).
+        if n_full > 0:
+            kt = tl.load(k_base + offs_j[None, :].to(tl.int64) * stride_kn + offs_d[:, None])  # [D, BLOCK_N]
+            s = mma(q, kt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
+            for start_n in range(0, n_full - BLOCK_N, BLOCK_N):
+                offs_n = start_n + offs_j
+                kt = tl.load(k_base + (offs_n + BLOCK_N)[None, :].to(tl.int64) * stride_kn + offs_d[:, None])
+                s_next = mma(q, kt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
+                acc, l_i, m_i = _full_step(acc, l_i, m_i, s, v_base, offs_n, stride_vn, offs_dv, scale, UPCAST,
+                                           PINNED_SUM)
+                s = s_next
+            acc, l_i, m_i = _full_step(acc, l_i, m_i, s, v_base, n_full - BLOCK_N + offs_j, stride_vn, offs_dv, scale,
+                                       UPCAST, PINNED_SUM)
+    else:
+        for start_n in range(0, n_full, BLOCK_N):
+            offs_n = start_n + offs_j
+            kt = tl.load(k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_d[:, None])  # [D, BLOCK_N]
+            s = mma(q, kt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), UPCAST)
+            acc, l_i, m_i = _full_step(acc, l_i, m_i, s, v_base, offs_n, stride_vn, offs_dv, scale, UPCAST,
+                                       PINNED_SUM)
     for start_n in range(n_full, n_stop, BLOCK_N):
         offs_n = start_n + offs_j
         in_kv = offs_n < kv_len
@@ -216,7 +247,7 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, n_
                      stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_ot, stride_oh, stride_lh, scale,
                      GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     UPCAST: tl.constexpr, PINNED_SUM: tl.constexpr):
+                     UPCAST: tl.constexpr, PINNED_SUM: tl.constexpr, QK_AHEAD: tl.constexpr = False):
     b, h, m_block = _heavy_first(n_mblocks, n_heads, True)
     m0 = m_block * BLOCK_M
     q_start = tl.load(cu_q_ptr + b)
@@ -241,7 +272,7 @@ def _attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, n_
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
         acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, limit, k_base, v_base, stride_kt, stride_vt, k_len,
-                                 n_full, n_stop, scale, 0, D, D, BLOCK_M, BLOCK_N, UPCAST, PINNED_SUM)
+                                 n_full, n_stop, scale, 0, D, D, BLOCK_M, BLOCK_N, UPCAST, PINNED_SUM, QK_AHEAD)
         has = l_i != 0.0  # l = 0: no visible key (exact 0 out); l = NaN: a visible non-finite value
         out = tl.math.div_rn(acc, tl.where(has, l_i, 1.0)[:, None])
         tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(tl.bfloat16),
@@ -520,14 +551,16 @@ def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
 # ---------------------------------------------------------------------------------------------
 def attention_fwd(q, k, v, cu_q, cu_k, scale: float, plan: LaunchPlan, *, block_m: int = BLOCK_M,
                   block_n: int = 0, num_warps: int = NUM_WARPS,
-                  num_stages: int = NUM_STAGES) -> tuple[torch.Tensor, torch.Tensor]:
+                  num_stages: int = NUM_STAGES, qk_ahead: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the varlen forward; returns (out [Tq, H, D] bf16, lse [H, Tq] fp32).
 
     ``plan``: the host facts of the validated call (``batch``, ``max_lq``, ``max_lk``). The keyword
     arguments are parameters only so tests, the negative control and benchmarks can vary them
-    (``block_n`` 0 is :data:`BLOCK_N`); the public path always uses the module constants.
+    (``block_n`` 0 is :data:`BLOCK_N`, ``qk_ahead`` None is :data:`QK_AHEAD`); the public path always
+    uses the module constants.
     """
     block_n = block_n or BLOCK_N
+    qk_ahead = QK_AHEAD if qk_ahead is None else qk_ahead
     tq, h, d = q.shape
     hkv = k.shape[1]
     out = torch.empty((tq, h, d), dtype=torch.bfloat16, device=q.device)
@@ -541,7 +574,7 @@ def attention_fwd(q, k, v, cu_q, cu_k, scale: float, plan: LaunchPlan, *, block_
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), float(scale),
         GROUP=h // hkv, D=d, BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=upcast_dots(), PINNED_SUM=ROW_SUM_PINNED,
-        num_warps=num_warps, num_stages=num_stages,
+        QK_AHEAD=bool(qk_ahead), num_warps=num_warps, num_stages=num_stages,
         enable_fp_fusion=FP_FUSION,
     )
     return out, lse
