@@ -1,4 +1,4 @@
-// Shared by the GEMM sources of the cuda_bf16 backend (gemm.cu, gemm_pipe.cu): the tree GEMM's
+// Shared by the GEMM sources of the cuda_bf16 backend (gemm.cu, gemm_pipe*.cu): the tree GEMM's
 // arguments, its K step, the warpgroup-MMA helpers, and the pipelined kernels' entry points.
 #pragma once
 
@@ -149,5 +149,32 @@ int launch_wide_fused(const TreeArgs& g, int depth, cudaStream_t st);
 // 0 one block per tile. And the launches of form 6's kernel (rl_tree_form_launches).
 extern int g_tws_persistent;
 extern int64_t g_tww_launches;
+// Launches of form 5's kernel (TMA copies; form 7's and 8's count too), of form 7's paired leaves and of
+// form 8's rolled leaves (rl_tree_form_launches; defined in gemm_pipe.cu, counted by gemm_pipe_ws*.cu).
+extern int64_t g_tws_tma_launches;
+extern int64_t g_tws_pair_launches;
+extern int64_t g_tws_roll_launches;
+// Whether tree_wgmma_kernel / tree_wgmma_ws_kernel can run this product with leaves [0, leaves): the
+// layouts (K, K), (K, MN), (MN, MN) of (A, B) and tree_pipe_ok's alignment and leaf bounds.
+bool tree_wgmma_ok(const TreeArgs& g, int leaves);
+
+// The families of gemm_pipe.cuh's kernels, one translation unit each (gemm_pipe.cu picks the family from
+// the form; each returns the launch's cudaError_t). Layouts as tree_wgmma_ok admits them, read from the
+// strides; hi / lo: B N-contiguous, A from s_ak. tree_pipe_kernel (gemm_pipe_tp.cu; `wide`: form 2's
+// 128 x 256 geometry, else form 1's):
+int tp_fused(const TreeArgs& g, int depth, bool wide, cudaStream_t st);
+int tp_f32(const TreeArgs& g, cudaStream_t st);
+int tp_leaves(const TreeArgs& g, int leaves, bf16* w, cudaStream_t st);
+int tp_hilo(const TreeArgs& g, const bf16* lo, const float* acc_in, int64_t s_acc, bool out_f32, cudaStream_t st);
+// tree_wgmma_kernel (form 3; gemm_pipe_tw3.cu): the fused BF16 tree of depth 0 .. 2 (leaves 0), the FP32
+// output (out_f32, depth 0) or the leaf-parallel leaves (leaves > 0, into g.c).
+int tw3_tree(const TreeArgs& g, int depth, bool out_f32, int leaves, cudaStream_t st);
+int tw3_hilo(const TreeArgs& g, const bf16* lo, const float* acc_in, int64_t s_acc, bool out_f32, cudaStream_t st);
+// tree_wgmma_ws_kernel (forms 4, 5, 7, 8): the fused BF16 trees (gemm_pipe_ws.cu), the FP32 output, the
+// leaf-parallel leaves into g.c and hi / lo (gemm_pipe_ws_aux.cu).
+int tws_fused(const TreeArgs& g, int depth, cudaStream_t st);
+int tws_f32(const TreeArgs& g, cudaStream_t st);
+int tws_leaves(const TreeArgs& g, int leaves, cudaStream_t st);
+int tws_hilo(const TreeArgs& g, const bf16* lo, const float* acc_in, int64_t s_acc, bool out_f32, cudaStream_t st);
 
 }  // namespace rl

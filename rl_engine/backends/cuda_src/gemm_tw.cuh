@@ -1,4 +1,4 @@
-// Shared by the warpgroup-MMA tree GEMM sources of the cuda_bf16 backend (gemm_pipe.cu: forms 1-5,
+// Shared by the warpgroup-MMA tree GEMM sources of the cuda_bf16 backend (gemm_pipe.cuh: forms 1-5, 7, 8,
 // gemm_wide.cu: form 6): the fused tree's leaf bounds and packed BF16 pairs, the warpgroup tiles' size
 // and order, the TMA tensor maps of a product's leaves, and the epilogues' pair-store test. Everything
 // here is internal to each translation unit (an anonymous namespace), as it was in gemm_pipe.cu.

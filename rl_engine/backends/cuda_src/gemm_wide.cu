@@ -1,6 +1,6 @@
 // Form 6 of the cuda_bf16 backend's training-size GEMMs (rl_tree_gemm_form): the fused BF16 trees in
 // 128 x 256 tiles (tree_wgmma_wide_kernel), in a translation unit of its own so that it compiles beside
-// gemm_pipe.cu (the build compiles the .cu files in parallel). gemm_pipe.cu calls rl::launch_wide_fused.
+// gemm_pipe.cuh's families (the build compiles the .cu files in parallel). gemm_pipe.cu calls rl::launch_wide_fused.
 #include <cstdint>
 
 #include "common.cuh"

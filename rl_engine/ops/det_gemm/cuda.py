@@ -22,7 +22,7 @@ second kernel applies the same merges; same bits, ``2^depth`` times the blocks. 
 (``gemv_leaf_kernel``) when that is off, and the tile form (``gemv_tile_kernel``) for M > 16
 (:data:`GEMV_VARIANTS`).
 
-Pipelined forms (:data:`TREE_GEMM_FORMS`, :func:`set_tree_gemm_form`; ``gemm_pipe.cu``):
+Pipelined forms (:data:`TREE_GEMM_FORMS`, :func:`set_tree_gemm_form`; ``gemm_pipe.cu`` picks one, ``gemm_pipe.cuh`` has the kernels):
 ``tree_pipe_kernel`` runs the same leaves, steps and k16 products from a cp.async ring with ldmatrix +
 mma.sync, ``tree_wgmma_kernel`` with the warpgroup MMA (same bits on the H200; the warpgroup form is
 the default).

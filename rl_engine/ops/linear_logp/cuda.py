@@ -60,7 +60,7 @@ docstring) instead of on CUDA cores with FP32 operands (False: the FP32 path). O
 
 GRAD_BLOCK = 64
 """Reduction block of the tensor-core backward GEMMs: each block's hi product, then its lo product
-(``HILO_BLOCK`` in ``gemm_pipe.cu``; the Triton backend's ``GRAD_BLOCK``). Declared; never changed for speed."""
+(``HILO_BLOCK`` in ``gemm_pipe.cuh``; the Triton backend's ``GRAD_BLOCK``). Declared; never changed for speed."""
 
 
 def _pipe_ready(x: torch.Tensor) -> bool:
