@@ -1100,5 +1100,14 @@ enum class TwLayout { KK, KMN, MNMN };
 __host__ inline TwLayout tw_layout(const TreeArgs& g) {
     return g.s_ak != 1 ? TwLayout::MNMN : g.s_bk == 1 ? TwLayout::KK : TwLayout::KMN;
 }
+// f(A_MN, B_MN) for the product's layout, the two as std::bool_constant (template arguments for f's launch).
+template <class F>
+__host__ int tw_with_layout(const TreeArgs& g, F&& f) {
+    switch (tw_layout(g)) {
+        case TwLayout::KK: return f(std::false_type{}, std::false_type{});
+        case TwLayout::KMN: return f(std::false_type{}, std::true_type{});
+        default: return f(std::true_type{}, std::true_type{});
+    }
+}
 
 }  // namespace

@@ -32,24 +32,15 @@ int launch_tw3_hilo_as(const TreeArgs& g, const bf16* lo, const float* acc_in, i
 
 template <int DEPTH>
 int launch_tw3_fused(const TreeArgs& g, cudaStream_t st) {
-    switch (tw_layout(g)) {
-        case TwLayout::KK: return launch_tw3_as<DEPTH, false, false, false>(g, st);
-        case TwLayout::KMN: return launch_tw3_as<DEPTH, false, false, true>(g, st);
-        default: return launch_tw3_as<DEPTH, false, true, true>(g, st);
-    }
+    return tw_with_layout(g, [&](auto a, auto b) { return launch_tw3_as<DEPTH, false, a.value, b.value>(g, st); });
 }
 
 }  // namespace
 
 int rl::tw3_tree(const TreeArgs& g, int depth, bool out_f32, int leaves, cudaStream_t st) {
     if (out_f32) return launch_tw3_as<0, true, false, false>(g, st);  // the logits: (K, K) only
-    if (leaves > 0) {
-        switch (tw_layout(g)) {
-            case TwLayout::KK: return launch_tw3_as<0, false, false, false, true>(g, st, leaves);
-            case TwLayout::KMN: return launch_tw3_as<0, false, false, true, true>(g, st, leaves);
-            default: return launch_tw3_as<0, false, true, true, true>(g, st, leaves);
-        }
-    }
+    if (leaves > 0)
+        return tw_with_layout(g, [&](auto a, auto b) { return launch_tw3_as<0, false, a.value, b.value, true>(g, st, leaves); });
     if (depth == 0) return launch_tw3_fused<0>(g, st);
     if (depth == 1) return launch_tw3_fused<1>(g, st);
     return launch_tw3_fused<2>(g, st);

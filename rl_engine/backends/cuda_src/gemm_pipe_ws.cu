@@ -7,11 +7,7 @@ namespace {
 
 template <int DEPTH>
 int launch_tws_fused(const TreeArgs& g, cudaStream_t st) {
-    switch (tw_layout(g)) {
-        case TwLayout::KK: return launch_tree_wgmma_ws_as<DEPTH, false, false, false>(g, st);
-        case TwLayout::KMN: return launch_tree_wgmma_ws_as<DEPTH, false, false, true>(g, st);
-        default: return launch_tree_wgmma_ws_as<DEPTH, false, true, true>(g, st);
-    }
+    return tw_with_layout(g, [&](auto a, auto b) { return launch_tree_wgmma_ws_as<DEPTH, false, a.value, b.value>(g, st); });
 }
 
 }  // namespace

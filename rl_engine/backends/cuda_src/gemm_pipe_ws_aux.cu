@@ -8,11 +8,9 @@ int rl::tws_f32(const TreeArgs& g, cudaStream_t st) {
 }
 
 int rl::tws_leaves(const TreeArgs& g, int leaves, cudaStream_t st) {
-    switch (tw_layout(g)) {
-        case TwLayout::KK: return launch_tree_wgmma_ws_as<0, false, false, false, true>(g, st, leaves);
-        case TwLayout::KMN: return launch_tree_wgmma_ws_as<0, false, false, true, true>(g, st, leaves);
-        default: return launch_tree_wgmma_ws_as<0, false, true, true, true>(g, st, leaves);
-    }
+    return tw_with_layout(g, [&](auto a, auto b) {
+        return launch_tree_wgmma_ws_as<0, false, a.value, b.value, true>(g, st, leaves);
+    });
 }
 
 int rl::tws_hilo(const TreeArgs& g, const bf16* lo, const float* acc_in, int64_t s_acc, bool out_f32, cudaStream_t st) {
