@@ -135,6 +135,65 @@ def test_cached_builtins_are_patched_during_a_launch_and_restored_after(device):
 
 
 @triton.jit
+def _exp_helper(x):
+    return tl.exp(x) + tl.sum(x, axis=0)  # tl.sum: a helper of triton.language (it sees tl.core)
+
+
+@triton.jit
+def _helper_loop_kernel(x_ptr, y_ptr, N: tl.constexpr, STEPS: tl.constexpr):
+    offs = tl.arange(0, N)
+    acc = tl.zeros((N,), dtype=tl.float32)
+    for i in range(STEPS):
+        acc += _exp_helper(tl.load(x_ptr + i * N + offs))
+    tl.store(y_ptr + tl.program_id(0) * N + offs, acc)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU interpreter's patching")
+def test_helpers_patch_the_language_once_per_launch_not_once_per_call(device, monkeypatch):
+    """Triton's interpreter patches ``tl`` / ``tl.core`` again at every ``@triton.jit`` helper call; the
+    install skips the calls whose modules the launch already patched. Counted: Triton's own
+    ``_patch_lang`` runs once for the launch and once for the first helper of ``triton.language``
+    (``tl.zeros``, which sees ``tl.core``; every later ``tl.sum`` is skipped too), not once per call
+    (3 programs x 4 steps x 2 helpers); the kernel's values are the helper's
+    arithmetic, and after the launch ``tl.exp`` is Triton's own function again. Control: with the
+    skip taken out (every call patched, as Triton does) the count is the per-call one."""
+    from triton.runtime import interpreter as interp
+
+    original = interp._rl_engine_original_patch_lang
+    calls = []
+
+    def counting(fn):
+        calls.append(fn.__name__)
+        return original(fn)
+
+    n, steps, programs = 16, 4, 3
+    x = torch.linspace(-2, 2, n * steps, dtype=torch.float32, device=device)
+    x_np = x.cpu().numpy().reshape(steps, n)
+    want = np.zeros(n, dtype=np.float32)
+    for i in range(steps):
+        want = want + (_interpreter.exp_fp32(x_np[i]) + np.float32(np.sum(x_np[i])))
+
+    def run() -> torch.Tensor:
+        y = torch.empty(programs * n, dtype=torch.float32, device=device)
+        _helper_loop_kernel[(programs,)](x, y, N=n, STEPS=steps, enable_fp_fusion=FP_FUSION)
+        return y.cpu().view(programs, n)
+
+    before = tl.exp
+    monkeypatch.setattr(interp, "_rl_engine_original_patch_lang", counting)
+    y = run()
+    skipped = list(calls)
+    assert tl.exp is before
+    for row in y:
+        assert np.array_equal(row.numpy().view(np.int32), want.view(np.int32))
+    assert skipped == ["_helper_loop_kernel", "zeros"], skipped
+    # control: every call through Triton's own patch (the per-call count the skip removes)
+    calls.clear()
+    monkeypatch.setattr(interp, "_patch_lang", counting)
+    assert torch.equal(run(), y)
+    assert len(calls) >= 1 + programs * steps * 2, calls
+
+
+@triton.jit
 def _exp_kernel(x_ptr, y_ptr, N: tl.constexpr):
     offs = tl.arange(0, N)
     tl.store(y_ptr + offs, tl.exp(tl.load(x_ptr + offs)))
