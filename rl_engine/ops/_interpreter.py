@@ -200,7 +200,8 @@ def _cache_builtin_members(interp, tl) -> None:
 
 
 class _NoScope:
-    """A patch scope that records nothing and changes nothing (fills the member cache only)."""
+    """A patch scope that records nothing and changes nothing (fills the member cache; stands for a
+    skipped nested patch)."""
 
     def set_attr(self, obj, name, value) -> None:
         pass
