@@ -99,10 +99,7 @@ def _prefill_build(s, d, pool):
 
 def _prefill_case(tokens: int, backward: bool) -> Case:
     def ours(backend, st):
-        # The varlen plan (cu_seqlens read to the host and checked) once, outside the timed call, and
-        # handed back to each call as the model's teacher forcing does for its 36 layers: without it
-        # each call reads cu_seqlens_q and cu_seqlens_k to the host, two synchronisations that cost
-        # 0.09 ms of a 0.25 ms call at T = 2048 on an H100 (tools/probe_attention_call.py, 2026-12-08).
+        # the varlen plan once, outside the timed call (the module docstring says why)
         impl = kernel_impl("attention", backend)
         cu, scale = st["cu"], st["scale"]
         plan = check_varlen(st["q"], st["k"], st["v"], cu, cu, scale, dtype=torch.bfloat16, kernel=True)

@@ -225,14 +225,18 @@ def _patch_lang_once_per_launch(interp, tl) -> None:
     launch = interp.GridExecutor.__call__
     # per launch in progress: None until its own patch, then the modules patched in it so far
     patched: list[set | None] = []
+    langs_of: dict = {}  # function -> the language modules its globals hold (scanned once per function)
 
     def patch_lang(fn):
         original = interp._rl_engine_original_patch_lang  # Triton's (looked up per call, so tests can count)
-        langs = {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+        langs = langs_of.get(fn)
+        if langs is None:
+            langs = langs_of[fn] = frozenset(id(v) for v in fn.__globals__.values()
+                                             if inspect.ismodule(v) and v in (tl, tl.core))
         if not patched:  # outside a launch
             return original(fn)
         if patched[-1] is None:  # the launch's own patch
-            patched[-1] = langs
+            patched[-1] = set(langs)
             return original(fn)
         if langs <= patched[-1]:
             return _NoScope()

@@ -79,7 +79,7 @@ std::vector<float> g_scratch;
 std::vector<unsigned char> g_dyn;
 const std::function<void()>* g_body = nullptr;
 
-// From a fiber back to the scheduler (run_block), and from the scheduler into fiber t.
+// From fiber f back to the scheduler (run_block), and from the scheduler into fiber f.
 void to_scheduler(Fiber& f) {
 #if defined(__x86_64__)
     emu_fiber_switch(&f.ctx.sp, g_sched.sp);
